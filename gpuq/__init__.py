@@ -1,0 +1,1 @@
+"""gpuq: a SLURM-style batch queue for shared GPU servers."""

@@ -1,0 +1,73 @@
+"""Job states and the one table of legal transitions.
+
+Every state change anywhere in gpuq goes through `check_transition`; the store calls it inside the
+transaction that writes the change and its event row, so an illegal change is never persisted.
+"""
+
+from __future__ import annotations
+
+from enum import StrEnum
+
+from gpuq.errors import IllegalTransition
+
+
+class JobState(StrEnum):
+    PENDING = "pending"
+    HELD = "held"
+    RUNNING = "running"
+    COMPLETED = "completed"
+    FAILED = "failed"
+    CANCELLED = "cancelled"
+    TIMEOUT = "timeout"
+    PREEMPTED = "preempted"
+    NODE_FAIL = "node_fail"
+    OUT_OF_MEMORY = "out_of_memory"
+
+    @property
+    def is_live(self) -> bool:
+        """Pending, held or running: the job may still run or is running."""
+        return self in LIVE_STATES
+
+    @property
+    def holds_resources(self) -> bool:
+        """Only a running job holds GPUs, CPUs and memory."""
+        return self is JobState.RUNNING
+
+
+_ENDINGS = frozenset(
+    {
+        JobState.COMPLETED,
+        JobState.FAILED,
+        JobState.CANCELLED,
+        JobState.TIMEOUT,
+        JobState.PREEMPTED,
+        JobState.NODE_FAIL,
+        JobState.OUT_OF_MEMORY,
+    }
+)
+
+TRANSITIONS: dict[JobState, frozenset[JobState]] = {
+    # a pending job starts, is held, or is cancelled (by a user, or because a dependency can
+    # never be met); it fails only when its launch is refused before it ever ran
+    JobState.PENDING: frozenset({JobState.RUNNING, JobState.HELD, JobState.CANCELLED}),
+    JobState.HELD: frozenset({JobState.PENDING, JobState.CANCELLED}),
+    JobState.RUNNING: _ENDINGS,
+    # a preempted job goes back to the queue unless it was submitted with --no-requeue
+    JobState.PREEMPTED: frozenset({JobState.PENDING}),
+    JobState.COMPLETED: frozenset(),
+    JobState.FAILED: frozenset(),
+    JobState.CANCELLED: frozenset(),
+    JobState.TIMEOUT: frozenset(),
+    JobState.NODE_FAIL: frozenset(),
+    JobState.OUT_OF_MEMORY: frozenset(),
+}
+
+# A requeued job passes through preempted and back to pending in one transaction, so a job is
+# seen resting in preempted only when it was submitted with --no-requeue: then it has ended.
+LIVE_STATES = frozenset({JobState.PENDING, JobState.HELD, JobState.RUNNING})
+
+
+def check_transition(job_id: int, from_state: JobState, to_state: JobState) -> None:
+    """Raise IllegalTransition unless the table allows from_state -> to_state."""
+    if to_state not in TRANSITIONS[from_state]:
+        raise IllegalTransition(job_id, from_state.value, to_state.value)

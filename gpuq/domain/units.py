@@ -1,0 +1,99 @@
+"""Sizes and durations as SLURM users write them.
+
+Sizes: K/M/G/T/P are powers of 1024 (SLURM's meaning), with or without a trailing B or iB;
+a bare number is megabytes, as with `sbatch --mem`. Durations: SLURM's forms `MM`, `MM:SS`,
+`HH:MM:SS`, `D-HH`, `D-HH:MM`, `D-HH:MM:SS`. Both raise InvalidInput naming the field.
+"""
+
+from __future__ import annotations
+
+import re
+from decimal import Decimal, InvalidOperation
+
+from gpuq.errors import InvalidInput
+
+_SIZE_RE = re.compile(r"^\s*(\d+(?:\.\d+)?|\.\d+)\s*([kmgtp]?)(i?b)?\s*$", re.IGNORECASE)
+_POWERS = {"": 2, "k": 1, "m": 2, "g": 3, "t": 4, "p": 5}  # bare number = MiB
+_SIZE_SUFFIXES = ("K", "M", "G", "T", "P")
+
+
+def parse_size(text: str, field: str = "size") -> int:
+    """Bytes in `text` (e.g. `40G`, `512M`, `1.5T`, `40GiB`, `2048` = 2048 MiB)."""
+    match = _SIZE_RE.match(text) if isinstance(text, str) else None
+    if match is None:
+        raise InvalidInput(field, text, "expected a size such as 512M, 40G or 1.5T")
+    number, unit, suffix = match.groups()
+    if suffix and not unit and suffix.lower() == "b":
+        # a plain "B" means bytes
+        power = 0
+    elif suffix and not unit:
+        raise InvalidInput(field, text, "expected a size such as 512M, 40G or 1.5T")
+    else:
+        power = _POWERS[unit.lower()]
+    try:
+        value = Decimal(number) * (1024**power)
+    except InvalidOperation as exc:  # pragma: no cover - the regex admits only decimals
+        raise InvalidInput(field, text, "not a number") from exc
+    if value <= 0:
+        raise InvalidInput(field, text, "must be greater than zero")
+    if value != value.to_integral_value():
+        raise InvalidInput(field, text, "is not a whole number of bytes")
+    return int(value)
+
+
+def format_size(size: int) -> str:
+    """The shortest exact-ish form: 42949672960 -> '40G', 1649267441664 -> '1.5T'."""
+    value = float(size)
+    for suffix in ("", *_SIZE_SUFFIXES):
+        if value < 1024 or suffix == _SIZE_SUFFIXES[-1]:
+            text = f"{value:.1f}".rstrip("0").rstrip(".")
+            return f"{text}{suffix or 'B'}"
+        value /= 1024
+    raise AssertionError("unreachable")
+
+
+_DAYS_RE = re.compile(r"^(\d+)-(\d+)(?::(\d+))?(?::(\d+))?$")
+_CLOCK_RE = re.compile(r"^(\d+)(?::(\d+))?(?::(\d+))?$")
+
+
+def parse_duration(text: str, field: str = "time") -> int:
+    """Seconds in a SLURM time limit: `90` (minutes), `90:00`, `2:00:00`, `1-00:00:00`, `1-12`."""
+    raw = text.strip() if isinstance(text, str) else ""
+    if match := _DAYS_RE.match(raw):
+        days, hours, minutes, seconds = (int(g) if g else 0 for g in match.groups())
+        _check_below(field, text, [(hours, 24, "hours"), (minutes, 60, "minutes"),
+                                   (seconds, 60, "seconds")])
+        total = ((days * 24 + hours) * 60 + minutes) * 60 + seconds
+    elif match := _CLOCK_RE.match(raw):
+        parts = [int(g) for g in match.groups() if g is not None]
+        if len(parts) == 1:
+            total = parts[0] * 60
+        elif len(parts) == 2:
+            _check_below(field, text, [(parts[1], 60, "seconds")])
+            total = parts[0] * 60 + parts[1]
+        else:
+            _check_below(field, text, [(parts[1], 60, "minutes"), (parts[2], 60, "seconds")])
+            total = (parts[0] * 60 + parts[1]) * 60 + parts[2]
+    else:
+        raise InvalidInput(
+            field, text, "expected minutes, MM:SS, HH:MM:SS, D-HH, D-HH:MM or D-HH:MM:SS"
+        )
+    if total <= 0:
+        raise InvalidInput(field, text, "must be longer than zero")
+    return total
+
+
+def _check_below(field: str, text: str, limits: list[tuple[int, int, str]]) -> None:
+    for value, limit, name in limits:
+        if value >= limit:
+            raise InvalidInput(field, text, f"{name} must be below {limit}")
+
+
+def format_duration(seconds: float) -> str:
+    """SLURM's display form: `1-02:03:04`, or `02:03:04` under a day."""
+    total = max(0, int(seconds))
+    days, rest = divmod(total, 86400)
+    hours, rest = divmod(rest, 3600)
+    minutes, secs = divmod(rest, 60)
+    clock = f"{hours:02d}:{minutes:02d}:{secs:02d}"
+    return f"{days}-{clock}" if days else clock

@@ -1,0 +1,56 @@
+"""The errors gpuq raises, shared by the core, the servers and the client.
+
+Each error carries what a person needs to act on it; the servicers map them to gRPC status codes
+in one place (gpuq.coordinator.errors) and the client maps them back, so a user of the Python API
+and a user of the CLI see the same message.
+"""
+
+from __future__ import annotations
+
+
+class GpuqError(Exception):
+    """Base of every error gpuq raises on purpose."""
+
+
+class InvalidInput(GpuqError):
+    """A value a user gave is wrong; names the field and the value."""
+
+    def __init__(self, field: str, value: object, problem: str) -> None:
+        self.field = field
+        self.value = value
+        self.problem = problem
+        super().__init__(f"invalid {field} {value!r}: {problem}")
+
+
+class Unsatisfiable(GpuqError):
+    """A request no node of the cluster can ever satisfy (refused at submit)."""
+
+
+class NotFound(GpuqError):
+    """A job, node or other object that does not exist."""
+
+
+class PermissionDenied(GpuqError):
+    """The caller may not do this (another user's job, a bad token)."""
+
+
+class IllegalTransition(GpuqError):
+    """A job state change that the transition table does not allow."""
+
+    def __init__(self, job_id: int, from_state: str, to_state: str) -> None:
+        self.job_id = job_id
+        self.from_state = from_state
+        self.to_state = to_state
+        super().__init__(f"job {job_id}: cannot go from {from_state} to {to_state}")
+
+
+class DoubleBooking(GpuqError):
+    """A GPU unit was about to be given to a second live allocation."""
+
+
+class Conflict(GpuqError):
+    """The request clashes with the current state (e.g. a node name already connected)."""
+
+
+class ServerUnavailable(GpuqError):
+    """The coordinator cannot be reached."""

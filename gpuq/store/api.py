@@ -1,0 +1,488 @@
+"""The job store: the only code that touches the database.
+
+Reads are methods of `Store`. Every write happens inside `Store.transaction()`, whose `StoreTx`
+checks each state change against the transition table and appends its event row in the same
+transaction; anything it refuses raises and rolls the whole transaction back, so a caller that
+batches (the coordinator does, under load) gets all of a batch or none of it.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Any
+
+from sqlalchemy import Engine, Row, and_, bindparam, func, insert, select, update
+from sqlalchemy.engine import Connection
+from sqlalchemy.exc import IntegrityError
+
+from gpuq.domain.codec import spec_from_dict, spec_to_dict
+from gpuq.domain.model import (
+    Allocation,
+    GpuUnit,
+    Job,
+    JobEvent,
+    JobResult,
+    JobSpec,
+    Node,
+    NodeState,
+)
+from gpuq.domain.states import JobState, check_transition
+from gpuq.errors import DoubleBooking, NotFound
+from gpuq.store import migrate
+from gpuq.store.engine import WRITE, make_engine
+from gpuq.store.tables import allocations, job_events, jobs, nodes
+
+SUBMITTED = "submitted"
+
+
+@dataclass(frozen=True, slots=True)
+class NewJob:
+    """A validated submission; the coordinator has resolved its qos and priority."""
+
+    spec: JobSpec
+    user: str
+    qos: str
+    priority: int
+
+
+@dataclass(frozen=True, slots=True)
+class StateChange:
+    job_id: int
+    to_state: JobState
+    reason: str
+    result: JobResult | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class JobStart:
+    job_id: int
+    node: str
+    gpus: tuple[str, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class JobQuery:
+    states: frozenset[JobState] | None = None
+    user: str | None = None
+    job_ids: tuple[int, ...] | None = None
+    array_job_id: int | None = None
+    node: str | None = None
+    limit: int | None = None
+    newest_first: bool = False
+
+
+class Store:
+    def __init__(self, engine: Engine) -> None:
+        self.engine = engine
+
+    @classmethod
+    def open(cls, url: str, *, sqlite_synchronous: str = "NORMAL") -> Store:
+        """Connect and migrate to the newest schema (harmless when already there)."""
+        engine = make_engine(url, sqlite_synchronous=sqlite_synchronous)
+        migrate.upgrade(engine)
+        return cls(engine)
+
+    def close(self) -> None:
+        self.engine.dispose()
+
+    @contextmanager
+    def transaction(self) -> Iterator[StoreTx]:
+        with self.engine.connect().execution_options(**WRITE) as conn, conn.begin():
+            yield StoreTx(conn)
+
+    # ---- reads -------------------------------------------------------------------------
+
+    def get_job(self, job_id: int) -> Job:
+        found = self.list_jobs(JobQuery(job_ids=(job_id,)))
+        if not found:
+            raise NotFound(f"no job {job_id}")
+        return found[0]
+
+    def list_jobs(self, query: JobQuery) -> list[Job]:
+        stmt = select(jobs)
+        if query.states is not None:
+            stmt = stmt.where(jobs.c.state.in_(sorted(query.states)))
+        if query.user is not None:
+            stmt = stmt.where(jobs.c.user == query.user)
+        if query.job_ids is not None:
+            stmt = stmt.where(jobs.c.id.in_(query.job_ids))
+        if query.array_job_id is not None:
+            stmt = stmt.where(jobs.c.array_job_id == query.array_job_id)
+        if query.node is not None:
+            stmt = stmt.where(jobs.c.node == query.node)
+        stmt = stmt.order_by(jobs.c.id.desc() if query.newest_first else jobs.c.id)
+        if query.limit is not None:
+            stmt = stmt.limit(query.limit)
+        with self.engine.connect() as conn:
+            rows = conn.execute(stmt).all()
+            units = _units_of(conn, [row.id for row in rows])
+        return [_job_from_row(row, units.get(row.id, ())) for row in rows]
+
+    def top_pending(self, limit: int) -> list[Job]:
+        """The `limit` pending jobs of highest stored priority, oldest first among equals."""
+        stmt = (
+            select(jobs)
+            .where(jobs.c.state == JobState.PENDING.value)
+            .order_by(jobs.c.priority.desc(), jobs.c.id)
+            .limit(limit)
+        )
+        with self.engine.connect() as conn:
+            rows = conn.execute(stmt).all()
+        return [_job_from_row(row, ()) for row in rows]
+
+    def count_jobs(self, states: Iterable[JobState]) -> dict[JobState, int]:
+        stmt = (
+            select(jobs.c.state, func.count())
+            .where(jobs.c.state.in_([s.value for s in states]))
+            .group_by(jobs.c.state)
+        )
+        with self.engine.connect() as conn:
+            return {JobState(state): n for state, n in conn.execute(stmt)}
+
+    def events(self, job_id: int) -> list[JobEvent]:
+        stmt = select(job_events).where(job_events.c.job_id == job_id).order_by(job_events.c.id)
+        with self.engine.connect() as conn:
+            return [
+                JobEvent(
+                    job_id=row.job_id,
+                    at=row.at,
+                    from_state=JobState(row.from_state) if row.from_state else None,
+                    to_state=JobState(row.to_state),
+                    reason=row.reason,
+                )
+                for row in conn.execute(stmt)
+            ]
+
+    def live_allocations(self) -> list[Allocation]:
+        stmt = (
+            select(allocations.c.job_id, allocations.c.node, allocations.c.unit)
+            .where(allocations.c.live)
+            .order_by(allocations.c.job_id, allocations.c.id)
+        )
+        grouped: dict[int, tuple[str, list[str]]] = {}
+        with self.engine.connect() as conn:
+            for job_id, node, unit in conn.execute(stmt):
+                grouped.setdefault(job_id, (node, []))[1].append(unit)
+        return [Allocation(job_id, node, tuple(units)) for job_id, (node, units) in grouped.items()]
+
+    def list_nodes(self) -> list[Node]:
+        with self.engine.connect() as conn:
+            rows = conn.execute(select(nodes).order_by(nodes.c.name)).all()
+        return [_node_from_row(row) for row in rows]
+
+
+class StoreTx:
+    """The write operations, all within one transaction."""
+
+    def __init__(self, conn: Connection) -> None:
+        self.conn = conn
+
+    def add_jobs(self, new_jobs: Sequence[NewJob], now: float) -> list[list[int]]:
+        """Insert submissions (an array becomes one row per task); ids per submission."""
+        return [self._add_one(new, now) for new in new_jobs]
+
+    def _add_one(self, new: NewJob, now: float) -> list[int]:
+        state = JobState.HELD if new.spec.hold else JobState.PENDING
+        row = _job_row(new, state, now)
+        if new.spec.array is None:
+            ids = [self.conn.execute(insert(jobs).returning(jobs.c.id), row).scalar_one()]
+        else:
+            tasks = new.spec.array.indices
+            first = self.conn.execute(
+                insert(jobs).returning(jobs.c.id), {**row, "array_task_id": tasks[0]}
+            ).scalar_one()
+            self.conn.execute(
+                update(jobs).where(jobs.c.id == first).values(array_job_id=first)
+            )
+            rest = [{**row, "array_job_id": first, "array_task_id": t} for t in tasks[1:]]
+            ids = [first]
+            if rest:
+                result = self.conn.execute(
+                    insert(jobs).returning(jobs.c.id, sort_by_parameter_order=True), rest
+                )
+                ids.extend(result.scalars())
+        self.conn.execute(
+            insert(job_events),
+            [
+                {"job_id": i, "at": now, "from_state": None, "to_state": state.value,
+                 "reason": SUBMITTED}
+                for i in ids
+            ],
+        )
+        return ids
+
+    def transition(self, changes: Sequence[StateChange], now: float) -> None:
+        """Apply state changes in order (a job may change twice, e.g. preempted then pending).
+
+        Raises IllegalTransition or NotFound for the first change the table refuses; nothing
+        of the transaction is kept then. Leaving running releases the job's GPUs.
+        """
+        if not changes:
+            return
+        rows = {row.id: dict(row._mapping) for row in self._lock_jobs(c.job_id for c in changes)}
+        events: list[dict[str, Any]] = []
+        released: set[int] = set()
+        for change in changes:
+            row = rows.get(change.job_id)
+            if row is None:
+                raise NotFound(f"no job {change.job_id}")
+            if change.to_state is JobState.RUNNING:
+                raise ValueError("a job starts only through start_jobs, with its placement")
+            current = JobState(row["state"])
+            check_transition(change.job_id, current, change.to_state)
+            if current is JobState.RUNNING:
+                released.add(change.job_id)
+            _apply_change(row, current, change, now)
+            events.append(_event(change.job_id, now, current, change.to_state, change.reason))
+        touched = {c.job_id for c in changes}
+        self.conn.execute(
+            update(jobs)
+            .where(jobs.c.id == bindparam("b_id"))
+            .values({c: bindparam(f"b_{c}") for c in _MUTABLE}),
+            [{"b_id": i, **{f"b_{c}": rows[i][c] for c in _MUTABLE}} for i in sorted(touched)],
+        )
+        self.conn.execute(insert(job_events), events)
+        if released:
+            self.conn.execute(
+                update(allocations)
+                .where(and_(allocations.c.live, allocations.c.job_id.in_(sorted(released))))
+                .values(live=False, released_at=now)
+            )
+
+    def start_jobs(self, starts: Sequence[JobStart], now: float) -> None:
+        """pending -> running with the given GPU units; all or none.
+
+        Raises IllegalTransition for a job that is not pending and DoubleBooking for a unit
+        that is already live (the partial unique index backs this check against races).
+        """
+        if not starts:
+            return
+        states = {row.id: JobState(row.state) for row in self._lock_jobs(s.job_id for s in starts)}
+        for start in starts:
+            if start.job_id not in states:
+                raise NotFound(f"no job {start.job_id}")
+            check_transition(start.job_id, states[start.job_id], JobState.RUNNING)
+        self._check_units_free([u for s in starts for u in s.gpus])
+        self.conn.execute(
+            update(jobs)
+            .where(jobs.c.id == bindparam("b_id"))
+            .values(
+                state=JobState.RUNNING.value,
+                node=bindparam("b_node"),
+                start_time=now,
+                end_time=None,
+                exit_code=None,
+                signal=None,
+                stop_reason=None,
+                reason=bindparam("b_reason"),
+            ),
+            [
+                {"b_id": s.job_id, "b_node": s.node, "b_reason": f"started on {s.node}"}
+                for s in starts
+            ],
+        )
+        units = [
+            {"job_id": s.job_id, "node": s.node, "unit": u, "live": True, "started_at": now}
+            for s in starts
+            for u in s.gpus
+        ]
+        if units:
+            try:
+                self.conn.execute(insert(allocations), units)
+            except IntegrityError as exc:
+                raise DoubleBooking(f"a GPU unit was already allocated: {exc.orig}") from exc
+        self.conn.execute(
+            insert(job_events),
+            [
+                _event(s.job_id, now, states[s.job_id], JobState.RUNNING, f"started on {s.node}")
+                for s in starts
+            ],
+        )
+
+    def request_stop(self, job_id: int, reason: str) -> None:
+        """Record that a running job was asked to stop (its state changes when it has)."""
+        result = self.conn.execute(
+            update(jobs)
+            .where(and_(jobs.c.id == job_id, jobs.c.state == JobState.RUNNING.value))
+            .values(stop_reason=reason)
+        )
+        if result.rowcount != 1:
+            raise NotFound(f"no running job {job_id}")
+
+    def save_node(self, node: Node) -> None:
+        """Insert or replace a node's description and state."""
+        values = {
+            "state": node.state.value,
+            "cpus": node.cpus,
+            "mem": node.mem,
+            "fake": node.fake,
+            "units": json.dumps([_unit_to_dict(u) for u in node.units]),
+            "topology": json.dumps([list(link) for link in node.topology]),
+            "last_seen": node.last_seen,
+            "reason": node.reason,
+        }
+        result = self.conn.execute(update(nodes).where(nodes.c.name == node.name).values(values))
+        if result.rowcount == 0:
+            self.conn.execute(insert(nodes).values(name=node.name, **values))
+
+    def set_node_state(
+        self, name: str, state: NodeState, reason: str, last_seen: float | None = None
+    ) -> None:
+        values: dict[str, Any] = {"state": state.value, "reason": reason}
+        if last_seen is not None:
+            values["last_seen"] = last_seen
+        result = self.conn.execute(update(nodes).where(nodes.c.name == name).values(values))
+        if result.rowcount != 1:
+            raise NotFound(f"no node {name}")
+
+    def _lock_jobs(self, job_ids: Iterable[int]) -> Sequence[Row[Any]]:
+        ids = sorted(set(job_ids))  # a fixed order avoids deadlocks between two writers
+        stmt = select(jobs.c.id, *(jobs.c[c] for c in _MUTABLE)).where(jobs.c.id.in_(ids))
+        return self.conn.execute(stmt.with_for_update()).all()
+
+    def _check_units_free(self, units: list[str]) -> None:
+        if len(set(units)) != len(units):
+            twice = sorted({u for u in units if units.count(u) > 1})
+            raise DoubleBooking(f"one plan gives {', '.join(twice)} to two jobs")
+        if not units:
+            return
+        taken = self.conn.execute(
+            select(allocations.c.unit, allocations.c.job_id).where(
+                and_(allocations.c.live, allocations.c.unit.in_(units))
+            )
+        ).first()
+        if taken is not None:
+            raise DoubleBooking(f"GPU {taken.unit} is already allocated to job {taken.job_id}")
+
+
+# the columns a state change may rewrite (all written together, so one executemany does it)
+_MUTABLE = (
+    "state", "reason", "end_time", "exit_code", "signal", "stop_reason",
+    "requeue_count", "node", "start_time",
+)  # fmt: skip
+
+
+def _apply_change(row: dict[str, Any], current: JobState, change: StateChange, now: float) -> None:
+    row["state"] = change.to_state.value
+    row["reason"] = change.reason
+    if current is JobState.PREEMPTED and change.to_state is JobState.PENDING:
+        row["requeue_count"] += 1
+        row["node"] = None
+        row["end_time"] = None
+    elif not change.to_state.is_live:
+        row["end_time"] = now
+        row["stop_reason"] = None
+        if change.result is not None:
+            row["exit_code"] = change.result.exit_code
+            row["signal"] = change.result.signal
+
+
+def _event(
+    job_id: int, now: float, from_state: JobState | None, to_state: JobState, reason: str
+) -> dict[str, Any]:
+    return {
+        "job_id": job_id,
+        "at": now,
+        "from_state": from_state.value if from_state else None,
+        "to_state": to_state.value,
+        "reason": reason,
+    }
+
+
+def _job_row(new: NewJob, state: JobState, now: float) -> dict[str, Any]:
+    res = new.spec.resources
+    return {
+        "user": new.user,
+        "name": new.spec.name,
+        "state": state.value,
+        "qos": new.qos,
+        "priority": new.priority,
+        "gpus": res.gpus,
+        "gpu_mem": res.gpu_mem,
+        "cpus": res.cpus,
+        "mem": res.mem,
+        "time_limit": res.time_limit,
+        "submit_time": now,
+        "reason": SUBMITTED,
+        "requeue_count": 0,
+        "array_job_id": None,
+        "array_task_id": None,
+        "spec": json.dumps(spec_to_dict(new.spec), separators=(",", ":")),
+    }
+
+
+def _units_of(conn: Connection, job_ids: list[int]) -> dict[int, tuple[str, ...]]:
+    """Each job's GPU units from its latest allocation (live or not)."""
+    if not job_ids:
+        return {}
+    latest: dict[int, tuple[float, list[str]]] = {}
+    for chunk_start in range(0, len(job_ids), 5000):
+        chunk = job_ids[chunk_start : chunk_start + 5000]
+        stmt = (
+            select(allocations.c.job_id, allocations.c.started_at, allocations.c.unit)
+            .where(allocations.c.job_id.in_(chunk))
+            .order_by(allocations.c.id)
+        )
+        for job_id, started_at, unit in conn.execute(stmt):
+            seen = latest.get(job_id)
+            if seen is None or started_at > seen[0]:
+                latest[job_id] = (started_at, [unit])
+            elif started_at == seen[0]:
+                seen[1].append(unit)
+    return {job_id: tuple(units) for job_id, (_, units) in latest.items()}
+
+
+def _job_from_row(row: Row[Any], units: tuple[str, ...]) -> Job:
+    ended = row.exit_code is not None or row.signal is not None
+    state = JobState(row.state)
+    return Job(
+        id=row.id,
+        spec=spec_from_dict(json.loads(row.spec)),
+        user=row.user,
+        state=state,
+        priority=row.priority,
+        submit_time=row.submit_time,
+        start_time=row.start_time,
+        end_time=row.end_time,
+        node=row.node,
+        gpus=units,
+        result=(
+            JobResult(row.exit_code, row.signal, row.reason)
+            if ended or (not state.is_live and row.start_time is not None)
+            else None
+        ),
+        requeue_count=row.requeue_count,
+        array_job_id=row.array_job_id,
+        array_task_id=row.array_task_id,
+        reason=row.reason,
+        stop_reason=row.stop_reason,
+    )
+
+
+def _unit_to_dict(unit: GpuUnit) -> dict[str, Any]:
+    return {
+        "uuid": unit.uuid,
+        "index": unit.index,
+        "name": unit.name,
+        "memory": unit.memory,
+        "pci_bus_id": unit.pci_bus_id,
+        "parent_uuid": unit.parent_uuid,
+        "mig_profile": unit.mig_profile,
+    }
+
+
+def _node_from_row(row: Row[Any]) -> Node:
+    return Node(
+        name=row.name,
+        units=tuple(GpuUnit(**u) for u in json.loads(row.units)),
+        cpus=row.cpus,
+        mem=row.mem,
+        state=NodeState(row.state),
+        fake=row.fake,
+        topology=tuple((a, b, d) for a, b, d in json.loads(row.topology)),
+        last_seen=row.last_seen,
+        reason=row.reason,
+    )

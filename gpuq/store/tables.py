@@ -1,0 +1,120 @@
+"""The job store's tables, in SQLAlchemy Core. The migrations must produce exactly these
+(tests/store/test_migrations.py compares them).
+
+The one guarantee the database itself gives: a GPU unit has at most one live allocation
+(`uq_allocations_live_unit`, a partial unique index), so no bug above can double-book a GPU.
+"""
+
+from __future__ import annotations
+
+from sqlalchemy import (
+    BigInteger,
+    Boolean,
+    CheckConstraint,
+    Column,
+    Float,
+    ForeignKey,
+    Index,
+    Integer,
+    MetaData,
+    String,
+    Table,
+    Text,
+    text,
+)
+
+from gpuq.domain.states import JobState
+
+metadata = MetaData(
+    naming_convention={
+        "ix": "ix_%(table_name)s_%(column_0_N_name)s",
+        "uq": "uq_%(table_name)s_%(column_0_N_name)s",
+        "ck": "ck_%(table_name)s_%(constraint_name)s",
+        "fk": "fk_%(table_name)s_%(column_0_name)s_%(referred_table_name)s",
+        "pk": "pk_%(table_name)s",
+    }
+)
+
+# SQLite only aliases rowid (and so autoincrements) for a column typed exactly INTEGER
+Id = BigInteger().with_variant(Integer, "sqlite")
+
+_STATE_VALUES = ", ".join(f"'{s.value}'" for s in JobState)
+
+jobs = Table(
+    "jobs",
+    metadata,
+    Column("id", Id, primary_key=True, autoincrement=True),
+    Column("user", String(64), nullable=False),
+    Column("name", String(128), nullable=False),
+    Column("state", String(16), nullable=False),
+    Column("qos", String(64), nullable=False),
+    Column("priority", Integer, nullable=False),
+    Column("gpus", Integer, nullable=False),
+    Column("gpu_mem", BigInteger, nullable=True),
+    Column("cpus", Integer, nullable=False),
+    Column("mem", BigInteger, nullable=True),
+    Column("time_limit", Integer, nullable=True),
+    Column("submit_time", Float, nullable=False),
+    Column("start_time", Float, nullable=True),
+    Column("end_time", Float, nullable=True),
+    Column("node", String(128), nullable=True),
+    Column("exit_code", Integer, nullable=True),
+    Column("signal", Integer, nullable=True),
+    Column("reason", Text, nullable=False, server_default=""),
+    Column("stop_reason", Text, nullable=True),
+    Column("requeue_count", Integer, nullable=False, server_default="0"),
+    Column("array_job_id", BigInteger, nullable=True),
+    Column("array_task_id", Integer, nullable=True),
+    Column("spec", Text, nullable=False),  # the JobSpec as JSON (gpuq.domain.codec)
+    CheckConstraint(f"state IN ({_STATE_VALUES})", name="state"),
+)
+# "top N pending by priority" is an index range scan, not a sort of the queue
+Index("ix_jobs_pending_order", jobs.c.state, jobs.c.priority.desc(), jobs.c.id)
+Index("ix_jobs_user_state", jobs.c.user, jobs.c.state)
+Index("ix_jobs_array_job_id", jobs.c.array_job_id)
+
+job_events = Table(
+    "job_events",
+    metadata,
+    Column("id", Id, primary_key=True, autoincrement=True),
+    Column("job_id", Id, ForeignKey("jobs.id"), nullable=False),
+    Column("at", Float, nullable=False),
+    Column("from_state", String(16), nullable=True),
+    Column("to_state", String(16), nullable=False),
+    Column("reason", Text, nullable=False),
+)
+Index("ix_job_events_job_id", job_events.c.job_id, job_events.c.id)
+
+allocations = Table(
+    "allocations",
+    metadata,
+    Column("id", Id, primary_key=True, autoincrement=True),
+    Column("job_id", Id, ForeignKey("jobs.id"), nullable=False),
+    Column("node", String(128), nullable=False),
+    Column("unit", String(96), nullable=False),  # GPU or MIG UUID
+    Column("live", Boolean, nullable=False),
+    Column("started_at", Float, nullable=False),
+    Column("released_at", Float, nullable=True),
+)
+Index(
+    "uq_allocations_live_unit",
+    allocations.c.unit,
+    unique=True,
+    sqlite_where=text("live"),
+    postgresql_where=text("live"),
+)
+Index("ix_allocations_job_id", allocations.c.job_id)
+
+nodes = Table(
+    "nodes",
+    metadata,
+    Column("name", String(128), primary_key=True),
+    Column("state", String(16), nullable=False),
+    Column("cpus", Integer, nullable=False),
+    Column("mem", BigInteger, nullable=False),
+    Column("fake", Boolean, nullable=False),
+    Column("units", Text, nullable=False),  # JSON list of GpuUnit
+    Column("topology", Text, nullable=False),  # JSON list of [uuid a, uuid b, distance]
+    Column("last_seen", Float, nullable=True),
+    Column("reason", Text, nullable=False, server_default=""),
+)

@@ -1,0 +1,165 @@
+from gpuq.v1 import types_pb2 as _types_pb2
+from google.protobuf.internal import containers as _containers
+from google.protobuf.internal import enum_type_wrapper as _enum_type_wrapper
+from google.protobuf import descriptor as _descriptor
+from google.protobuf import message as _message
+from collections.abc import Iterable as _Iterable, Mapping as _Mapping
+from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
+
+DESCRIPTOR: _descriptor.FileDescriptor
+
+class AgentMessage(_message.Message):
+    __slots__ = ("register", "heartbeat", "reports")
+    REGISTER_FIELD_NUMBER: _ClassVar[int]
+    HEARTBEAT_FIELD_NUMBER: _ClassVar[int]
+    REPORTS_FIELD_NUMBER: _ClassVar[int]
+    register: Register
+    heartbeat: Heartbeat
+    reports: JobReports
+    def __init__(self, register: _Optional[_Union[Register, _Mapping]] = ..., heartbeat: _Optional[_Union[Heartbeat, _Mapping]] = ..., reports: _Optional[_Union[JobReports, _Mapping]] = ...) -> None: ...
+
+class Register(_message.Message):
+    __slots__ = ("node", "gpus", "topology", "cpus", "mem", "fake", "version", "jobs")
+    NODE_FIELD_NUMBER: _ClassVar[int]
+    GPUS_FIELD_NUMBER: _ClassVar[int]
+    TOPOLOGY_FIELD_NUMBER: _ClassVar[int]
+    CPUS_FIELD_NUMBER: _ClassVar[int]
+    MEM_FIELD_NUMBER: _ClassVar[int]
+    FAKE_FIELD_NUMBER: _ClassVar[int]
+    VERSION_FIELD_NUMBER: _ClassVar[int]
+    JOBS_FIELD_NUMBER: _ClassVar[int]
+    node: str
+    gpus: _containers.RepeatedCompositeFieldContainer[_types_pb2.GpuUnit]
+    topology: _containers.RepeatedCompositeFieldContainer[_types_pb2.TopologyLink]
+    cpus: int
+    mem: int
+    fake: bool
+    version: str
+    jobs: _containers.RepeatedCompositeFieldContainer[JobReport]
+    def __init__(self, node: _Optional[str] = ..., gpus: _Optional[_Iterable[_Union[_types_pb2.GpuUnit, _Mapping]]] = ..., topology: _Optional[_Iterable[_Union[_types_pb2.TopologyLink, _Mapping]]] = ..., cpus: _Optional[int] = ..., mem: _Optional[int] = ..., fake: _Optional[bool] = ..., version: _Optional[str] = ..., jobs: _Optional[_Iterable[_Union[JobReport, _Mapping]]] = ...) -> None: ...
+
+class Heartbeat(_message.Message):
+    __slots__ = ("at", "usage")
+    AT_FIELD_NUMBER: _ClassVar[int]
+    USAGE_FIELD_NUMBER: _ClassVar[int]
+    at: float
+    usage: _containers.RepeatedCompositeFieldContainer[_types_pb2.GpuUsage]
+    def __init__(self, at: _Optional[float] = ..., usage: _Optional[_Iterable[_Union[_types_pb2.GpuUsage, _Mapping]]] = ...) -> None: ...
+
+class JobReports(_message.Message):
+    __slots__ = ("reports",)
+    REPORTS_FIELD_NUMBER: _ClassVar[int]
+    reports: _containers.RepeatedCompositeFieldContainer[JobReport]
+    def __init__(self, reports: _Optional[_Iterable[_Union[JobReport, _Mapping]]] = ...) -> None: ...
+
+class JobReport(_message.Message):
+    __slots__ = ("job_id", "kind", "end_state", "result", "at", "peak_mem", "peak_gpu_mem")
+    class Kind(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+        __slots__ = ()
+        KIND_UNSPECIFIED: _ClassVar[JobReport.Kind]
+        RUNNING: _ClassVar[JobReport.Kind]
+        ENDED: _ClassVar[JobReport.Kind]
+    KIND_UNSPECIFIED: JobReport.Kind
+    RUNNING: JobReport.Kind
+    ENDED: JobReport.Kind
+    JOB_ID_FIELD_NUMBER: _ClassVar[int]
+    KIND_FIELD_NUMBER: _ClassVar[int]
+    END_STATE_FIELD_NUMBER: _ClassVar[int]
+    RESULT_FIELD_NUMBER: _ClassVar[int]
+    AT_FIELD_NUMBER: _ClassVar[int]
+    PEAK_MEM_FIELD_NUMBER: _ClassVar[int]
+    PEAK_GPU_MEM_FIELD_NUMBER: _ClassVar[int]
+    job_id: int
+    kind: JobReport.Kind
+    end_state: str
+    result: _types_pb2.JobResult
+    at: float
+    peak_mem: int
+    peak_gpu_mem: int
+    def __init__(self, job_id: _Optional[int] = ..., kind: _Optional[_Union[JobReport.Kind, str]] = ..., end_state: _Optional[str] = ..., result: _Optional[_Union[_types_pb2.JobResult, _Mapping]] = ..., at: _Optional[float] = ..., peak_mem: _Optional[int] = ..., peak_gpu_mem: _Optional[int] = ...) -> None: ...
+
+class CoordinatorMessage(_message.Message):
+    __slots__ = ("registered", "start", "stop", "signal", "ack")
+    REGISTERED_FIELD_NUMBER: _ClassVar[int]
+    START_FIELD_NUMBER: _ClassVar[int]
+    STOP_FIELD_NUMBER: _ClassVar[int]
+    SIGNAL_FIELD_NUMBER: _ClassVar[int]
+    ACK_FIELD_NUMBER: _ClassVar[int]
+    registered: Registered
+    start: StartJobs
+    stop: StopJobs
+    signal: SignalJobs
+    ack: AckReports
+    def __init__(self, registered: _Optional[_Union[Registered, _Mapping]] = ..., start: _Optional[_Union[StartJobs, _Mapping]] = ..., stop: _Optional[_Union[StopJobs, _Mapping]] = ..., signal: _Optional[_Union[SignalJobs, _Mapping]] = ..., ack: _Optional[_Union[AckReports, _Mapping]] = ...) -> None: ...
+
+class Registered(_message.Message):
+    __slots__ = ("heartbeat_interval",)
+    HEARTBEAT_INTERVAL_FIELD_NUMBER: _ClassVar[int]
+    heartbeat_interval: float
+    def __init__(self, heartbeat_interval: _Optional[float] = ...) -> None: ...
+
+class JobLaunch(_message.Message):
+    __slots__ = ("job_id", "spec", "gpus", "user", "array_job_id", "array_task_id", "time_limit", "kill_grace")
+    JOB_ID_FIELD_NUMBER: _ClassVar[int]
+    SPEC_FIELD_NUMBER: _ClassVar[int]
+    GPUS_FIELD_NUMBER: _ClassVar[int]
+    USER_FIELD_NUMBER: _ClassVar[int]
+    ARRAY_JOB_ID_FIELD_NUMBER: _ClassVar[int]
+    ARRAY_TASK_ID_FIELD_NUMBER: _ClassVar[int]
+    TIME_LIMIT_FIELD_NUMBER: _ClassVar[int]
+    KILL_GRACE_FIELD_NUMBER: _ClassVar[int]
+    job_id: int
+    spec: _types_pb2.JobSpec
+    gpus: _containers.RepeatedScalarFieldContainer[str]
+    user: str
+    array_job_id: int
+    array_task_id: int
+    time_limit: int
+    kill_grace: float
+    def __init__(self, job_id: _Optional[int] = ..., spec: _Optional[_Union[_types_pb2.JobSpec, _Mapping]] = ..., gpus: _Optional[_Iterable[str]] = ..., user: _Optional[str] = ..., array_job_id: _Optional[int] = ..., array_task_id: _Optional[int] = ..., time_limit: _Optional[int] = ..., kill_grace: _Optional[float] = ...) -> None: ...
+
+class StartJobs(_message.Message):
+    __slots__ = ("jobs",)
+    JOBS_FIELD_NUMBER: _ClassVar[int]
+    jobs: _containers.RepeatedCompositeFieldContainer[JobLaunch]
+    def __init__(self, jobs: _Optional[_Iterable[_Union[JobLaunch, _Mapping]]] = ...) -> None: ...
+
+class StopJob(_message.Message):
+    __slots__ = ("job_id", "end_state", "reason", "grace", "signal")
+    JOB_ID_FIELD_NUMBER: _ClassVar[int]
+    END_STATE_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    GRACE_FIELD_NUMBER: _ClassVar[int]
+    SIGNAL_FIELD_NUMBER: _ClassVar[int]
+    job_id: int
+    end_state: str
+    reason: str
+    grace: float
+    signal: int
+    def __init__(self, job_id: _Optional[int] = ..., end_state: _Optional[str] = ..., reason: _Optional[str] = ..., grace: _Optional[float] = ..., signal: _Optional[int] = ...) -> None: ...
+
+class StopJobs(_message.Message):
+    __slots__ = ("jobs",)
+    JOBS_FIELD_NUMBER: _ClassVar[int]
+    jobs: _containers.RepeatedCompositeFieldContainer[StopJob]
+    def __init__(self, jobs: _Optional[_Iterable[_Union[StopJob, _Mapping]]] = ...) -> None: ...
+
+class SignalJob(_message.Message):
+    __slots__ = ("job_id", "signal")
+    JOB_ID_FIELD_NUMBER: _ClassVar[int]
+    SIGNAL_FIELD_NUMBER: _ClassVar[int]
+    job_id: int
+    signal: int
+    def __init__(self, job_id: _Optional[int] = ..., signal: _Optional[int] = ...) -> None: ...
+
+class SignalJobs(_message.Message):
+    __slots__ = ("jobs",)
+    JOBS_FIELD_NUMBER: _ClassVar[int]
+    jobs: _containers.RepeatedCompositeFieldContainer[SignalJob]
+    def __init__(self, jobs: _Optional[_Iterable[_Union[SignalJob, _Mapping]]] = ...) -> None: ...
+
+class AckReports(_message.Message):
+    __slots__ = ("job_ids",)
+    JOB_IDS_FIELD_NUMBER: _ClassVar[int]
+    job_ids: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, job_ids: _Optional[_Iterable[int]] = ...) -> None: ...

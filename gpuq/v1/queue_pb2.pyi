@@ -1,0 +1,128 @@
+from gpuq.v1 import types_pb2 as _types_pb2
+from google.protobuf.internal import containers as _containers
+from google.protobuf import descriptor as _descriptor
+from google.protobuf import message as _message
+from collections.abc import Iterable as _Iterable, Mapping as _Mapping
+from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
+
+DESCRIPTOR: _descriptor.FileDescriptor
+
+class SubmitRequest(_message.Message):
+    __slots__ = ("spec",)
+    SPEC_FIELD_NUMBER: _ClassVar[int]
+    spec: _types_pb2.JobSpec
+    def __init__(self, spec: _Optional[_Union[_types_pb2.JobSpec, _Mapping]] = ...) -> None: ...
+
+class SubmitReply(_message.Message):
+    __slots__ = ("job_ids",)
+    JOB_IDS_FIELD_NUMBER: _ClassVar[int]
+    job_ids: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, job_ids: _Optional[_Iterable[int]] = ...) -> None: ...
+
+class GetJobRequest(_message.Message):
+    __slots__ = ("job_id",)
+    JOB_ID_FIELD_NUMBER: _ClassVar[int]
+    job_id: int
+    def __init__(self, job_id: _Optional[int] = ...) -> None: ...
+
+class JobDetail(_message.Message):
+    __slots__ = ("job", "events")
+    JOB_FIELD_NUMBER: _ClassVar[int]
+    EVENTS_FIELD_NUMBER: _ClassVar[int]
+    job: _types_pb2.Job
+    events: _containers.RepeatedCompositeFieldContainer[_types_pb2.JobEvent]
+    def __init__(self, job: _Optional[_Union[_types_pb2.Job, _Mapping]] = ..., events: _Optional[_Iterable[_Union[_types_pb2.JobEvent, _Mapping]]] = ...) -> None: ...
+
+class ListJobsRequest(_message.Message):
+    __slots__ = ("states", "user", "job_ids", "limit", "finished", "array_job_id", "with_pending_info")
+    STATES_FIELD_NUMBER: _ClassVar[int]
+    USER_FIELD_NUMBER: _ClassVar[int]
+    JOB_IDS_FIELD_NUMBER: _ClassVar[int]
+    LIMIT_FIELD_NUMBER: _ClassVar[int]
+    FINISHED_FIELD_NUMBER: _ClassVar[int]
+    ARRAY_JOB_ID_FIELD_NUMBER: _ClassVar[int]
+    WITH_PENDING_INFO_FIELD_NUMBER: _ClassVar[int]
+    states: _containers.RepeatedScalarFieldContainer[str]
+    user: str
+    job_ids: _containers.RepeatedScalarFieldContainer[int]
+    limit: int
+    finished: bool
+    array_job_id: int
+    with_pending_info: bool
+    def __init__(self, states: _Optional[_Iterable[str]] = ..., user: _Optional[str] = ..., job_ids: _Optional[_Iterable[int]] = ..., limit: _Optional[int] = ..., finished: _Optional[bool] = ..., array_job_id: _Optional[int] = ..., with_pending_info: _Optional[bool] = ...) -> None: ...
+
+class ListJobsReply(_message.Message):
+    __slots__ = ("jobs",)
+    JOBS_FIELD_NUMBER: _ClassVar[int]
+    jobs: _containers.RepeatedCompositeFieldContainer[_types_pb2.Job]
+    def __init__(self, jobs: _Optional[_Iterable[_Union[_types_pb2.Job, _Mapping]]] = ...) -> None: ...
+
+class JobSelection(_message.Message):
+    __slots__ = ("job_ids", "reason")
+    JOB_IDS_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    job_ids: _containers.RepeatedScalarFieldContainer[str]
+    reason: str
+    def __init__(self, job_ids: _Optional[_Iterable[str]] = ..., reason: _Optional[str] = ...) -> None: ...
+
+class ActionOutcome(_message.Message):
+    __slots__ = ("job_id", "done", "message")
+    JOB_ID_FIELD_NUMBER: _ClassVar[int]
+    DONE_FIELD_NUMBER: _ClassVar[int]
+    MESSAGE_FIELD_NUMBER: _ClassVar[int]
+    job_id: str
+    done: bool
+    message: str
+    def __init__(self, job_id: _Optional[str] = ..., done: _Optional[bool] = ..., message: _Optional[str] = ...) -> None: ...
+
+class ActionReply(_message.Message):
+    __slots__ = ("outcomes",)
+    OUTCOMES_FIELD_NUMBER: _ClassVar[int]
+    outcomes: _containers.RepeatedCompositeFieldContainer[ActionOutcome]
+    def __init__(self, outcomes: _Optional[_Iterable[_Union[ActionOutcome, _Mapping]]] = ...) -> None: ...
+
+class WatchRequest(_message.Message):
+    __slots__ = ("job_ids",)
+    JOB_IDS_FIELD_NUMBER: _ClassVar[int]
+    job_ids: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, job_ids: _Optional[_Iterable[int]] = ...) -> None: ...
+
+class ListNodesRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class NodeInfo(_message.Message):
+    __slots__ = ("name", "state", "cpus", "mem", "gpus", "fake", "last_seen", "reason", "usage", "running_jobs", "cpus_used", "mem_used", "gpus_used")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    STATE_FIELD_NUMBER: _ClassVar[int]
+    CPUS_FIELD_NUMBER: _ClassVar[int]
+    MEM_FIELD_NUMBER: _ClassVar[int]
+    GPUS_FIELD_NUMBER: _ClassVar[int]
+    FAKE_FIELD_NUMBER: _ClassVar[int]
+    LAST_SEEN_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    USAGE_FIELD_NUMBER: _ClassVar[int]
+    RUNNING_JOBS_FIELD_NUMBER: _ClassVar[int]
+    CPUS_USED_FIELD_NUMBER: _ClassVar[int]
+    MEM_USED_FIELD_NUMBER: _ClassVar[int]
+    GPUS_USED_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    state: str
+    cpus: int
+    mem: int
+    gpus: _containers.RepeatedCompositeFieldContainer[_types_pb2.GpuUnit]
+    fake: bool
+    last_seen: float
+    reason: str
+    usage: _containers.RepeatedCompositeFieldContainer[_types_pb2.GpuUsage]
+    running_jobs: _containers.RepeatedScalarFieldContainer[int]
+    cpus_used: int
+    mem_used: int
+    gpus_used: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, name: _Optional[str] = ..., state: _Optional[str] = ..., cpus: _Optional[int] = ..., mem: _Optional[int] = ..., gpus: _Optional[_Iterable[_Union[_types_pb2.GpuUnit, _Mapping]]] = ..., fake: _Optional[bool] = ..., last_seen: _Optional[float] = ..., reason: _Optional[str] = ..., usage: _Optional[_Iterable[_Union[_types_pb2.GpuUsage, _Mapping]]] = ..., running_jobs: _Optional[_Iterable[int]] = ..., cpus_used: _Optional[int] = ..., mem_used: _Optional[int] = ..., gpus_used: _Optional[_Iterable[str]] = ...) -> None: ...
+
+class ListNodesReply(_message.Message):
+    __slots__ = ("nodes",)
+    NODES_FIELD_NUMBER: _ClassVar[int]
+    nodes: _containers.RepeatedCompositeFieldContainer[NodeInfo]
+    def __init__(self, nodes: _Optional[_Iterable[_Union[NodeInfo, _Mapping]]] = ...) -> None: ...

@@ -1,0 +1,220 @@
+from google.protobuf.internal import containers as _containers
+from google.protobuf import descriptor as _descriptor
+from google.protobuf import message as _message
+from collections.abc import Iterable as _Iterable, Mapping as _Mapping
+from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
+
+DESCRIPTOR: _descriptor.FileDescriptor
+
+class Resources(_message.Message):
+    __slots__ = ("gpus", "gpu_mem", "cpus", "mem", "time_limit")
+    GPUS_FIELD_NUMBER: _ClassVar[int]
+    GPU_MEM_FIELD_NUMBER: _ClassVar[int]
+    CPUS_FIELD_NUMBER: _ClassVar[int]
+    MEM_FIELD_NUMBER: _ClassVar[int]
+    TIME_LIMIT_FIELD_NUMBER: _ClassVar[int]
+    gpus: int
+    gpu_mem: int
+    cpus: int
+    mem: int
+    time_limit: int
+    def __init__(self, gpus: _Optional[int] = ..., gpu_mem: _Optional[int] = ..., cpus: _Optional[int] = ..., mem: _Optional[int] = ..., time_limit: _Optional[int] = ...) -> None: ...
+
+class Dependency(_message.Message):
+    __slots__ = ("job_id", "kind")
+    JOB_ID_FIELD_NUMBER: _ClassVar[int]
+    KIND_FIELD_NUMBER: _ClassVar[int]
+    job_id: int
+    kind: str
+    def __init__(self, job_id: _Optional[int] = ..., kind: _Optional[str] = ...) -> None: ...
+
+class ArraySpec(_message.Message):
+    __slots__ = ("indices", "max_running")
+    INDICES_FIELD_NUMBER: _ClassVar[int]
+    MAX_RUNNING_FIELD_NUMBER: _ClassVar[int]
+    indices: _containers.RepeatedScalarFieldContainer[int]
+    max_running: int
+    def __init__(self, indices: _Optional[_Iterable[int]] = ..., max_running: _Optional[int] = ...) -> None: ...
+
+class WarningSignal(_message.Message):
+    __slots__ = ("signal", "seconds")
+    SIGNAL_FIELD_NUMBER: _ClassVar[int]
+    SECONDS_FIELD_NUMBER: _ClassVar[int]
+    signal: int
+    seconds: int
+    def __init__(self, signal: _Optional[int] = ..., seconds: _Optional[int] = ...) -> None: ...
+
+class JobSpec(_message.Message):
+    __slots__ = ("name", "script", "args", "workdir", "env", "resources", "qos", "nice", "output", "error", "array", "dependencies", "hold", "begin_time", "signal", "no_requeue", "singleton", "source")
+    class EnvEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: str
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[str] = ...) -> None: ...
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    SCRIPT_FIELD_NUMBER: _ClassVar[int]
+    ARGS_FIELD_NUMBER: _ClassVar[int]
+    WORKDIR_FIELD_NUMBER: _ClassVar[int]
+    ENV_FIELD_NUMBER: _ClassVar[int]
+    RESOURCES_FIELD_NUMBER: _ClassVar[int]
+    QOS_FIELD_NUMBER: _ClassVar[int]
+    NICE_FIELD_NUMBER: _ClassVar[int]
+    OUTPUT_FIELD_NUMBER: _ClassVar[int]
+    ERROR_FIELD_NUMBER: _ClassVar[int]
+    ARRAY_FIELD_NUMBER: _ClassVar[int]
+    DEPENDENCIES_FIELD_NUMBER: _ClassVar[int]
+    HOLD_FIELD_NUMBER: _ClassVar[int]
+    BEGIN_TIME_FIELD_NUMBER: _ClassVar[int]
+    SIGNAL_FIELD_NUMBER: _ClassVar[int]
+    NO_REQUEUE_FIELD_NUMBER: _ClassVar[int]
+    SINGLETON_FIELD_NUMBER: _ClassVar[int]
+    SOURCE_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    script: str
+    args: _containers.RepeatedScalarFieldContainer[str]
+    workdir: str
+    env: _containers.ScalarMap[str, str]
+    resources: Resources
+    qos: str
+    nice: int
+    output: str
+    error: str
+    array: ArraySpec
+    dependencies: _containers.RepeatedCompositeFieldContainer[Dependency]
+    hold: bool
+    begin_time: float
+    signal: WarningSignal
+    no_requeue: bool
+    singleton: bool
+    source: str
+    def __init__(self, name: _Optional[str] = ..., script: _Optional[str] = ..., args: _Optional[_Iterable[str]] = ..., workdir: _Optional[str] = ..., env: _Optional[_Mapping[str, str]] = ..., resources: _Optional[_Union[Resources, _Mapping]] = ..., qos: _Optional[str] = ..., nice: _Optional[int] = ..., output: _Optional[str] = ..., error: _Optional[str] = ..., array: _Optional[_Union[ArraySpec, _Mapping]] = ..., dependencies: _Optional[_Iterable[_Union[Dependency, _Mapping]]] = ..., hold: _Optional[bool] = ..., begin_time: _Optional[float] = ..., signal: _Optional[_Union[WarningSignal, _Mapping]] = ..., no_requeue: _Optional[bool] = ..., singleton: _Optional[bool] = ..., source: _Optional[str] = ...) -> None: ...
+
+class JobResult(_message.Message):
+    __slots__ = ("exit_code", "signal", "reason")
+    EXIT_CODE_FIELD_NUMBER: _ClassVar[int]
+    SIGNAL_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    exit_code: int
+    signal: int
+    reason: str
+    def __init__(self, exit_code: _Optional[int] = ..., signal: _Optional[int] = ..., reason: _Optional[str] = ...) -> None: ...
+
+class PriorityFactor(_message.Message):
+    __slots__ = ("name", "value")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    VALUE_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    value: float
+    def __init__(self, name: _Optional[str] = ..., value: _Optional[float] = ...) -> None: ...
+
+class PendingInfo(_message.Message):
+    __slots__ = ("reasons", "estimated_start", "priority", "factors")
+    REASONS_FIELD_NUMBER: _ClassVar[int]
+    ESTIMATED_START_FIELD_NUMBER: _ClassVar[int]
+    PRIORITY_FIELD_NUMBER: _ClassVar[int]
+    FACTORS_FIELD_NUMBER: _ClassVar[int]
+    reasons: _containers.RepeatedScalarFieldContainer[str]
+    estimated_start: float
+    priority: float
+    factors: _containers.RepeatedCompositeFieldContainer[PriorityFactor]
+    def __init__(self, reasons: _Optional[_Iterable[str]] = ..., estimated_start: _Optional[float] = ..., priority: _Optional[float] = ..., factors: _Optional[_Iterable[_Union[PriorityFactor, _Mapping]]] = ...) -> None: ...
+
+class Job(_message.Message):
+    __slots__ = ("id", "spec", "user", "state", "submit_time", "start_time", "end_time", "node", "gpus", "result", "requeue_count", "array_job_id", "array_task_id", "reason", "pending", "stdout_path", "stderr_path", "priority", "qos", "stop_reason")
+    ID_FIELD_NUMBER: _ClassVar[int]
+    SPEC_FIELD_NUMBER: _ClassVar[int]
+    USER_FIELD_NUMBER: _ClassVar[int]
+    STATE_FIELD_NUMBER: _ClassVar[int]
+    SUBMIT_TIME_FIELD_NUMBER: _ClassVar[int]
+    START_TIME_FIELD_NUMBER: _ClassVar[int]
+    END_TIME_FIELD_NUMBER: _ClassVar[int]
+    NODE_FIELD_NUMBER: _ClassVar[int]
+    GPUS_FIELD_NUMBER: _ClassVar[int]
+    RESULT_FIELD_NUMBER: _ClassVar[int]
+    REQUEUE_COUNT_FIELD_NUMBER: _ClassVar[int]
+    ARRAY_JOB_ID_FIELD_NUMBER: _ClassVar[int]
+    ARRAY_TASK_ID_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    PENDING_FIELD_NUMBER: _ClassVar[int]
+    STDOUT_PATH_FIELD_NUMBER: _ClassVar[int]
+    STDERR_PATH_FIELD_NUMBER: _ClassVar[int]
+    PRIORITY_FIELD_NUMBER: _ClassVar[int]
+    QOS_FIELD_NUMBER: _ClassVar[int]
+    STOP_REASON_FIELD_NUMBER: _ClassVar[int]
+    id: int
+    spec: JobSpec
+    user: str
+    state: str
+    submit_time: float
+    start_time: float
+    end_time: float
+    node: str
+    gpus: _containers.RepeatedScalarFieldContainer[str]
+    result: JobResult
+    requeue_count: int
+    array_job_id: int
+    array_task_id: int
+    reason: str
+    pending: PendingInfo
+    stdout_path: str
+    stderr_path: str
+    priority: int
+    qos: str
+    stop_reason: str
+    def __init__(self, id: _Optional[int] = ..., spec: _Optional[_Union[JobSpec, _Mapping]] = ..., user: _Optional[str] = ..., state: _Optional[str] = ..., submit_time: _Optional[float] = ..., start_time: _Optional[float] = ..., end_time: _Optional[float] = ..., node: _Optional[str] = ..., gpus: _Optional[_Iterable[str]] = ..., result: _Optional[_Union[JobResult, _Mapping]] = ..., requeue_count: _Optional[int] = ..., array_job_id: _Optional[int] = ..., array_task_id: _Optional[int] = ..., reason: _Optional[str] = ..., pending: _Optional[_Union[PendingInfo, _Mapping]] = ..., stdout_path: _Optional[str] = ..., stderr_path: _Optional[str] = ..., priority: _Optional[int] = ..., qos: _Optional[str] = ..., stop_reason: _Optional[str] = ...) -> None: ...
+
+class JobEvent(_message.Message):
+    __slots__ = ("job_id", "at", "from_state", "to_state", "reason")
+    JOB_ID_FIELD_NUMBER: _ClassVar[int]
+    AT_FIELD_NUMBER: _ClassVar[int]
+    FROM_STATE_FIELD_NUMBER: _ClassVar[int]
+    TO_STATE_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    job_id: int
+    at: float
+    from_state: str
+    to_state: str
+    reason: str
+    def __init__(self, job_id: _Optional[int] = ..., at: _Optional[float] = ..., from_state: _Optional[str] = ..., to_state: _Optional[str] = ..., reason: _Optional[str] = ...) -> None: ...
+
+class GpuUnit(_message.Message):
+    __slots__ = ("uuid", "index", "name", "memory", "pci_bus_id", "parent_uuid", "mig_profile")
+    UUID_FIELD_NUMBER: _ClassVar[int]
+    INDEX_FIELD_NUMBER: _ClassVar[int]
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    MEMORY_FIELD_NUMBER: _ClassVar[int]
+    PCI_BUS_ID_FIELD_NUMBER: _ClassVar[int]
+    PARENT_UUID_FIELD_NUMBER: _ClassVar[int]
+    MIG_PROFILE_FIELD_NUMBER: _ClassVar[int]
+    uuid: str
+    index: int
+    name: str
+    memory: int
+    pci_bus_id: str
+    parent_uuid: str
+    mig_profile: str
+    def __init__(self, uuid: _Optional[str] = ..., index: _Optional[int] = ..., name: _Optional[str] = ..., memory: _Optional[int] = ..., pci_bus_id: _Optional[str] = ..., parent_uuid: _Optional[str] = ..., mig_profile: _Optional[str] = ...) -> None: ...
+
+class TopologyLink(_message.Message):
+    __slots__ = ("a", "b", "distance")
+    A_FIELD_NUMBER: _ClassVar[int]
+    B_FIELD_NUMBER: _ClassVar[int]
+    DISTANCE_FIELD_NUMBER: _ClassVar[int]
+    a: str
+    b: str
+    distance: int
+    def __init__(self, a: _Optional[str] = ..., b: _Optional[str] = ..., distance: _Optional[int] = ...) -> None: ...
+
+class GpuUsage(_message.Message):
+    __slots__ = ("uuid", "memory_used", "utilization", "job_ids")
+    UUID_FIELD_NUMBER: _ClassVar[int]
+    MEMORY_USED_FIELD_NUMBER: _ClassVar[int]
+    UTILIZATION_FIELD_NUMBER: _ClassVar[int]
+    JOB_IDS_FIELD_NUMBER: _ClassVar[int]
+    uuid: str
+    memory_used: int
+    utilization: int
+    job_ids: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, uuid: _Optional[str] = ..., memory_used: _Optional[int] = ..., utilization: _Optional[int] = ..., job_ids: _Optional[_Iterable[int]] = ...) -> None: ...
