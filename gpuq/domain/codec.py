@@ -75,7 +75,8 @@ def spec_from_dict(data: dict[str, Any]) -> JobSpec:
         error=data.get("error"),
         array=ArraySpec(tuple(array["indices"]), array.get("max_running")) if array else None,
         dependencies=tuple(
-            Dependency(job_id, DependencyKind(kind)) for job_id, kind in data.get("dependencies", ())
+            Dependency(job_id, DependencyKind(kind))
+            for job_id, kind in data.get("dependencies", ())
         ),
         hold=data.get("hold", False),
         begin_time=data.get("begin_time"),

@@ -108,7 +108,9 @@ class ArraySpec:
                 indices.extend(range(low, high + 1, step))
             max_running = int(limit) if limit else None
         except ValueError:
-            raise InvalidInput("--array", text, "expected e.g. 0-99, 1,3,5-7, 0-15:4 or 0-99%8") from None
+            raise InvalidInput(
+                "--array", text, "expected e.g. 0-99, 1,3,5-7, 0-15:4 or 0-99%8"
+            ) from None
         return cls(tuple(sorted(set(indices))), max_running)
 
 
@@ -146,9 +148,7 @@ def parse_signal(text: str, field_name: str = "signal") -> int:
 
 def check_name(value: str, field_name: str = "--name") -> str:
     if not _NAME_RE.match(value):
-        raise InvalidInput(
-            field_name, value, "use 1 to 128 letters, digits or _ . + @ = : , -"
-        )
+        raise InvalidInput(field_name, value, "use 1 to 128 letters, digits or _ . + @ = : , -")
     return value
 
 
@@ -179,7 +179,8 @@ class JobSpec:
         check_name(self.name)
         if not self.script.startswith("#!"):
             raise InvalidInput(
-                "script", self.source or self.name,
+                "script",
+                self.source or self.name,
                 "the first line must start with #! and an interpreter (or use --wrap)",
             )
         if "\0" in self.script:
@@ -207,6 +208,7 @@ class Job:
     spec: JobSpec
     user: str
     state: JobState
+    qos: str  # the tier it runs in (the spec's, or the default one)
     priority: int
     submit_time: float
     start_time: float | None = None
@@ -221,8 +223,8 @@ class Job:
     stop_reason: str | None = None  # set when a stop was requested for a running job
 
     @property
-    def qos(self) -> str:
-        return self.spec.qos or ""
+    def name(self) -> str:
+        return self.spec.name
 
     @property
     def display_id(self) -> str:

@@ -61,8 +61,9 @@ def parse_duration(text: str, field: str = "time") -> int:
     raw = text.strip() if isinstance(text, str) else ""
     if match := _DAYS_RE.match(raw):
         days, hours, minutes, seconds = (int(g) if g else 0 for g in match.groups())
-        _check_below(field, text, [(hours, 24, "hours"), (minutes, 60, "minutes"),
-                                   (seconds, 60, "seconds")])
+        _check_below(
+            field, text, [(hours, 24, "hours"), (minutes, 60, "minutes"), (seconds, 60, "seconds")]
+        )
         total = ((days * 24 + hours) * 60 + minutes) * 60 + seconds
     elif match := _CLOCK_RE.match(raw):
         parts = [int(g) for g in match.groups() if g is not None]

@@ -36,6 +36,8 @@ from gpuq.store.engine import WRITE, make_engine
 from gpuq.store.tables import allocations, job_events, jobs, nodes
 
 SUBMITTED = "submitted"
+_INSERT_JOB = insert(jobs).returning(jobs.c.id)
+_INSERT_EVENT = insert(job_events)
 
 
 @dataclass(frozen=True, slots=True)
@@ -188,15 +190,11 @@ class StoreTx:
         state = JobState.HELD if new.spec.hold else JobState.PENDING
         row = _job_row(new, state, now)
         if new.spec.array is None:
-            ids = [self.conn.execute(insert(jobs).returning(jobs.c.id), row).scalar_one()]
+            ids = [self.conn.execute(_INSERT_JOB, row).scalar_one()]
         else:
             tasks = new.spec.array.indices
-            first = self.conn.execute(
-                insert(jobs).returning(jobs.c.id), {**row, "array_task_id": tasks[0]}
-            ).scalar_one()
-            self.conn.execute(
-                update(jobs).where(jobs.c.id == first).values(array_job_id=first)
-            )
+            first = self.conn.execute(_INSERT_JOB, {**row, "array_task_id": tasks[0]}).scalar_one()
+            self.conn.execute(update(jobs).where(jobs.c.id == first).values(array_job_id=first))
             rest = [{**row, "array_job_id": first, "array_task_id": t} for t in tasks[1:]]
             ids = [first]
             if rest:
@@ -204,14 +202,8 @@ class StoreTx:
                     insert(jobs).returning(jobs.c.id, sort_by_parameter_order=True), rest
                 )
                 ids.extend(result.scalars())
-        self.conn.execute(
-            insert(job_events),
-            [
-                {"job_id": i, "at": now, "from_state": None, "to_state": state.value,
-                 "reason": SUBMITTED}
-                for i in ids
-            ],
-        )
+        events = [_event(i, now, None, state, SUBMITTED) for i in ids]
+        self.conn.execute(_INSERT_EVENT, events[0] if len(events) == 1 else events)
         return ids
 
     def transition(self, changes: Sequence[StateChange], now: float) -> None:
@@ -244,7 +236,7 @@ class StoreTx:
             .values({c: bindparam(f"b_{c}") for c in _MUTABLE}),
             [{"b_id": i, **{f"b_{c}": rows[i][c] for c in _MUTABLE}} for i in sorted(touched)],
         )
-        self.conn.execute(insert(job_events), events)
+        self.conn.execute(_INSERT_EVENT, events)
         if released:
             self.conn.execute(
                 update(allocations)
@@ -443,6 +435,7 @@ def _job_from_row(row: Row[Any], units: tuple[str, ...]) -> Job:
         spec=spec_from_dict(json.loads(row.spec)),
         user=row.user,
         state=state,
+        qos=row.qos,
         priority=row.priority,
         submit_time=row.submit_time,
         start_time=row.start_time,

@@ -33,7 +33,9 @@ def make_engine(url: str, *, sqlite_synchronous: str = "NORMAL") -> Engine:
 
 def _sqlite_engine(url: str, database: str | None, synchronous: str) -> Engine:
     if synchronous.upper() not in {"OFF", "NORMAL", "FULL", "EXTRA"}:
-        raise ValueError(f"sqlite synchronous must be OFF, NORMAL, FULL or EXTRA, not {synchronous}")
+        raise ValueError(
+            f"sqlite synchronous must be OFF, NORMAL, FULL or EXTRA, not {synchronous}"
+        )
     if database and database != ":memory:":
         Path(database).parent.mkdir(parents=True, exist_ok=True, mode=0o700)
     engine = create_engine(url, connect_args={"check_same_thread": False, "timeout": 30})

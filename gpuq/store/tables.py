@@ -60,9 +60,9 @@ jobs = Table(
     Column("node", String(128), nullable=True),
     Column("exit_code", Integer, nullable=True),
     Column("signal", Integer, nullable=True),
-    Column("reason", Text, nullable=False, server_default=""),
+    Column("reason", Text, nullable=False),
     Column("stop_reason", Text, nullable=True),
-    Column("requeue_count", Integer, nullable=False, server_default="0"),
+    Column("requeue_count", Integer, nullable=False),
     Column("array_job_id", BigInteger, nullable=True),
     Column("array_task_id", Integer, nullable=True),
     Column("spec", Text, nullable=False),  # the JobSpec as JSON (gpuq.domain.codec)
@@ -116,5 +116,5 @@ nodes = Table(
     Column("units", Text, nullable=False),  # JSON list of GpuUnit
     Column("topology", Text, nullable=False),  # JSON list of [uuid a, uuid b, distance]
     Column("last_seen", Float, nullable=True),
-    Column("reason", Text, nullable=False, server_default=""),
+    Column("reason", Text, nullable=False),
 )

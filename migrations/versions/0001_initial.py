@@ -40,18 +40,16 @@ def upgrade() -> None:
         sa.Column("node", sa.String(128), nullable=True),
         sa.Column("exit_code", sa.Integer(), nullable=True),
         sa.Column("signal", sa.Integer(), nullable=True),
-        sa.Column("reason", sa.Text(), nullable=False, server_default=""),
+        sa.Column("reason", sa.Text(), nullable=False),
         sa.Column("stop_reason", sa.Text(), nullable=True),
-        sa.Column("requeue_count", sa.Integer(), nullable=False, server_default="0"),
+        sa.Column("requeue_count", sa.Integer(), nullable=False),
         sa.Column("array_job_id", sa.BigInteger(), nullable=True),
         sa.Column("array_task_id", sa.Integer(), nullable=True),
         sa.Column("spec", sa.Text(), nullable=False),
         sa.PrimaryKeyConstraint("id", name="pk_jobs"),
         sa.CheckConstraint(f"state IN ({STATES})", name=op.f("ck_jobs_state")),
     )
-    op.create_index(
-        "ix_jobs_pending_order", "jobs", ["state", sa.text("priority DESC"), "id"]
-    )
+    op.create_index("ix_jobs_pending_order", "jobs", ["state", sa.text("priority DESC"), "id"])
     op.create_index("ix_jobs_user_state", "jobs", ["user", "state"])
     op.create_index("ix_jobs_array_job_id", "jobs", ["array_job_id"])
 
@@ -100,7 +98,7 @@ def upgrade() -> None:
         sa.Column("units", sa.Text(), nullable=False),
         sa.Column("topology", sa.Text(), nullable=False),
         sa.Column("last_seen", sa.Float(), nullable=True),
-        sa.Column("reason", sa.Text(), nullable=False, server_default=""),
+        sa.Column("reason", sa.Text(), nullable=False),
         sa.PrimaryKeyConstraint("name", name="pk_nodes"),
     )
     # the planner needs statistics to prefer the partial and ordered indexes

@@ -1,0 +1,64 @@
+"""Fixtures shared by every test folder: job stores on each backend, specs, a fake clock."""
+
+from __future__ import annotations
+
+import os
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from sqlalchemy import create_engine, text
+
+from gpuq.store.api import Store
+
+PG_URL_VAR = "GPUQ_TEST_PG_URL"
+
+
+def pg_url() -> str | None:
+    """The PostgreSQL server for tests; in CI its absence is an error, not a skip."""
+    url = os.environ.get(PG_URL_VAR)
+    if not url and os.environ.get("CI") == "true":
+        pytest.fail(f"CI=true but {PG_URL_VAR} is not set: the PostgreSQL suite must run in CI")
+    return url
+
+
+@pytest.fixture
+def pg_schema_url() -> Iterator[str]:
+    """A URL whose connections use a fresh schema of their own, dropped afterwards."""
+    base = pg_url()
+    if not base:
+        pytest.skip(f"{PG_URL_VAR} not set")
+    schema = f"gpuq_test_{uuid.uuid4().hex[:12]}"
+    admin = create_engine(base.replace("postgresql://", "postgresql+psycopg://", 1))
+    with admin.begin() as conn:
+        conn.execute(text(f'CREATE SCHEMA "{schema}"'))
+    sep = "&" if "?" in base else "?"
+    try:
+        yield f"{base}{sep}options=-csearch_path%3D{schema}"
+    finally:
+        with admin.begin() as conn:
+            conn.execute(text(f'DROP SCHEMA "{schema}" CASCADE'))
+        admin.dispose()
+
+
+@pytest.fixture
+def sqlite_url(tmp_path: Path) -> str:
+    return f"sqlite:///{tmp_path / 'gpuq.db'}"
+
+
+@pytest.fixture(params=["sqlite", "postgresql"])
+def store_url(request: pytest.FixtureRequest) -> str:
+    """Each store test runs once per backend."""
+    if request.param == "sqlite":
+        return str(request.getfixturevalue("sqlite_url"))
+    return str(request.getfixturevalue("pg_schema_url"))
+
+
+@pytest.fixture
+def store(store_url: str) -> Iterator[Store]:
+    opened = Store.open(store_url)
+    try:
+        yield opened
+    finally:
+        opened.close()

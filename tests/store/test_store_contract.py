@@ -1,0 +1,226 @@
+"""The store's contract, run against SQLite and PostgreSQL (the `store` fixture is per backend)."""
+
+from __future__ import annotations
+
+import pytest
+from helpers import make_spec
+
+from gpuq.domain.model import ArraySpec, GpuUnit, JobResult, Node, NodeState
+from gpuq.domain.states import JobState
+from gpuq.errors import DoubleBooking, IllegalTransition, NotFound
+from gpuq.store.api import JobQuery, JobStart, NewJob, StateChange, Store
+
+
+def submit(store: Store, *specs_and_priorities: tuple[str, int], now: float = 100.0) -> list[int]:
+    new = [
+        NewJob(make_spec(name, gpus=1), user="alice", qos="normal", priority=prio)
+        for name, prio in specs_and_priorities
+    ]
+    with store.transaction() as tx:
+        ids = tx.add_jobs(new, now)
+    return [i for group in ids for i in group]
+
+
+def test_submitted_job_reads_back_whole(store: Store) -> None:
+    spec = make_spec("train", gpus=2, env={"A": "1"}, args=("x", "y"), nice=5)
+    with store.transaction() as tx:
+        [[job_id]] = tx.add_jobs([NewJob(spec, "alice", "normal", 7)], now=123.5)
+    job = store.get_job(job_id)
+    assert job.spec == spec
+    assert (job.user, job.state, job.priority, job.submit_time) == (
+        "alice",
+        JobState.PENDING,
+        7,
+        123.5,
+    )
+    events = store.events(job_id)
+    assert [(e.from_state, e.to_state, e.reason) for e in events] == [
+        (None, JobState.PENDING, "submitted")
+    ]
+
+
+def test_unknown_job_is_not_found(store: Store) -> None:
+    with pytest.raises(NotFound):
+        store.get_job(424242)
+
+
+def test_hold_submits_held(store: Store) -> None:
+    with store.transaction() as tx:
+        [[job_id]] = tx.add_jobs([NewJob(make_spec(hold=True), "bob", "normal", 0)], 1.0)
+    assert store.get_job(job_id).state is JobState.HELD
+
+
+def test_array_becomes_one_row_per_task(store: Store) -> None:
+    spec = make_spec("sweep", array=ArraySpec((0, 2, 4), max_running=2))
+    with store.transaction() as tx:
+        [ids] = tx.add_jobs([NewJob(spec, "alice", "normal", 0)], 1.0)
+    assert len(ids) == 3
+    jobs = store.list_jobs(JobQuery(array_job_id=ids[0]))
+    assert [(j.id, j.array_job_id, j.array_task_id) for j in jobs] == [
+        (ids[0], ids[0], 0),
+        (ids[1], ids[0], 2),
+        (ids[2], ids[0], 4),
+    ]
+    assert [j.display_id for j in jobs] == [f"{ids[0]}_0", f"{ids[0]}_2", f"{ids[0]}_4"]
+
+
+def test_top_pending_orders_by_priority_then_submit_order(store: Store) -> None:
+    ids = submit(store, ("a", 1), ("b", 5), ("c", 5), ("d", 3))
+    with store.transaction() as tx:
+        tx.transition([StateChange(ids[2], JobState.HELD, "held by alice")], 2.0)
+    assert [j.id for j in store.top_pending(3)] == [ids[1], ids[3], ids[0]]
+
+
+def test_start_and_end_records_events_and_releases_gpus(store: Store) -> None:
+    [job_id] = submit(store, ("a", 0))
+    with store.transaction() as tx:
+        tx.start_jobs([JobStart(job_id, "n1", ("GPU-1",))], now=200.0)
+    job = store.get_job(job_id)
+    assert (job.state, job.node, job.gpus, job.start_time) == (
+        JobState.RUNNING,
+        "n1",
+        ("GPU-1",),
+        200.0,
+    )
+    assert [a.gpus for a in store.live_allocations()] == [("GPU-1",)]
+    with store.transaction() as tx:
+        tx.transition(
+            [
+                StateChange(
+                    job_id, JobState.FAILED, "exit code 3", JobResult(3, None, "exit code 3")
+                )
+            ],
+            now=260.0,
+        )
+    job = store.get_job(job_id)
+    assert job.state is JobState.FAILED
+    assert job.result == JobResult(3, None, "exit code 3")
+    assert job.end_time == 260.0
+    assert job.gpus == ("GPU-1",)  # history keeps the last allocation
+    assert store.live_allocations() == []
+    assert [e.to_state for e in store.events(job_id)] == [
+        JobState.PENDING,
+        JobState.RUNNING,
+        JobState.FAILED,
+    ]
+
+
+def test_gpu_cannot_be_given_twice(store: Store) -> None:
+    first, second = submit(store, ("a", 0), ("b", 0))
+    with store.transaction() as tx:
+        tx.start_jobs([JobStart(first, "n1", ("GPU-1", "GPU-2"))], 1.0)
+    with pytest.raises(DoubleBooking, match="GPU-2"), store.transaction() as tx:
+        tx.start_jobs([JobStart(second, "n1", ("GPU-2", "GPU-3"))], 2.0)
+    assert store.get_job(second).state is JobState.PENDING
+    assert [e.to_state for e in store.events(second)] == [JobState.PENDING]
+
+
+def test_one_plan_cannot_give_a_gpu_to_two_jobs(store: Store) -> None:
+    first, second = submit(store, ("a", 0), ("b", 0))
+    with pytest.raises(DoubleBooking), store.transaction() as tx:
+        tx.start_jobs([JobStart(first, "n1", ("GPU-1",)), JobStart(second, "n1", ("GPU-1",))], 1.0)
+    assert store.live_allocations() == []
+    assert store.get_job(first).state is JobState.PENDING
+
+
+def test_released_gpu_can_be_given_again(store: Store) -> None:
+    first, second = submit(store, ("a", 0), ("b", 0))
+    with store.transaction() as tx:
+        tx.start_jobs([JobStart(first, "n1", ("GPU-1",))], 1.0)
+    with store.transaction() as tx:
+        tx.transition([StateChange(first, JobState.COMPLETED, "exit code 0")], 2.0)
+    with store.transaction() as tx:
+        tx.start_jobs([JobStart(second, "n1", ("GPU-1",))], 3.0)
+    assert [(a.job_id, a.gpus) for a in store.live_allocations()] == [(second, ("GPU-1",))]
+
+
+def test_illegal_transition_changes_nothing(store: Store) -> None:
+    done, other = submit(store, ("a", 0), ("b", 0))
+    with store.transaction() as tx:
+        tx.transition([StateChange(done, JobState.CANCELLED, "cancelled by alice")], 1.0)
+    with pytest.raises(IllegalTransition), store.transaction() as tx:
+        tx.transition(
+            [
+                StateChange(other, JobState.HELD, "held"),  # legal, but in the same batch
+                StateChange(done, JobState.PENDING, "resurrect"),
+            ],
+            2.0,
+        )
+    assert store.get_job(other).state is JobState.PENDING
+    assert store.get_job(done).state is JobState.CANCELLED
+    assert len(store.events(other)) == 1
+
+
+def test_preempted_job_requeues_with_count(store: Store) -> None:
+    [job_id] = submit(store, ("a", 0))
+    with store.transaction() as tx:
+        tx.start_jobs([JobStart(job_id, "n1", ("GPU-1",))], 1.0)
+    with store.transaction() as tx:
+        tx.transition(
+            [
+                StateChange(job_id, JobState.PREEMPTED, "preempted by job 9"),
+                StateChange(job_id, JobState.PENDING, "requeued"),
+            ],
+            2.0,
+        )
+    job = store.get_job(job_id)
+    assert (job.state, job.requeue_count, job.node) == (JobState.PENDING, 1, None)
+    assert store.live_allocations() == []
+    assert [e.to_state for e in store.events(job_id)][-2:] == [
+        JobState.PREEMPTED,
+        JobState.PENDING,
+    ]
+
+
+def test_request_stop_marks_a_running_job_only(store: Store) -> None:
+    running, pending = submit(store, ("a", 0), ("b", 0))
+    with store.transaction() as tx:
+        tx.start_jobs([JobStart(running, "n1", ())], 1.0)
+        tx.request_stop(running, "cancelled by alice")
+    assert store.get_job(running).stop_reason == "cancelled by alice"
+    with pytest.raises(NotFound), store.transaction() as tx:
+        tx.request_stop(pending, "cancelled by alice")
+
+
+def test_list_jobs_filters(store: Store) -> None:
+    ids = submit(store, ("a", 0), ("b", 0), ("c", 0))
+    with store.transaction() as tx:
+        tx.add_jobs([NewJob(make_spec("d"), "bob", "normal", 0)], 5.0)
+        tx.start_jobs([JobStart(ids[0], "n2", ())], 6.0)
+    assert [j.name for j in store.list_jobs(JobQuery(user="bob"))] == ["d"]
+    running = store.list_jobs(JobQuery(states=frozenset({JobState.RUNNING})))
+    assert [j.id for j in running] == [ids[0]]
+    assert [j.id for j in store.list_jobs(JobQuery(node="n2"))] == [ids[0]]
+    newest = store.list_jobs(JobQuery(newest_first=True, limit=2))
+    assert [j.name for j in newest] == ["d", "c"]
+    assert store.count_jobs([JobState.PENDING, JobState.RUNNING]) == {
+        JobState.PENDING: 3,
+        JobState.RUNNING: 1,
+    }
+
+
+def test_nodes_are_saved_and_updated(store: Store) -> None:
+    unit = GpuUnit("GPU-a", 0, "NVIDIA A100", 80 << 30, "00000000:1B:00.0")
+    node = Node(
+        "n1",
+        (unit,),
+        cpus=64,
+        mem=512 << 30,
+        state=NodeState.UP,
+        fake=True,
+        topology=(("GPU-a", "GPU-b", 5),),
+        last_seen=10.0,
+    )
+    with store.transaction() as tx:
+        tx.save_node(node)
+    assert store.list_nodes() == [node]
+    with store.transaction() as tx:
+        tx.set_node_state("n1", NodeState.DOWN, "no heartbeat for 30 s")
+    [saved] = store.list_nodes()
+    assert (saved.state, saved.reason, saved.last_seen) == (
+        NodeState.DOWN,
+        "no heartbeat for 30 s",
+        10.0,
+    )
+    with pytest.raises(NotFound), store.transaction() as tx:
+        tx.set_node_state("nope", NodeState.DOWN, "")
