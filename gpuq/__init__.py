@@ -1,1 +1,63 @@
-"""gpuq: a SLURM-style batch queue for shared GPU servers."""
+"""gpuq: a SLURM-style batch queue for shared GPU servers.
+
+The Python API: `Client` (submit, get, list, cancel, wait, logs), `build_spec` and `JobSpec`
+(what a submission says), `Job` and `JobState` (what the queue knows), and the errors.
+Everything loads on first use, so that `import gpuq` (and the CLI) stays fast.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from gpuq.client import Client
+    from gpuq.domain.model import Job, JobResult, JobSpec, Resources
+    from gpuq.domain.states import JobState
+    from gpuq.errors import (
+        GpuqError,
+        InvalidInput,
+        NotFound,
+        PermissionDenied,
+        ServerUnavailable,
+        Unsatisfiable,
+    )
+    from gpuq.submission import build_spec
+
+__version__ = "0.1.0"
+_WHERE = {
+    "Client": "gpuq.client",
+    "build_spec": "gpuq.submission",
+    "Job": "gpuq.domain.model",
+    "JobResult": "gpuq.domain.model",
+    "JobSpec": "gpuq.domain.model",
+    "Resources": "gpuq.domain.model",
+    "JobState": "gpuq.domain.states",
+    "GpuqError": "gpuq.errors",
+    "InvalidInput": "gpuq.errors",
+    "NotFound": "gpuq.errors",
+    "PermissionDenied": "gpuq.errors",
+    "ServerUnavailable": "gpuq.errors",
+    "Unsatisfiable": "gpuq.errors",
+}
+__all__ = [
+    "Client",
+    "GpuqError",
+    "InvalidInput",
+    "Job",
+    "JobResult",
+    "JobSpec",
+    "JobState",
+    "NotFound",
+    "PermissionDenied",
+    "Resources",
+    "ServerUnavailable",
+    "Unsatisfiable",
+    "build_spec",
+]
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _WHERE:
+        raise AttributeError(f"module 'gpuq' has no attribute {name!r}")
+    return getattr(importlib.import_module(_WHERE[name]), name)

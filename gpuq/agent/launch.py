@@ -7,10 +7,14 @@ supervisor only carries it out. Keeping this pure means the job environment cont
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from gpuq.domain.model import GpuUnit, JobSpec, output_paths
+
 MemEnforcement = Literal["auto", "cgroup", "poll"]
+VisibleDevices = Literal["uuid", "index"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -42,3 +46,117 @@ class LaunchSpec:
         values = dict(data)
         values["args"] = tuple(values.get("args", ()))
         return cls(**values)
+
+
+@dataclass(frozen=True, slots=True)
+class LaunchOrder:
+    """What the coordinator tells an agent to start."""
+
+    job_id: int
+    spec: JobSpec
+    gpus: tuple[str, ...]  # unit UUIDs given to the job
+    user: str
+    time_limit: int | None = None  # effective (the QOS default filled in)
+    kill_grace: float = 30.0
+    array_job_id: int | None = None
+    array_task_id: int | None = None
+    requeue_count: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class NodePolicy:
+    """The node's side of a launch: its units and what the admin configured."""
+
+    node: str
+    units: Mapping[str, GpuUnit]  # by UUID
+    visible_devices: VisibleDevices = "uuid"
+    job_env: Mapping[str, str] = field(default_factory=dict)  # allocator defaults; user wins
+    mem_enforcement: MemEnforcement = "auto"
+    cgroup_parent: str | None = "gpuq"
+    extra_env: Mapping[str, str] = field(default_factory=dict)  # e.g. GPUQ_FAKE_GPU_DIR
+
+
+# inherited variables that would contradict the allocation if carried over
+_DROPPED_PREFIXES = ("GPUQ_", "CUDA_MPS_", "SLURM_")
+_DROPPED = frozenset(
+    {
+        "CUDA_VISIBLE_DEVICES",
+        "NVIDIA_VISIBLE_DEVICES",
+        "ROCR_VISIBLE_DEVICES",
+        "CUDA_DEVICE_ORDER",
+        "OMP_NUM_THREADS",
+    }
+)
+
+
+def build_launch(order: LaunchOrder, policy: NodePolicy) -> LaunchSpec:
+    spec = order.spec
+    array = (
+        (order.array_job_id, order.array_task_id)
+        if order.array_job_id is not None and order.array_task_id is not None
+        else None
+    )
+    stdout, stderr = output_paths(spec, order.job_id, order.user, policy.node, array)
+    warning = spec.signal
+    return LaunchSpec(
+        job_id=order.job_id,
+        script=spec.script,
+        args=spec.args,
+        env=job_environment(order, policy),
+        cwd=spec.workdir,
+        stdout_path=stdout,
+        stderr_path=stderr,
+        open_mode="append" if order.requeue_count > 0 else "truncate",
+        time_limit=float(order.time_limit) if order.time_limit else None,
+        mem_limit=spec.resources.mem,
+        mem_enforcement=policy.mem_enforcement,
+        cgroup_parent=policy.cgroup_parent,
+        kill_grace=order.kill_grace,
+        warning_signal=warning.signal if warning else 15,
+        warning_seconds=float(warning.seconds) if warning else 0.0,
+    )
+
+
+def job_environment(order: LaunchOrder, policy: NodePolicy) -> dict[str, str]:
+    """The submitter's environment, the admin's allocator defaults where the user set none,
+    then the contract variables, which nobody overrides (DESIGN.md, job environment)."""
+    spec = order.spec
+    env = {
+        key: value
+        for key, value in spec.env.items()
+        if key not in _DROPPED and not key.startswith(_DROPPED_PREFIXES)
+    }
+    for key, value in policy.job_env.items():
+        env.setdefault(key, value)
+    env.update(policy.extra_env)
+    devices = visible_devices(order.gpus, policy)
+    env.update(
+        {
+            "CUDA_VISIBLE_DEVICES": devices,
+            "CUDA_DEVICE_ORDER": "PCI_BUS_ID",
+            "NVIDIA_VISIBLE_DEVICES": devices or "none",
+            "GPUQ_JOB_ID": str(order.job_id),
+            "GPUQ_JOB_NAME": spec.name,
+            "GPUQ_NODE": policy.node,
+            "GPUQ_GPUS": str(len(order.gpus)),
+            "GPUQ_CPUS": str(spec.resources.cpus),
+            "GPUQ_SUBMIT_DIR": spec.workdir,
+            "GPUQ_RESTART_COUNT": str(order.requeue_count),
+            "OMP_NUM_THREADS": str(spec.resources.cpus),
+        }
+    )
+    if order.array_job_id is not None:
+        env["GPUQ_ARRAY_JOB_ID"] = str(order.array_job_id)
+        env["GPUQ_ARRAY_TASK_ID"] = str(order.array_task_id)
+    return env
+
+
+def visible_devices(gpus: tuple[str, ...], policy: NodePolicy) -> str:
+    """CUDA_VISIBLE_DEVICES in PCI order: UUIDs by default, NVML indices if the admin asks.
+
+    MIG slices are always named by UUID: an index cannot name a slice.
+    """
+    units = sorted((policy.units[uuid] for uuid in gpus), key=lambda u: (u.pci_bus_id, u.uuid))
+    if policy.visible_devices == "index" and not any(u.parent_uuid for u in units):
+        return ",".join(str(u.index) for u in units)
+    return ",".join(u.uuid for u in units)

@@ -220,7 +220,7 @@ class Job:
     array_job_id: int | None = None
     array_task_id: int | None = None
     reason: str = ""  # why the last state change happened (or the pending reason)
-    stop_reason: str | None = None  # set when a stop was requested for a running job
+    stop: tuple[JobState, str] | None = None  # a requested stop: what it ends as, and why
 
     @property
     def name(self) -> str:
@@ -292,3 +292,35 @@ class Allocation:
     job_id: int
     node: str
     gpus: tuple[str, ...]
+
+
+def output_paths(
+    spec: JobSpec,
+    job_id: int,
+    user: str,
+    node: str | None = None,
+    array: tuple[int, int] | None = None,
+) -> tuple[str, str]:
+    """The job's stdout and stderr files, with sbatch's `%` patterns filled in.
+
+    `%j` job id, `%A`/`%a` array job id and task index, `%x` name, `%u` user, `%N` node,
+    `%%` a percent sign; relative paths are relative to the submit folder. Without --error,
+    stderr goes to the output file, as with sbatch.
+    """
+    default = "gpuq-%A_%a.out" if array else "gpuq-%j.out"
+    values = {
+        "j": str(job_id),
+        "A": str(array[0]) if array else str(job_id),
+        "a": str(array[1]) if array else "0",
+        "x": spec.name,
+        "u": user,
+        "N": node or "unknown",
+        "%": "%",
+    }
+
+    def expand(pattern: str) -> str:
+        text = re.sub(r"%([jAaxuN%])", lambda m: values[m.group(1)], pattern)
+        return text if text.startswith("/") else f"{spec.workdir.rstrip('/')}/{text}"
+
+    stdout = expand(spec.output or default)
+    return stdout, expand(spec.error) if spec.error else stdout

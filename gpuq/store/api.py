@@ -181,6 +181,9 @@ class StoreTx:
 
     def __init__(self, conn: Connection) -> None:
         self.conn = conn
+        # jobs this transaction has read (and locked), as it has since changed them: a write
+        # that checks states and then changes them reads each row once
+        self._rows: dict[int, dict[str, Any]] = {}
 
     def add_jobs(self, new_jobs: Sequence[NewJob], now: float) -> list[list[int]]:
         """Insert submissions (an array becomes one row per task); ids per submission."""
@@ -214,7 +217,7 @@ class StoreTx:
         """
         if not changes:
             return
-        rows = {row.id: dict(row._mapping) for row in self._lock_jobs(c.job_id for c in changes)}
+        rows = self._lock_jobs(c.job_id for c in changes)
         events: list[dict[str, Any]] = []
         released: set[int] = set()
         for change in changes:
@@ -229,20 +232,14 @@ class StoreTx:
                 released.add(change.job_id)
             _apply_change(row, current, change, now)
             events.append(_event(change.job_id, now, current, change.to_state, change.reason))
-        touched = {c.job_id for c in changes}
+        touched = sorted({c.job_id for c in changes})
         self.conn.execute(
-            update(jobs)
-            .where(jobs.c.id == bindparam("b_id"))
-            .values({c: bindparam(f"b_{c}") for c in _MUTABLE}),
-            [{"b_id": i, **{f"b_{c}": rows[i][c] for c in _MUTABLE}} for i in sorted(touched)],
+            _UPDATE_MUTABLE,
+            [{"b_id": i, **{f"b_{c}": rows[i][c] for c in _MUTABLE}} for i in touched],
         )
         self.conn.execute(_INSERT_EVENT, events)
         if released:
-            self.conn.execute(
-                update(allocations)
-                .where(and_(allocations.c.live, allocations.c.job_id.in_(sorted(released))))
-                .values(live=False, released_at=now)
-            )
+            self.conn.execute(_RELEASE, {"ids": sorted(released), "now": now})
 
     def start_jobs(self, starts: Sequence[JobStart], now: float) -> None:
         """pending -> running with the given GPU units; all or none.
@@ -252,29 +249,29 @@ class StoreTx:
         """
         if not starts:
             return
-        states = {row.id: JobState(row.state) for row in self._lock_jobs(s.job_id for s in starts)}
+        rows = self._lock_jobs(s.job_id for s in starts)
+        states: dict[int, JobState] = {}
         for start in starts:
-            if start.job_id not in states:
+            if start.job_id not in rows:
                 raise NotFound(f"no job {start.job_id}")
+            states[start.job_id] = JobState(rows[start.job_id]["state"])
             check_transition(start.job_id, states[start.job_id], JobState.RUNNING)
         self._check_units_free([u for s in starts for u in s.gpus])
-        self.conn.execute(
-            update(jobs)
-            .where(jobs.c.id == bindparam("b_id"))
-            .values(
+        for start in starts:
+            rows[start.job_id].update(
                 state=JobState.RUNNING.value,
-                node=bindparam("b_node"),
+                node=start.node,
                 start_time=now,
                 end_time=None,
                 exit_code=None,
                 signal=None,
+                stop_state=None,
                 stop_reason=None,
-                reason=bindparam("b_reason"),
-            ),
-            [
-                {"b_id": s.job_id, "b_node": s.node, "b_reason": f"started on {s.node}"}
-                for s in starts
-            ],
+                reason=f"started on {start.node}",
+            )
+        self.conn.execute(
+            _UPDATE_MUTABLE,
+            [{"b_id": s.job_id, **{f"b_{c}": rows[s.job_id][c] for c in _MUTABLE}} for s in starts],
         )
         units = [
             {"job_id": s.job_id, "node": s.node, "unit": u, "live": True, "started_at": now}
@@ -283,26 +280,30 @@ class StoreTx:
         ]
         if units:
             try:
-                self.conn.execute(insert(allocations), units)
+                self.conn.execute(_INSERT_ALLOCATION, units)
             except IntegrityError as exc:
                 raise DoubleBooking(f"a GPU unit was already allocated: {exc.orig}") from exc
         self.conn.execute(
-            insert(job_events),
+            _INSERT_EVENT,
             [
                 _event(s.job_id, now, states[s.job_id], JobState.RUNNING, f"started on {s.node}")
                 for s in starts
             ],
         )
 
-    def request_stop(self, job_id: int, reason: str) -> None:
-        """Record that a running job was asked to stop (its state changes when it has)."""
-        result = self.conn.execute(
-            update(jobs)
-            .where(and_(jobs.c.id == job_id, jobs.c.state == JobState.RUNNING.value))
-            .values(stop_reason=reason)
-        )
-        if result.rowcount != 1:
+    def job_states(self, job_ids: Iterable[int]) -> dict[int, JobState]:
+        """Current states, read under the transaction's lock (the truth a write decides on)."""
+        return {i: JobState(row["state"]) for i, row in self._lock_jobs(job_ids).items()}
+
+    def request_stop(self, job_id: int, end_state: JobState, reason: str) -> None:
+        """Record that a running job was asked to stop and what it then becomes (its state
+        changes when the agent reports it gone)."""
+        check_transition(job_id, JobState.RUNNING, end_state)
+        row = self._lock_jobs([job_id]).get(job_id)
+        if row is None or row["state"] != JobState.RUNNING.value:
             raise NotFound(f"no running job {job_id}")
+        row.update(stop_state=end_state.value, stop_reason=reason)
+        self.conn.execute(_UPDATE_MUTABLE, {"b_id": job_id, **{f"b_{c}": row[c] for c in _MUTABLE}})
 
     def save_node(self, node: Node) -> None:
         """Insert or replace a node's description and state."""
@@ -330,10 +331,16 @@ class StoreTx:
         if result.rowcount != 1:
             raise NotFound(f"no node {name}")
 
-    def _lock_jobs(self, job_ids: Iterable[int]) -> Sequence[Row[Any]]:
-        ids = sorted(set(job_ids))  # a fixed order avoids deadlocks between two writers
-        stmt = select(jobs.c.id, *(jobs.c[c] for c in _MUTABLE)).where(jobs.c.id.in_(ids))
-        return self.conn.execute(stmt.with_for_update()).all()
+    def _lock_jobs(self, job_ids: Iterable[int]) -> dict[int, dict[str, Any]]:
+        """The jobs' mutable columns, read once per transaction under a row lock (PostgreSQL;
+        SQLite's BEGIN IMMEDIATE already holds the database)."""
+        wanted = set(job_ids)
+        missing = sorted(wanted - self._rows.keys())  # a fixed order avoids deadlocks
+        for start in range(0, len(missing), 5000):
+            chunk = missing[start : start + 5000]
+            for row in self.conn.execute(_LOCK_JOBS, {"ids": chunk}):
+                self._rows[row.id] = dict(row._mapping)
+        return {i: self._rows[i] for i in wanted if i in self._rows}
 
     def _check_units_free(self, units: list[str]) -> None:
         if len(set(units)) != len(units):
@@ -352,9 +359,34 @@ class StoreTx:
 
 # the columns a state change may rewrite (all written together, so one executemany does it)
 _MUTABLE = (
-    "state", "reason", "end_time", "exit_code", "signal", "stop_reason",
-    "requeue_count", "node", "start_time",
-)  # fmt: skip
+    "state",
+    "reason",
+    "end_time",
+    "exit_code",
+    "signal",
+    "stop_state",
+    "stop_reason",
+    "requeue_count",
+    "node",
+    "start_time",
+)
+# statements built once: building them per call costs more than running them
+_LOCK_JOBS = (
+    select(jobs.c.id, *(jobs.c[c] for c in _MUTABLE))
+    .where(jobs.c.id.in_(bindparam("ids", expanding=True)))
+    .with_for_update()
+)
+_UPDATE_MUTABLE = (
+    update(jobs)
+    .where(jobs.c.id == bindparam("b_id"))
+    .values({c: bindparam(f"b_{c}") for c in _MUTABLE})
+)
+_RELEASE = (
+    update(allocations)
+    .where(and_(allocations.c.live, allocations.c.job_id.in_(bindparam("ids", expanding=True))))
+    .values(live=False, released_at=bindparam("now"))
+)
+_INSERT_ALLOCATION = insert(allocations)
 
 
 def _apply_change(row: dict[str, Any], current: JobState, change: StateChange, now: float) -> None:
@@ -366,6 +398,7 @@ def _apply_change(row: dict[str, Any], current: JobState, change: StateChange, n
         row["end_time"] = None
     elif not change.to_state.is_live:
         row["end_time"] = now
+        row["stop_state"] = None
         row["stop_reason"] = None
         if change.result is not None:
             row["exit_code"] = change.result.exit_code
@@ -451,7 +484,7 @@ def _job_from_row(row: Row[Any], units: tuple[str, ...]) -> Job:
         array_job_id=row.array_job_id,
         array_task_id=row.array_task_id,
         reason=row.reason,
-        stop_reason=row.stop_reason,
+        stop=(JobState(row.stop_state), row.stop_reason) if row.stop_state else None,
     )
 
 

@@ -61,6 +61,7 @@ jobs = Table(
     Column("exit_code", Integer, nullable=True),
     Column("signal", Integer, nullable=True),
     Column("reason", Text, nullable=False),
+    Column("stop_state", String(16), nullable=True),  # what a requested stop ends the job as
     Column("stop_reason", Text, nullable=True),
     Column("requeue_count", Integer, nullable=False),
     Column("array_job_id", BigInteger, nullable=True),

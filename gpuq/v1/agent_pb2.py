@@ -25,43 +25,33 @@ _sym_db = _symbol_database.Default()
 from gpuq.v1 import types_pb2 as gpuq_dot_v1_dot_types__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x13gpuq/v1/agent.proto\x12\x07gpuq.v1\x1a\x13gpuq/v1/types.proto\"\x8e\x01\n\x0c\x41gentMessage\x12%\n\x08register\x18\x01 \x01(\x0b\x32\x11.gpuq.v1.RegisterH\x00\x12\'\n\theartbeat\x18\x02 \x01(\x0b\x32\x12.gpuq.v1.HeartbeatH\x00\x12&\n\x07reports\x18\x03 \x01(\x0b\x32\x13.gpuq.v1.JobReportsH\x00\x42\x06\n\x04\x62ody\"\xbd\x01\n\x08Register\x12\x0c\n\x04node\x18\x01 \x01(\t\x12\x1e\n\x04gpus\x18\x02 \x03(\x0b\x32\x10.gpuq.v1.GpuUnit\x12\'\n\x08topology\x18\x03 \x03(\x0b\x32\x15.gpuq.v1.TopologyLink\x12\x0c\n\x04\x63pus\x18\x04 \x01(\r\x12\x0b\n\x03mem\x18\x05 \x01(\x04\x12\x0c\n\x04\x66\x61ke\x18\x06 \x01(\x08\x12\x0f\n\x07version\x18\x07 \x01(\t\x12 \n\x04jobs\x18\x08 \x03(\x0b\x32\x12.gpuq.v1.JobReport\"9\n\tHeartbeat\x12\n\n\x02\x61t\x18\x01 \x01(\x01\x12 \n\x05usage\x18\x02 \x03(\x0b\x32\x11.gpuq.v1.GpuUsage\"1\n\nJobReports\x12#\n\x07reports\x18\x01 \x03(\x0b\x32\x12.gpuq.v1.JobReport\"\xe3\x01\n\tJobReport\x12\x0e\n\x06job_id\x18\x01 \x01(\x04\x12%\n\x04kind\x18\x02 \x01(\x0e\x32\x17.gpuq.v1.JobReport.Kind\x12\x11\n\tend_state\x18\x03 \x01(\t\x12\"\n\x06result\x18\x04 \x01(\x0b\x32\x12.gpuq.v1.JobResult\x12\n\n\x02\x61t\x18\x05 \x01(\x01\x12\x10\n\x08peak_mem\x18\x06 \x01(\x04\x12\x14\n\x0cpeak_gpu_mem\x18\x07 \x01(\x04\"4\n\x04Kind\x12\x14\n\x10KIND_UNSPECIFIED\x10\x00\x12\x0b\n\x07RUNNING\x10\x01\x12\t\n\x05\x45NDED\x10\x02\"\xda\x01\n\x12\x43oordinatorMessage\x12)\n\nregistered\x18\x01 \x01(\x0b\x32\x13.gpuq.v1.RegisteredH\x00\x12#\n\x05start\x18\x02 \x01(\x0b\x32\x12.gpuq.v1.StartJobsH\x00\x12!\n\x04stop\x18\x03 \x01(\x0b\x32\x11.gpuq.v1.StopJobsH\x00\x12%\n\x06signal\x18\x04 \x01(\x0b\x32\x13.gpuq.v1.SignalJobsH\x00\x12\"\n\x03\x61\x63k\x18\x05 \x01(\x0b\x32\x13.gpuq.v1.AckReportsH\x00\x42\x06\n\x04\x62ody\"(\n\nRegistered\x12\x1a\n\x12heartbeat_interval\x18\x01 \x01(\x01\"\xd9\x01\n\tJobLaunch\x12\x0e\n\x06job_id\x18\x01 \x01(\x04\x12\x1e\n\x04spec\x18\x02 \x01(\x0b\x32\x10.gpuq.v1.JobSpec\x12\x0c\n\x04gpus\x18\x03 \x03(\t\x12\x0c\n\x04user\x18\x04 \x01(\t\x12\x19\n\x0c\x61rray_job_id\x18\x05 \x01(\x04H\x00\x88\x01\x01\x12\x1a\n\rarray_task_id\x18\x06 \x01(\rH\x01\x88\x01\x01\x12\x12\n\ntime_limit\x18\x07 \x01(\x04\x12\x12\n\nkill_grace\x18\x08 \x01(\x01\x42\x0f\n\r_array_job_idB\x10\n\x0e_array_task_id\"-\n\tStartJobs\x12 \n\x04jobs\x18\x01 \x03(\x0b\x32\x12.gpuq.v1.JobLaunch\"[\n\x07StopJob\x12\x0e\n\x06job_id\x18\x01 \x01(\x04\x12\x11\n\tend_state\x18\x02 \x01(\t\x12\x0e\n\x06reason\x18\x03 \x01(\t\x12\r\n\x05grace\x18\x04 \x01(\x01\x12\x0e\n\x06signal\x18\x05 \x01(\x05\"*\n\x08StopJobs\x12\x1e\n\x04jobs\x18\x01 \x03(\x0b\x32\x10.gpuq.v1.StopJob\"+\n\tSignalJob\x12\x0e\n\x06job_id\x18\x01 \x01(\x04\x12\x0e\n\x06signal\x18\x02 \x01(\x05\".\n\nSignalJobs\x12 \n\x04jobs\x18\x01 \x03(\x0b\x32\x12.gpuq.v1.SignalJob\"\x1d\n\nAckReports\x12\x0f\n\x07job_ids\x18\x01 \x03(\x04\x32N\n\tAgentLink\x12\x41\n\x07\x43onnect\x12\x15.gpuq.v1.AgentMessage\x1a\x1b.gpuq.v1.CoordinatorMessage(\x01\x30\x01\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x13gpuq/v1/agent.proto\x12\x07gpuq.v1\x1a\x13gpuq/v1/types.proto\"\x7f\n\x0c\x41gentMessage\x12#\n\x08register\x18\x01 \x01(\x0b\x32\x11.gpuq.v1.Register\x12%\n\theartbeat\x18\x02 \x01(\x0b\x32\x12.gpuq.v1.Heartbeat\x12#\n\x07reports\x18\x03 \x03(\x0b\x32\x12.gpuq.v1.JobReport\"\xbd\x01\n\x08Register\x12\x0c\n\x04node\x18\x01 \x01(\t\x12\x1e\n\x04gpus\x18\x02 \x03(\x0b\x32\x10.gpuq.v1.GpuUnit\x12\'\n\x08topology\x18\x03 \x03(\x0b\x32\x15.gpuq.v1.TopologyLink\x12\x0c\n\x04\x63pus\x18\x04 \x01(\r\x12\x0b\n\x03mem\x18\x05 \x01(\x04\x12\x0c\n\x04\x66\x61ke\x18\x06 \x01(\x08\x12\x0f\n\x07version\x18\x07 \x01(\t\x12 \n\x04jobs\x18\x08 \x03(\x0b\x32\x12.gpuq.v1.JobReport\"9\n\tHeartbeat\x12\n\n\x02\x61t\x18\x01 \x01(\x01\x12 \n\x05usage\x18\x02 \x03(\x0b\x32\x11.gpuq.v1.GpuUsage\"\xe3\x01\n\tJobReport\x12\x0e\n\x06job_id\x18\x01 \x01(\x04\x12%\n\x04kind\x18\x02 \x01(\x0e\x32\x17.gpuq.v1.JobReport.Kind\x12\x11\n\tend_state\x18\x03 \x01(\t\x12\"\n\x06result\x18\x04 \x01(\x0b\x32\x12.gpuq.v1.JobResult\x12\n\n\x02\x61t\x18\x05 \x01(\x01\x12\x10\n\x08peak_mem\x18\x06 \x01(\x04\x12\x14\n\x0cpeak_gpu_mem\x18\x07 \x01(\x04\"4\n\x04Kind\x12\x14\n\x10KIND_UNSPECIFIED\x10\x00\x12\x0b\n\x07RUNNING\x10\x01\x12\t\n\x05\x45NDED\x10\x02\"\xb1\x01\n\x12\x43oordinatorMessage\x12\'\n\nregistered\x18\x01 \x01(\x0b\x32\x13.gpuq.v1.Registered\x12!\n\x05start\x18\x02 \x03(\x0b\x32\x12.gpuq.v1.JobLaunch\x12\x1e\n\x04stop\x18\x03 \x03(\x0b\x32\x10.gpuq.v1.StopJob\x12\"\n\x06signal\x18\x04 \x03(\x0b\x32\x12.gpuq.v1.SignalJob\x12\x0b\n\x03\x61\x63k\x18\x05 \x03(\x04\"(\n\nRegistered\x12\x1a\n\x12heartbeat_interval\x18\x01 \x01(\x01\"\xf0\x01\n\tJobLaunch\x12\x0e\n\x06job_id\x18\x01 \x01(\x04\x12\x1e\n\x04spec\x18\x02 \x01(\x0b\x32\x10.gpuq.v1.JobSpec\x12\x0c\n\x04gpus\x18\x03 \x03(\t\x12\x0c\n\x04user\x18\x04 \x01(\t\x12\x19\n\x0c\x61rray_job_id\x18\x05 \x01(\x04H\x00\x88\x01\x01\x12\x1a\n\rarray_task_id\x18\x06 \x01(\rH\x01\x88\x01\x01\x12\x12\n\ntime_limit\x18\x07 \x01(\x04\x12\x12\n\nkill_grace\x18\x08 \x01(\x01\x12\x15\n\rrequeue_count\x18\t \x01(\rB\x0f\n\r_array_job_idB\x10\n\x0e_array_task_id\"[\n\x07StopJob\x12\x0e\n\x06job_id\x18\x01 \x01(\x04\x12\x11\n\tend_state\x18\x02 \x01(\t\x12\x0e\n\x06reason\x18\x03 \x01(\t\x12\r\n\x05grace\x18\x04 \x01(\x01\x12\x0e\n\x06signal\x18\x05 \x01(\x05\"+\n\tSignalJob\x12\x0e\n\x06job_id\x18\x01 \x01(\x04\x12\x0e\n\x06signal\x18\x02 \x01(\x05\x32N\n\tAgentLink\x12\x41\n\x07\x43onnect\x12\x15.gpuq.v1.AgentMessage\x1a\x1b.gpuq.v1.CoordinatorMessage(\x01\x30\x01\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'gpuq.v1.agent_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_AGENTMESSAGE']._serialized_start=54
-  _globals['_AGENTMESSAGE']._serialized_end=196
-  _globals['_REGISTER']._serialized_start=199
-  _globals['_REGISTER']._serialized_end=388
-  _globals['_HEARTBEAT']._serialized_start=390
-  _globals['_HEARTBEAT']._serialized_end=447
-  _globals['_JOBREPORTS']._serialized_start=449
-  _globals['_JOBREPORTS']._serialized_end=498
-  _globals['_JOBREPORT']._serialized_start=501
-  _globals['_JOBREPORT']._serialized_end=728
-  _globals['_JOBREPORT_KIND']._serialized_start=676
-  _globals['_JOBREPORT_KIND']._serialized_end=728
-  _globals['_COORDINATORMESSAGE']._serialized_start=731
-  _globals['_COORDINATORMESSAGE']._serialized_end=949
-  _globals['_REGISTERED']._serialized_start=951
-  _globals['_REGISTERED']._serialized_end=991
-  _globals['_JOBLAUNCH']._serialized_start=994
-  _globals['_JOBLAUNCH']._serialized_end=1211
-  _globals['_STARTJOBS']._serialized_start=1213
-  _globals['_STARTJOBS']._serialized_end=1258
-  _globals['_STOPJOB']._serialized_start=1260
-  _globals['_STOPJOB']._serialized_end=1351
-  _globals['_STOPJOBS']._serialized_start=1353
-  _globals['_STOPJOBS']._serialized_end=1395
-  _globals['_SIGNALJOB']._serialized_start=1397
-  _globals['_SIGNALJOB']._serialized_end=1440
-  _globals['_SIGNALJOBS']._serialized_start=1442
-  _globals['_SIGNALJOBS']._serialized_end=1488
-  _globals['_ACKREPORTS']._serialized_start=1490
-  _globals['_ACKREPORTS']._serialized_end=1519
-  _globals['_AGENTLINK']._serialized_start=1521
-  _globals['_AGENTLINK']._serialized_end=1599
+  _globals['_AGENTMESSAGE']._serialized_start=53
+  _globals['_AGENTMESSAGE']._serialized_end=180
+  _globals['_REGISTER']._serialized_start=183
+  _globals['_REGISTER']._serialized_end=372
+  _globals['_HEARTBEAT']._serialized_start=374
+  _globals['_HEARTBEAT']._serialized_end=431
+  _globals['_JOBREPORT']._serialized_start=434
+  _globals['_JOBREPORT']._serialized_end=661
+  _globals['_JOBREPORT_KIND']._serialized_start=609
+  _globals['_JOBREPORT_KIND']._serialized_end=661
+  _globals['_COORDINATORMESSAGE']._serialized_start=664
+  _globals['_COORDINATORMESSAGE']._serialized_end=841
+  _globals['_REGISTERED']._serialized_start=843
+  _globals['_REGISTERED']._serialized_end=883
+  _globals['_JOBLAUNCH']._serialized_start=886
+  _globals['_JOBLAUNCH']._serialized_end=1126
+  _globals['_STOPJOB']._serialized_start=1128
+  _globals['_STOPJOB']._serialized_end=1219
+  _globals['_SIGNALJOB']._serialized_start=1221
+  _globals['_SIGNALJOB']._serialized_end=1264
+  _globals['_AGENTLINK']._serialized_start=1266
+  _globals['_AGENTLINK']._serialized_end=1344
 # @@protoc_insertion_point(module_scope)

@@ -15,8 +15,8 @@ class AgentMessage(_message.Message):
     REPORTS_FIELD_NUMBER: _ClassVar[int]
     register: Register
     heartbeat: Heartbeat
-    reports: JobReports
-    def __init__(self, register: _Optional[_Union[Register, _Mapping]] = ..., heartbeat: _Optional[_Union[Heartbeat, _Mapping]] = ..., reports: _Optional[_Union[JobReports, _Mapping]] = ...) -> None: ...
+    reports: _containers.RepeatedCompositeFieldContainer[JobReport]
+    def __init__(self, register: _Optional[_Union[Register, _Mapping]] = ..., heartbeat: _Optional[_Union[Heartbeat, _Mapping]] = ..., reports: _Optional[_Iterable[_Union[JobReport, _Mapping]]] = ...) -> None: ...
 
 class Register(_message.Message):
     __slots__ = ("node", "gpus", "topology", "cpus", "mem", "fake", "version", "jobs")
@@ -45,12 +45,6 @@ class Heartbeat(_message.Message):
     at: float
     usage: _containers.RepeatedCompositeFieldContainer[_types_pb2.GpuUsage]
     def __init__(self, at: _Optional[float] = ..., usage: _Optional[_Iterable[_Union[_types_pb2.GpuUsage, _Mapping]]] = ...) -> None: ...
-
-class JobReports(_message.Message):
-    __slots__ = ("reports",)
-    REPORTS_FIELD_NUMBER: _ClassVar[int]
-    reports: _containers.RepeatedCompositeFieldContainer[JobReport]
-    def __init__(self, reports: _Optional[_Iterable[_Union[JobReport, _Mapping]]] = ...) -> None: ...
 
 class JobReport(_message.Message):
     __slots__ = ("job_id", "kind", "end_state", "result", "at", "peak_mem", "peak_gpu_mem")
@@ -86,11 +80,11 @@ class CoordinatorMessage(_message.Message):
     SIGNAL_FIELD_NUMBER: _ClassVar[int]
     ACK_FIELD_NUMBER: _ClassVar[int]
     registered: Registered
-    start: StartJobs
-    stop: StopJobs
-    signal: SignalJobs
-    ack: AckReports
-    def __init__(self, registered: _Optional[_Union[Registered, _Mapping]] = ..., start: _Optional[_Union[StartJobs, _Mapping]] = ..., stop: _Optional[_Union[StopJobs, _Mapping]] = ..., signal: _Optional[_Union[SignalJobs, _Mapping]] = ..., ack: _Optional[_Union[AckReports, _Mapping]] = ...) -> None: ...
+    start: _containers.RepeatedCompositeFieldContainer[JobLaunch]
+    stop: _containers.RepeatedCompositeFieldContainer[StopJob]
+    signal: _containers.RepeatedCompositeFieldContainer[SignalJob]
+    ack: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, registered: _Optional[_Union[Registered, _Mapping]] = ..., start: _Optional[_Iterable[_Union[JobLaunch, _Mapping]]] = ..., stop: _Optional[_Iterable[_Union[StopJob, _Mapping]]] = ..., signal: _Optional[_Iterable[_Union[SignalJob, _Mapping]]] = ..., ack: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class Registered(_message.Message):
     __slots__ = ("heartbeat_interval",)
@@ -99,7 +93,7 @@ class Registered(_message.Message):
     def __init__(self, heartbeat_interval: _Optional[float] = ...) -> None: ...
 
 class JobLaunch(_message.Message):
-    __slots__ = ("job_id", "spec", "gpus", "user", "array_job_id", "array_task_id", "time_limit", "kill_grace")
+    __slots__ = ("job_id", "spec", "gpus", "user", "array_job_id", "array_task_id", "time_limit", "kill_grace", "requeue_count")
     JOB_ID_FIELD_NUMBER: _ClassVar[int]
     SPEC_FIELD_NUMBER: _ClassVar[int]
     GPUS_FIELD_NUMBER: _ClassVar[int]
@@ -108,6 +102,7 @@ class JobLaunch(_message.Message):
     ARRAY_TASK_ID_FIELD_NUMBER: _ClassVar[int]
     TIME_LIMIT_FIELD_NUMBER: _ClassVar[int]
     KILL_GRACE_FIELD_NUMBER: _ClassVar[int]
+    REQUEUE_COUNT_FIELD_NUMBER: _ClassVar[int]
     job_id: int
     spec: _types_pb2.JobSpec
     gpus: _containers.RepeatedScalarFieldContainer[str]
@@ -116,13 +111,8 @@ class JobLaunch(_message.Message):
     array_task_id: int
     time_limit: int
     kill_grace: float
-    def __init__(self, job_id: _Optional[int] = ..., spec: _Optional[_Union[_types_pb2.JobSpec, _Mapping]] = ..., gpus: _Optional[_Iterable[str]] = ..., user: _Optional[str] = ..., array_job_id: _Optional[int] = ..., array_task_id: _Optional[int] = ..., time_limit: _Optional[int] = ..., kill_grace: _Optional[float] = ...) -> None: ...
-
-class StartJobs(_message.Message):
-    __slots__ = ("jobs",)
-    JOBS_FIELD_NUMBER: _ClassVar[int]
-    jobs: _containers.RepeatedCompositeFieldContainer[JobLaunch]
-    def __init__(self, jobs: _Optional[_Iterable[_Union[JobLaunch, _Mapping]]] = ...) -> None: ...
+    requeue_count: int
+    def __init__(self, job_id: _Optional[int] = ..., spec: _Optional[_Union[_types_pb2.JobSpec, _Mapping]] = ..., gpus: _Optional[_Iterable[str]] = ..., user: _Optional[str] = ..., array_job_id: _Optional[int] = ..., array_task_id: _Optional[int] = ..., time_limit: _Optional[int] = ..., kill_grace: _Optional[float] = ..., requeue_count: _Optional[int] = ...) -> None: ...
 
 class StopJob(_message.Message):
     __slots__ = ("job_id", "end_state", "reason", "grace", "signal")
@@ -138,12 +128,6 @@ class StopJob(_message.Message):
     signal: int
     def __init__(self, job_id: _Optional[int] = ..., end_state: _Optional[str] = ..., reason: _Optional[str] = ..., grace: _Optional[float] = ..., signal: _Optional[int] = ...) -> None: ...
 
-class StopJobs(_message.Message):
-    __slots__ = ("jobs",)
-    JOBS_FIELD_NUMBER: _ClassVar[int]
-    jobs: _containers.RepeatedCompositeFieldContainer[StopJob]
-    def __init__(self, jobs: _Optional[_Iterable[_Union[StopJob, _Mapping]]] = ...) -> None: ...
-
 class SignalJob(_message.Message):
     __slots__ = ("job_id", "signal")
     JOB_ID_FIELD_NUMBER: _ClassVar[int]
@@ -151,15 +135,3 @@ class SignalJob(_message.Message):
     job_id: int
     signal: int
     def __init__(self, job_id: _Optional[int] = ..., signal: _Optional[int] = ...) -> None: ...
-
-class SignalJobs(_message.Message):
-    __slots__ = ("jobs",)
-    JOBS_FIELD_NUMBER: _ClassVar[int]
-    jobs: _containers.RepeatedCompositeFieldContainer[SignalJob]
-    def __init__(self, jobs: _Optional[_Iterable[_Union[SignalJob, _Mapping]]] = ...) -> None: ...
-
-class AckReports(_message.Message):
-    __slots__ = ("job_ids",)
-    JOB_IDS_FIELD_NUMBER: _ClassVar[int]
-    job_ids: _containers.RepeatedScalarFieldContainer[int]
-    def __init__(self, job_ids: _Optional[_Iterable[int]] = ...) -> None: ...

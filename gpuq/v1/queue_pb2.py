@@ -25,7 +25,7 @@ _sym_db = _symbol_database.Default()
 from gpuq.v1 import types_pb2 as gpuq_dot_v1_dot_types__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x13gpuq/v1/queue.proto\x12\x07gpuq.v1\x1a\x13gpuq/v1/types.proto\"/\n\rSubmitRequest\x12\x1e\n\x04spec\x18\x01 \x01(\x0b\x32\x10.gpuq.v1.JobSpec\"\x1e\n\x0bSubmitReply\x12\x0f\n\x07job_ids\x18\x01 \x03(\x04\"\x1f\n\rGetJobRequest\x12\x0e\n\x06job_id\x18\x01 \x01(\x04\"I\n\tJobDetail\x12\x19\n\x03job\x18\x01 \x01(\x0b\x32\x0c.gpuq.v1.Job\x12!\n\x06\x65vents\x18\x02 \x03(\x0b\x32\x11.gpuq.v1.JobEvent\"\xa8\x01\n\x0fListJobsRequest\x12\x0e\n\x06states\x18\x01 \x03(\t\x12\x0c\n\x04user\x18\x02 \x01(\t\x12\x0f\n\x07job_ids\x18\x03 \x03(\x04\x12\r\n\x05limit\x18\x04 \x01(\r\x12\x10\n\x08\x66inished\x18\x05 \x01(\x08\x12\x19\n\x0c\x61rray_job_id\x18\x06 \x01(\x04H\x00\x88\x01\x01\x12\x19\n\x11with_pending_info\x18\x07 \x01(\x08\x42\x0f\n\r_array_job_id\"+\n\rListJobsReply\x12\x1a\n\x04jobs\x18\x01 \x03(\x0b\x32\x0c.gpuq.v1.Job\"/\n\x0cJobSelection\x12\x0f\n\x07job_ids\x18\x01 \x03(\t\x12\x0e\n\x06reason\x18\x02 \x01(\t\">\n\rActionOutcome\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\x0c\n\x04\x64one\x18\x02 \x01(\x08\x12\x0f\n\x07message\x18\x03 \x01(\t\"7\n\x0b\x41\x63tionReply\x12(\n\x08outcomes\x18\x01 \x03(\x0b\x32\x16.gpuq.v1.ActionOutcome\"\x1f\n\x0cWatchRequest\x12\x0f\n\x07job_ids\x18\x01 \x03(\x04\"\x12\n\x10ListNodesRequest\"\x96\x02\n\x08NodeInfo\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\r\n\x05state\x18\x02 \x01(\t\x12\x0c\n\x04\x63pus\x18\x03 \x01(\r\x12\x0b\n\x03mem\x18\x04 \x01(\x04\x12\x1e\n\x04gpus\x18\x05 \x03(\x0b\x32\x10.gpuq.v1.GpuUnit\x12\x0c\n\x04\x66\x61ke\x18\x06 \x01(\x08\x12\x16\n\tlast_seen\x18\x07 \x01(\x01H\x00\x88\x01\x01\x12\x0e\n\x06reason\x18\x08 \x01(\t\x12 \n\x05usage\x18\t \x03(\x0b\x32\x11.gpuq.v1.GpuUsage\x12\x14\n\x0crunning_jobs\x18\n \x03(\x04\x12\x11\n\tcpus_used\x18\x0b \x01(\r\x12\x10\n\x08mem_used\x18\x0c \x01(\x04\x12\x11\n\tgpus_used\x18\r \x03(\tB\x0c\n\n_last_seen\"2\n\x0eListNodesReply\x12 \n\x05nodes\x18\x01 \x03(\x0b\x32\x11.gpuq.v1.NodeInfo2\xcd\x03\n\x05Queue\x12\x36\n\x06Submit\x12\x16.gpuq.v1.SubmitRequest\x1a\x14.gpuq.v1.SubmitReply\x12\x34\n\x06GetJob\x12\x16.gpuq.v1.GetJobRequest\x1a\x12.gpuq.v1.JobDetail\x12<\n\x08ListJobs\x12\x18.gpuq.v1.ListJobsRequest\x1a\x16.gpuq.v1.ListJobsReply\x12\x35\n\x06\x43\x61ncel\x12\x15.gpuq.v1.JobSelection\x1a\x14.gpuq.v1.ActionReply\x12\x33\n\x04Hold\x12\x15.gpuq.v1.JobSelection\x1a\x14.gpuq.v1.ActionReply\x12\x36\n\x07Release\x12\x15.gpuq.v1.JobSelection\x1a\x14.gpuq.v1.ActionReply\x12\x33\n\x05Watch\x12\x15.gpuq.v1.WatchRequest\x1a\x11.gpuq.v1.JobEvent0\x01\x12?\n\tListNodes\x12\x19.gpuq.v1.ListNodesRequest\x1a\x17.gpuq.v1.ListNodesReplyb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x13gpuq/v1/queue.proto\x12\x07gpuq.v1\x1a\x13gpuq/v1/types.proto\"/\n\rSubmitRequest\x12\x1e\n\x04spec\x18\x01 \x01(\x0b\x32\x10.gpuq.v1.JobSpec\"\x1e\n\x0bSubmitReply\x12\x0f\n\x07job_ids\x18\x01 \x03(\x04\"\x1f\n\rGetJobRequest\x12\x0e\n\x06job_id\x18\x01 \x01(\x04\"I\n\tJobDetail\x12\x19\n\x03job\x18\x01 \x01(\x0b\x32\x0c.gpuq.v1.Job\x12!\n\x06\x65vents\x18\x02 \x03(\x0b\x32\x11.gpuq.v1.JobEvent\"\xa8\x01\n\x0fListJobsRequest\x12\x0e\n\x06states\x18\x01 \x03(\t\x12\x0c\n\x04user\x18\x02 \x01(\t\x12\x0f\n\x07job_ids\x18\x03 \x03(\x04\x12\r\n\x05limit\x18\x04 \x01(\r\x12\x10\n\x08\x66inished\x18\x05 \x01(\x08\x12\x19\n\x0c\x61rray_job_id\x18\x06 \x01(\x04H\x00\x88\x01\x01\x12\x19\n\x11with_pending_info\x18\x07 \x01(\x08\x42\x0f\n\r_array_job_id\"+\n\rListJobsReply\x12\x1a\n\x04jobs\x18\x01 \x03(\x0b\x32\x0c.gpuq.v1.Job\"/\n\x0cJobSelection\x12\x0f\n\x07job_ids\x18\x01 \x03(\t\x12\x0e\n\x06reason\x18\x02 \x01(\t\">\n\rActionOutcome\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\x0c\n\x04\x64one\x18\x02 \x01(\x08\x12\x0f\n\x07message\x18\x03 \x01(\t\"7\n\x0b\x41\x63tionReply\x12(\n\x08outcomes\x18\x01 \x03(\x0b\x32\x16.gpuq.v1.ActionOutcome\".\n\tJobEvents\x12!\n\x06\x65vents\x18\x01 \x03(\x0b\x32\x11.gpuq.v1.JobEvent\"\x1f\n\x0cWatchRequest\x12\x0f\n\x07job_ids\x18\x01 \x03(\x04\"\x12\n\x10ListNodesRequest\"\x96\x02\n\x08NodeInfo\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\r\n\x05state\x18\x02 \x01(\t\x12\x0c\n\x04\x63pus\x18\x03 \x01(\r\x12\x0b\n\x03mem\x18\x04 \x01(\x04\x12\x1e\n\x04gpus\x18\x05 \x03(\x0b\x32\x10.gpuq.v1.GpuUnit\x12\x0c\n\x04\x66\x61ke\x18\x06 \x01(\x08\x12\x16\n\tlast_seen\x18\x07 \x01(\x01H\x00\x88\x01\x01\x12\x0e\n\x06reason\x18\x08 \x01(\t\x12 \n\x05usage\x18\t \x03(\x0b\x32\x11.gpuq.v1.GpuUsage\x12\x14\n\x0crunning_jobs\x18\n \x03(\x04\x12\x11\n\tcpus_used\x18\x0b \x01(\r\x12\x10\n\x08mem_used\x18\x0c \x01(\x04\x12\x11\n\tgpus_used\x18\r \x03(\tB\x0c\n\n_last_seen\"2\n\x0eListNodesReply\x12 \n\x05nodes\x18\x01 \x03(\x0b\x32\x11.gpuq.v1.NodeInfo2\xce\x03\n\x05Queue\x12\x36\n\x06Submit\x12\x16.gpuq.v1.SubmitRequest\x1a\x14.gpuq.v1.SubmitReply\x12\x34\n\x06GetJob\x12\x16.gpuq.v1.GetJobRequest\x1a\x12.gpuq.v1.JobDetail\x12<\n\x08ListJobs\x12\x18.gpuq.v1.ListJobsRequest\x1a\x16.gpuq.v1.ListJobsReply\x12\x35\n\x06\x43\x61ncel\x12\x15.gpuq.v1.JobSelection\x1a\x14.gpuq.v1.ActionReply\x12\x33\n\x04Hold\x12\x15.gpuq.v1.JobSelection\x1a\x14.gpuq.v1.ActionReply\x12\x36\n\x07Release\x12\x15.gpuq.v1.JobSelection\x1a\x14.gpuq.v1.ActionReply\x12\x34\n\x05Watch\x12\x15.gpuq.v1.WatchRequest\x1a\x12.gpuq.v1.JobEvents0\x01\x12?\n\tListNodes\x12\x19.gpuq.v1.ListNodesRequest\x1a\x17.gpuq.v1.ListNodesReplyb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -50,14 +50,16 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_ACTIONOUTCOME']._serialized_end=569
   _globals['_ACTIONREPLY']._serialized_start=571
   _globals['_ACTIONREPLY']._serialized_end=626
-  _globals['_WATCHREQUEST']._serialized_start=628
-  _globals['_WATCHREQUEST']._serialized_end=659
-  _globals['_LISTNODESREQUEST']._serialized_start=661
-  _globals['_LISTNODESREQUEST']._serialized_end=679
-  _globals['_NODEINFO']._serialized_start=682
-  _globals['_NODEINFO']._serialized_end=960
-  _globals['_LISTNODESREPLY']._serialized_start=962
-  _globals['_LISTNODESREPLY']._serialized_end=1012
-  _globals['_QUEUE']._serialized_start=1015
-  _globals['_QUEUE']._serialized_end=1476
+  _globals['_JOBEVENTS']._serialized_start=628
+  _globals['_JOBEVENTS']._serialized_end=674
+  _globals['_WATCHREQUEST']._serialized_start=676
+  _globals['_WATCHREQUEST']._serialized_end=707
+  _globals['_LISTNODESREQUEST']._serialized_start=709
+  _globals['_LISTNODESREQUEST']._serialized_end=727
+  _globals['_NODEINFO']._serialized_start=730
+  _globals['_NODEINFO']._serialized_end=1008
+  _globals['_LISTNODESREPLY']._serialized_start=1010
+  _globals['_LISTNODESREPLY']._serialized_end=1060
+  _globals['_QUEUE']._serialized_start=1063
+  _globals['_QUEUE']._serialized_end=1525
 # @@protoc_insertion_point(module_scope)

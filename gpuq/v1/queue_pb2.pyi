@@ -81,6 +81,12 @@ class ActionReply(_message.Message):
     outcomes: _containers.RepeatedCompositeFieldContainer[ActionOutcome]
     def __init__(self, outcomes: _Optional[_Iterable[_Union[ActionOutcome, _Mapping]]] = ...) -> None: ...
 
+class JobEvents(_message.Message):
+    __slots__ = ("events",)
+    EVENTS_FIELD_NUMBER: _ClassVar[int]
+    events: _containers.RepeatedCompositeFieldContainer[_types_pb2.JobEvent]
+    def __init__(self, events: _Optional[_Iterable[_Union[_types_pb2.JobEvent, _Mapping]]] = ...) -> None: ...
+
 class WatchRequest(_message.Message):
     __slots__ = ("job_ids",)
     JOB_IDS_FIELD_NUMBER: _ClassVar[int]

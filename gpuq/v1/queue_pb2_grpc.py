@@ -4,7 +4,6 @@ import grpc
 import warnings
 
 from gpuq.v1 import queue_pb2 as gpuq_dot_v1_dot_queue__pb2
-from gpuq.v1 import types_pb2 as gpuq_dot_v1_dot_types__pb2
 
 GRPC_GENERATED_VERSION = '1.85.1'
 GRPC_VERSION = grpc.__version__
@@ -68,7 +67,7 @@ class QueueStub:
         self.Watch = channel.unary_stream(
                 '/gpuq.v1.Queue/Watch',
                 request_serializer=gpuq_dot_v1_dot_queue__pb2.WatchRequest.SerializeToString,
-                response_deserializer=gpuq_dot_v1_dot_types__pb2.JobEvent.FromString,
+                response_deserializer=gpuq_dot_v1_dot_queue__pb2.JobEvents.FromString,
                 _registered_method=True)
         self.ListNodes = channel.unary_unary(
                 '/gpuq.v1.Queue/ListNodes',
@@ -117,7 +116,8 @@ class QueueServicer:
         raise NotImplementedError('Method not implemented!')
 
     def Watch(self, request, context):
-        """Job changes as they happen; ends when every watched job has ended (if job_ids is set).
+        """Job changes as they happen, several per message under load; ends when every watched job
+        has ended (if job_ids is set).
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -165,7 +165,7 @@ def add_QueueServicer_to_server(servicer, server):
             'Watch': grpc.unary_stream_rpc_method_handler(
                     servicer.Watch,
                     request_deserializer=gpuq_dot_v1_dot_queue__pb2.WatchRequest.FromString,
-                    response_serializer=gpuq_dot_v1_dot_types__pb2.JobEvent.SerializeToString,
+                    response_serializer=gpuq_dot_v1_dot_queue__pb2.JobEvents.SerializeToString,
             ),
             'ListNodes': grpc.unary_unary_rpc_method_handler(
                     servicer.ListNodes,
@@ -361,7 +361,7 @@ class Queue:
             target,
             '/gpuq.v1.Queue/Watch',
             gpuq_dot_v1_dot_queue__pb2.WatchRequest.SerializeToString,
-            gpuq_dot_v1_dot_types__pb2.JobEvent.FromString,
+            gpuq_dot_v1_dot_queue__pb2.JobEvents.FromString,
             options,
             channel_credentials,
             insecure,

@@ -122,7 +122,7 @@ class PendingInfo(_message.Message):
     def __init__(self, reasons: _Optional[_Iterable[str]] = ..., estimated_start: _Optional[float] = ..., priority: _Optional[float] = ..., factors: _Optional[_Iterable[_Union[PriorityFactor, _Mapping]]] = ...) -> None: ...
 
 class Job(_message.Message):
-    __slots__ = ("id", "spec", "user", "state", "submit_time", "start_time", "end_time", "node", "gpus", "result", "requeue_count", "array_job_id", "array_task_id", "reason", "pending", "stdout_path", "stderr_path", "priority", "qos", "stop_reason")
+    __slots__ = ("id", "spec", "user", "state", "submit_time", "start_time", "end_time", "node", "gpus", "result", "requeue_count", "array_job_id", "array_task_id", "reason", "pending", "stdout_path", "stderr_path", "priority", "qos", "stop_reason", "stop_state")
     ID_FIELD_NUMBER: _ClassVar[int]
     SPEC_FIELD_NUMBER: _ClassVar[int]
     USER_FIELD_NUMBER: _ClassVar[int]
@@ -143,6 +143,7 @@ class Job(_message.Message):
     PRIORITY_FIELD_NUMBER: _ClassVar[int]
     QOS_FIELD_NUMBER: _ClassVar[int]
     STOP_REASON_FIELD_NUMBER: _ClassVar[int]
+    STOP_STATE_FIELD_NUMBER: _ClassVar[int]
     id: int
     spec: JobSpec
     user: str
@@ -163,7 +164,8 @@ class Job(_message.Message):
     priority: int
     qos: str
     stop_reason: str
-    def __init__(self, id: _Optional[int] = ..., spec: _Optional[_Union[JobSpec, _Mapping]] = ..., user: _Optional[str] = ..., state: _Optional[str] = ..., submit_time: _Optional[float] = ..., start_time: _Optional[float] = ..., end_time: _Optional[float] = ..., node: _Optional[str] = ..., gpus: _Optional[_Iterable[str]] = ..., result: _Optional[_Union[JobResult, _Mapping]] = ..., requeue_count: _Optional[int] = ..., array_job_id: _Optional[int] = ..., array_task_id: _Optional[int] = ..., reason: _Optional[str] = ..., pending: _Optional[_Union[PendingInfo, _Mapping]] = ..., stdout_path: _Optional[str] = ..., stderr_path: _Optional[str] = ..., priority: _Optional[int] = ..., qos: _Optional[str] = ..., stop_reason: _Optional[str] = ...) -> None: ...
+    stop_state: str
+    def __init__(self, id: _Optional[int] = ..., spec: _Optional[_Union[JobSpec, _Mapping]] = ..., user: _Optional[str] = ..., state: _Optional[str] = ..., submit_time: _Optional[float] = ..., start_time: _Optional[float] = ..., end_time: _Optional[float] = ..., node: _Optional[str] = ..., gpus: _Optional[_Iterable[str]] = ..., result: _Optional[_Union[JobResult, _Mapping]] = ..., requeue_count: _Optional[int] = ..., array_job_id: _Optional[int] = ..., array_task_id: _Optional[int] = ..., reason: _Optional[str] = ..., pending: _Optional[_Union[PendingInfo, _Mapping]] = ..., stdout_path: _Optional[str] = ..., stderr_path: _Optional[str] = ..., priority: _Optional[int] = ..., qos: _Optional[str] = ..., stop_reason: _Optional[str] = ..., stop_state: _Optional[str] = ...) -> None: ...
 
 class JobEvent(_message.Message):
     __slots__ = ("job_id", "at", "from_state", "to_state", "reason")

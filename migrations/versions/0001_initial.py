@@ -41,6 +41,7 @@ def upgrade() -> None:
         sa.Column("exit_code", sa.Integer(), nullable=True),
         sa.Column("signal", sa.Integer(), nullable=True),
         sa.Column("reason", sa.Text(), nullable=False),
+        sa.Column("stop_state", sa.String(16), nullable=True),
         sa.Column("stop_reason", sa.Text(), nullable=True),
         sa.Column("requeue_count", sa.Integer(), nullable=False),
         sa.Column("array_job_id", sa.BigInteger(), nullable=True),

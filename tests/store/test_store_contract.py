@@ -176,10 +176,15 @@ def test_request_stop_marks_a_running_job_only(store: Store) -> None:
     running, pending = submit(store, ("a", 0), ("b", 0))
     with store.transaction() as tx:
         tx.start_jobs([JobStart(running, "n1", ())], 1.0)
-        tx.request_stop(running, "cancelled by alice")
-    assert store.get_job(running).stop_reason == "cancelled by alice"
+        tx.request_stop(running, JobState.CANCELLED, "cancelled by alice")
+    assert store.get_job(running).stop == (JobState.CANCELLED, "cancelled by alice")
     with pytest.raises(NotFound), store.transaction() as tx:
-        tx.request_stop(pending, "cancelled by alice")
+        tx.request_stop(pending, JobState.CANCELLED, "cancelled by alice")
+    with pytest.raises(IllegalTransition), store.transaction() as tx:
+        tx.request_stop(running, JobState.PENDING, "nonsense")
+    with store.transaction() as tx:
+        tx.transition([StateChange(running, JobState.CANCELLED, "cancelled by alice")], 2.0)
+    assert store.get_job(running).stop is None
 
 
 def test_list_jobs_filters(store: Store) -> None:

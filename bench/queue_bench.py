@@ -1,0 +1,257 @@
+"""End-to-end queue benchmark: prints figures, asserts nothing.
+
+    python bench/queue_bench.py [--jobs 500] [--gpus 8]
+
+Starts a real coordinator and one agent with fake GPUs (separate processes, SQLite in a temp
+GPUQ_HOME), then measures, with 1-GPU jobs that run `true`:
+  1. dispatch latency on an idle node: submit -> running event, and submit -> completed event;
+  2. throughput: first submit to last completion of --jobs jobs, and CPU per job (coordinator +
+     agent + fork server + supervisors + jobs, from /proc);
+  3. submissions/s through the Python client (jobs held, so nothing else runs);
+  4. wall time of `gpuq status` and `gpuq submit` as processes.
+Targets (issue 3, 2-core machine): p50 dispatch < 20 ms, >= 300 jobs/s, >= 1,000 submits/s,
+CLI < 150 ms.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+from gpuq.client import Client
+from gpuq.config import load_settings
+from gpuq.domain.states import JobState
+from gpuq.submission import build_spec
+
+TICKS = os.sysconf("SC_CLK_TCK")
+
+
+def cpu_seconds(pid: int) -> float:
+    """utime + stime + reaped children's, of one process."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return sum(int(fields[i]) for i in (11, 12, 13, 14)) / TICKS
+
+
+def children_of(pid: int) -> list[int]:
+    found = []
+    for entry in os.scandir("/proc"):
+        if entry.name.isdigit():
+            try:
+                stat = Path(entry.path, "stat").read_text()
+            except OSError:
+                continue
+            if int(stat.rsplit(")", 1)[1].split()[1]) == pid:
+                found.append(int(entry.name))
+    return found
+
+
+class Events:
+    """A Watch stream in a thread: when each job reached each state."""
+
+    def __init__(self, client: Client) -> None:
+        self.seen: dict[tuple[int, JobState], float] = {}
+        self.cond = threading.Condition()
+        threading.Thread(target=self._run, args=(client,), daemon=True).start()
+
+    def _run(self, client: Client) -> None:
+        for event in client.watch():
+            with self.cond:
+                self.seen[(event.job_id, event.to_state)] = time.perf_counter()
+                self.cond.notify_all()
+
+    def wait(self, job_id: int, state: JobState, timeout: float = 30) -> float:
+        with self.cond:
+            ok = self.cond.wait_for(lambda: (job_id, state) in self.seen, timeout)
+            if not ok:
+                raise TimeoutError(f"job {job_id} never reached {state}")
+            return self.seen[(job_id, state)]
+
+
+def pct(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(len(ordered) * q))]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--jobs", type=int, default=500)
+    parser.add_argument("--gpus", type=int, default=8)
+    parser.add_argument("--submits", type=int, default=3000)
+    args = parser.parse_args()
+    root = Path(tempfile.mkdtemp(prefix="gpuq-bench-"))
+    home = root / "home"
+    home.mkdir(mode=0o700)
+    (home / "config.toml").write_text('[coordinator]\nlisten = "127.0.0.1:0"\n')
+    env = {**os.environ, "GPUQ_HOME": str(home)}
+    gpuq = [sys.executable, "-m", "gpuq.cli.main"]
+    prefix = (
+        [
+            sys.executable,
+            "-m",
+            "cProfile",
+            "-o",
+            str(Path(os.environ["GPUQ_PROFILE"]) / "coordinator.prof"),
+            "-m",
+            "gpuq.cli.main",
+        ]
+        if os.environ.get("GPUQ_PROFILE")
+        else gpuq
+    )
+    coordinator = subprocess.Popen(
+        [*prefix, "coordinator", "--log-level", "warning"], env=env, cwd=root
+    )
+    while not (home / "coordinator.json").exists():
+        time.sleep(0.05)
+    aprefix = (
+        [
+            sys.executable,
+            "-m",
+            "cProfile",
+            "-o",
+            str(Path(os.environ["GPUQ_PROFILE"]) / "agent.prof"),
+            "-m",
+            "gpuq.cli.main",
+        ]
+        if os.environ.get("GPUQ_PROFILE")
+        else gpuq
+    )
+    agent = subprocess.Popen(
+        [
+            *aprefix,
+            "agent",
+            "--fake-gpus",
+            f"{args.gpus}xA100-80GB",
+            "--cpus",
+            str(4 * args.gpus),
+            "--log-level",
+            os.environ.get("GPUQ_BENCH_LOG", "warning"),
+        ],
+        env=env,
+        cwd=root,
+    )
+    client = Client(settings=load_settings(home=home))
+    while not [n for n in client.nodes() if n.state == "up"]:
+        time.sleep(0.05)
+    spec = build_spec(wrap="true", gpus=1, chdir=str(root))
+    events = Events(client)
+    try:
+        time.sleep(0.5)
+        dispatch(client, events, spec)
+        throughput(client, events, spec, args.jobs, [coordinator.pid, agent.pid])
+        if not os.environ.get("GPUQ_PROFILE"):
+            submissions(client, root, args.submits)
+            cli_times(gpuq, env, root)
+    finally:
+        client.close()
+        for process in (agent, coordinator):
+            process.terminate()
+            process.wait(10)
+        shutil.rmtree(root, ignore_errors=True)
+
+
+def dispatch(client: Client, events: Events, spec: object) -> None:
+    to_running, to_done = [], []
+    for _ in range(60):
+        start = time.perf_counter()
+        [job_id] = client.submit_spec(spec)  # type: ignore[arg-type]
+        to_running.append((events.wait(job_id, JobState.RUNNING) - start) * 1000)
+        to_done.append((events.wait(job_id, JobState.COMPLETED) - start) * 1000)
+        time.sleep(0.02)
+    print(
+        f"dispatch on an idle node (60 jobs): submit->running p50 {pct(to_running, 0.5):.1f} ms, "
+        f"p95 {pct(to_running, 0.95):.1f} ms; submit->completed p50 {pct(to_done, 0.5):.1f} ms, "
+        f"p95 {pct(to_done, 0.95):.1f} ms"
+    )
+
+
+def throughput(client: Client, events: Events, spec: object, count: int, pids: list[int]) -> None:
+    fork_servers = [p for p in children_of(pids[1])]
+    watched = pids + fork_servers
+    before_each = [cpu_seconds(p) for p in watched]
+    before = sum(before_each)
+    bench_before = time.process_time()
+    start = time.perf_counter()
+    ids = [client.submit_spec(spec)[0] for _ in range(count)]  # type: ignore[arg-type]
+    submitted = time.perf_counter()
+    last = max(events.wait(i, JobState.COMPLETED, 120) for i in ids)
+    elapsed = last - start
+    time.sleep(0.5)  # let the fork server reap the last supervisors
+    after_each = [cpu_seconds(p) for p in watched]
+    used = sum(after_each) - before
+    parts = ", ".join(
+        f"{name} {(a - b) / count * 1000:.1f}"
+        for name, a, b in zip(
+            ["coordinator", "agent", "fork server + supervisors + jobs"],
+            after_each,
+            before_each,
+            strict=False,
+        )
+    )
+    bench_cpu = time.process_time() - bench_before
+    print(
+        f"throughput: {count} jobs in {elapsed:.2f} s = {count / elapsed:.0f} jobs/s "
+        f"(all submitted after {submitted - start:.2f} s)"
+    )
+    print(
+        f"CPU per job: {used / count * 1000:.1f} ms in gpuq (coordinator, agent, fork server, "
+        f"supervisors, jobs): {parts}; {bench_cpu / count * 1000:.1f} ms in the submitting "
+        "client"
+    )
+
+
+def submissions(client: Client, root: Path, count: int) -> None:
+    held = build_spec(wrap="true", gpus=1, hold=True, chdir=str(root))
+    start = time.perf_counter()
+    for _ in range(count):
+        client.submit_spec(held)
+    sequential = count / (time.perf_counter() - start)
+    threads = 4
+
+    def worker() -> None:
+        for _ in range(count // threads):
+            client.submit_spec(held)
+
+    pool = [threading.Thread(target=worker) for _ in range(threads)]
+    start = time.perf_counter()
+    for thread in pool:
+        thread.start()
+    for thread in pool:
+        thread.join()
+    parallel = (count // threads * threads) / (time.perf_counter() - start)
+    print(
+        f"submissions through the Python client: {sequential:.0f}/s from one thread, "
+        f"{parallel:.0f}/s from {threads} threads sharing a client"
+    )
+    client.cancel(*(str(j.id) for j in client.list(states=["held"])))
+
+
+def cli_times(gpuq: list[str], env: dict[str, str], root: Path) -> None:
+    command = shutil.which("gpuq") or ""
+    base = [command] if command else gpuq
+    for label, extra in (
+        ("gpuq status", ["status"]),
+        ("gpuq submit", ["submit", "--hold", "--wrap", "true"]),
+    ):
+        times = []
+        for _ in range(15):
+            start = time.perf_counter()
+            subprocess.run(
+                [*base, *extra], env=env, cwd=root, check=True, stdout=subprocess.DEVNULL
+            )
+            times.append((time.perf_counter() - start) * 1000)
+        print(
+            f"{label} as a process: median {statistics.median(times):.0f} ms, "
+            f"min {min(times):.0f} ms (15 runs)"
+        )
+
+
+if __name__ == "__main__":
+    main()

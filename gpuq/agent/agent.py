@@ -1,0 +1,263 @@
+"""The node agent: registers its GPUs, starts and stops jobs through supervisors, reports back.
+
+It keeps one stream to the coordinator and reconnects with backoff when it breaks. Nothing it
+holds is precious: the supervisors own the jobs, and an ended job's result stays on disk until
+the coordinator acknowledges it, so an agent (or coordinator) restart loses nothing.
+Reports go out batched: everything that happened since the last send leaves in one message.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import time
+from collections.abc import Iterable
+from dataclasses import dataclass
+from pathlib import Path
+
+import grpc
+
+from gpuq import __version__
+from gpuq.agent.forkserver import ForkServer
+from gpuq.agent.gpus import GpuBackend, GpuInventory
+from gpuq.agent.hub import SupervisorHub, SupervisorReport
+from gpuq.agent.launch import LaunchOrder, NodePolicy, build_launch
+from gpuq.auth import bearer
+from gpuq.config import AgentSettings
+from gpuq.convert import spec_from_proto, unit_to_proto
+from gpuq.domain.units import parse_size
+from gpuq.v1 import agent_pb2 as apb
+from gpuq.v1 import agent_pb2_grpc
+from gpuq.v1 import types_pb2 as pb
+
+log = logging.getLogger(__name__)
+RECONNECT_MAX = 2.0  # seconds between attempts, at most
+
+
+@dataclass(frozen=True, slots=True)
+class AgentOptions:
+    settings: AgentSettings
+    address: str  # "unix:PATH" or "HOST:PORT"
+    token: str
+    state_dir: Path
+    heartbeat_interval: float = 5.0
+
+
+class Agent:
+    def __init__(self, options: AgentOptions, backend: GpuBackend, fork_server: ForkServer) -> None:
+        self.options = options
+        self.backend = backend
+        self.inventory: GpuInventory = backend.inventory()
+        self.hub = SupervisorHub(options.state_dir, self._on_report, fork_server=fork_server)
+        self.policy = self._policy()
+        self.unacked: dict[int, SupervisorReport] = {}  # ended, not yet recorded by the coordinator
+        self._outgoing: list[apb.JobReport] = []
+        self._flush = asyncio.Event()
+        self.connected = asyncio.Event()
+
+    def _policy(self) -> NodePolicy:
+        extra: dict[str, str] = {}
+        state_dir = getattr(self.backend, "state_dir", None)
+        if self.inventory.fake and state_dir is not None:
+            extra["GPUQ_FAKE_GPU_DIR"] = str(state_dir)
+        s = self.options.settings
+        return NodePolicy(
+            node=s.node_name,
+            units={u.uuid: u for u in self.inventory.units},
+            visible_devices="index" if s.visible_devices == "index" else "uuid",
+            job_env=dict(s.job_env),
+            mem_enforcement=s.mem_enforcement,  # type: ignore[arg-type]
+            cgroup_parent=s.cgroup_parent,
+            extra_env=extra,
+        )
+
+    async def run(self) -> None:
+        """Serve until cancelled; supervisors and jobs outlive the agent."""
+        await self.hub.start()
+        delay = 0.05
+        try:
+            while True:
+                try:
+                    await self._session()
+                    delay = 0.05
+                except grpc.aio.AioRpcError as error:
+                    if error.code() in (
+                        grpc.StatusCode.UNAUTHENTICATED,
+                        grpc.StatusCode.ALREADY_EXISTS,
+                    ):
+                        log.error("coordinator refused this agent: %s", error.details())
+                    else:
+                        log.info("coordinator unreachable (%s); retrying", error.code().name)
+                self.connected.clear()
+                await asyncio.sleep(delay)
+                delay = min(RECONNECT_MAX, delay * 2)
+        finally:
+            await self.hub.close()
+            self.backend.close()
+
+    async def _session(self) -> None:
+        metadata = (bearer(self.options.token),)
+        async with grpc.aio.insecure_channel(self.options.address) as channel:
+            stub = agent_pb2_grpc.AgentLinkStub(channel)
+            call = stub.Connect(metadata=metadata)
+            self._outgoing.clear()  # what was unsent is rebuilt into the registration
+            await call.write(apb.AgentMessage(register=self._registration()))
+            first = await call.read()
+            if first is grpc.aio.EOF or not first.HasField("registered"):
+                return
+            interval = first.registered.heartbeat_interval or self.options.heartbeat_interval
+            self.connected.set()
+            log.info("registered with the coordinator at %s", self.options.address)
+            sender = asyncio.create_task(self._send(call, interval))
+            try:
+                await self._handle(first)
+                while (message := await call.read()) is not grpc.aio.EOF:
+                    await self._handle(message)
+            finally:
+                sender.cancel()
+                await asyncio.gather(sender, return_exceptions=True)
+
+    def _registration(self) -> apb.Register:
+        s = self.options.settings
+        jobs = [
+            apb.JobReport(job_id=job_id, kind=apb.JobReport.RUNNING)
+            for job_id in self.hub.running_jobs()
+            if job_id not in self.unacked
+        ]
+        jobs += [_report_message(r) for r in self.unacked.values()]
+        cpus = s.cpus or os.cpu_count() or 1
+        mem = (
+            parse_size(s.mem, "agent mem")
+            if s.mem
+            else os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+        )
+        return apb.Register(
+            node=s.node_name,
+            gpus=[unit_to_proto(u) for u in self.inventory.units],
+            topology=[pb.TopologyLink(a=a, b=b, distance=d) for a, b, d in self.inventory.topology],
+            cpus=cpus,
+            mem=mem,
+            fake=self.inventory.fake,
+            version=__version__,
+            jobs=jobs,
+        )
+
+    # ---- what the coordinator says ---------------------------------------------------------
+
+    async def _handle(self, message: apb.CoordinatorMessage) -> None:
+        for job_id in message.ack:
+            self.unacked.pop(job_id, None)
+            await self.hub.ack(job_id)
+        for launch in message.start:
+            await self._launch(launch)
+        for stop in message.stop:
+            known = await self.hub.stop(
+                stop.job_id, stop.end_state, stop.reason, stop.signal, stop.grace
+            )
+            if not known and stop.job_id not in self.unacked:
+                self._report_gone(stop.job_id, stop.end_state)
+        for sig in message.signal:
+            await self.hub.signal(sig.job_id, sig.signal)
+
+    async def _launch(self, launch: apb.JobLaunch) -> None:
+        try:
+            order = LaunchOrder(
+                job_id=launch.job_id,
+                spec=spec_from_proto(launch.spec),
+                gpus=tuple(launch.gpus),
+                user=launch.user,
+                time_limit=launch.time_limit or None,
+                kill_grace=launch.kill_grace,
+                array_job_id=launch.array_job_id if launch.HasField("array_job_id") else None,
+                array_task_id=launch.array_task_id if launch.HasField("array_task_id") else None,
+                requeue_count=launch.requeue_count,
+            )
+            await self.hub.launch(build_launch(order, self.policy))
+        except Exception as error:  # a launch that cannot even begin ends the job as failed
+            log.exception("cannot launch job %d", launch.job_id)
+            self._on_report(
+                SupervisorReport(
+                    launch.job_id,
+                    "ended",
+                    "failed",
+                    reason=f"launch failed on {self.policy.node}: {error}",
+                )
+            )
+
+    def _report_gone(self, job_id: int, end_state: str) -> None:
+        """The coordinator stops a job this node does not run: say it has ended."""
+        self._on_report(
+            SupervisorReport(
+                job_id,
+                "ended",
+                end_state or "cancelled",
+                reason=f"not running on {self.policy.node}",
+            )
+        )
+
+    # ---- what supervisors say --------------------------------------------------------------
+
+    def _on_report(self, report: SupervisorReport) -> None:
+        """Ends go to the coordinator (and stay until acknowledged); a start needs no message:
+        the coordinator already counts the job as running."""
+        if report.kind == "ended":
+            self.unacked[report.job_id] = report
+            self._outgoing.append(_report_message(report))
+            self._flush.set()
+
+    async def _send(self, call: grpc.aio.StreamStreamCall, interval: float) -> None:
+        """One writer: whatever reports piled up, plus a heartbeat when one is due."""
+        loop = asyncio.get_running_loop()
+        next_beat = loop.time()
+        while True:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._flush.wait(), max(0.0, next_beat - loop.time()))
+            self._flush.clear()
+            message = apb.AgentMessage()
+            if self._outgoing:
+                message.reports.extend(self._outgoing)
+                self._outgoing.clear()
+            if loop.time() >= next_beat:
+                usage = await asyncio.to_thread(self._usage)
+                message.heartbeat.CopyFrom(apb.Heartbeat(at=time.time(), usage=usage))
+                next_beat = loop.time() + interval
+            await call.write(message)
+
+    def _usage(self) -> list[pb.GpuUsage]:
+        samples = self.backend.usage()
+        return [
+            pb.GpuUsage(
+                uuid=s.uuid,
+                memory_used=s.memory_used,
+                utilization=s.utilization or 0,
+                job_ids=sorted(jobs_of(pid for pid, _ in s.processes)),
+            )
+            for s in samples
+        ]
+
+
+def jobs_of(pids: Iterable[int]) -> set[int]:
+    """The gpuq jobs these processes belong to (from GPUQ_JOB_ID in their environment)."""
+    found: set[int] = set()
+    for pid in pids:
+        with contextlib.suppress(OSError):
+            for item in Path(f"/proc/{pid}/environ").read_bytes().split(b"\0"):
+                if item.startswith(b"GPUQ_JOB_ID="):
+                    found.add(int(item[12:] or 0))
+                    break
+    return found
+
+
+def _report_message(report: SupervisorReport) -> apb.JobReport:
+    if report.kind == "running":
+        return apb.JobReport(job_id=report.job_id, kind=apb.JobReport.RUNNING, at=report.at)
+    return apb.JobReport(
+        job_id=report.job_id,
+        kind=apb.JobReport.ENDED,
+        end_state=report.end_state or "failed",
+        result=pb.JobResult(exit_code=report.exit_code, signal=report.signal, reason=report.reason),
+        at=report.at,
+        peak_mem=report.peak_mem,
+    )

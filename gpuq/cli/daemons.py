@@ -1,0 +1,99 @@
+"""The long-running commands: serve (coordinator + local agent), coordinator, agent."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import Any
+
+import click
+
+log_option = click.option(
+    "--log-level",
+    default="info",
+    show_default=True,
+    type=click.Choice(["debug", "info", "warning", "error"]),
+)
+
+
+def _agent_settings(settings: Any, **overrides: Any) -> Any:
+    """Flags given on the command line win over the config file."""
+    given = {key: value for key, value in overrides.items() if value is not None}
+    return replace(settings, agent=replace(settings.agent, **given))
+
+
+def agent_options(command: Any) -> Any:
+    """The flags `gpuq serve` and `gpuq agent` share."""
+    for decorator in reversed(
+        [
+            click.option("--fake-gpus", metavar="SPEC", help="pretend GPUs, e.g. 4 or 8xA100-80GB"),
+            click.option("--node-name", help="this node's name (default: the host name)"),
+            click.option(
+                "--cpus", type=click.IntRange(1), help="CPUs offered to jobs (default: all)"
+            ),
+            click.option("--mem", metavar="SIZE", help="memory offered to jobs (default: all)"),
+        ]
+    ):
+        command = decorator(command)
+    return command
+
+
+def _check_agent(agent: Any) -> None:
+    """One clear error before anything starts."""
+    if agent.fake_gpus is not None:
+        from gpuq.agent.gpus_fake import parse_fake_spec
+
+        parse_fake_spec(agent.fake_gpus, agent.node_name)
+    if agent.mem is not None:
+        from gpuq.domain.units import parse_size
+
+        parse_size(agent.mem, "--mem")
+
+
+@click.command()
+@agent_options
+@click.option("--listen", metavar="HOST:PORT", help="also listen on TCP (default: socket only)")
+@log_option
+@click.pass_obj
+def serve(obj: Any, /, listen: str | None, log_level: str, **agent: Any) -> None:
+    """Run a coordinator and a local agent (state in GPUQ_HOME, SQLite). Ctrl-C stops them;
+    running jobs keep running and are picked up at the next start."""
+    from gpuq.daemons import run_serve, serve_settings, setup_logging
+
+    settings = _agent_settings(obj.settings(), **agent)
+    _check_agent(settings.agent)
+    setup_logging(log_level)
+    run_serve(serve_settings(settings, listen))
+
+
+@click.command()
+@click.option("--listen", metavar="HOST:PORT", help="TCP address (default 127.0.0.1:7817)")
+@log_option
+@click.pass_obj
+def coordinator(obj: Any, /, listen: str | None, log_level: str) -> None:
+    """Run the coordinator alone (a lab server runs it as gpuq-coordinator.service)."""
+    from gpuq.daemons import run_coordinator, setup_logging
+
+    settings = obj.settings()
+    if listen is not None:
+        settings = replace(settings, coordinator=replace(settings.coordinator, listen=listen))
+    setup_logging(log_level)
+    run_coordinator(settings)
+
+
+@click.command()
+@click.option(
+    "--coordinator",
+    metavar="ADDR",
+    help="unix:PATH or HOST:PORT (default: this GPUQ_HOME's socket)",
+)
+@agent_options
+@log_option
+@click.pass_obj
+def agent(obj: Any, /, log_level: str, **agent: Any) -> None:
+    """Run a node agent (a lab server runs it as gpuq-agent.service)."""
+    from gpuq.daemons import run_agent, setup_logging
+
+    settings = _agent_settings(obj.settings(), **agent)
+    _check_agent(settings.agent)
+    setup_logging(log_level)
+    run_agent(settings)

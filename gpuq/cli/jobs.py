@@ -1,0 +1,223 @@
+"""Verbs on jobs: submit, cancel, hold, release, show, logs."""
+
+from __future__ import annotations
+
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import click
+
+from gpuq.cli import render
+from gpuq.domain.units import format_duration
+from gpuq.submission import OPTIONS
+
+
+def _submit_options(command: Callable[..., Any]) -> Callable[..., Any]:
+    """The submit flags, from the one table that #GPUQ directives also use."""
+    for option in reversed(OPTIONS):
+        if option.is_flag:
+            decorator = click.option(
+                *option.flags, option.name, is_flag=True, default=None, help=option.help
+            )
+        else:
+            decorator = click.option(
+                *option.flags,
+                option.name,
+                multiple=option.multiple,
+                metavar=option.metavar,
+                help=option.help,
+            )
+        command = decorator(command)
+    return command
+
+
+@click.command(context_settings={"allow_interspersed_args": False})
+@click.argument("script", required=False)
+@click.argument("args", nargs=-1)
+@click.option("--wrap", metavar="CMD", help="run CMD with /bin/sh instead of a script")
+@click.option("--wait", "-W", is_flag=True, help="wait for the job; exit with its exit code")
+@_submit_options
+@click.pass_obj
+def submit(
+    obj: Any,
+    /,
+    script: str | None,
+    args: tuple[str, ...],
+    wrap: str | None,
+    wait: bool,
+    **options: Any,
+) -> int:
+    """Queue SCRIPT (with ARGS) or --wrap CMD. Options also come from `#GPUQ` lines at the top
+    of the script; flags given here win."""
+    if script is not None and wrap is not None:
+        raise click.UsageError("give a script or --wrap, not both")
+    if script is None and wrap is None:
+        raise click.UsageError('give a script to run, or --wrap "CMD"')
+    from gpuq.submission import build_spec
+
+    spec = build_spec(script=script, args=args, wrap=wrap, **options)
+    client = obj.client()
+    ids = client.submit_spec(spec)
+    if spec.array is not None:
+        click.echo(f"Submitted array job {ids[0]} ({len(ids)} tasks)")
+    else:
+        click.echo(f"Submitted job {ids[0]}")
+    if not wait:
+        return 0
+    job = client.wait(ids[0])
+    if job.state.value == "completed":
+        return 0
+    click.echo(f"job {ids[0]} {job.state.value}: {job.reason}", err=True)
+    if job.result is not None and job.result.exit_code is not None and job.result.exit_code:
+        return int(job.result.exit_code)
+    if job.result is not None and job.result.signal:
+        return 128 + int(job.result.signal)
+    return 1
+
+
+def _act(obj: Any, /, verb: str, job_ids: tuple[str, ...], **kwargs: Any) -> int:
+    outcomes = getattr(obj.client(), verb)(*job_ids, **kwargs)
+    failed = False
+    for outcome in outcomes:
+        if outcome.done:
+            click.echo(f"job {outcome.job_id}: {outcome.message}")
+        else:
+            failed = True
+            click.echo(f"gpuq {verb}: job {outcome.job_id}: {outcome.message}", err=True)
+    return 2 if failed else 0
+
+
+@click.command()
+@click.argument("job_ids", nargs=-1, required=True)
+@click.option("--reason", default="", help="recorded with the cancellation")
+@click.pass_obj
+def cancel(obj: Any, /, job_ids: tuple[str, ...], reason: str) -> int:
+    """Cancel jobs (JOB, ARRAY for every task, ARRAY_TASK for one). Running jobs get SIGTERM,
+    then SIGKILL after the grace period."""
+    return _act(obj, "cancel", job_ids, reason=reason)
+
+
+@click.command()
+@click.argument("job_ids", nargs=-1, required=True)
+@click.pass_obj
+def hold(obj: Any, /, job_ids: tuple[str, ...]) -> int:
+    """Keep pending jobs from starting until released."""
+    return _act(obj, "hold", job_ids)
+
+
+@click.command()
+@click.argument("job_ids", nargs=-1, required=True)
+@click.pass_obj
+def release(obj: Any, /, job_ids: tuple[str, ...]) -> int:
+    """Let held jobs start."""
+    return _act(obj, "release", job_ids)
+
+
+@click.command()
+@click.argument("job_id", type=int)
+@click.option("--json", "as_json", is_flag=True, help="print JSON")
+@click.pass_obj
+def show(obj: Any, /, job_id: int, as_json: bool) -> int:
+    """Everything about one job: resources, placement, why it waits, its history."""
+    job, events = obj.client().detail(job_id)
+    if as_json:
+        from google.protobuf.json_format import MessageToDict
+
+        data = render.job_dict(job)
+        data["spec"] = MessageToDict(job.spec, preserving_proto_field_name=True)
+        data["events"] = [
+            {
+                "at": e.at,
+                "from": e.from_state.value if e.from_state else None,
+                "to": e.to_state.value,
+                "reason": e.reason,
+            }
+            for e in events
+        ]
+        click.echo(render.dumps(data))
+        return 0
+    click.echo(_describe(job, events))
+    return 0
+
+
+def _resources(res: Any) -> str:
+    gpu_mem = f" with >= {render.size(res.gpu_mem)}" if res.HasField("gpu_mem") else ""
+    mem = render.size(res.mem) if res.HasField("mem") else "-"
+    limit = format_duration(res.time_limit) if res.HasField("time_limit") else "qos default"
+    return f"{res.gpus} GPUs{gpu_mem}, {res.cpus} CPUs, mem {mem}, time {limit}"
+
+
+def _describe(job: Any, events: list[Any]) -> str:
+    res = job.spec.resources
+    lines = [
+        ("Job", f"{render.job_id_text(job)} ({job.spec.name})"),
+        ("User", job.user),
+        ("State", job.state + (f" ({job.stop_reason})" if job.stop_reason else "")),
+        ("QOS / priority", f"{job.qos} / {job.priority}"),
+        ("Script", job.spec.source + (" " + " ".join(job.spec.args) if job.spec.args else "")),
+        ("Folder", job.spec.workdir),
+        ("Resources", _resources(res)),
+        ("Node", job.node or "-"),
+        ("GPUs", ", ".join(job.gpus) or "-"),
+        ("Submitted", render.when(job.submit_time)),
+        ("Started", render.when(job.start_time if job.HasField("start_time") else None)),
+        ("Ended", render.when(job.end_time if job.HasField("end_time") else None)),
+        (
+            "Output",
+            job.stdout_path
+            + ("" if job.stderr_path == job.stdout_path else f" (stderr: {job.stderr_path})"),
+        ),
+    ]
+    if job.HasField("result"):
+        result = job.result
+        code = str(result.exit_code) if result.HasField("exit_code") else "-"
+        sig = f", signal {result.signal}" if result.HasField("signal") else ""
+        lines.append(("Result", f"exit code {code}{sig}: {result.reason}"))
+    if job.requeue_count:
+        lines.append(("Requeued", f"{job.requeue_count} times"))
+    if job.state == "pending":
+        lines.append(("Waiting because", render.job_reason(job)))
+    width = max(len(k) for k, _ in lines)
+    text = [f"{k.rjust(width)}: {v}" for k, v in lines]
+    text.append("History:")
+    text += [
+        f"  {render.when(e.at)}  {(e.from_state.value if e.from_state else '-'):>13} -> "
+        f"{e.to_state.value:<13} {e.reason}"
+        for e in events
+    ]
+    return "\n".join(text)
+
+
+@click.command()
+@click.argument("job_id", type=int)
+@click.option("--follow", "-f", is_flag=True, help="keep printing until the job ends")
+@click.option("--stderr", "-e", "errors", is_flag=True, help="the error file, if separate")
+@click.pass_obj
+def logs(obj: Any, /, job_id: int, follow: bool, errors: bool) -> int:
+    """Print what a job wrote (its output file)."""
+    client = obj.client()
+    path = Path(client.output_path(job_id, "stderr" if errors else "stdout"))
+    offset = _copy_from(path, 0)
+    while follow:
+        if client.get(job_id).state.is_live:
+            time.sleep(0.25)
+            offset = _copy_from(path, offset)
+            continue
+        _copy_from(path, offset)
+        break
+    return 0
+
+
+def _copy_from(path: Path, offset: int) -> int:
+    try:
+        with path.open("rb") as handle:
+            handle.seek(offset)
+            data = handle.read()
+    except FileNotFoundError:
+        return offset
+    sys.stdout.buffer.write(data)
+    sys.stdout.flush()
+    return offset + len(data)

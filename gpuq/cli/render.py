@@ -1,0 +1,104 @@
+"""Tables and JSON for the listings; pure functions of wire messages and the current time."""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+from collections.abc import Sequence
+from typing import Any
+
+from gpuq.domain.units import format_duration, format_size
+
+SHORT_STATE = {
+    "pending": "PD",
+    "held": "HD",
+    "running": "R",
+    "completed": "CD",
+    "failed": "F",
+    "cancelled": "CA",
+    "timeout": "TO",
+    "preempted": "PR",
+    "node_fail": "NF",
+    "out_of_memory": "OOM",
+}
+
+
+def job_id_text(job: Any) -> str:
+    if job.HasField("array_job_id"):
+        return f"{job.array_job_id}_{job.array_task_id}"
+    return str(job.id)
+
+
+def elapsed(job: Any, now: float) -> str:
+    if not job.HasField("start_time") or job.state in ("pending", "held"):
+        return "-"
+    end = job.end_time if job.HasField("end_time") else now
+    return format_duration(end - job.start_time)
+
+
+def when(timestamp: float | None) -> str:
+    if timestamp is None:
+        return "-"
+    return dt.datetime.fromtimestamp(timestamp).isoformat(sep=" ", timespec="seconds")
+
+
+def job_reason(job: Any) -> str:
+    if job.state == "pending":
+        if job.HasField("pending") and job.pending.reasons:
+            return "; ".join(job.pending.reasons)
+        return "waiting for the next scheduling pass"
+    if job.state == "running":
+        if job.stop_reason:
+            return f"stopping: {job.stop_reason}"
+        return str(job.node)
+    return str(job.reason)
+
+
+def job_dict(job: Any) -> dict[str, Any]:
+    """The JSON form of a job in listings (the full spec stays out; `gpuq show --json` has it)."""
+    result = job.result if job.HasField("result") else None
+    return {
+        "id": job.id,
+        "display_id": job_id_text(job),
+        "name": job.spec.name,
+        "user": job.user,
+        "state": job.state,
+        "qos": job.qos,
+        "priority": job.priority,
+        "gpus": job.spec.resources.gpus,
+        "cpus": job.spec.resources.cpus,
+        "mem": job.spec.resources.mem if job.spec.resources.HasField("mem") else None,
+        "time_limit": job.spec.resources.time_limit
+        if job.spec.resources.HasField("time_limit")
+        else None,
+        "node": job.node or None,
+        "gpu_uuids": list(job.gpus),
+        "submit_time": job.submit_time,
+        "start_time": job.start_time if job.HasField("start_time") else None,
+        "end_time": job.end_time if job.HasField("end_time") else None,
+        "exit_code": result.exit_code if result and result.HasField("exit_code") else None,
+        "signal": result.signal if result and result.HasField("signal") else None,
+        "reason": job.reason,
+        "pending_reasons": list(job.pending.reasons) if job.HasField("pending") else [],
+        "requeue_count": job.requeue_count,
+        "array_job_id": job.array_job_id if job.HasField("array_job_id") else None,
+        "array_task_id": job.array_task_id if job.HasField("array_task_id") else None,
+        "stdout": job.stdout_path,
+        "stderr": job.stderr_path,
+    }
+
+
+def table(headers: Sequence[str], rows: Sequence[Sequence[object]]) -> str:
+    cells = [[str(c) for c in row] for row in rows]
+    widths = [max([len(h)] + [len(r[i]) for r in cells]) for i, h in enumerate(headers)]
+    lines = ["  ".join(h.ljust(w) for h, w in zip(headers, widths, strict=True)).rstrip()]
+    lines += ["  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip() for r in cells]
+    return "\n".join(lines)
+
+
+def dumps(value: object) -> str:
+    return json.dumps(value, indent=2, sort_keys=False)
+
+
+def size(value: int | None) -> str:
+    return "-" if value is None else format_size(value)

@@ -1,0 +1,242 @@
+"""`gpuq.Client`: the Python API, and what the CLI uses underneath.
+
+    import gpuq
+    client = gpuq.Client()                      # finds `gpuq serve` like the CLI does
+    job_id = client.submit(wrap="python train.py", gpus=2, mem="40G")
+    job = client.wait(job_id)                   # the finished Job; job.result.exit_code
+    print(client.logs(job_id))
+
+Errors come back as the exceptions the coordinator raised (InvalidInput, NotFound, ...); a
+coordinator that cannot be reached raises ServerUnavailable saying how to start one.
+"""
+
+from __future__ import annotations
+
+import builtins
+from collections.abc import Iterable, Iterator
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import grpc
+
+from gpuq.auth import bearer, read_token
+from gpuq.config import Settings, load_settings
+from gpuq.domain.states import JobState
+from gpuq.errors import (
+    Conflict,
+    GpuqError,
+    IllegalTransition,
+    InvalidInput,
+    NotFound,
+    PermissionDenied,
+    ServerUnavailable,
+    Unsatisfiable,
+)
+from gpuq.v1 import queue_pb2, queue_pb2_grpc
+
+if TYPE_CHECKING:
+    from gpuq.domain.model import Job, JobEvent, JobSpec
+    from gpuq.v1 import types_pb2 as pb
+
+HOW_TO_START = "start it with `gpuq serve` (or `systemctl start gpuq-coordinator` on a server)"
+
+
+class Client:
+    def __init__(
+        self,
+        address: str | None = None,
+        token: str | None = None,
+        settings: Settings | None = None,
+        timeout: float = 30.0,
+    ) -> None:
+        settings = settings or load_settings()
+        self.address = address or settings.coordinator_address
+        self._token = token
+        self._token_path = settings.token_path
+        self.timeout = timeout
+        self._channel = grpc.insecure_channel(
+            self.address, options=[("grpc.max_receive_message_length", 256 << 20)]
+        )
+        self._stub = queue_pb2_grpc.QueueStub(self._channel)
+
+    def close(self) -> None:
+        self._channel.close()
+
+    def __enter__(self) -> Client:
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self.close()
+
+    # ---- submitting ------------------------------------------------------------------------
+
+    def submit(self, script: str | Path | None = None, *args: str, **options: Any) -> int:
+        """Submit a script (or `wrap="CMD"`) with sbatch-like options; the job (or array) id.
+
+        Options are those of `gpuq submit`: gpus, gpu_mem, cpus, mem, time, name, qos, env,
+        output, error, array, after, hold, nice... (see gpuq.submission.build_spec).
+        """
+        from gpuq.submission import build_spec
+
+        spec = build_spec(script=str(script) if script else None, args=args, **options)
+        return self.submit_spec(spec)[0]
+
+    def submit_spec(self, spec: JobSpec) -> builtins.list[int]:
+        """Submit a ready JobSpec; one id per job (per task for an array)."""
+        from gpuq.convert import spec_to_proto
+
+        reply = self._call("Submit", queue_pb2.SubmitRequest(spec=spec_to_proto(spec)))
+        return list(reply.job_ids)
+
+    # ---- reading ---------------------------------------------------------------------------
+
+    def get(self, job_id: int) -> Job:
+        from gpuq.convert import job_from_proto
+
+        return job_from_proto(self._detail(job_id).job)
+
+    def detail(self, job_id: int) -> tuple[pb.Job, list[JobEvent]]:
+        """The job as the wire has it (with output paths and pending reasons) and its history."""
+        from gpuq.convert import event_from_proto
+
+        reply = self._detail(job_id)
+        return reply.job, [event_from_proto(e) for e in reply.events]
+
+    def _detail(self, job_id: int) -> queue_pb2.JobDetail:
+        detail: queue_pb2.JobDetail = self._call("GetJob", queue_pb2.GetJobRequest(job_id=job_id))
+        return detail
+
+    def list(
+        self,
+        states: Iterable[JobState | str] = (),
+        user: str | None = None,
+        finished: bool = False,
+        limit: int = 0,
+        job_ids: Iterable[int] = (),
+    ) -> builtins.list[Job]:
+        """Jobs without their environment (`get` has it); live ones unless finished=True."""
+        from gpuq.convert import job_from_proto
+
+        return [job_from_proto(j) for j in self.list_raw(states, user, finished, limit, job_ids)]
+
+    def list_raw(
+        self,
+        states: Iterable[JobState | str] = (),
+        user: str | None = None,
+        finished: bool = False,
+        limit: int = 0,
+        job_ids: Iterable[int] = (),
+        array_job_id: int | None = None,
+    ) -> builtins.list[pb.Job]:
+        request = queue_pb2.ListJobsRequest(
+            states=[JobState(s).value for s in states],
+            user=user or "",
+            finished=finished,
+            limit=limit,
+            job_ids=list(job_ids),
+            array_job_id=array_job_id,
+        )
+        return list(self._call("ListJobs", request).jobs)
+
+    def nodes(self) -> builtins.list[queue_pb2.NodeInfo]:
+        return list(self._call("ListNodes", queue_pb2.ListNodesRequest()).nodes)
+
+    # ---- acting ----------------------------------------------------------------------------
+
+    def cancel(
+        self, *job_ids: int | str, reason: str = ""
+    ) -> builtins.list[queue_pb2.ActionOutcome]:
+        return self._action("Cancel", job_ids, reason)
+
+    def hold(self, *job_ids: int | str) -> builtins.list[queue_pb2.ActionOutcome]:
+        return self._action("Hold", job_ids)
+
+    def release(self, *job_ids: int | str) -> builtins.list[queue_pb2.ActionOutcome]:
+        return self._action("Release", job_ids)
+
+    def _action(
+        self, method: str, job_ids: tuple[int | str, ...], reason: str = ""
+    ) -> builtins.list[queue_pb2.ActionOutcome]:
+        request = queue_pb2.JobSelection(job_ids=[str(j) for j in job_ids], reason=reason)
+        return list(self._call(method, request).outcomes)
+
+    def watch(
+        self, job_ids: Iterable[int] = (), timeout: float | None = None
+    ) -> Iterator[JobEvent]:
+        """Job events as they happen; ends when every watched job has finished."""
+        from gpuq.convert import event_from_proto
+
+        stream = self._stub.Watch(
+            queue_pb2.WatchRequest(job_ids=list(job_ids)),
+            metadata=(self._auth(),),
+            timeout=timeout,
+        )
+        try:
+            for batch in stream:
+                for event in batch.events:
+                    yield event_from_proto(event)
+        except grpc.RpcError as error:
+            if error.code() != grpc.StatusCode.DEADLINE_EXCEEDED:
+                raise _translate(error, self.address) from None
+            raise TimeoutError(f"jobs {list(job_ids)} did not finish in time") from None
+
+    def wait(self, job_id: int, timeout: float | None = None) -> Job:
+        """Block until the job (every task, for an array id) has finished; the job."""
+        tasks = self.list_raw(array_job_id=job_id)
+        for _ in self.watch([t.id for t in tasks] or [job_id], timeout=timeout):
+            pass
+        return self.get(job_id)
+
+    def logs(self, job_id: int, stream: str = "stdout") -> str:
+        """What the job wrote so far (read from its output file, as on a shared filesystem)."""
+        path = self.output_path(job_id, stream)
+        try:
+            return Path(path).read_text(errors="replace")
+        except FileNotFoundError:
+            return ""
+
+    def output_path(self, job_id: int, stream: str = "stdout") -> str:
+        job = self._detail(job_id).job
+        return job.stdout_path if stream == "stdout" else job.stderr_path
+
+    # ---- plumbing --------------------------------------------------------------------------
+
+    def _auth(self) -> tuple[str, str]:
+        if self._token is None:
+            self._token = read_token(self._token_path)
+        return bearer(self._token)
+
+    def _call(self, method: str, request: Any) -> Any:
+        try:
+            return getattr(self._stub, method)(
+                request, metadata=(self._auth(),), timeout=self.timeout
+            )
+        except grpc.RpcError as error:
+            raise _translate(error, self.address) from None
+
+
+_ERRORS: dict[grpc.StatusCode, type[GpuqError]] = {
+    grpc.StatusCode.NOT_FOUND: NotFound,
+    grpc.StatusCode.PERMISSION_DENIED: PermissionDenied,
+    grpc.StatusCode.UNAUTHENTICATED: PermissionDenied,
+    grpc.StatusCode.ALREADY_EXISTS: Conflict,
+}
+
+
+def _translate(error: grpc.RpcError, address: str) -> GpuqError:
+    code, details = error.code(), error.details() or ""
+    if code == grpc.StatusCode.UNAVAILABLE:
+        return ServerUnavailable(f"no gpuq coordinator at {address}; {HOW_TO_START}")
+    if code == grpc.StatusCode.INVALID_ARGUMENT:
+        return _from_message(InvalidInput, details)
+    if code == grpc.StatusCode.FAILED_PRECONDITION:
+        kind = IllegalTransition if "cannot go from" in details else Unsatisfiable
+        return _from_message(kind, details)
+    return _from_message(_ERRORS.get(code, GpuqError), details or code.name)
+
+
+def _from_message(kind: type[GpuqError], message: str) -> GpuqError:
+    """The coordinator's exception type with its message (the fields stay server-side)."""
+    error = kind.__new__(kind)
+    Exception.__init__(error, message)
+    return error

@@ -1,0 +1,176 @@
+"""One typed settings object, read from TOML, then environment, then command-line flags.
+
+Where things live: `GPUQ_HOME` (default `/var/lib/gpuq` for root, `~/.local/share/gpuq`
+otherwise) holds the SQLite database, the Unix socket, the auth token and the agent's state.
+The config file is the first of `--config`, `$GPUQ_CONFIG`, `$GPUQ_HOME/config.toml`,
+`/etc/gpuq/config.toml` that exists; every setting has a default, so none is needed.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import tomllib
+from dataclasses import dataclass, field, fields, replace
+from pathlib import Path
+from typing import Any
+
+from gpuq.errors import InvalidInput
+
+DEFAULT_TCP_PORT = 7817
+DEFAULT_JOB_ENV = {
+    # a fragmented PyTorch cache is the commonest avoidable OOM; JAX and TF grab all VRAM unless
+    # told not to, which turns a shared GPU into a first-come-first-served one
+    "PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True",
+    "PYTORCH_ALLOC_CONF": "expandable_segments:True",
+    "XLA_PYTHON_CLIENT_PREALLOCATE": "false",
+    "TF_FORCE_GPU_ALLOW_GROWTH": "true",
+}
+
+
+def default_home() -> Path:
+    if env := os.environ.get("GPUQ_HOME"):
+        return Path(env).expanduser().absolute()
+    if os.geteuid() == 0:
+        return Path("/var/lib/gpuq")
+    return Path.home() / ".local" / "share" / "gpuq"
+
+
+@dataclass(frozen=True, slots=True)
+class QosTier:
+    name: str
+    priority: int = 0  # weight added to every job's priority
+    preemptible: bool = False  # may jobs of higher tiers preempt these
+    max_running_gpus: int | None = None  # per user
+    max_running_jobs: int | None = None  # per user
+    max_submitted_jobs: int | None = None  # per user, pending + running
+    default_time: int | None = None  # seconds; for jobs without --time
+    max_time: int | None = None  # seconds; longer requests are refused at submit
+
+
+def default_qos_tiers() -> dict[str, QosTier]:
+    return {
+        "high": QosTier("high", priority=2000),
+        "normal": QosTier("normal", priority=1000),
+        "low": QosTier("low", priority=0, preemptible=True),
+    }
+
+
+@dataclass(frozen=True, slots=True)
+class CoordinatorSettings:
+    database_url: str | None = None  # None: SQLite file gpuq.db in GPUQ_HOME
+    listen: str | None = f"127.0.0.1:{DEFAULT_TCP_PORT}"  # TCP; None: Unix socket only
+    sqlite_synchronous: str = "NORMAL"
+    heartbeat_interval: float = 5.0
+    heartbeat_timeout: float = 30.0
+    kill_grace: float = 30.0
+    default_qos: str = "normal"
+    qos: dict[str, QosTier] = field(default_factory=default_qos_tiers)
+
+
+@dataclass(frozen=True, slots=True)
+class AgentSettings:
+    node_name: str = field(default_factory=lambda: socket.gethostname().split(".")[0])
+    coordinator: str | None = None  # "unix:PATH" or "HOST:PORT"; None: this home's socket
+    fake_gpus: str | None = None
+    cpus: int | None = None  # CPUs offered to jobs; None: every CPU of the machine
+    mem: str | None = None  # host memory offered to jobs, e.g. "200G"; None: all of it
+    mem_enforcement: str = "auto"  # auto | cgroup | poll
+    cgroup_parent: str = "gpuq"
+    visible_devices: str = "uuid"  # uuid | index: how CUDA_VISIBLE_DEVICES names GPUs
+    job_env: dict[str, str] = field(default_factory=lambda: dict(DEFAULT_JOB_ENV))
+
+
+@dataclass(frozen=True, slots=True)
+class Settings:
+    home: Path = field(default_factory=default_home)
+    coordinator: CoordinatorSettings = field(default_factory=CoordinatorSettings)
+    agent: AgentSettings = field(default_factory=AgentSettings)
+
+    @property
+    def socket_path(self) -> Path:
+        return self.home / "gpuq.sock"
+
+    @property
+    def token_path(self) -> Path:
+        return self.home / "auth.token"
+
+    @property
+    def database_url(self) -> str:
+        return self.coordinator.database_url or f"sqlite:///{self.home / 'gpuq.db'}"
+
+    @property
+    def agent_state_dir(self) -> Path:
+        return self.home / "agent" / self.agent.node_name
+
+    @property
+    def coordinator_address(self) -> str:
+        """Where clients and a local agent reach the coordinator."""
+        return self.agent.coordinator or f"unix:{self.socket_path}"
+
+
+def find_config_file(explicit: Path | None, home: Path) -> Path | None:
+    candidates = [explicit] if explicit else []
+    if env := os.environ.get("GPUQ_CONFIG"):
+        candidates.append(Path(env))
+    candidates += [home / "config.toml", Path("/etc/gpuq/config.toml")]
+    for path in candidates:
+        if path is not None and path.is_file():
+            return path
+    if explicit is not None:
+        raise InvalidInput("--config", str(explicit), "no such file")
+    return None
+
+
+def load_settings(config: Path | None = None, home: Path | None = None) -> Settings:
+    """Defaults, then the config file, then GPUQ_* environment variables."""
+    base = Settings(home=home or default_home())
+    path = find_config_file(config, base.home)
+    data: dict[str, Any] = {}
+    if path is not None:
+        try:
+            data = tomllib.loads(path.read_text())
+        except (OSError, tomllib.TOMLDecodeError) as exc:
+            raise InvalidInput("config", str(path), str(exc)) from exc
+    unknown = set(data) - {"home", "coordinator", "agent", "qos"}
+    if unknown:
+        raise InvalidInput("config", str(path), f"unknown section(s) {sorted(unknown)}")
+    settings = replace(
+        base,
+        home=Path(data["home"]) if "home" in data and home is None else base.home,
+        coordinator=_coordinator_settings(data.get("coordinator", {}), data.get("qos"), path),
+        agent=_section(AgentSettings, data.get("agent", {}), "agent", path),
+    )
+    return _apply_env(settings)
+
+
+def _coordinator_settings(
+    raw: dict[str, Any], qos: dict[str, Any] | None, path: Path | None
+) -> CoordinatorSettings:
+    settings: CoordinatorSettings = _section(CoordinatorSettings, raw, "coordinator", path)
+    if qos is not None:
+        tiers = {
+            name: _section(QosTier, {**values, "name": name}, f"qos.{name}", path)
+            for name, values in qos.items()
+        }
+        settings = replace(settings, qos=tiers)
+    if settings.default_qos not in settings.qos:
+        raise InvalidInput("coordinator.default_qos", settings.default_qos, "no such qos tier")
+    return settings
+
+
+def _section(cls: type[Any], raw: dict[str, Any], name: str, path: Path | None) -> Any:
+    known = {f.name for f in fields(cls)}
+    unknown = set(raw) - known
+    if unknown:
+        raise InvalidInput(f"config [{name}]", str(path), f"unknown setting(s) {sorted(unknown)}")
+    return cls(**raw)
+
+
+def _apply_env(settings: Settings) -> Settings:
+    coordinator, agent = settings.coordinator, settings.agent
+    if url := os.environ.get("GPUQ_DATABASE_URL"):
+        coordinator = replace(coordinator, database_url=url)
+    if address := os.environ.get("GPUQ_COORDINATOR"):
+        agent = replace(agent, coordinator=address)
+    return replace(settings, coordinator=coordinator, agent=agent)

@@ -1,0 +1,213 @@
+"""Proto <-> domain, in one place for both sides of the wire.
+
+Converting into the domain validates (the dataclasses do), so a malformed request becomes one
+InvalidInput before anything else looks at it.
+"""
+
+from __future__ import annotations
+
+from gpuq.domain.model import (
+    ArraySpec,
+    Dependency,
+    DependencyKind,
+    GpuUnit,
+    Job,
+    JobEvent,
+    JobResult,
+    JobSpec,
+    Resources,
+    WarningSignal,
+)
+from gpuq.domain.states import JobState
+from gpuq.errors import InvalidInput
+from gpuq.v1 import types_pb2 as pb
+
+
+def spec_to_proto(spec: JobSpec) -> pb.JobSpec:
+    res = spec.resources
+    message = pb.JobSpec(
+        name=spec.name,
+        script=spec.script,
+        args=list(spec.args),
+        workdir=spec.workdir,
+        env=spec.env,
+        resources=pb.Resources(
+            gpus=res.gpus,
+            gpu_mem=res.gpu_mem,
+            cpus=res.cpus,
+            mem=res.mem,
+            time_limit=res.time_limit,
+        ),
+        qos=spec.qos or "",
+        nice=spec.nice,
+        output=spec.output or "",
+        error=spec.error or "",
+        dependencies=[pb.Dependency(job_id=d.job_id, kind=d.kind.value) for d in spec.dependencies],
+        hold=spec.hold,
+        begin_time=spec.begin_time,
+        no_requeue=not spec.requeue,
+        singleton=spec.singleton,
+        source=spec.source,
+    )
+    if spec.array is not None:
+        message.array.CopyFrom(
+            pb.ArraySpec(indices=list(spec.array.indices), max_running=spec.array.max_running)
+        )
+    if spec.signal is not None:
+        message.signal.CopyFrom(
+            pb.WarningSignal(signal=spec.signal.signal, seconds=spec.signal.seconds)
+        )
+    return message
+
+
+def spec_from_proto(message: pb.JobSpec) -> JobSpec:
+    """Raises InvalidInput for anything a JobSpec refuses."""
+    res = message.resources
+    try:
+        kinds = [DependencyKind(d.kind or "ok") for d in message.dependencies]
+    except ValueError as exc:
+        raise InvalidInput("--after", [d.kind for d in message.dependencies], str(exc)) from None
+    return JobSpec(
+        name=message.name,
+        script=message.script,
+        workdir=message.workdir,
+        args=tuple(message.args),
+        env=dict(message.env),
+        resources=Resources(
+            gpus=res.gpus,
+            gpu_mem=res.gpu_mem if res.HasField("gpu_mem") else None,
+            cpus=res.cpus or 1,
+            mem=res.mem if res.HasField("mem") else None,
+            time_limit=res.time_limit if res.HasField("time_limit") else None,
+        ),
+        qos=message.qos or None,
+        nice=message.nice,
+        output=message.output or None,
+        error=message.error or None,
+        array=(
+            ArraySpec(
+                tuple(message.array.indices),
+                message.array.max_running if message.array.HasField("max_running") else None,
+            )
+            if message.HasField("array")
+            else None
+        ),
+        dependencies=tuple(
+            Dependency(d.job_id, kind) for d, kind in zip(message.dependencies, kinds, strict=True)
+        ),
+        hold=message.hold,
+        begin_time=message.begin_time if message.HasField("begin_time") else None,
+        signal=(
+            WarningSignal(message.signal.signal, message.signal.seconds)
+            if message.HasField("signal")
+            else None
+        ),
+        requeue=not message.no_requeue,
+        singleton=message.singleton,
+        source=message.source,
+    )
+
+
+def result_to_proto(result: JobResult) -> pb.JobResult:
+    return pb.JobResult(exit_code=result.exit_code, signal=result.signal, reason=result.reason)
+
+
+def result_from_proto(message: pb.JobResult) -> JobResult:
+    return JobResult(
+        exit_code=message.exit_code if message.HasField("exit_code") else None,
+        signal=message.signal if message.HasField("signal") else None,
+        reason=message.reason,
+    )
+
+
+def job_to_proto(job: Job, stdout_path: str = "", stderr_path: str = "") -> pb.Job:
+    message = pb.Job(
+        id=job.id,
+        spec=spec_to_proto(job.spec),
+        user=job.user,
+        state=job.state.value,
+        submit_time=job.submit_time,
+        start_time=job.start_time,
+        end_time=job.end_time,
+        node=job.node or "",
+        gpus=list(job.gpus),
+        requeue_count=job.requeue_count,
+        array_job_id=job.array_job_id,
+        array_task_id=job.array_task_id,
+        reason=job.reason,
+        stdout_path=stdout_path,
+        stderr_path=stderr_path,
+        priority=job.priority,
+        qos=job.qos,
+        stop_reason=job.stop[1] if job.stop else "",
+        stop_state=job.stop[0].value if job.stop else "",
+    )
+    if job.result is not None:
+        message.result.CopyFrom(result_to_proto(job.result))
+    return message
+
+
+def job_from_proto(message: pb.Job) -> Job:
+    return Job(
+        id=message.id,
+        spec=spec_from_proto(message.spec),
+        user=message.user,
+        state=JobState(message.state),
+        qos=message.qos,
+        priority=message.priority,
+        submit_time=message.submit_time,
+        start_time=message.start_time if message.HasField("start_time") else None,
+        end_time=message.end_time if message.HasField("end_time") else None,
+        node=message.node or None,
+        gpus=tuple(message.gpus),
+        result=result_from_proto(message.result) if message.HasField("result") else None,
+        requeue_count=message.requeue_count,
+        array_job_id=message.array_job_id if message.HasField("array_job_id") else None,
+        array_task_id=message.array_task_id if message.HasField("array_task_id") else None,
+        reason=message.reason,
+        stop=(JobState(message.stop_state), message.stop_reason) if message.stop_state else None,
+    )
+
+
+def event_to_proto(event: JobEvent) -> pb.JobEvent:
+    return pb.JobEvent(
+        job_id=event.job_id,
+        at=event.at,
+        from_state=event.from_state.value if event.from_state else "",
+        to_state=event.to_state.value,
+        reason=event.reason,
+    )
+
+
+def event_from_proto(message: pb.JobEvent) -> JobEvent:
+    return JobEvent(
+        job_id=message.job_id,
+        at=message.at,
+        from_state=JobState(message.from_state) if message.from_state else None,
+        to_state=JobState(message.to_state),
+        reason=message.reason,
+    )
+
+
+def unit_to_proto(unit: GpuUnit) -> pb.GpuUnit:
+    return pb.GpuUnit(
+        uuid=unit.uuid,
+        index=unit.index,
+        name=unit.name,
+        memory=unit.memory,
+        pci_bus_id=unit.pci_bus_id,
+        parent_uuid=unit.parent_uuid or "",
+        mig_profile=unit.mig_profile or "",
+    )
+
+
+def unit_from_proto(message: pb.GpuUnit) -> GpuUnit:
+    return GpuUnit(
+        uuid=message.uuid,
+        index=message.index,
+        name=message.name,
+        memory=message.memory,
+        pci_bus_id=message.pci_bus_id,
+        parent_uuid=message.parent_uuid or None,
+        mig_profile=message.mig_profile or None,
+    )

@@ -1,0 +1,448 @@
+"""The coordinator: accepts work, runs scheduling passes, and keeps jobs and agents in step.
+
+Every change follows one path: a write function decides inside a store transaction (through
+StoreWriter, which batches), then memory follows, then agents and watchers are told. The
+servicers call the public coroutines here and nothing else.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Iterator, Sequence
+from dataclasses import dataclass, replace
+
+from gpuq.config import CoordinatorSettings
+from gpuq.coordinator.cluster import ClusterState, NodeEntry
+from gpuq.coordinator.writer import StoreWriter
+from gpuq.domain.model import Job, JobEvent, JobResult, JobSpec, Node, NodeState
+from gpuq.domain.states import JobState
+from gpuq.errors import InvalidInput, NotFound, PermissionDenied, Unsatisfiable
+from gpuq.scheduler import plan as planner
+from gpuq.scheduler.placement import never_fits
+from gpuq.store.api import JobQuery, JobStart, NewJob, StateChange, Store, StoreTx
+
+log = logging.getLogger(__name__)
+
+LIVE = frozenset({JobState.PENDING, JobState.HELD, JobState.RUNNING})
+EXPLAIN_EVERY = 1.0  # seconds a computed set of pending reasons stays good
+
+
+@dataclass(frozen=True, slots=True)
+class Outcome:
+    """What an action (cancel, hold, release) did to one job."""
+
+    job_id: str
+    done: bool
+    message: str
+
+
+@dataclass(frozen=True, slots=True)
+class StopOrder:
+    job_id: int
+    end_state: JobState
+    reason: str
+    grace: float
+    signal: int = 15
+
+
+class Coordinator:
+    def __init__(
+        self,
+        store: Store,
+        settings: CoordinatorSettings,
+        user: str,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self.store = store
+        self.settings = settings
+        self.user = user
+        self.clock = clock
+        self.writer = StoreWriter(store)
+        self.cluster = ClusterState()
+        self._reasons: dict[int, tuple[str, ...]] = {}
+        self._explained_at = -1.0
+        self._dirty = asyncio.Event()
+        self._watchers: set[tuple[frozenset[int], asyncio.Queue[JobEvent]]] = set()
+        self._tasks: list[asyncio.Task[None]] = []
+        self.passes = 0
+        # set by the agent module (gpuq.coordinator.agents) to tell agents what to do
+        self.send_stops: Callable[[Sequence[StopOrder]], None] = lambda orders: None
+        self.send_starts: Callable[[Sequence[Job]], None] = lambda jobs: None
+
+    # ---- lifecycle -----------------------------------------------------------------------
+
+    async def start(self) -> None:
+        """Load live jobs and nodes; nodes get a full heartbeat timeout to reconnect."""
+        jobs = await self.writer.read(lambda s: s.list_jobs(JobQuery(states=LIVE)))
+        nodes = await self.writer.read(lambda s: s.list_nodes())
+        now = self.clock()
+        for job in jobs:
+            self.cluster.put(job)
+        for node in nodes:
+            self.cluster.nodes[node.name] = NodeEntry(node, last_seen=now)
+        self.writer.start()
+        self._tasks.append(asyncio.create_task(self._schedule_loop(), name="scheduler"))
+        self.wake()
+        log.info("coordinator started: %d live jobs, %d known nodes", len(jobs), len(nodes))
+
+    async def close(self) -> None:
+        for task in self._tasks:
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        for entry in self.cluster.nodes.values():
+            if entry.session is not None:
+                entry.session.close()
+        await self.writer.close()
+
+    def wake(self) -> None:
+        """Ask for a scheduling pass (many asks before it runs make one pass)."""
+        self._dirty.set()
+
+    # ---- submissions and user actions ----------------------------------------------------
+
+    def effective_time_limit(self, job: Job) -> int | None:
+        tier = self.settings.qos.get(job.qos)
+        return job.spec.resources.time_limit or (tier.default_time if tier else None)
+
+    def check_submission(self, spec: JobSpec) -> tuple[str, int]:
+        """The job's qos and stored priority; raises for what can never run."""
+        qos = spec.qos or self.settings.default_qos
+        tier = self.settings.qos.get(qos)
+        if tier is None:
+            known = ", ".join(sorted(self.settings.qos))
+            raise InvalidInput("--qos", qos, f"no such qos; known: {known}")
+        limit = spec.resources.time_limit
+        if tier.max_time is not None and limit is not None and limit > tier.max_time:
+            raise InvalidInput("--time", limit, f"qos {qos} allows at most {tier.max_time} s")
+        nodes = [entry.node for entry in self.cluster.nodes.values()]
+        views = self.cluster.node_views()
+        if views and all(never_fits(v, spec.resources) for v in views):
+            raise Unsatisfiable(_never_fits_message(spec, nodes))
+        return qos, tier.priority - spec.nice
+
+    async def submit(self, spec: JobSpec, user: str) -> list[int]:
+        qos, priority = self.check_submission(spec)
+        new = NewJob(spec, user, qos, priority)
+        now = self.clock()
+        [ids] = await self.writer.write(lambda tx: tx.add_jobs([new], now))
+        state = JobState.HELD if spec.hold else JobState.PENDING
+        for index, job_id in enumerate(ids):
+            array = spec.array
+            self.cluster.put(
+                Job(
+                    id=job_id,
+                    spec=spec,
+                    user=user,
+                    state=state,
+                    qos=qos,
+                    priority=priority,
+                    submit_time=now,
+                    array_job_id=ids[0] if array else None,
+                    array_task_id=array.indices[index] if array else None,
+                    reason="submitted",
+                )
+            )
+            self._publish(JobEvent(job_id, now, None, state, "submitted"))
+        self.wake()
+        return ids
+
+    async def cancel(self, selection: Sequence[str], user: str, reason: str = "") -> list[Outcome]:
+        why = reason or f"cancelled by {user}"
+        return await self._act(selection, user, lambda job: self._cancel_one(job, why))
+
+    async def hold(self, selection: Sequence[str], user: str) -> list[Outcome]:
+        return await self._act(
+            selection, user, lambda job: self._change(job, JobState.HELD, f"held by {user}")
+        )
+
+    async def release(self, selection: Sequence[str], user: str) -> list[Outcome]:
+        return await self._act(
+            selection,
+            user,
+            lambda job: self._change(job, JobState.PENDING, f"released by {user}"),
+        )
+
+    async def _act(
+        self,
+        selection: Sequence[str],
+        user: str,
+        action: Callable[[Job], Awaitable[str]],
+    ) -> list[Outcome]:
+        outcomes: list[Outcome] = []
+        for text in selection:
+            try:
+                jobs = await self._select(text)
+            except (InvalidInput, NotFound) as exc:
+                outcomes.append(Outcome(text, False, str(exc)))
+                continue
+            for job in jobs:
+                if job.user != user:
+                    raise PermissionDenied(f"job {job.display_id} belongs to {job.user}")
+            results = await asyncio.gather(*(action(job) for job in jobs), return_exceptions=True)
+            for job, result in zip(jobs, results, strict=True):
+                if isinstance(result, BaseException):
+                    outcomes.append(Outcome(job.display_id, False, str(result)))
+                else:
+                    outcomes.append(Outcome(job.display_id, True, str(result)))
+        self.wake()
+        return outcomes
+
+    async def _select(self, text: str) -> list[Job]:
+        """`123` (a job, or every task of array 123) or `120_3`; live and finished jobs."""
+        head, _, task = text.strip().partition("_")
+        if not head.isdigit() or (task and not task.isdigit()):
+            raise InvalidInput("job id", text, "expected JOB or ARRAY_TASK, e.g. 42 or 40_3")
+        job_id = int(head)
+        tasks = await self.writer.read(lambda s: s.list_jobs(JobQuery(array_job_id=job_id)))
+        if task:
+            found = [j for j in tasks if j.array_task_id == int(task)]
+        else:
+            found = tasks or await self.writer.read(
+                lambda s: s.list_jobs(JobQuery(job_ids=(job_id,)))
+            )
+        if not found:
+            raise NotFound(f"no job {text}")
+        return found
+
+    async def _cancel_one(self, job: Job, reason: str) -> str:
+        grace = self.settings.kill_grace
+
+        def write(tx: StoreTx) -> JobState:
+            state = tx.job_states([job.id])[job.id]
+            if state is JobState.RUNNING:
+                tx.request_stop(job.id, JobState.CANCELLED, reason)
+            elif state.is_live:
+                tx.transition([StateChange(job.id, JobState.CANCELLED, reason)], self.clock())
+            return state
+
+        state = await self.writer.write(write)
+        if state is JobState.RUNNING:
+            self._stop_requested(job.id, JobState.CANCELLED, reason)
+            self.send_stops([StopOrder(job.id, JobState.CANCELLED, reason, grace)])
+            return f"stopping (SIGTERM, then SIGKILL after {grace:g} s)"
+        if not state.is_live:
+            return f"already {state.value}"
+        self._ended(job.id, state, JobState.CANCELLED, reason)
+        return "cancelled"
+
+    async def _change(self, job: Job, to_state: JobState, reason: str) -> str:
+        def write(tx: StoreTx) -> JobState:
+            state = tx.job_states([job.id])[job.id]
+            tx.transition([StateChange(job.id, to_state, reason)], self.clock())
+            return state
+
+        before = await self.writer.write(write)
+        self._moved(job.id, before, to_state, reason)
+        return to_state.value
+
+    # ---- reads -----------------------------------------------------------------------------
+
+    async def get_job(self, job_id: int) -> tuple[Job, list[JobEvent]]:
+        job = await self.writer.read(lambda s: s.get_job(job_id))
+        events = await self.writer.read(lambda s: s.events(job_id))
+        return job, events
+
+    async def list_jobs(self, query: JobQuery) -> list[Job]:
+        return await self.writer.read(lambda s: s.list_jobs(query))
+
+    def live_jobs(self, user: str | None = None) -> list[Job]:
+        """From memory: what `gpuq queue` shows, without a database round trip."""
+        jobs = sorted(self.cluster.jobs.values(), key=lambda j: j.id)
+        return [j for j in jobs if user is None or j.user == user]
+
+    async def watch(self, job_ids: Iterable[int]) -> AsyncIterator[list[JobEvent]]:
+        """Events as they commit, in batches (whatever queued up since the last one); ends
+        once every watched job has finished."""
+        wanted = frozenset(job_ids)
+        queue: asyncio.Queue[JobEvent] = asyncio.Queue()
+        entry = (wanted, queue)
+        self._watchers.add(entry)
+        try:
+            remaining = set(wanted)
+            if wanted:
+                current = await self.writer.read(
+                    lambda s: s.list_jobs(JobQuery(job_ids=tuple(wanted)))
+                )
+                remaining = {j.id for j in current if j.state.is_live}
+            while not wanted or remaining:
+                batch = [await queue.get()]
+                while not queue.empty():
+                    batch.append(queue.get_nowait())
+                yield batch
+                remaining.difference_update(e.job_id for e in batch if not e.to_state.is_live)
+        finally:
+            self._watchers.discard(entry)
+
+    # ---- memory follows the store ----------------------------------------------------------
+
+    def _publish(self, event: JobEvent) -> None:
+        for wanted, queue in self._watchers:
+            if not wanted or event.job_id in wanted:
+                queue.put_nowait(event)
+
+    def _moved(self, job_id: int, before: JobState, after: JobState, reason: str) -> None:
+        now = self.clock()
+        job = self.cluster.jobs.get(job_id)
+        if job is not None:
+            self.cluster.put(replace(job, state=after, reason=reason))
+        self._publish(JobEvent(job_id, now, before, after, reason))
+
+    def _ended(self, job_id: int, before: JobState, after: JobState, reason: str) -> None:
+        self._moved(job_id, before, after, reason)
+
+    def _stop_requested(self, job_id: int, end_state: JobState, reason: str) -> None:
+        job = self.cluster.jobs.get(job_id)
+        if job is not None:
+            self.cluster.put(replace(job, stop=(end_state, reason)))
+
+    # ---- job ends reported by agents -------------------------------------------------------
+
+    async def record_ends(self, node: str, ends: Sequence[tuple[int, JobState, JobResult]]) -> None:
+        """Agents report jobs whose processes are gone; a preempted job is requeued."""
+        now = self.clock()
+
+        def write(tx: StoreTx) -> list[tuple[int, JobState, JobState, str]]:
+            states = tx.job_states([job_id for job_id, _, _ in ends])
+            changes: list[StateChange] = []
+            moved: list[tuple[int, JobState, JobState, str]] = []
+            for job_id, end_state, result in ends:
+                if states.get(job_id) is not JobState.RUNNING:
+                    continue  # already ended (node_fail, or a repeated report)
+                reason = result.reason or end_state.value
+                changes.append(StateChange(job_id, end_state, reason, result))
+                moved.append((job_id, JobState.RUNNING, end_state, reason))
+                job = self.cluster.jobs.get(job_id)
+                if end_state is JobState.PREEMPTED and job is not None and job.spec.requeue:
+                    changes.append(StateChange(job_id, JobState.PENDING, "requeued"))
+                    moved.append((job_id, JobState.PREEMPTED, JobState.PENDING, "requeued"))
+            tx.transition(changes, now)
+            return moved
+
+        for job_id, before, after, reason in await self.writer.write(write):
+            if after is JobState.PENDING:
+                job = self.cluster.jobs[job_id]
+                self.cluster.put(
+                    replace(
+                        job,
+                        state=after,
+                        node=None,
+                        stop=None,
+                        reason=reason,
+                        requeue_count=job.requeue_count + 1,
+                    )
+                )
+                self._publish(JobEvent(job_id, now, before, after, reason))
+            else:
+                self._ended(job_id, before, after, reason)
+        self.wake()
+
+    async def fail_node_jobs(self, node: str, reason: str) -> None:
+        """The node is gone: mark it down and its running jobs node_fail, in one transaction."""
+        running = [j.id for j in self.cluster.running_on(node)]
+        now = self.clock()
+
+        def write(tx: StoreTx) -> list[int]:
+            tx.set_node_state(node, NodeState.DOWN, reason)
+            states = tx.job_states(running)
+            lost = [i for i in running if states.get(i) is JobState.RUNNING]
+            tx.transition([StateChange(i, JobState.NODE_FAIL, reason) for i in lost], now)
+            return lost
+
+        for job_id in await self.writer.write(write):
+            self._ended(job_id, JobState.RUNNING, JobState.NODE_FAIL, reason)
+        entry = self.cluster.nodes[node]
+        entry.node = replace(entry.node, state=NodeState.DOWN, reason=reason)
+        log.warning("node %s is down: %s", node, reason)
+        self.wake()
+
+    async def save_node(self, node: Node) -> None:
+        await self.writer.write(lambda tx: tx.save_node(node))
+
+    # ---- scheduling ------------------------------------------------------------------------
+
+    async def _schedule_loop(self) -> None:
+        while True:
+            await self._dirty.wait()
+            self._dirty.clear()
+            try:
+                await self.schedule_once()
+            except Exception:
+                log.exception("scheduling pass failed; reloading live jobs from the store")
+                await self._reload_jobs()
+                self.wake()
+                await asyncio.sleep(0.5)
+
+    async def schedule_once(self) -> None:
+        self.passes += 1
+        if not self.cluster.shapes.total():
+            return
+        plan = planner.plan(self.cluster.node_views(), self._queue(), self.cluster.shapes)
+        self._explained_at = -1.0  # what blocks whom may have changed
+        if plan.starts:
+            await self._start(plan.starts)
+
+    def _queue(self) -> Iterator[planner.PendingJob]:
+        return (
+            planner.PendingJob(j.id, j.priority, j.spec.resources) for j in self.cluster.queue()
+        )
+
+    def pending_reasons(self) -> dict[int, tuple[str, ...]]:
+        """Every pending job's reasons: a full pass without starting anything, computed when
+        someone asks and at most once a second (the hot passes stop early and explain little)."""
+        now = self.clock()
+        if now - self._explained_at > EXPLAIN_EVERY:
+            self._reasons = dict(planner.plan(self.cluster.node_views(), self._queue()).blocked)
+            self._explained_at = now
+        return self._reasons
+
+    async def _start(self, starts: Sequence[planner.Start]) -> None:
+        now = self.clock()
+        wanted = [JobStart(s.job_id, s.node, s.gpus) for s in starts]
+
+        def write(tx: StoreTx) -> list[JobStart]:
+            states = tx.job_states([s.job_id for s in wanted])
+            still_pending = [s for s in wanted if states.get(s.job_id) is JobState.PENDING]
+            tx.start_jobs(still_pending, now)
+            return still_pending
+
+        started: list[Job] = []
+        for start in await self.writer.write(write):
+            job = replace(
+                self.cluster.jobs[start.job_id],
+                state=JobState.RUNNING,
+                node=start.node,
+                gpus=start.gpus,
+                start_time=now,
+                end_time=None,
+                result=None,
+                reason=f"started on {start.node}",
+            )
+            self.cluster.put(job)
+            started.append(job)
+            self._publish(JobEvent(job.id, now, JobState.PENDING, JobState.RUNNING, job.reason))
+        self.send_starts(started)
+
+    async def _reload_jobs(self) -> None:
+        jobs = await self.writer.read(lambda s: s.list_jobs(JobQuery(states=LIVE)))
+        self.cluster.reset(jobs)
+
+
+def _never_fits_message(spec: JobSpec, nodes: list[Node]) -> str:
+    need = spec.resources
+    largest = max(nodes, key=lambda n: (len(n.units), n.name))
+    if need.gpus > len(largest.units):
+        return (
+            f"--gpus {need.gpus} can never run: the largest node ({largest.name}) "
+            f"has {len(largest.units)} GPUs"
+        )
+    if need.gpu_mem is not None and all(u.memory < need.gpu_mem for n in nodes for u in n.units):
+        return "--gpu-mem can never be met: no GPU in the cluster has that much memory"
+    most_cpus = max(nodes, key=lambda n: n.cpus)
+    if need.cpus > most_cpus.cpus:
+        return (
+            f"--cpus {need.cpus} can never run: the largest node ({most_cpus.name}) "
+            f"has {most_cpus.cpus} CPUs"
+        )
+    return "the request can never run: no node has that combination of GPUs, CPUs and memory"

@@ -1,0 +1,279 @@
+"""Thin gRPC servicers: check the token, convert proto <-> domain, call the coordinator.
+
+Errors become status codes in one place (`_STATUS`), and the client turns them back into
+the same exception types.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import functools
+import logging
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any, TypeVar
+
+import grpc
+
+from gpuq.auth import METADATA_KEY, token_matches
+from gpuq.convert import event_to_proto, job_to_proto, spec_from_proto
+from gpuq.coordinator.agents import AgentLink
+from gpuq.coordinator.cluster import AgentSession
+from gpuq.coordinator.core import Coordinator
+from gpuq.domain.model import Job, output_paths
+from gpuq.domain.states import JobState
+from gpuq.errors import (
+    Conflict,
+    DoubleBooking,
+    GpuqError,
+    IllegalTransition,
+    InvalidInput,
+    NotFound,
+    PermissionDenied,
+    Unsatisfiable,
+)
+from gpuq.store.api import JobQuery
+from gpuq.v1 import agent_pb2 as apb
+from gpuq.v1 import agent_pb2_grpc, queue_pb2, queue_pb2_grpc
+from gpuq.v1 import types_pb2 as pb
+
+log = logging.getLogger(__name__)
+R = TypeVar("R")
+
+_STATUS: dict[type[GpuqError], grpc.StatusCode] = {
+    InvalidInput: grpc.StatusCode.INVALID_ARGUMENT,
+    Unsatisfiable: grpc.StatusCode.FAILED_PRECONDITION,
+    NotFound: grpc.StatusCode.NOT_FOUND,
+    PermissionDenied: grpc.StatusCode.PERMISSION_DENIED,
+    IllegalTransition: grpc.StatusCode.FAILED_PRECONDITION,
+    Conflict: grpc.StatusCode.ALREADY_EXISTS,
+    DoubleBooking: grpc.StatusCode.INTERNAL,
+}
+
+
+def status_for(error: GpuqError) -> grpc.StatusCode:
+    for kind in type(error).__mro__:
+        if kind in _STATUS:
+            return _STATUS[kind]
+    return grpc.StatusCode.UNKNOWN
+
+
+class _Guard:
+    """Authentication and error mapping around every RPC."""
+
+    def __init__(self, token: str) -> None:
+        self.token = token
+
+    async def check(self, context: grpc.aio.ServicerContext) -> None:
+        metadata = dict(context.invocation_metadata() or ())
+        if not token_matches(self.token, metadata.get(METADATA_KEY)):
+            await context.abort(grpc.StatusCode.UNAUTHENTICATED, "missing or wrong gpuq token")
+
+    async def fail(self, context: grpc.aio.ServicerContext, error: Exception) -> None:
+        if isinstance(error, GpuqError):
+            await context.abort(status_for(error), str(error))
+        log.exception("internal error in an RPC", exc_info=error)
+        await context.abort(grpc.StatusCode.INTERNAL, f"internal error: {error}")
+
+
+def unary(
+    method: Callable[[Any, Any, grpc.aio.ServicerContext], Awaitable[R]],
+) -> Callable[[Any, Any, grpc.aio.ServicerContext], Awaitable[R]]:
+    @functools.wraps(method)
+    async def wrapper(self: Any, request: Any, context: grpc.aio.ServicerContext) -> R:
+        await self.guard.check(context)
+        try:
+            return await method(self, request, context)
+        except Exception as error:
+            await self.guard.fail(context, error)
+            raise
+
+    return wrapper
+
+
+def job_message(job: Job) -> pb.Job:
+    array = (
+        (job.array_job_id, job.array_task_id)
+        if job.array_job_id is not None and job.array_task_id is not None
+        else None
+    )
+    stdout, stderr = output_paths(job.spec, job.id, job.user, job.node, array)
+    return job_to_proto(job, stdout, stderr)
+
+
+class QueueServicer(queue_pb2_grpc.QueueServicer):  # type: ignore[misc]
+    def __init__(self, coordinator: Coordinator, guard: _Guard) -> None:
+        self.co = coordinator
+        self.guard = guard
+
+    def _with_pending(self, job: Job) -> pb.Job:
+        message = job_message(job)
+        reasons = self.co.pending_reasons().get(job.id) if job.state is JobState.PENDING else None
+        if job.state is JobState.PENDING and reasons:
+            message.pending.CopyFrom(pb.PendingInfo(reasons=list(reasons), priority=job.priority))
+        return message
+
+    @unary
+    async def Submit(self, request: queue_pb2.SubmitRequest, context: Any) -> Any:
+        ids = await self.co.submit(spec_from_proto(request.spec), self.co.user)
+        return queue_pb2.SubmitReply(job_ids=ids)
+
+    @unary
+    async def GetJob(self, request: queue_pb2.GetJobRequest, context: Any) -> Any:
+        job, events = await self.co.get_job(request.job_id)
+        return queue_pb2.JobDetail(
+            job=self._with_pending(job), events=[event_to_proto(e) for e in events]
+        )
+
+    @unary
+    async def ListJobs(self, request: queue_pb2.ListJobsRequest, context: Any) -> Any:
+        states = frozenset(JobState(s) for s in request.states) if request.states else None
+        if (
+            request.finished
+            or request.job_ids
+            or request.HasField("array_job_id")
+            or (
+                states is not None
+                and not states <= {JobState.PENDING, JobState.HELD, JobState.RUNNING}
+            )
+        ):
+            query = JobQuery(
+                states=states
+                if states is not None
+                else (
+                    frozenset(s for s in JobState if not s.is_live) if request.finished else None
+                ),
+                user=request.user or None,
+                job_ids=tuple(request.job_ids) or None,
+                array_job_id=request.array_job_id if request.HasField("array_job_id") else None,
+                limit=request.limit or None,
+                newest_first=request.finished,
+            )
+            jobs = await self.co.list_jobs(query)
+        else:
+            jobs = [
+                j
+                for j in self.co.live_jobs(request.user or None)
+                if states is None or j.state in states
+            ]
+            if request.limit:
+                jobs = jobs[: request.limit]
+        return queue_pb2.ListJobsReply(jobs=[self._brief(j) for j in jobs])
+
+    def _brief(self, job: Job) -> pb.Job:
+        """A listing leaves out the job's environment (GetJob has it): it is most of a job's
+        size, and a queue of thousands would not fit in a reply."""
+        message = self._with_pending(job)
+        message.spec.ClearField("env")
+        return message
+
+    async def _action(self, name: str, request: queue_pb2.JobSelection) -> Any:
+        action = getattr(self.co, name)
+        if name == "cancel":
+            outcomes = await action(list(request.job_ids), self.co.user, request.reason)
+        else:
+            outcomes = await action(list(request.job_ids), self.co.user)
+        return queue_pb2.ActionReply(
+            outcomes=[
+                queue_pb2.ActionOutcome(job_id=o.job_id, done=o.done, message=o.message)
+                for o in outcomes
+            ]
+        )
+
+    @unary
+    async def Cancel(self, request: queue_pb2.JobSelection, context: Any) -> Any:
+        return await self._action("cancel", request)
+
+    @unary
+    async def Hold(self, request: queue_pb2.JobSelection, context: Any) -> Any:
+        return await self._action("hold", request)
+
+    @unary
+    async def Release(self, request: queue_pb2.JobSelection, context: Any) -> Any:
+        return await self._action("release", request)
+
+    async def Watch(
+        self, request: queue_pb2.WatchRequest, context: grpc.aio.ServicerContext
+    ) -> AsyncIterator[queue_pb2.JobEvents]:
+        await self.guard.check(context)
+        try:
+            async for batch in self.co.watch(request.job_ids):
+                yield queue_pb2.JobEvents(events=[event_to_proto(e) for e in batch])
+        except Exception as error:
+            await self.guard.fail(context, error)
+
+    @unary
+    async def ListNodes(self, request: queue_pb2.ListNodesRequest, context: Any) -> Any:
+        views = {v.name: v for v in self.co.cluster.node_views()}
+        infos = []
+        for name, entry in sorted(self.co.cluster.nodes.items()):
+            node, view = entry.node, views[name]
+            infos.append(
+                queue_pb2.NodeInfo(
+                    name=name,
+                    state=node.state.value,
+                    cpus=node.cpus,
+                    mem=node.mem,
+                    gpus=[_unit(u) for u in node.units],
+                    fake=node.fake,
+                    last_seen=entry.last_seen,
+                    reason=node.reason
+                    or ("" if entry.session is not None else "agent not connected"),
+                    usage=list(entry.usage),
+                    running_jobs=[j.id for j in self.co.cluster.running_on(name)],
+                    cpus_used=node.cpus - view.cpus_free,
+                    mem_used=node.mem - view.mem_free,
+                    gpus_used=sorted({u.uuid for u in node.units} - view.free_units),
+                )
+            )
+        return queue_pb2.ListNodesReply(nodes=infos)
+
+
+def _unit(unit: Any) -> pb.GpuUnit:
+    from gpuq.convert import unit_to_proto
+
+    return unit_to_proto(unit)
+
+
+class AgentLinkServicer(agent_pb2_grpc.AgentLinkServicer):  # type: ignore[misc]
+    def __init__(self, link: AgentLink, guard: _Guard) -> None:
+        self.link = link
+        self.guard = guard
+
+    async def Connect(
+        self, request_iterator: AsyncIterator[apb.AgentMessage], context: grpc.aio.ServicerContext
+    ) -> AsyncIterator[apb.CoordinatorMessage]:
+        await self.guard.check(context)
+        first = await anext(aiter(request_iterator), None)
+        if first is None or not first.HasField("register"):
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "first message must register")
+            return
+        node = first.register.node
+        session = AgentSession(node)
+        try:
+            await self.link.register(first.register, session)
+        except GpuqError as error:
+            await context.abort(status_for(error), str(error))
+        reader = asyncio.create_task(self._read(node, request_iterator, session))
+        try:
+            while (message := await session.next_message()) is not None:
+                yield message
+        finally:
+            reader.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await reader
+            self.link.disconnected(node, session)
+
+    async def _read(
+        self, node: str, messages: AsyncIterator[apb.AgentMessage], session: AgentSession
+    ) -> None:
+        try:
+            async for message in messages:
+                if message.HasField("heartbeat"):
+                    self.link.heartbeat(node, message.heartbeat)
+                if message.reports:
+                    self.link.reports(node, message.reports)
+        except grpc.aio.AioRpcError:
+            pass
+        finally:
+            session.close()

@@ -1,0 +1,108 @@
+"""The long-running processes: `gpuq coordinator`, `gpuq agent` and `gpuq serve` (both).
+
+An agent starts its fork server before anything imports grpc (DESIGN.md: a process that serves
+gRPC must not fork-and-exec jobs), which is why the grpc-using modules are imported inside the
+functions here, after that point.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import signal
+import sys
+from dataclasses import replace
+from typing import TYPE_CHECKING
+
+from gpuq.auth import read_token
+from gpuq.config import Settings
+
+if TYPE_CHECKING:
+    from gpuq.agent.agent import Agent
+    from gpuq.agent.forkserver import ForkServer
+
+log = logging.getLogger("gpuq")
+
+
+def setup_logging(level: str) -> None:
+    logging.basicConfig(
+        level=level.upper(),
+        stream=sys.stderr,
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+    )
+    for chatty in ("alembic", "apscheduler"):
+        logging.getLogger(chatty).setLevel(max(logging.WARNING, logging.getLogger().level))
+
+
+def run_coordinator(settings: Settings) -> None:
+    asyncio.run(_main(settings, coordinator=True, fork_server=None))
+
+
+def run_agent(settings: Settings) -> None:
+    fork_server = _start_fork_server()
+    asyncio.run(_main(settings, coordinator=False, fork_server=fork_server))
+
+
+def run_serve(settings: Settings) -> None:
+    fork_server = _start_fork_server()
+    asyncio.run(_main(settings, coordinator=True, fork_server=fork_server))
+
+
+def _start_fork_server() -> ForkServer:
+    if "grpc" in sys.modules:  # pragma: no cover - a programming error, caught by tests
+        raise RuntimeError("the fork server must start before grpc is imported")
+    from gpuq.agent.forkserver import ForkServer
+
+    return ForkServer.start()
+
+
+async def _main(settings: Settings, *, coordinator: bool, fork_server: ForkServer | None) -> None:
+    from gpuq.coordinator.server import start_coordinator
+
+    stopped = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stopped.set)
+    running = await start_coordinator(settings) if coordinator else None
+    agent_task = None
+    if fork_server is not None:
+        agent = _make_agent(settings, fork_server)
+        agent_task = asyncio.create_task(agent.run(), name="agent")
+        agent_task.add_done_callback(lambda _: stopped.set())
+    try:
+        await stopped.wait()
+    finally:
+        log.info("shutting down (running jobs keep running under their supervisors)")
+        if agent_task is not None:
+            agent_task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await agent_task
+        if running is not None:
+            await running.stop()
+
+
+def _make_agent(settings: Settings, fork_server: ForkServer) -> Agent:
+    from gpuq.agent.agent import Agent, AgentOptions
+    from gpuq.agent.gpus import select_backend
+
+    state_dir = settings.agent_state_dir
+    state_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+    backend, warning = select_backend(
+        settings.agent.fake_gpus, settings.agent.node_name, state_dir=state_dir / "fake-gpus"
+    )
+    if warning:
+        log.warning("%s", warning)
+    options = AgentOptions(
+        settings=settings.agent,
+        address=settings.coordinator_address,
+        token=read_token(settings.token_path),
+        state_dir=state_dir,
+        heartbeat_interval=settings.coordinator.heartbeat_interval,
+    )
+    return Agent(options, backend, fork_server)
+
+
+def serve_settings(settings: Settings, listen: str | None) -> Settings:
+    """`gpuq serve` listens on the Unix socket only, unless --listen asks for TCP too."""
+    return replace(settings, coordinator=replace(settings.coordinator, listen=listen))

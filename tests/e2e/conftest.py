@@ -1,0 +1,32 @@
+"""Fixtures for end-to-end tests: a running cluster of real processes."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from e2e_cluster import Cluster
+
+
+@pytest.fixture
+def cluster(tmp_path: Path) -> Iterator[Cluster]:
+    """A coordinator and two agents: node a with 4 fake GPUs, node b with 2 (over TCP)."""
+    running = Cluster(tmp_path)
+    try:
+        running.start_coordinator()
+        running.start_agent("a", "4xA100-80GB")
+        running.start_agent("b", "2xL4-24GB", tcp=True)
+        yield running
+    finally:
+        running.close()
+
+
+@pytest.fixture
+def bare_cluster(tmp_path: Path) -> Iterator[Cluster]:
+    """A cluster with nothing started yet."""
+    running = Cluster(tmp_path)
+    try:
+        yield running
+    finally:
+        running.close()

@@ -1,0 +1,134 @@
+"""Helpers for the supervisor and hub tests: specs, a report collector, deadlines, cleanup.
+
+Everything waits on a condition with a deadline; nothing sleeps and hopes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import signal
+import sys
+import time
+from collections.abc import AsyncIterator, Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+from gpuq.agent import proctree
+from gpuq.agent.hub import SupervisorHub, SupervisorReport
+from gpuq.agent.launch import LaunchSpec
+
+PY = sys.executable
+TEST_ACK_WAIT = 20.0  # supervisors of a failed test do not linger for 10 minutes
+
+
+def make_spec(work: Path, job_id: int, script: str, **fields: Any) -> LaunchSpec:
+    """A spec that runs `script` (a #!/bin/sh body) in `work`, output to `work/<id>.out`."""
+    env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "PY": PY, "HOME": str(work)}
+    values: dict[str, Any] = {
+        "job_id": job_id,
+        "script": "#!/bin/sh\n" + script,
+        "args": (),
+        "env": env,
+        "cwd": str(work),
+        "stdout_path": str(work / f"{job_id}.out"),
+        "stderr_path": str(work / f"{job_id}.out"),
+    }
+    values.update(fields)
+    return LaunchSpec(**values)
+
+
+class Reports:
+    """Collects hub reports and lets a test wait for one with a deadline."""
+
+    def __init__(self) -> None:
+        self.items: list[SupervisorReport] = []
+        self.changed = asyncio.Event()
+
+    def __call__(self, report: SupervisorReport) -> None:
+        self.items.append(report)
+        self.changed.set()
+
+    def of(self, job_id: int) -> list[SupervisorReport]:
+        return [r for r in self.items if r.job_id == job_id]
+
+    async def wait(self, job_id: int, kind: str, timeout: float = 10.0) -> SupervisorReport:
+        deadline = time.monotonic() + timeout
+        while True:
+            for report in self.of(job_id):
+                if report.kind == kind:
+                    return report
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise AssertionError(f"no {kind} report for job {job_id}: {self.items}")
+            self.changed.clear()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self.changed.wait(), left)
+
+
+@contextlib.asynccontextmanager
+async def running_hub(state: Path, **options: Any) -> AsyncIterator[tuple[SupervisorHub, Reports]]:
+    reports = Reports()
+    options.setdefault("ack_wait", TEST_ACK_WAIT)
+    hub = SupervisorHub(state, reports, **options)
+    await hub.start()
+    try:
+        yield hub, reports
+    finally:
+        await hub.close()
+
+
+def wait_until(predicate: Callable[[], bool], timeout: float = 10.0, what: str = "") -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what or predicate}")
+        time.sleep(0.01)
+
+
+async def await_until(predicate: Callable[[], bool], timeout: float = 10.0, what: str = "") -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what or predicate}")
+        await asyncio.sleep(0.01)
+
+
+def alive(pid: int) -> bool:
+    """os.kill(pid, 0) succeeds and the process is not a zombie (whose parent may be an init
+    that does not reap, in a container)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    stat = proctree.read_proc(f"/proc/{pid}/stat")
+    return stat[stat.rfind(b")") + 2 :][:1] not in (b"Z", b"")
+
+
+def read_pid(path: Path, timeout: float = 10.0) -> int:
+    wait_until(lambda: path.exists() and path.read_text().strip() != "", timeout, str(path))
+    return int(path.read_text().split()[0])
+
+
+def kill_supervisors(state: Path) -> None:
+    """SIGKILL every supervisor and job process group a test left behind."""
+    for pid_file in state.glob("jobs/*/supervisor.pid"):
+        with contextlib.suppress(OSError, ValueError):
+            pid = int(pid_file.read_text().split()[0])
+            for child in proctree.descendants(pid):  # the job first: it must not outlive it
+                with contextlib.suppress(OSError):
+                    os.kill(child, signal.SIGKILL)
+            os.kill(pid, signal.SIGKILL)
+
+
+@contextlib.contextmanager
+def cleanup(state: Path, *pid_files: Path) -> Iterator[None]:
+    """On the way out, kill what a failing test may have left running."""
+    try:
+        yield
+    finally:
+        for pid_file in pid_files:
+            with contextlib.suppress(OSError, ValueError):
+                os.kill(int(pid_file.read_text().split()[0]), signal.SIGKILL)
+        kill_supervisors(state)

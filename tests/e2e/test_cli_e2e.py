@@ -1,0 +1,197 @@
+"""The `gpuq` command line against a running cluster: output, exit codes, errors."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from e2e_cluster import MARKER, Cluster, wait_for
+
+
+def one_line_error(result: subprocess.CompletedProcess[str]) -> str:
+    assert result.returncode == 2, (result.returncode, result.stdout, result.stderr)
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1, result.stderr
+    return lines[0]
+
+
+def test_submit_reads_directives_and_flags_win(cluster: Cluster) -> None:
+    script = cluster.root / "train.sh"
+    script.write_text(
+        "#!/bin/bash\n"
+        "# a comment\n"
+        "#GPUQ --gpus 2 --name from-directive\n"
+        "#GPUQ --time 5 --env FROM_DIRECTIVE=yes\n"
+        'echo "gpus=$GPUQ_GPUS name=$GPUQ_JOB_NAME arg=$1 env=$FROM_DIRECTIVE"\n'
+        "#GPUQ --gpus 4\n"  # after the first command: not a directive
+    )
+    result = cluster.gpuq("submit", "--name", "from-flag", str(script), "hello")
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.startswith("Submitted job ")
+    job_id = int(result.stdout.split()[-1])
+    job = cluster.wait_state(job_id, "completed")
+    assert job.spec.resources.gpus == 2 and job.spec.resources.time_limit == 300
+    assert (cluster.root / f"gpuq-{job_id}.out").read_text() == (
+        "gpus=2 name=from-flag arg=hello env=yes\n"
+    )
+
+
+def test_submit_wait_returns_the_exit_code(cluster: Cluster) -> None:
+    result = cluster.gpuq("submit", "--wait", "--wrap", "exit 3")
+    assert result.returncode == 3, result.stderr
+    ok = cluster.gpuq("submit", "-W", "--gpus", "1", "--wrap", "true")
+    assert ok.returncode == 0, ok.stderr
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--gpuz", "2", "--wrap", "true"], "No such option"),
+        (["--mem", "40X", "--wrap", "true"], "invalid --mem '40X'"),
+        (["--time", "1:99", "--wrap", "true"], "invalid --time '1:99'"),
+        (["--gpus", "two", "--wrap", "true"], "invalid --gpus 'two'"),
+        (["missing.sh"], "invalid script 'missing.sh': no such file"),
+        (["."], "is a folder"),
+        (["--gpus", "5", "--wrap", "true"], "--gpus 5 can never run: the largest node (a) has 4"),
+        (["--qos", "platinum", "--wrap", "true"], "no such qos; known: high, low, normal"),
+        (["--array", "5-1", "--wrap", "true"], "invalid --array"),
+        (["--after", "x", "--wrap", "true"], "invalid --after"),
+        ([], "give a script to run"),
+    ],
+)
+def test_bad_submissions_are_refused_with_one_line(
+    cluster: Cluster, args: list[str], message: str
+) -> None:
+    before = len(cluster.client().list()) + len(cluster.client().list(finished=True))
+    line = one_line_error(cluster.gpuq("submit", *args))
+    assert message in line
+    after = len(cluster.client().list()) + len(cluster.client().list(finished=True))
+    assert after == before, "a refused submission must not create a job"
+
+
+def test_script_without_shebang_is_refused(cluster: Cluster) -> None:
+    script = cluster.root / "plain.sh"
+    script.write_text("echo hi\n")
+    assert "#!" in one_line_error(cluster.gpuq("submit", str(script)))
+
+
+def test_listings_have_json(cluster: Cluster) -> None:
+    done = cluster.submit("echo hi", gpus=1)
+    cluster.wait_state(done, "completed")
+    gate = cluster.root / "gate"
+    running = cluster.submit(f"while [ ! -e {gate} ]; do sleep 0.05; done", gpus=4)
+    cluster.wait_state(running, "running")
+    blocked = cluster.submit("true", gpus=4)
+    wait_for(
+        lambda: cluster.client().list_raw(job_ids=[blocked])[0].pending.reasons,
+        what="a pending reason",
+    )
+    queue = json.loads(cluster.gpuq("queue", "--json").stdout)
+    by_id = {j["id"]: j for j in queue}
+    assert by_id[running]["state"] == "running" and by_id[running]["node"] == "a"
+    assert by_id[blocked]["pending_reasons"] == [
+        "needs 4 GPUs on one node; largest free block is 2 (node b)"
+    ]
+    assert "largest free block is 2 (node b)" in cluster.gpuq("queue").stdout
+    history = json.loads(cluster.gpuq("history", "--json").stdout)
+    assert [(j["id"], j["state"], j["exit_code"]) for j in history] == [(done, "completed", 0)]
+    nodes = json.loads(cluster.gpuq("nodes", "--json").stdout)
+    assert [(n["name"], len(n["gpus"]), n["fake"]) for n in nodes] == [
+        ("a", 4, True),
+        ("b", 2, True),
+    ]
+    assert all(g["allocated"] for g in nodes[0]["gpus"])
+    status = json.loads(cluster.gpuq("status", "--json").stdout)
+    assert {j["id"] for j in status["jobs"]} == {running, blocked}
+    shown = json.loads(cluster.gpuq("show", str(done), "--json").stdout)
+    assert [e["to"] for e in shown["events"]] == ["pending", "running", "completed"]
+    text = cluster.gpuq("status").stdout
+    assert f"job {running}" in text and "4/4 GPUs in use" in text
+    gate.touch()
+
+
+def test_logs_follow_until_the_job_ends(cluster: Cluster) -> None:
+    gate = cluster.root / "gate"
+    job_id = cluster.submit(f"echo first; while [ ! -e {gate} ]; do sleep 0.05; done; echo last")
+    cluster.wait_state(job_id, "running")
+    follower = subprocess.Popen(
+        [sys.executable, "-m", "gpuq.cli.main", "logs", "-f", str(job_id)],
+        cwd=cluster.root,
+        env=cluster.env,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    assert follower.stdout is not None
+    assert follower.stdout.readline() == "first\n"
+    gate.touch()
+    assert follower.stdout.read() == "last\n"
+    assert follower.wait(20) == 0
+
+
+def test_cancel_unknown_job_is_bad_input(cluster: Cluster) -> None:
+    result = cluster.gpuq("cancel", "424242")
+    assert result.returncode == 2
+    assert "no job 424242" in result.stderr
+
+
+def test_dead_server_says_how_to_start_it(tmp_path: Path) -> None:
+    cluster = Cluster(tmp_path)
+    try:
+        cluster.start_coordinator()
+    finally:
+        cluster.close()
+    for args in (["status"], ["submit", "--wrap", "true"], ["queue", "--json"]):
+        result = cluster.gpuq(*args)
+        assert result.returncode == 1, result
+        lines = result.stderr.strip().splitlines()
+        assert len(lines) == 1 and "gpuq serve" in lines[0], result.stderr
+    never = Cluster(tmp_path / "never")
+    result = never.gpuq("status")
+    assert result.returncode == 1 and "gpuq serve" in result.stderr
+
+
+def test_quick_start_serve_without_gpus(tmp_path: Path) -> None:
+    """README's quick start, verbatim: `gpuq serve`, then submit and status, no GPU, no flags."""
+    env = {**os.environ, "GPUQ_HOME": str(tmp_path / "home")}
+    env.pop("GPUQ_CONFIG", None)
+    marker = Cluster(tmp_path / "c")  # only for the marker-based cleanup
+    env[MARKER] = marker.marker
+    log = open(tmp_path / "serve.log", "wb")  # noqa: SIM115
+    serve = subprocess.Popen(
+        [sys.executable, "-m", "gpuq.cli.main", "serve"],
+        cwd=tmp_path,
+        env=env,
+        stdout=log,
+        stderr=subprocess.STDOUT,
+    )
+    try:
+
+        def run(*args: str) -> subprocess.CompletedProcess[str]:
+            return subprocess.run(
+                [sys.executable, "-m", "gpuq.cli.main", *args],
+                cwd=tmp_path,
+                env=env,
+                capture_output=True,
+                text=True,
+                timeout=30,
+            )
+
+        wait_for(
+            lambda: run("nodes").returncode == 0 and "up" in run("nodes").stdout,
+            what="serve to have a node",
+        )
+        submitted = run("submit", "--gpus", "1", "--wait", "--wrap", "echo hello from gpuq")
+        assert submitted.returncode == 0, submitted.stderr
+        job_id = submitted.stdout.split()[-1]
+        assert (tmp_path / f"gpuq-{job_id}.out").read_text() == "hello from gpuq\n"
+        assert "FAKE" in run("status").stdout
+        assert "no NVIDIA driver found" in (tmp_path / "serve.log").read_text()
+    finally:
+        serve.send_signal(signal.SIGINT)
+        assert serve.wait(15) == 0
+        marker.close()

@@ -1,0 +1,58 @@
+"""The Python client, as README shows it."""
+
+from __future__ import annotations
+
+import pytest
+from e2e_cluster import Cluster
+
+import gpuq
+from gpuq.domain.states import JobState
+
+
+def test_python_client_round_trip(cluster: Cluster) -> None:
+    client = cluster.client()
+    job_id = client.submit(
+        wrap="echo $GPUQ_GPUS gpus",
+        gpus=2,
+        mem="1G",
+        time="5",
+        environ=cluster.env,
+        chdir=str(cluster.root),
+    )
+    job = client.wait(job_id, timeout=30)
+    assert job.state is JobState.COMPLETED
+    assert job.result is not None and job.result.exit_code == 0
+    assert client.logs(job_id) == "2 gpus\n"
+    assert [j.id for j in client.list(finished=True)] == [job_id]
+    assert client.get(job_id).spec.resources.mem == 1 << 30
+    with pytest.raises(gpuq.NotFound):
+        client.get(987654)
+    with pytest.raises(gpuq.InvalidInput, match="--mem"):
+        client.submit(wrap="true", mem="lots")
+    with pytest.raises(gpuq.Unsatisfiable, match="can never run"):
+        client.submit(wrap="true", gpus=64, environ=cluster.env)
+
+
+def test_array_submission_and_cancel(cluster: Cluster) -> None:
+    client = cluster.client()
+    array_id = client.submit(
+        wrap="echo task $GPUQ_ARRAY_TASK_ID of $GPUQ_ARRAY_JOB_ID",
+        array="0-3",
+        output="arr-%A_%a.out",
+        environ=cluster.env,
+        chdir=str(cluster.root),
+    )
+    client.wait(array_id, timeout=30)
+    tasks = client.list_raw(array_job_id=array_id)
+    assert [t.array_task_id for t in tasks] == [0, 1, 2, 3]
+    for index in range(4):
+        text = (cluster.root / f"arr-{array_id}_{index}.out").read_text()
+        assert text == f"task {index} of {array_id}\n"
+    held = client.submit(wrap="true", array="0-2", hold=True, environ=cluster.env)
+    outcomes = client.cancel(f"{held}_1")
+    assert [o.job_id for o in outcomes] == [f"{held}_1"]
+    states = [JobState(t.state) for t in client.list_raw(array_job_id=held)]
+    assert states == [JobState.HELD, JobState.CANCELLED, JobState.HELD]
+    client.cancel(held)
+    states = [JobState(t.state) for t in client.list_raw(array_job_id=held)]
+    assert states == [JobState.CANCELLED] * 3

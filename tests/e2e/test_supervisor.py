@@ -1,0 +1,284 @@
+"""The supervisor end to end: real fork server, real processes, signals, files and cgroups."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import pytest
+from supervisor_helpers import alive, cleanup, make_spec, read_pid, running_hub
+
+from gpuq.agent.cgroups import MemoryCgroup, memory_hierarchy
+
+pytestmark = pytest.mark.timeout(60)
+
+
+def cgroup_usable() -> bool:
+    if os.geteuid() != 0 or memory_hierarchy() is None:
+        return False
+    probe = MemoryCgroup.create(999_999_999, f"gpuq-probe-{os.getpid()}", 1 << 30)
+    if probe is None:
+        return False
+    probe.remove()
+    probe.path.parent.rmdir()
+    return True
+
+
+def test_exit_codes_and_folder_life(tmp_path: Path) -> None:
+    state = tmp_path / "state"
+
+    async def scenario() -> None:
+        async with running_hub(state) as (hub, reports):
+            await hub.launch(make_spec(tmp_path, 1, "exit 0\n"))
+            await hub.launch(make_spec(tmp_path, 2, "exit 3\n"))
+            await hub.launch(make_spec(tmp_path, 3, "kill -SEGV $$\n"))
+            ok, bad, segv = [await reports.wait(j, "ended") for j in (1, 2, 3)]
+            assert (ok.end_state, ok.exit_code, ok.signal, ok.reason) == ("completed", 0, None, "")
+            assert (bad.end_state, bad.exit_code, bad.reason) == ("failed", 3, "exit code 3")
+            assert (segv.end_state, segv.exit_code, segv.signal) == ("failed", None, 11)
+            assert segv.reason == "killed by signal SIGSEGV"
+            assert [r.kind for r in reports.of(1)] == ["running", "ended"]
+            job_dir = state / "jobs" / "1"
+            assert oct(job_dir.stat().st_mode & 0o777) == "0o700"
+            assert oct((job_dir / "script").stat().st_mode & 0o777) == "0o700"
+            assert (job_dir / "result.json").exists()
+            assert hub.running_jobs() == []
+            for job_id in (1, 2, 3):
+                await hub.ack(job_id)
+            await_gone = [state / "jobs" / str(j) for j in (1, 2, 3)]
+            deadline = time.monotonic() + 10
+            while any(p.exists() for p in await_gone) and time.monotonic() < deadline:
+                await asyncio.sleep(0.01)
+            assert not any(p.exists() for p in await_gone)
+
+    with cleanup(state):
+        asyncio.run(scenario())
+
+
+def test_output_files(tmp_path: Path) -> None:
+    state = tmp_path / "state"
+    body = "echo out; echo err >&2\n"
+
+    async def scenario() -> None:
+        async with running_hub(state) as (hub, reports):
+            (tmp_path / "4.out").write_text("old\n")
+            await hub.launch(make_spec(tmp_path, 1, body))
+            sep = make_spec(tmp_path, 2, body, stderr_path=str(tmp_path / "2.err"))
+            await hub.launch(sep)
+            await hub.launch(make_spec(tmp_path, 3, "echo $1 $2 $GPUQ_X; pwd\n", args=("a", "b")))
+            await hub.launch(make_spec(tmp_path, 4, body, open_mode="append"))
+            for job_id in (1, 2, 3, 4):
+                assert (await reports.wait(job_id, "ended")).end_state == "completed"
+
+    with cleanup(state):
+        asyncio.run(scenario())
+    assert (tmp_path / "1.out").read_text() == "out\nerr\n"
+    assert (tmp_path / "2.out").read_text() == "out\n"
+    assert (tmp_path / "2.err").read_text() == "err\n"
+    assert (tmp_path / "3.out").read_text() == f"a b\n{tmp_path}\n"
+    assert (tmp_path / "4.out").read_text() == "old\nout\nerr\n"
+    assert oct((tmp_path / "1.out").stat().st_mode & 0o777) == "0o600"
+
+
+@pytest.mark.parametrize("with_cgroup", [False, True], ids=["posix_spawn", "fork"])
+def test_launch_failure(tmp_path: Path, with_cgroup: bool) -> None:
+    if with_cgroup and not cgroup_usable():
+        pytest.skip("needs root and a memory cgroup (the fork path)")
+    state = tmp_path / "state"
+    extra = {"mem_limit": 1 << 30, "mem_enforcement": "cgroup"} if with_cgroup else {}
+    extra["cgroup_parent"] = f"gpuq-test-{os.getpid()}"
+
+    async def scenario() -> None:
+        async with running_hub(state) as (hub, reports):
+            await hub.launch(make_spec(tmp_path, 1, "exit 0\n", cwd="/nonexistent/x", **extra))
+            no_out = make_spec(tmp_path, 2, "", stdout_path="/nonexistent/o", **extra)
+            await hub.launch(no_out)
+            bad_cwd, bad_out = [await reports.wait(j, "ended") for j in (1, 2)]
+            assert bad_cwd.end_state == "failed" and bad_cwd.exit_code is None
+            assert bad_cwd.reason == (
+                "launch failed: cannot chdir to /nonexistent/x: No such file or directory"
+            )
+            assert bad_out.reason == (
+                "launch failed: cannot open /nonexistent/o: No such file or directory"
+            )
+
+    with cleanup(state):
+        asyncio.run(scenario())
+
+
+TREE = """trap '' TERM
+echo $$ > main.pid
+sleep 1000 & echo $! > child.pid
+setsid sh -c 'sleep 1000 & echo $! > daemon.pid'
+"""
+
+
+def tree_pids(work: Path) -> list[int]:
+    return [read_pid(work / name) for name in ("main.pid", "child.pid", "daemon.pid")]
+
+
+def test_stop_kills_trapping_tree_after_grace(tmp_path: Path) -> None:
+    state = tmp_path / "state"
+    grace = 0.5
+
+    async def scenario() -> None:
+        async with running_hub(state) as (hub, reports):
+            await hub.launch(make_spec(tmp_path, 1, TREE + "wait\n"))
+            await reports.wait(1, "running")
+            pids = await asyncio.to_thread(tree_pids, tmp_path)
+            assert all(alive(pid) for pid in pids)
+            stopped_at = time.time()
+            assert await hub.stop(1, "cancelled", "cancelled by alice", 0, grace)
+            end = await reports.wait(1, "ended")
+            assert end.end_state == "cancelled" and end.signal == signal.SIGKILL
+            assert end.reason.startswith("cancelled by alice")
+            assert end.at - stopped_at >= grace - 0.05  # SIGTERM was ignored: SIGKILL after grace
+            assert [pid for pid in pids if alive(pid)] == []
+
+    with cleanup(state, *(tmp_path / n for n in ("main.pid", "child.pid", "daemon.pid"))):
+        asyncio.run(scenario())
+
+
+def test_leftovers_killed_after_normal_end(tmp_path: Path) -> None:
+    state = tmp_path / "state"
+
+    async def scenario() -> None:
+        async with running_hub(state) as (hub, reports):
+            script = TREE + "while [ ! -s daemon.pid ]; do sleep 0.01; done\nexit 0\n"
+            await hub.launch(make_spec(tmp_path, 1, script))
+            end = await reports.wait(1, "ended")
+            assert end.end_state == "completed" and end.exit_code == 0
+            assert end.leftovers_killed == 2
+            assert end.reason == "2 leftover processes killed"
+            pids = tree_pids(tmp_path)
+            assert [pid for pid in pids if alive(pid)] == []
+
+    with cleanup(state, tmp_path / "child.pid", tmp_path / "daemon.pid"):
+        asyncio.run(scenario())
+
+
+def test_signal_and_stop_before_connect(tmp_path: Path) -> None:
+    state = tmp_path / "state"
+    script = "trap 'exit 5' USR1\necho $$ > main.pid\nwhile :; do sleep 0.05; done\n"
+
+    async def scenario() -> None:
+        async with running_hub(state) as (hub, reports):
+            await hub.launch(make_spec(tmp_path, 1, script))
+            await asyncio.to_thread(read_pid, tmp_path / "main.pid")
+            assert await hub.signal(1, signal.SIGUSR1)
+            end = await reports.wait(1, "ended")
+            assert (end.end_state, end.exit_code) == ("failed", 5)
+            # a stop sent right after launch, most likely before the supervisor's hello
+            task = asyncio.ensure_future(hub.launch(make_spec(tmp_path, 2, "sleep 1000\n")))
+            await asyncio.sleep(0)
+            assert await hub.stop(2, "preempted", "preempted by job 9", signal.SIGTERM, 5.0)
+            await task
+            end = await reports.wait(2, "ended")
+            assert (end.end_state, end.reason) == ("preempted", "preempted by job 9")
+            assert not await hub.stop(77, "cancelled", "", 0, 1.0)
+
+    with cleanup(state, tmp_path / "main.pid"):
+        asyncio.run(scenario())
+
+
+def test_time_limit(tmp_path: Path) -> None:
+    state = tmp_path / "state"
+    script = "trap 'echo warned >> warn.log' USR1\nwhile :; do sleep 0.05; done\n"
+    spec = make_spec(
+        tmp_path, 1, script, time_limit=1.0, warning_seconds=0.5, kill_grace=0.3,
+        warning_signal=signal.SIGUSR1,
+    )  # fmt: skip
+
+    async def scenario() -> None:
+        async with running_hub(state) as (hub, reports):
+            await hub.launch(spec)
+            running = await reports.wait(1, "running")
+            end = await reports.wait(1, "ended")
+            assert (end.end_state, end.reason) == ("timeout", "time limit 00:00:01 reached")
+            assert end.signal == signal.SIGKILL  # it trapped the warning signal
+            assert 1.25 <= end.at - running.at < 5
+            assert (tmp_path / "warn.log").read_text().count("warned") == 2
+
+    with cleanup(state):
+        asyncio.run(scenario())
+
+
+HOG = '"$PY" -c "import time; x = bytes(8) * (200 << 17); time.sleep(30)"\n'
+
+
+def test_memory_limit_cgroup(tmp_path: Path) -> None:
+    if not cgroup_usable():
+        pytest.skip("needs root and a memory cgroup")
+    state = tmp_path / "state"
+    parent = f"gpuq-test-{os.getpid()}"
+    script = "cat /proc/self/cgroup > cgroup.txt\n" + HOG
+    spec = make_spec(tmp_path, 1, script, mem_limit=64 << 20, cgroup_parent=parent)
+
+    async def scenario() -> None:
+        async with running_hub(state) as (hub, reports):
+            await hub.launch(spec)
+            end = await reports.wait(1, "ended", timeout=20)
+            assert (end.end_state, end.reason) == ("out_of_memory", "exceeded --mem 64M")
+            assert 32 << 20 < end.peak_mem <= 64 << 20
+
+    with cleanup(state):
+        asyncio.run(scenario())
+    assert f"{parent}/job_1" in (tmp_path / "cgroup.txt").read_text()
+    hierarchy = memory_hierarchy()
+    assert hierarchy is not None
+    group_parent = hierarchy[0] / parent
+    assert not (group_parent / "job_1").exists()
+    group_parent.rmdir()
+
+
+def test_memory_limit_poll(tmp_path: Path) -> None:
+    state = tmp_path / "state"
+    spec = make_spec(tmp_path, 1, HOG, mem_limit=64 << 20, mem_enforcement="poll")
+
+    async def scenario() -> None:
+        async with running_hub(state) as (hub, reports):
+            await hub.launch(spec)
+            end = await reports.wait(1, "ended", timeout=20)
+            assert (end.end_state, end.reason) == ("out_of_memory", "exceeded --mem 64M")
+            assert end.signal == signal.SIGKILL and end.peak_mem > 64 << 20
+
+    with cleanup(state):
+        asyncio.run(scenario())
+
+
+def test_runs_as_another_user(tmp_path: Path) -> None:
+    if os.geteuid() != 0:
+        pytest.skip("needs root")
+    state = tmp_path / "state"
+    shared = Path(tempfile.mkdtemp(prefix="gpuq-user-"))  # tmp_path's parents are root-only
+    shared.chmod(0o777)
+    spec = make_spec(
+        shared, 1, "id -u; id -g\n", uid=65534, gid=65534, env={"PATH": "/usr/bin:/bin"}
+    )
+
+    async def scenario() -> None:
+        async with running_hub(state) as (hub, reports):
+            await hub.launch(spec)
+            assert (await reports.wait(1, "ended")).end_state == "completed"
+
+    try:
+        with cleanup(state):
+            asyncio.run(scenario())
+        output = shared / "1.out"
+        assert output.read_text() == "65534\n65534\n" and output.stat().st_uid == 65534
+    finally:
+        shutil.rmtree(shared)
+
+
+def test_fork_server_never_imports_grpc() -> None:
+    """It forks every supervisor, so it must stay free of gRPC's threads (DESIGN.md)."""
+    code = "import sys, gpuq.agent.forkserver; print(sorted(m for m in sys.modules if 'grpc' in m))"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]"
