@@ -199,6 +199,25 @@ class Client:
         job = self._detail(job_id).job
         return job.stdout_path if stream == "stdout" else job.stderr_path
 
+    # ---- recurring jobs --------------------------------------------------------------------
+
+    def add_cron(self, schedule: str, spec: JobSpec) -> queue_pb2.CronEntry:
+        """Submit `spec` at every time `schedule` (five cron fields) names."""
+        from gpuq.convert import spec_to_proto
+
+        request = queue_pb2.AddCronRequest(schedule=schedule, spec=spec_to_proto(spec))
+        entry: queue_pb2.CronEntry = self._call("AddCron", request)
+        return entry
+
+    def cron_entries(self) -> builtins.list[queue_pb2.CronEntry]:
+        return builtins.list(self._call("ListCron", queue_pb2.ListCronRequest()).entries)
+
+    def remove_cron(self, entry_id: int) -> queue_pb2.CronEntry:
+        entry: queue_pb2.CronEntry = self._call(
+            "RemoveCron", queue_pb2.RemoveCronRequest(id=entry_id)
+        )
+        return entry
+
     # ---- plumbing --------------------------------------------------------------------------
 
     def _auth(self) -> tuple[str, str]:

@@ -48,12 +48,31 @@ class QosTier:
     max_time: int | None = None  # seconds; longer requests are refused at submit
 
 
+DAY = 86400
+
+
 def default_qos_tiers() -> dict[str, QosTier]:
+    """Without a config file: jobs without --time get a day (backfill needs every job to
+    have an end), nobody asks for more than a week, and low can be preempted by the others."""
     return {
-        "high": QosTier("high", priority=2000),
-        "normal": QosTier("normal", priority=1000),
-        "low": QosTier("low", priority=0, preemptible=True),
+        "high": QosTier("high", priority=2000, default_time=DAY, max_time=7 * DAY),
+        "normal": QosTier("normal", priority=1000, default_time=DAY, max_time=7 * DAY),
+        "low": QosTier("low", priority=0, preemptible=True, default_time=DAY, max_time=7 * DAY),
     }
+
+
+@dataclass(frozen=True, slots=True)
+class SchedulerSettings:
+    """Multifactor priority (as SLURM's priority/multifactor) and what the scheduler does with
+    jobs that can never run."""
+
+    weight_age: float = 500.0  # reached after max_age in the queue
+    max_age: float = 7 * DAY
+    weight_fairshare: float = 2000.0  # a user with no recent usage gets all of it
+    fairshare_half_life: float = 7 * DAY  # how fast past GPU-seconds are forgiven
+    priority_interval: float = 30.0  # seconds between full priority recalculations
+    cancel_unsatisfiable: bool = True  # cancel jobs whose dependency can never be met
+    explain_limit: int = 1000  # pending jobs that get an estimated start time
 
 
 @dataclass(frozen=True, slots=True)
@@ -66,6 +85,7 @@ class CoordinatorSettings:
     kill_grace: float = 30.0
     default_qos: str = "normal"
     qos: dict[str, QosTier] = field(default_factory=default_qos_tiers)
+    scheduler: SchedulerSettings = field(default_factory=SchedulerSettings)
 
 
 @dataclass(frozen=True, slots=True)
@@ -132,22 +152,27 @@ def load_settings(config: Path | None = None, home: Path | None = None) -> Setti
             data = tomllib.loads(path.read_text())
         except (OSError, tomllib.TOMLDecodeError) as exc:
             raise InvalidInput("config", str(path), str(exc)) from exc
-    unknown = set(data) - {"home", "coordinator", "agent", "qos"}
+    unknown = set(data) - {"home", "coordinator", "agent", "qos", "scheduler"}
     if unknown:
         raise InvalidInput("config", str(path), f"unknown section(s) {sorted(unknown)}")
     settings = replace(
         base,
         home=Path(data["home"]) if "home" in data and home is None else base.home,
-        coordinator=_coordinator_settings(data.get("coordinator", {}), data.get("qos"), path),
+        coordinator=_coordinator_settings(
+            data.get("coordinator", {}), data.get("qos"), data.get("scheduler", {}), path
+        ),
         agent=_section(AgentSettings, data.get("agent", {}), "agent", path),
     )
     return _apply_env(settings)
 
 
 def _coordinator_settings(
-    raw: dict[str, Any], qos: dict[str, Any] | None, path: Path | None
+    raw: dict[str, Any], qos: dict[str, Any] | None, scheduler: dict[str, Any], path: Path | None
 ) -> CoordinatorSettings:
     settings: CoordinatorSettings = _section(CoordinatorSettings, raw, "coordinator", path)
+    settings = replace(
+        settings, scheduler=_section(SchedulerSettings, scheduler, "scheduler", path)
+    )
     if qos is not None:
         tiers = {
             name: _section(QosTier, {**values, "name": name}, f"qos.{name}", path)

@@ -15,7 +15,7 @@ from gpuq.domain.units import format_duration
 from gpuq.submission import OPTIONS
 
 
-def _submit_options(command: Callable[..., Any]) -> Callable[..., Any]:
+def submit_options(command: Callable[..., Any]) -> Callable[..., Any]:
     """The submit flags, from the one table that #GPUQ directives also use."""
     for option in reversed(OPTIONS):
         if option.is_flag:
@@ -39,7 +39,7 @@ def _submit_options(command: Callable[..., Any]) -> Callable[..., Any]:
 @click.argument("args", nargs=-1)
 @click.option("--wrap", metavar="CMD", help="run CMD with /bin/sh instead of a script")
 @click.option("--wait", "-W", is_flag=True, help="wait for the job; exit with its exit code")
-@_submit_options
+@submit_options
 @click.pass_obj
 def submit(
     obj: Any,
@@ -180,6 +180,10 @@ def _describe(job: Any, events: list[Any]) -> str:
         lines.append(("Requeued", f"{job.requeue_count} times"))
     if job.state == "pending":
         lines.append(("Waiting because", render.job_reason(job)))
+        lines.append(
+            ("Priority", f"{render.priority(job)} = qos+age+fairshare-nice {render.factors(job)}")
+        )
+        lines.append(("Estimated start", render.estimated_start(job)))
     width = max(len(k) for k, _ in lines)
     text = [f"{k.rjust(width)}: {v}" for k, v in lines]
     text.append("History:")

@@ -16,17 +16,24 @@ json_option = click.option("--json", "as_json", is_flag=True, help="print JSON")
 @click.command()
 @click.option("--user", "-u", help="only this user's jobs")
 @click.option("--state", "-s", "states", multiple=True, help="only these states (repeatable)")
+@click.option("--long", "-l", "long_", is_flag=True, help="priority factors and estimated start")
 @json_option
 @click.pass_obj
-def queue(obj: Any, /, user: str | None, states: tuple[str, ...], as_json: bool) -> int:
+def queue(
+    obj: Any, /, user: str | None, states: tuple[str, ...], long_: bool, as_json: bool
+) -> int:
     """Pending, held and running jobs, with why each pending job waits."""
     jobs = obj.client().list_raw(states=states, user=user)
     if as_json:
         click.echo(render.dumps([render.job_dict(j) for j in jobs]))
         return 0
     now = time.time()
-    rows = [
-        (
+    headers = ["JOBID", "NAME", "USER", "ST", "TIME", "GPUS", "QOS"]
+    if long_:
+        headers += ["PRIORITY", "QOS+AGE+FAIRSHARE-NICE", "START"]
+    rows = []
+    for j in jobs:
+        row = [
             render.job_id_text(j),
             j.spec.name[:24],
             j.user,
@@ -34,13 +41,11 @@ def queue(obj: Any, /, user: str | None, states: tuple[str, ...], as_json: bool)
             render.elapsed(j, now),
             j.spec.resources.gpus,
             j.qos,
-            render.job_reason(j),
-        )
-        for j in jobs
-    ]
-    click.echo(
-        render.table(("JOBID", "NAME", "USER", "ST", "TIME", "GPUS", "QOS", "NODE/REASON"), rows)
-    )
+        ]
+        if long_:
+            row += [render.priority(j), render.factors(j), render.estimated_start(j)]
+        rows.append([*row, render.job_reason(j)])
+    click.echo(render.table([*headers, "NODE/REASON"], rows))
     return 0
 
 

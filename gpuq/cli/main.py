@@ -52,6 +52,7 @@ COMMANDS = {
     "logs": "gpuq.cli.jobs",
     "history": "gpuq.cli.listings",
     "nodes": "gpuq.cli.listings",
+    "cron": "gpuq.cli.cron",
     "serve": "gpuq.cli.daemons",
     "coordinator": "gpuq.cli.daemons",
     "agent": "gpuq.cli.daemons",

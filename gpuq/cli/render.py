@@ -80,6 +80,12 @@ def job_dict(job: Any) -> dict[str, Any]:
         "signal": result.signal if result and result.HasField("signal") else None,
         "reason": job.reason,
         "pending_reasons": list(job.pending.reasons) if job.HasField("pending") else [],
+        "priority_factors": {f.name: f.value for f in job.pending.factors}
+        if job.HasField("pending")
+        else {},
+        "estimated_start": job.pending.estimated_start
+        if job.HasField("pending") and job.pending.HasField("estimated_start")
+        else None,
         "requeue_count": job.requeue_count,
         "array_job_id": job.array_job_id if job.HasField("array_job_id") else None,
         "array_task_id": job.array_task_id if job.HasField("array_task_id") else None,
@@ -102,3 +108,22 @@ def dumps(value: object) -> str:
 
 def size(value: int | None) -> str:
     return "-" if value is None else format_size(value)
+
+
+def priority(job: Any) -> str:
+    return f"{job.pending.priority:.0f}" if job.HasField("pending") else "-"
+
+
+def factors(job: Any) -> str:
+    """`1000+12+1500-0`: the QOS, age, fair-share and nice parts of the priority."""
+    if not job.HasField("pending") or not job.pending.factors:
+        return "-"
+    values = {f.name: f.value for f in job.pending.factors}
+    text = "+".join(f"{values.get(n, 0.0):.0f}" for n in ("qos", "age", "fairshare"))
+    return f"{text}-{-values.get('nice', 0.0):.0f}"
+
+
+def estimated_start(job: Any) -> str:
+    if not job.HasField("pending") or not job.pending.HasField("estimated_start"):
+        return "-"
+    return when(job.pending.estimated_start)

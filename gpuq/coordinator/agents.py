@@ -13,11 +13,11 @@ from typing import Any
 
 from gpuq.convert import result_from_proto, spec_to_proto, unit_from_proto
 from gpuq.coordinator.cluster import AgentSession, NodeEntry
-from gpuq.coordinator.core import Coordinator, StopOrder
+from gpuq.coordinator.core import Coordinator, Ending, StopOrder
 from gpuq.domain.model import Job, JobResult, Node, NodeState
 from gpuq.domain.states import JobState
 from gpuq.errors import Conflict, IllegalTransition, NotFound
-from gpuq.store.api import StateChange, StoreTx
+from gpuq.store.api import StoreTx
 from gpuq.v1 import agent_pb2 as apb
 
 log = logging.getLogger(__name__)
@@ -124,18 +124,8 @@ class AgentLink:
             await self._record_ends(node, ends)
 
     async def _fail_lost(self, job_ids: list[int]) -> None:
-        co = self.co
         reason = "lost: the agent came back without the job"
-        now = co.clock()
-
-        def write(tx: StoreTx) -> list[int]:
-            states = tx.job_states(job_ids)
-            lost = [i for i in job_ids if states.get(i) is JobState.RUNNING]
-            tx.transition([StateChange(i, JobState.NODE_FAIL, reason) for i in lost], now)
-            return lost
-
-        for job_id in await co.writer.write(write):
-            co._ended(job_id, JobState.RUNNING, JobState.NODE_FAIL, reason)
+        await self.co.end_jobs([Ending(i, JobState.NODE_FAIL, reason) for i in job_ids])
 
     async def _record_ends(self, node: str, reports: Sequence[apb.JobReport]) -> None:
         ends: list[tuple[int, JobState, JobResult]] = []

@@ -9,13 +9,13 @@ from __future__ import annotations
 import asyncio
 import bisect
 from collections import Counter
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 
 from gpuq.domain.model import Job, Node, NodeState
 from gpuq.domain.states import JobState
 from gpuq.scheduler.placement import NodeView
-from gpuq.scheduler.plan import Shape, shape
+from gpuq.scheduler.plan import FitKey
 from gpuq.v1 import agent_pb2
 from gpuq.v1 import types_pb2 as pb
 
@@ -80,14 +80,20 @@ class NodeEntry:
 
 class ClusterState:
     """Live jobs, indexed by state; pending ones also in queue order, kept sorted as they
-    come and go (a scheduling pass then walks the queue without sorting it)."""
+    come and go (a scheduling pass then walks the queue without sorting it). A job's place in
+    the queue is its priority when it was queued or last re-ranked (`rerank`)."""
 
-    def __init__(self) -> None:
+    def __init__(
+        self, key_of: Callable[[Job], FitKey], priority_of: Callable[[Job], float]
+    ) -> None:
         self.jobs: dict[int, Job] = {}  # pending, held and running jobs
         self.nodes: dict[str, NodeEntry] = {}
+        self.key_of = key_of
+        self.priority_of = priority_of
+        self.priority: dict[int, float] = {}  # of pending jobs, as ranked
+        self.shapes: Counter[FitKey] = Counter()  # how many pending jobs have each fit key
         self._by_state: dict[JobState, dict[int, Job]] = {s: {} for s in LIVE}
-        self._queue: list[tuple[int, int]] = []  # (-priority, id) of pending jobs, sorted
-        self.shapes: Counter[Shape] = Counter()  # how many pending jobs need each shape
+        self._queue: list[tuple[float, int]] = []  # (-priority, id) of pending jobs, sorted
 
     def put(self, job: Job) -> None:
         """Record a job's new version; finished jobs leave memory."""
@@ -95,19 +101,37 @@ class ClusterState:
         if old is not None:
             del self._by_state[old.state][job.id]
             if old.state is JobState.PENDING:
-                index = bisect.bisect_left(self._queue, (-old.priority, old.id))
-                del self._queue[index]
-                self.shapes[shape(old.spec.resources)] -= 1
+                self._dequeue(old)
         if job.state.is_live:
             self.jobs[job.id] = job
             self._by_state[job.state][job.id] = job
             if job.state is JobState.PENDING:
-                bisect.insort(self._queue, (-job.priority, job.id))
-                self.shapes[shape(job.spec.resources)] += 1
+                self._enqueue(job)
+
+    def _enqueue(self, job: Job) -> None:
+        priority = self.priority_of(job)
+        self.priority[job.id] = priority
+        bisect.insort(self._queue, (-priority, job.id))
+        self.shapes[self.key_of(job)] += 1
+
+    def _dequeue(self, job: Job) -> None:
+        index = bisect.bisect_left(self._queue, (-self.priority.pop(job.id), job.id))
+        del self._queue[index]
+        key = self.key_of(job)
+        self.shapes[key] -= 1
+        if not self.shapes[key]:
+            del self.shapes[key]
+
+    def rerank(self) -> None:
+        """Recompute every pending job's priority (age and fair share move)."""
+        pending = list(self._by_state[JobState.PENDING].values())
+        self.priority = {job.id: self.priority_of(job) for job in pending}
+        self._queue = sorted((-p, job_id) for job_id, p in self.priority.items())
 
     def reset(self, jobs: Iterable[Job]) -> None:
         self.jobs.clear()
         self._queue.clear()
+        self.priority.clear()
         self.shapes.clear()
         for by_id in self._by_state.values():
             by_id.clear()

@@ -10,23 +10,23 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Iterator, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Sequence
 from dataclasses import dataclass, replace
 
 from gpuq.config import CoordinatorSettings
 from gpuq.coordinator.cluster import ClusterState, NodeEntry
+from gpuq.coordinator.scheduling import SchedulingState
 from gpuq.coordinator.writer import StoreWriter
 from gpuq.domain.model import Job, JobEvent, JobResult, JobSpec, Node, NodeState
 from gpuq.domain.states import JobState
+from gpuq.domain.units import format_duration
 from gpuq.errors import InvalidInput, NotFound, PermissionDenied, Unsatisfiable
-from gpuq.scheduler import plan as planner
 from gpuq.scheduler.placement import never_fits
-from gpuq.store.api import JobQuery, JobStart, NewJob, StateChange, Store, StoreTx
+from gpuq.store.api import JobQuery, NewJob, StateChange, Store, StoreTx
 
 log = logging.getLogger(__name__)
 
 LIVE = frozenset({JobState.PENDING, JobState.HELD, JobState.RUNNING})
-EXPLAIN_EVERY = 1.0  # seconds a computed set of pending reasons stays good
 
 
 @dataclass(frozen=True, slots=True)
@@ -36,6 +36,16 @@ class Outcome:
     job_id: str
     done: bool
     message: str
+
+
+@dataclass(frozen=True, slots=True)
+class Ending:
+    """A running job whose processes are gone (or are given up for lost)."""
+
+    job_id: int
+    state: JobState
+    reason: str
+    result: JobResult | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -60,9 +70,8 @@ class Coordinator:
         self.user = user
         self.clock = clock
         self.writer = StoreWriter(store)
-        self.cluster = ClusterState()
-        self._reasons: dict[int, tuple[str, ...]] = {}
-        self._explained_at = -1.0
+        self.sched = SchedulingState(settings)
+        self.cluster = ClusterState(self.sched.key, lambda job: self.sched.priority(job, clock()))
         self._dirty = asyncio.Event()
         self._watchers: set[tuple[frozenset[int], asyncio.Queue[JobEvent]]] = set()
         self._tasks: list[asyncio.Task[None]] = []
@@ -70,6 +79,8 @@ class Coordinator:
         # set by the agent module (gpuq.coordinator.agents) to tell agents what to do
         self.send_stops: Callable[[Sequence[StopOrder]], None] = lambda orders: None
         self.send_starts: Callable[[Sequence[Job]], None] = lambda jobs: None
+        # set by gpuq.coordinator.passes: run one scheduling pass
+        self.run_pass: Callable[[], Awaitable[None]] | None = None
 
     # ---- lifecycle -----------------------------------------------------------------------
 
@@ -77,9 +88,11 @@ class Coordinator:
         """Load live jobs and nodes; nodes get a full heartbeat timeout to reconnect."""
         jobs = await self.writer.read(lambda s: s.list_jobs(JobQuery(states=LIVE)))
         nodes = await self.writer.read(lambda s: s.list_nodes())
+        self.sched.usage = await self.writer.read(lambda s: s.usage())
         now = self.clock()
-        for job in jobs:
-            self.cluster.put(job)
+        self.sched.refresh_shares({j.user for j in jobs}, now)
+        await self._load_dependencies(d.job_id for j in jobs for d in j.spec.dependencies)
+        self.cluster.reset(jobs)
         for node in nodes:
             self.cluster.nodes[node.name] = NodeEntry(node, last_seen=now)
         self.writer.start()
@@ -103,10 +116,10 @@ class Coordinator:
     # ---- submissions and user actions ----------------------------------------------------
 
     def effective_time_limit(self, job: Job) -> int | None:
-        tier = self.settings.qos.get(job.qos)
-        return job.spec.resources.time_limit or (tier.default_time if tier else None)
+        limit = self.sched.time_limit(job)
+        return int(limit) if limit else None
 
-    def check_submission(self, spec: JobSpec) -> tuple[str, int]:
+    async def check_submission(self, spec: JobSpec, user: str) -> tuple[str, int]:
         """The job's qos and stored priority; raises for what can never run."""
         qos = spec.qos or self.settings.default_qos
         tier = self.settings.qos.get(qos)
@@ -115,15 +128,38 @@ class Coordinator:
             raise InvalidInput("--qos", qos, f"no such qos; known: {known}")
         limit = spec.resources.time_limit
         if tier.max_time is not None and limit is not None and limit > tier.max_time:
-            raise InvalidInput("--time", limit, f"qos {qos} allows at most {tier.max_time} s")
+            most = format_duration(tier.max_time)
+            raise InvalidInput("--time", format_duration(limit), f"qos {qos} allows at most {most}")
         nodes = [entry.node for entry in self.cluster.nodes.values()]
         views = self.cluster.node_views()
         if views and all(never_fits(v, spec.resources) for v in views):
             raise Unsatisfiable(_never_fits_message(spec, nodes))
+        if tier.max_submitted_jobs is not None:
+            mine = sum(1 for j in self.cluster.jobs.values() if j.user == user and j.qos == qos)
+            adding = len(spec.array.indices) if spec.array else 1
+            if mine + adding > tier.max_submitted_jobs:
+                raise Unsatisfiable(
+                    f"qos {qos} allows {tier.max_submitted_jobs} queued or running jobs per "
+                    f"user; {user} has {mine} and this adds {adding}"
+                )
+        missing = await self._load_dependencies(d.job_id for d in spec.dependencies)
+        if missing:
+            raise InvalidInput("--after", missing[0], "no such job")
         return qos, tier.priority - spec.nice
 
+    async def _load_dependencies(self, job_ids: Iterable[int]) -> list[int]:
+        """Remember the states of finished jobs that jobs depend on; the ids that do not exist."""
+        wanted = {i for i in job_ids if i not in self.cluster.jobs and i not in self.sched.finished}
+        if not wanted:
+            return []
+        found = await self.writer.read(lambda s: s.list_jobs(JobQuery(job_ids=tuple(wanted))))
+        for job in found:
+            if not job.state.is_live:
+                self.sched.finished[job.id] = job.state
+        return sorted(wanted - {j.id for j in found})
+
     async def submit(self, spec: JobSpec, user: str) -> list[int]:
-        qos, priority = self.check_submission(spec)
+        qos, priority = await self.check_submission(spec, user)
         new = NewJob(spec, user, qos, priority)
         now = self.clock()
         [ids] = await self.writer.write(lambda tx: tx.add_jobs([new], now))
@@ -291,6 +327,7 @@ class Coordinator:
 
     def _ended(self, job_id: int, before: JobState, after: JobState, reason: str) -> None:
         self._moved(job_id, before, after, reason)
+        self.sched.finished[job_id] = after
 
     def _stop_requested(self, job_id: int, end_state: JobState, reason: str) -> None:
         job = self.cluster.jobs.get(job_id)
@@ -300,27 +337,47 @@ class Coordinator:
     # ---- job ends reported by agents -------------------------------------------------------
 
     async def record_ends(self, node: str, ends: Sequence[tuple[int, JobState, JobResult]]) -> None:
-        """Agents report jobs whose processes are gone; a preempted job is requeued."""
+        """Agents report jobs whose processes are gone."""
+        endings = [
+            Ending(i, state, result.reason or state.value, result) for i, state, result in ends
+        ]
+        await self.end_jobs(endings)
+
+    async def end_jobs(self, endings: Sequence[Ending], node_down: str | None = None) -> None:
+        """Running jobs ended: record each end (a preempted job goes back to the queue unless
+        it said --no-requeue) and charge the GPU time to its user's fair share, in one
+        transaction (with the node marked down, when that is why)."""
         now = self.clock()
 
-        def write(tx: StoreTx) -> list[tuple[int, JobState, JobState, str]]:
-            states = tx.job_states([job_id for job_id, _, _ in ends])
+        def write(
+            tx: StoreTx,
+        ) -> tuple[list[tuple[int, JobState, JobState, str]], dict[str, float]]:
+            if node_down is not None:
+                tx.set_node_state(node_down, NodeState.DOWN, endings[0].reason if endings else "")
+            states = tx.job_states([e.job_id for e in endings])
             changes: list[StateChange] = []
             moved: list[tuple[int, JobState, JobState, str]] = []
-            for job_id, end_state, result in ends:
-                if states.get(job_id) is not JobState.RUNNING:
+            charges: dict[str, float] = {}
+            for end in endings:
+                job = self.cluster.jobs.get(end.job_id)
+                if states.get(end.job_id) is not JobState.RUNNING or job is None:
                     continue  # already ended (node_fail, or a repeated report)
-                reason = result.reason or end_state.value
-                changes.append(StateChange(job_id, end_state, reason, result))
-                moved.append((job_id, JobState.RUNNING, end_state, reason))
-                job = self.cluster.jobs.get(job_id)
-                if end_state is JobState.PREEMPTED and job is not None and job.spec.requeue:
-                    changes.append(StateChange(job_id, JobState.PENDING, "requeued"))
-                    moved.append((job_id, JobState.PREEMPTED, JobState.PENDING, "requeued"))
+                changes.append(StateChange(end.job_id, end.state, end.reason, end.result))
+                moved.append((end.job_id, JobState.RUNNING, end.state, end.reason))
+                if end.state is JobState.PREEMPTED and job.spec.requeue:
+                    changes.append(StateChange(end.job_id, JobState.PENDING, "requeued"))
+                    moved.append((end.job_id, JobState.PREEMPTED, JobState.PENDING, "requeued"))
+                seconds = len(job.gpus) * max(0.0, now - (job.start_time or now))
+                charges[job.user] = charges.get(job.user, 0.0) + seconds
             tx.transition(changes, now)
-            return moved
+            usage = {u: self.sched.charge(u, s, now) for u, s in charges.items() if s > 0}
+            for user, value in usage.items():
+                tx.set_usage(user, value, now)
+            return moved, usage
 
-        for job_id, before, after, reason in await self.writer.write(write):
+        moved, usage = await self.writer.write(write)
+        self.sched.usage.update({u: (v, now) for u, v in usage.items()})
+        for job_id, before, after, reason in moved:
             if after is JobState.PENDING:
                 job = self.cluster.jobs[job_id]
                 self.cluster.put(
@@ -334,28 +391,19 @@ class Coordinator:
                     )
                 )
                 self._publish(JobEvent(job_id, now, before, after, reason))
+            elif before is JobState.RUNNING and after is JobState.PREEMPTED:
+                self._publish(JobEvent(job_id, now, before, after, reason))
             else:
                 self._ended(job_id, before, after, reason)
         self.wake()
 
     async def fail_node_jobs(self, node: str, reason: str) -> None:
         """The node is gone: mark it down and its running jobs node_fail, in one transaction."""
-        running = [j.id for j in self.cluster.running_on(node)]
-        now = self.clock()
-
-        def write(tx: StoreTx) -> list[int]:
-            tx.set_node_state(node, NodeState.DOWN, reason)
-            states = tx.job_states(running)
-            lost = [i for i in running if states.get(i) is JobState.RUNNING]
-            tx.transition([StateChange(i, JobState.NODE_FAIL, reason) for i in lost], now)
-            return lost
-
-        for job_id in await self.writer.write(write):
-            self._ended(job_id, JobState.RUNNING, JobState.NODE_FAIL, reason)
+        lost = [Ending(j.id, JobState.NODE_FAIL, reason) for j in self.cluster.running_on(node)]
+        await self.end_jobs(lost, node_down=node)
         entry = self.cluster.nodes[node]
         entry.node = replace(entry.node, state=NodeState.DOWN, reason=reason)
         log.warning("node %s is down: %s", node, reason)
-        self.wake()
 
     async def save_node(self, node: Node) -> None:
         await self.writer.write(lambda tx: tx.save_node(node))
@@ -366,63 +414,16 @@ class Coordinator:
         while True:
             await self._dirty.wait()
             self._dirty.clear()
+            self.passes += 1
+            if self.run_pass is None:
+                continue
             try:
-                await self.schedule_once()
+                await self.run_pass()
             except Exception:
                 log.exception("scheduling pass failed; reloading live jobs from the store")
                 await self._reload_jobs()
                 self.wake()
                 await asyncio.sleep(0.5)
-
-    async def schedule_once(self) -> None:
-        self.passes += 1
-        if not self.cluster.shapes.total():
-            return
-        plan = planner.plan(self.cluster.node_views(), self._queue(), self.cluster.shapes)
-        self._explained_at = -1.0  # what blocks whom may have changed
-        if plan.starts:
-            await self._start(plan.starts)
-
-    def _queue(self) -> Iterator[planner.PendingJob]:
-        return (
-            planner.PendingJob(j.id, j.priority, j.spec.resources) for j in self.cluster.queue()
-        )
-
-    def pending_reasons(self) -> dict[int, tuple[str, ...]]:
-        """Every pending job's reasons: a full pass without starting anything, computed when
-        someone asks and at most once a second (the hot passes stop early and explain little)."""
-        now = self.clock()
-        if now - self._explained_at > EXPLAIN_EVERY:
-            self._reasons = dict(planner.plan(self.cluster.node_views(), self._queue()).blocked)
-            self._explained_at = now
-        return self._reasons
-
-    async def _start(self, starts: Sequence[planner.Start]) -> None:
-        now = self.clock()
-        wanted = [JobStart(s.job_id, s.node, s.gpus) for s in starts]
-
-        def write(tx: StoreTx) -> list[JobStart]:
-            states = tx.job_states([s.job_id for s in wanted])
-            still_pending = [s for s in wanted if states.get(s.job_id) is JobState.PENDING]
-            tx.start_jobs(still_pending, now)
-            return still_pending
-
-        started: list[Job] = []
-        for start in await self.writer.write(write):
-            job = replace(
-                self.cluster.jobs[start.job_id],
-                state=JobState.RUNNING,
-                node=start.node,
-                gpus=start.gpus,
-                start_time=now,
-                end_time=None,
-                result=None,
-                reason=f"started on {start.node}",
-            )
-            self.cluster.put(job)
-            started.append(job)
-            self._publish(JobEvent(job.id, now, JobState.PENDING, JobState.RUNNING, job.reason))
-        self.send_starts(started)
 
     async def _reload_jobs(self) -> None:
         jobs = await self.writer.read(lambda s: s.list_jobs(JobQuery(states=LIVE)))

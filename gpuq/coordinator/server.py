@@ -12,7 +12,6 @@ import json
 import logging
 import os
 import pwd
-import signal
 from dataclasses import dataclass
 
 import grpc
@@ -22,6 +21,8 @@ from gpuq.auth import ensure_private_dir, ensure_token
 from gpuq.config import Settings
 from gpuq.coordinator.agents import AgentLink
 from gpuq.coordinator.core import Coordinator
+from gpuq.coordinator.cron import CronService
+from gpuq.coordinator.passes import Passes
 from gpuq.coordinator.servicers import AgentLinkServicer, QueueServicer, _Guard
 from gpuq.errors import GpuqError
 from gpuq.store.api import Store
@@ -29,6 +30,7 @@ from gpuq.v1 import agent_pb2_grpc, queue_pb2_grpc
 
 log = logging.getLogger(__name__)
 ADDRESS_FILE = "coordinator.json"
+PERIODIC_PASS = 2.0  # seconds between passes when nothing happens (begin times, aging)
 
 
 @dataclass(slots=True)
@@ -58,6 +60,7 @@ async def start_coordinator(settings: Settings) -> RunningCoordinator:
     user = pwd.getpwuid(os.geteuid()).pw_name
     coordinator = Coordinator(store, cfg, user)
     link = AgentLink(coordinator)
+    passes = Passes(coordinator)
     await coordinator.start()
     server = grpc.aio.server(
         options=[
@@ -68,7 +71,10 @@ async def start_coordinator(settings: Settings) -> RunningCoordinator:
         ]
     )
     guard = _Guard(token)
-    queue_pb2_grpc.add_QueueServicer_to_server(QueueServicer(coordinator, guard), server)
+    chores = AsyncIOScheduler()
+    cron = CronService(coordinator, chores)
+    servicer = QueueServicer(coordinator, passes, cron, guard)
+    queue_pb2_grpc.add_QueueServicer_to_server(servicer, server)
     agent_pb2_grpc.add_AgentLinkServicer_to_server(AgentLinkServicer(link, guard), server)
     with contextlib.suppress(FileNotFoundError):
         settings.socket_path.unlink()
@@ -77,32 +83,39 @@ async def start_coordinator(settings: Settings) -> RunningCoordinator:
     tcp_address = None
     if cfg.listen:
         host = cfg.listen.rpartition(":")[0]
-        bound = server.add_insecure_port(cfg.listen)
+        try:
+            bound = server.add_insecure_port(cfg.listen)
+        except RuntimeError:
+            bound = 0
         if bound == 0:
-            raise GpuqError(f"cannot listen on {cfg.listen} (in use?)")
+            raise GpuqError(
+                f"cannot listen on {cfg.listen} (in use?); set [coordinator] listen in the config"
+            )
         tcp_address = f"{host}:{bound}"
     await server.start()
     os.chmod(settings.socket_path, 0o600)
     (settings.home / ADDRESS_FILE).write_text(
         json.dumps({"unix": unix_address, "tcp": tcp_address, "pid": os.getpid()})
     )
-    chores = AsyncIOScheduler()
     tick = max(0.2, min(cfg.heartbeat_timeout / 4, 2.0))
     chores.add_job(link.check_heartbeats, "interval", seconds=tick, max_instances=1, coalesce=True)
     chores.add_job(
         link.check_time_limits, "interval", seconds=max(tick, 1.0), max_instances=1, coalesce=True
     )
+    # priorities move with age and fair share; begin times arrive: rank and schedule again
+    chores.add_job(
+        passes.rerank,
+        "interval",
+        seconds=cfg.scheduler.priority_interval,
+        max_instances=1,
+        coalesce=True,
+    )
+    chores.add_job(
+        coordinator.wake, "interval", seconds=PERIODIC_PASS, max_instances=1, coalesce=True
+    )
     chores.start()
+    await cron.start()
     log.info(
         "coordinator listening on %s%s", unix_address, f" and {tcp_address}" if tcp_address else ""
     )
     return RunningCoordinator(coordinator, link, server, chores, tcp_address, unix_address)
-
-
-async def serve_until_signalled(stop_callbacks: list[object]) -> None:
-    """Wait for SIGINT or SIGTERM."""
-    stopped = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        loop.add_signal_handler(sig, stopped.set)
-    await stopped.wait()

@@ -16,11 +16,13 @@ from typing import Any, TypeVar
 import grpc
 
 from gpuq.auth import METADATA_KEY, token_matches
-from gpuq.convert import event_to_proto, job_to_proto, spec_from_proto
+from gpuq.convert import event_to_proto, job_to_proto, spec_from_proto, spec_to_proto
 from gpuq.coordinator.agents import AgentLink
 from gpuq.coordinator.cluster import AgentSession
 from gpuq.coordinator.core import Coordinator
-from gpuq.domain.model import Job, output_paths
+from gpuq.coordinator.cron import CronService, next_fire
+from gpuq.coordinator.passes import Passes
+from gpuq.domain.model import CronEntry, Job, output_paths
 from gpuq.domain.states import JobState
 from gpuq.errors import (
     Conflict,
@@ -91,6 +93,18 @@ def unary(
     return wrapper
 
 
+def cron_message(entry: CronEntry) -> queue_pb2.CronEntry:
+    return queue_pb2.CronEntry(
+        id=entry.id,
+        user=entry.user,
+        schedule=entry.schedule,
+        spec=spec_to_proto(entry.spec),
+        created_at=entry.created_at,
+        last_fire=entry.last_fire,
+        next_fire=next_fire(entry.schedule, entry.last_fire or entry.created_at),
+    )
+
+
 def job_message(job: Job) -> pb.Job:
     array = (
         (job.array_job_id, job.array_task_id)
@@ -102,15 +116,41 @@ def job_message(job: Job) -> pb.Job:
 
 
 class QueueServicer(queue_pb2_grpc.QueueServicer):  # type: ignore[misc]
-    def __init__(self, coordinator: Coordinator, guard: _Guard) -> None:
+    def __init__(
+        self, coordinator: Coordinator, passes: Passes, cron: CronService, guard: _Guard
+    ) -> None:
         self.co = coordinator
+        self.passes = passes
+        self.cron = cron
         self.guard = guard
+
+    @unary
+    async def AddCron(self, request: queue_pb2.AddCronRequest, context: Any) -> Any:
+        entry = await self.cron.add(request.schedule, spec_from_proto(request.spec), self.co.user)
+        return cron_message(entry)
+
+    @unary
+    async def ListCron(self, request: queue_pb2.ListCronRequest, context: Any) -> Any:
+        return queue_pb2.ListCronReply(entries=[cron_message(e) for e in self.cron.list()])
+
+    @unary
+    async def RemoveCron(self, request: queue_pb2.RemoveCronRequest, context: Any) -> Any:
+        return cron_message(await self.cron.remove(request.id, self.co.user))
 
     def _with_pending(self, job: Job) -> pb.Job:
         message = job_message(job)
-        reasons = self.co.pending_reasons().get(job.id) if job.state is JobState.PENDING else None
-        if job.state is JobState.PENDING and reasons:
-            message.pending.CopyFrom(pb.PendingInfo(reasons=list(reasons), priority=job.priority))
+        detail = self.passes.pending_detail(job) if job.state is JobState.PENDING else None
+        if detail is not None:
+            message.pending.CopyFrom(
+                pb.PendingInfo(
+                    reasons=list(detail.waiting.reasons),
+                    estimated_start=detail.waiting.estimated_start,
+                    priority=detail.priority,
+                    factors=[
+                        pb.PriorityFactor(name=n, value=v) for n, v in detail.factors.as_pairs()
+                    ],
+                )
+            )
         return message
 
     @unary

@@ -286,6 +286,18 @@ class Node:
 
 
 @dataclass(frozen=True, slots=True)
+class CronEntry:
+    """A recurring submission: `spec` is submitted at every time `schedule` names."""
+
+    id: int
+    user: str
+    schedule: str  # five cron fields: minute hour day month weekday
+    spec: JobSpec
+    created_at: float
+    last_fire: float | None = None  # the scheduled time of the last fire handled
+
+
+@dataclass(frozen=True, slots=True)
 class Allocation:
     """What a started job holds on its node."""
 

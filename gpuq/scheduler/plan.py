@@ -1,96 +1,363 @@
-"""One scheduling pass: a pure function of (nodes, pending jobs) returning what to start and
-why every other job waits. Nothing here does I/O; the coordinator applies the plan.
+"""One scheduling pass: a pure function of (nodes, running jobs, the queue, policy, now) that
+returns what to start, whom to preempt, what to cancel, and why every other job waits.
+
+Jobs are taken in queue order (priority, then submit order). A job starts on its best-fit
+node (the fewest free GPUs that still fits: small jobs fill partly used nodes, whole nodes stay
+whole) unless it would delay a reservation. The first job that cannot start gets a
+reservation: the earliest time and the exact units it will start on (EASY backfill); a job of a
+preemptible, lower tier is preempted instead when that lets it start sooner than waiting would.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, field, replace
+import datetime as dt
+import math
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
 
 from gpuq.domain.model import Resources
-from gpuq.scheduler.placement import NodeView, choose_units, misfit, shortage
+from gpuq.scheduler.eligibility import Usage, blockers, never_met
+from gpuq.scheduler.placement import NodeView, choose_units, misfit, never_fits, shortage
+from gpuq.scheduler.preempt import victims_on
+from gpuq.scheduler.reserve import FreeNode, Reservation, earliest, estimate_starts
+from gpuq.scheduler.snapshot import (
+    Cancellation,
+    Decisions,
+    PendingJob,
+    Policy,
+    Preemption,
+    RunningJob,
+    Start,
+    Waiting,
+)
+
+FitKey = tuple[int, int | None, int, int | None, float | None, str]
 
 
-@dataclass(frozen=True, slots=True)
-class PendingJob:
-    job_id: int
-    priority: float
-    need: Resources
-
-
-@dataclass(frozen=True, slots=True)
-class Start:
-    job_id: int
-    node: str
-    gpus: tuple[str, ...]
-
-
-@dataclass(frozen=True, slots=True)
-class Plan:
-    starts: tuple[Start, ...] = ()
-    blocked: dict[int, tuple[str, ...]] = field(default_factory=dict)  # job -> every reason
-
-
-Shape = tuple[int, int | None, int, int | None]
-
-
-def shape(need: Resources) -> Shape:
-    return (need.gpus, need.gpu_mem, need.cpus, need.mem)
+def fit_key(need: Resources, time_limit: float | None, qos: str) -> FitKey:
+    """Jobs with the same key fit, or preempt, the same way during a pass."""
+    return (need.gpus, need.gpu_mem, need.cpus, need.mem, time_limit, qos)
 
 
 def plan(
-    nodes: Sequence[NodeView],
+    nodes: Iterable[NodeView],
+    running: Iterable[RunningJob],
     queue: Iterable[PendingJob],
-    shapes: Mapping[Shape, int] | None = None,
-) -> Plan:
-    """Start jobs in queue order (priority, then submit order), each on its best-fit node.
-
-    Best fit is the node with the fewest free GPUs that still fits, so small jobs fill partly
-    used nodes and whole nodes stay whole. Free resources only shrink during a pass, so once a
-    shape does not fit, every later job of that shape is blocked for the same reason without
-    looking at the nodes again. Given `shapes` (how many queued jobs have each shape), the pass
-    stops as soon as every shape still in the queue is blocked: the common case of a full
-    cluster and a long queue costs a few steps, not the queue's length. The blocked reasons are
-    then only those of the jobs seen; pass no `shapes` to explain every job.
-    """
-    working = {n.name: n for n in nodes}
-    starts: list[Start] = []
-    blocked: dict[int, tuple[str, ...]] = {}
-    unfit: dict[Shape, str] = {}
-    remaining = dict(shapes) if shapes is not None else None
-    for job in queue:
-        key = shape(job.need)
-        if remaining is not None:
-            remaining[key] -= 1
-        if key in unfit:
-            blocked[job.job_id] = (unfit[key],)
-            continue
-        node = best_fit(list(working.values()), job.need)
-        if node is None:
-            unfit[key] = shortage(list(working.values()), job.need)
-            blocked[job.job_id] = (unfit[key],)
-            if remaining is not None and all(k in unfit for k, n in remaining.items() if n > 0):
-                break
-            continue
-        units = choose_units(node, job.need)
-        working[node.name] = take(node, units, job.need)
-        starts.append(Start(job.job_id, node.name, units))
-    return Plan(tuple(starts), blocked)
+    policy: Policy,
+    now: float,
+    *,
+    shapes: Mapping[FitKey, int] | None = None,
+    explain: bool = False,
+) -> Decisions:
+    """Decide one pass. With `shapes` (how many queued jobs have each fit key) and no
+    `explain`, the pass stops once nothing more can happen: a full cluster and a long queue
+    cost a few steps. `explain` walks the whole queue and gives every job its reasons and,
+    for the first `explain_limit` blocked ones, an estimated start."""
+    return _Pass(list(nodes), list(running), policy, now, explain, shapes).run(queue)
 
 
-def best_fit(nodes: list[NodeView], need: Resources) -> NodeView | None:
-    fitting = [n for n in nodes if misfit(n, need) is None]
-    if not fitting:
-        return None
-    return min(
-        fitting, key=lambda n: (len(n.usable_units(need.gpu_mem)), n.cpus_free, n.mem_free, n.name)
+@dataclass(slots=True)
+class _Pass:
+    views: list[NodeView]
+    running: list[RunningJob]
+    policy: Policy
+    now: float
+    explain: bool
+    shapes: Mapping[FitKey, int] | None
+    nodes: dict[str, FreeNode] = field(init=False)
+    usage: Usage = field(init=False)
+    running_on: dict[str, list[RunningJob]] = field(init=False)
+    reservations: list[Reservation] = field(default_factory=list)
+    top: Reservation | None = None
+    starts: list[Start] = field(default_factory=list)
+    preemptions: list[Preemption] = field(default_factory=list)
+    cancellations: list[Cancellation] = field(default_factory=list)
+    waiting: dict[int, Waiting] = field(default_factory=dict)
+    unfit: dict[FitKey, str] = field(default_factory=dict)  # cannot start now: why
+    settled: set[FitKey] = field(default_factory=set)  # cannot start nor preempt this pass
+    remaining: dict[FitKey, int] = field(default_factory=dict)  # queued, not yet seen
+    reserved_units: set[str] = field(default_factory=set)  # of every reservation
+    changed: bool = True  # resources or victims changed since _settle_hopeless last ran
+    preemptible: dict[tuple[str, str], list[RunningJob]] = field(default_factory=dict)
+    unsettled: set[FitKey] = field(default_factory=set)  # in `remaining`, not in `settled`
+    looked_ahead: bool = False  # the first blocked job has had its reservation decided
+    victims: set[int] = field(default_factory=set)
+    blocked_order: list[tuple[int, Resources, float | None]] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        self.nodes = {
+            v.name: FreeNode(v, set(v.free_units), v.cpus_free, v.mem_free) for v in self.views
+        }
+        for job in self.running:
+            node = self.nodes.get(job.node)
+            if node is not None:
+                node.releases.append((job.end_estimate, job.gpus, job.cpus, job.mem))
+            if job.stopping:
+                self.victims.add(job.job_id)
+        self.usage = Usage.of(self.running)
+        self.running_on = {}
+        for job in self.running:
+            self.running_on.setdefault(job.node, []).append(job)
+
+    def run(self, queue: Iterable[PendingJob]) -> Decisions:
+        early = self.shapes is not None and not self.explain
+        self.remaining = {k: n for k, n in (self.shapes or {}).items() if n > 0} if early else {}
+        self.unsettled = set(self.remaining)
+        ahead = 0  # jobs of higher priority that wait for resources
+        for job in queue:
+            key = fit_key(job.need, job.time_limit, job.qos)
+            if self._consider(job, key, ahead):
+                ahead += 1
+            if early:
+                left = self.remaining.get(key, 0) - 1
+                if left > 0:
+                    self.remaining[key] = left
+                else:
+                    self.remaining.pop(key, None)
+                    self.unsettled.discard(key)
+                if self.looked_ahead and self.unsettled and self.changed:
+                    self._settle_hopeless()
+                if self.looked_ahead and not self.unsettled:
+                    break  # every job left can neither start nor preempt: nothing more to do
+        if self.explain:
+            self._estimate()
+        return Decisions(
+            tuple(self.starts), tuple(self.preemptions), tuple(self.cancellations), self.waiting
+        )
+
+    # ---- one job -------------------------------------------------------------------------
+
+    def _consider(self, job: PendingJob, key: FitKey, ahead: int) -> bool:
+        """Start the job if it may; otherwise record why not. True when it is left waiting for
+        resources (so it holds the jobs behind it back)."""
+        impossible = never_met(job)
+        if impossible is not None:
+            if self.policy.settings.cancel_unsatisfiable:
+                self.cancellations.append(Cancellation(job.job_id, impossible))
+            else:
+                self._wait(job, [impossible])
+            return False
+        eligibility = blockers(job, self.usage, self.policy.tiers.get(job.qos), self.now)
+        if eligibility and not self.explain:
+            self._wait(job, eligibility)
+            return False
+        placed = None if key in self.unfit else self._place(job)
+        if placed is not None and not eligibility:
+            self._start(job, *placed)
+            return False
+        reasons = list(eligibility)
+        if placed is None:
+            reasons.append(self._why_not(job, key))
+        if ahead:
+            reasons.append(f"priority: {ahead} jobs of higher priority are waiting")
+        if not eligibility and placed is None and not (self.looked_ahead and key in self.settled):
+            self._look_ahead(job, key)
+        self._wait(job, reasons)
+        return not eligibility
+
+    def _place(self, job: PendingJob) -> tuple[str, tuple[str, ...]] | None:
+        """Best fit among the nodes where the job fits now without delaying a reservation."""
+        need = job.need
+        end = self.now + job.time_limit if job.time_limit else math.inf
+        best: tuple[tuple[int, int, int, str], str, list[str]] | None = None
+        for name, node in self.nodes.items():
+            if (
+                len(node.units) < need.gpus
+                or node.cpus < need.cpus
+                or node.mem < (need.mem or 0)
+                or not node.view.up
+            ):
+                continue
+            overlapping = [r for r in self.reservations if r.node == name and end > r.start]
+            if any(not r.leaves_room(need) for r in overlapping):
+                continue
+            blocked = {u for r in overlapping for u in r.units}
+            usable = node.usable(need, blocked)
+            if len(usable) < need.gpus:
+                continue
+            rank = (len(usable), node.cpus, node.mem, name)
+            if best is None or rank < best[0]:
+                best = (rank, name, usable)
+        if best is None:
+            return None
+        _, name, usable = best
+        return name, choose_units(_restricted(self.nodes[name], usable), need)
+
+    def _start(self, job: PendingJob, name: str, units: tuple[str, ...]) -> None:
+        node = self.nodes[name]
+        end = self.now + job.time_limit if job.time_limit else math.inf
+        node.units.difference_update(units)
+        node.cpus -= job.need.cpus
+        node.mem -= job.need.mem or 0
+        node.releases.append((end, units, job.need.cpus, job.need.mem or 0))
+        for reservation in self.reservations:
+            reservation.take(name, end, job.need)
+        self.usage.add(job.job_id, job.user, job.qos, job.need.gpus, job.name, job.array_job_id)
+        self.starts.append(Start(job.job_id, name, units))
+        self.changed = True
+
+    def _why_not(self, job: PendingJob, key: FitKey) -> str:
+        if key not in self.unfit:
+            free_now = [_free_view(n) for n in self.nodes.values()]
+            if not any(n.up and not never_fits(n, job.need) for n in self.views):
+                reason = "no node that is up can ever run it"
+            elif self.top is not None and any(misfit(v, job.need) is None for v in free_now):
+                when = _clock(self.top.start)
+                reason = f"resources reserved for job {self.top.job_id} (it starts by {when})"
+            else:
+                reason = shortage(free_now, job.need)
+            self.unfit[key] = reason
+        return self.unfit[key]
+
+    def _settle_hopeless(self) -> None:
+        """Settle, without waiting to meet one, every kind of queued job that no node has room
+        for now and that has nobody to preempt (free resources and victims only shrink)."""
+        self.changed = False
+        up = [n for n in self.nodes.values() if n.view.up]
+        block = max((len(n.units) for n in up), default=0)
+        cpus = max((n.cpus for n in up), default=0)
+        targets = {r.qos for r in self.running if r.job_id not in self.victims}
+        for key in list(self.unsettled):
+            gpus, _, need_cpus, _, _, qos = key
+            no_room = gpus > block or need_cpus > cpus
+            if no_room and not any(self.policy.can_preempt(qos, t) for t in targets):
+                self.unsettled.discard(key)
+                self.settled.add(key)
+
+    # ---- looking ahead: reservations and preemption ------------------------------------------
+
+    def _look_ahead(self, job: PendingJob, key: FitKey) -> None:
+        """The first blocked job gets a reservation, or preempts when that is sooner than
+        waiting; later blocked jobs may still preempt (never into a reservation)."""
+        reserved = frozenset(self.reserved_units)
+        soonest = None if self.looked_ahead else self._soonest(job, reserved)
+        waiting_is_long = soonest is None or soonest[0] > self.now + self.policy.kill_grace
+        preempted = key not in self.settled and waiting_is_long
+        preempted = preempted and self._preempt_for(job, reserved)
+        if not preempted:
+            self.settled.add(key)
+            self.unsettled.discard(key)
+        if not self.looked_ahead:
+            self.looked_ahead = True
+            if not preempted and soonest is not None:
+                start, name, units, spare_cpus, spare_mem = soonest
+                self.top = Reservation(
+                    job.job_id, name, start, frozenset(units), spare_cpus, spare_mem
+                )
+                self._reserve(self.top)
+
+    def _preemptible(self, node: str, qos: str) -> list[RunningJob]:
+        """Running jobs on `node` that a job of `qos` may preempt (victims included)."""
+        key = (node, qos)
+        if key not in self.preemptible:
+            self.preemptible[key] = [
+                r for r in self.running_on.get(node, ()) if self.policy.can_preempt(qos, r.qos)
+            ]
+        return self.preemptible[key]
+
+    def _reserve(self, reservation: Reservation) -> None:
+        self.reservations.append(reservation)
+        self.reserved_units.update(reservation.units)
+
+    def _soonest(
+        self, job: PendingJob, reserved: frozenset[str]
+    ) -> tuple[float, str, tuple[str, ...], int, int] | None:
+        best = None
+        for name, node in self.nodes.items():
+            found = earliest(node, job.need, self.now, reserved)
+            if found is not None and (best is None or (found[0], name) < (best[0], best[1])):
+                best = (found[0], name, found[1], found[2], found[3])
+        return best
+
+    def _preempt_for(self, job: PendingJob, reserved: frozenset[str]) -> bool:
+        best: tuple[float, int, str, list[RunningJob]] | None = None
+        for name, node in self.nodes.items():
+            if not node.view.up:
+                continue
+            candidates = [
+                r
+                for r in self._preemptible(name, job.qos)
+                if r.job_id not in self.victims and not reserved.intersection(r.gpus)
+            ]
+            if len(node.units) + sum(len(r.gpus) for r in candidates) < job.need.gpus:
+                continue
+            found = victims_on(node, job.need, candidates, self.now, reserved)
+            if found is not None and (best is None or (found[0], len(found[1])) < best[:2]):
+                best = (found[0], len(found[1]), name, found[1])
+        if best is None:
+            return False
+        _, _, name, chosen = best
+        node = self.nodes[name]
+        freed = {u for v in chosen for u in v.gpus}
+        units = tuple(u for u in node.usable(job.need) if u not in reserved)
+        units = (units + tuple(u for u in _ordered(node, freed) if u not in units))[: job.need.gpus]
+        claim = Reservation(
+            job.job_id, name, self.now + self.policy.kill_grace, frozenset(units), 0, 0
+        )
+        self._reserve(claim)
+        self.changed = True
+        for victim in chosen:
+            self.victims.add(victim.job_id)
+            self.preemptions.append(Preemption(victim.job_id, job.job_id, name))
+        return True
+
+    # ---- explaining ----------------------------------------------------------------------------
+
+    def _wait(self, job: PendingJob, reasons: list[str]) -> None:
+        self.waiting[job.job_id] = Waiting(tuple(reasons))
+        self.blocked_order.append((job.job_id, job.need, job.time_limit))
+
+    def _estimate(self) -> None:
+        for reservation in self.reservations:
+            found = self.waiting.get(reservation.job_id)
+            if found is not None:
+                self.waiting[reservation.job_id] = Waiting(found.reasons, reservation.start)
+        limit = self.policy.settings.explain_limit
+        todo = [b for b in self.blocked_order if b[0] not in {r.job_id for r in self.reservations}]
+        estimates = estimate_starts(
+            list(self.nodes.values()), todo[:limit], self.reservations, self.now
+        )
+        for job_id, moment in estimates.items():
+            self.waiting[job_id] = Waiting(self.waiting[job_id].reasons, moment)
+
+
+def _free_view(node: FreeNode) -> NodeView:
+    view = node.view
+    return NodeView(
+        view.name,
+        view.up,
+        view.units,
+        frozenset(node.units),
+        view.cpus,
+        node.cpus,
+        view.mem,
+        node.mem,
+        view.distances,
+        view.down_reason,
     )
 
 
-def take(node: NodeView, units: tuple[str, ...], need: Resources) -> NodeView:
-    return replace(
-        node,
-        free_units=node.free_units - set(units),
-        cpus_free=node.cpus_free - need.cpus,
-        mem_free=node.mem_free - (need.mem or 0),
+def _restricted(node: FreeNode, usable: list[str]) -> NodeView:
+    view = _free_view(node)
+    return NodeView(
+        view.name,
+        view.up,
+        view.units,
+        frozenset(usable),
+        view.cpus,
+        view.cpus_free,
+        view.mem,
+        view.mem_free,
+        view.distances,
+        view.down_reason,
     )
+
+
+def _ordered(node: FreeNode, units: set[str]) -> list[str]:
+    return [u.uuid for u in node.view.units if u.uuid in units]
+
+
+def _clock(moment: float) -> str:
+    if math.isinf(moment):
+        return "an unknown time"
+    return dt.datetime.fromtimestamp(moment).isoformat(sep=" ", timespec="seconds")

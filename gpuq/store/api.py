@@ -21,6 +21,7 @@ from sqlalchemy.exc import IntegrityError
 from gpuq.domain.codec import spec_from_dict, spec_to_dict
 from gpuq.domain.model import (
     Allocation,
+    CronEntry,
     GpuUnit,
     Job,
     JobEvent,
@@ -33,7 +34,7 @@ from gpuq.domain.states import JobState, check_transition
 from gpuq.errors import DoubleBooking, NotFound
 from gpuq.store import migrate
 from gpuq.store.engine import WRITE, make_engine
-from gpuq.store.tables import allocations, job_events, jobs, nodes
+from gpuq.store.tables import allocations, cron_entries, job_events, jobs, nodes, usage
 
 SUBMITTED = "submitted"
 _INSERT_JOB = insert(jobs).returning(jobs.c.id)
@@ -175,6 +176,27 @@ class Store:
             rows = conn.execute(select(nodes).order_by(nodes.c.name)).all()
         return [_node_from_row(row) for row in rows]
 
+    def usage(self) -> dict[str, tuple[float, float]]:
+        """Each user's fair-share GPU-seconds and when they were last decayed."""
+        with self.engine.connect() as conn:
+            rows = conn.execute(select(usage)).all()
+        return {row.user: (row.gpu_seconds, row.updated_at) for row in rows}
+
+    def cron_entries(self) -> list[CronEntry]:
+        with self.engine.connect() as conn:
+            rows = conn.execute(select(cron_entries).order_by(cron_entries.c.id)).all()
+        return [
+            CronEntry(
+                row.id,
+                row.user,
+                row.schedule,
+                spec_from_dict(json.loads(row.spec)),
+                row.created_at,
+                row.last_fire,
+            )
+            for row in rows
+        ]
+
 
 class StoreTx:
     """The write operations, all within one transaction."""
@@ -304,6 +326,34 @@ class StoreTx:
             raise NotFound(f"no running job {job_id}")
         row.update(stop_state=end_state.value, stop_reason=reason)
         self.conn.execute(_UPDATE_MUTABLE, {"b_id": job_id, **{f"b_{c}": row[c] for c in _MUTABLE}})
+
+    def set_usage(self, user: str, gpu_seconds: float, at: float) -> None:
+        values = {"gpu_seconds": gpu_seconds, "updated_at": at}
+        result = self.conn.execute(update(usage).where(usage.c.user == user).values(values))
+        if result.rowcount == 0:
+            self.conn.execute(insert(usage).values(user=user, **values))
+
+    def add_cron(self, user: str, schedule: str, spec: JobSpec, now: float) -> int:
+        row = {
+            "user": user,
+            "schedule": schedule,
+            "spec": json.dumps(spec_to_dict(spec), separators=(",", ":")),
+            "created_at": now,
+            "last_fire": now,
+        }
+        return int(
+            self.conn.execute(insert(cron_entries).returning(cron_entries.c.id), row).scalar_one()
+        )
+
+    def remove_cron(self, entry_id: int) -> None:
+        result = self.conn.execute(cron_entries.delete().where(cron_entries.c.id == entry_id))
+        if result.rowcount != 1:
+            raise NotFound(f"no cron entry {entry_id}")
+
+    def cron_fired(self, entry_id: int, at: float) -> None:
+        self.conn.execute(
+            update(cron_entries).where(cron_entries.c.id == entry_id).values(last_fire=at)
+        )
 
     def save_node(self, node: Node) -> None:
         """Insert or replace a node's description and state."""

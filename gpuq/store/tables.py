@@ -119,3 +119,24 @@ nodes = Table(
     Column("last_seen", Float, nullable=True),
     Column("reason", Text, nullable=False),
 )
+
+# fair share: each user's GPU-seconds, decayed to `updated_at` (gpuq.scheduler.priority)
+usage = Table(
+    "usage",
+    metadata,
+    Column("user", String(64), primary_key=True),
+    Column("gpu_seconds", Float, nullable=False),
+    Column("updated_at", Float, nullable=False),
+)
+
+# `gpuq cron`: recurring submissions
+cron_entries = Table(
+    "cron_entries",
+    metadata,
+    Column("id", Id, primary_key=True, autoincrement=True),
+    Column("user", String(64), nullable=False),
+    Column("schedule", String(128), nullable=False),  # five cron fields
+    Column("spec", Text, nullable=False),  # the JobSpec as JSON
+    Column("created_at", Float, nullable=False),
+    Column("last_fire", Float, nullable=True),  # the scheduled time of the last fire handled
+)

@@ -132,3 +132,45 @@ class ListNodesReply(_message.Message):
     NODES_FIELD_NUMBER: _ClassVar[int]
     nodes: _containers.RepeatedCompositeFieldContainer[NodeInfo]
     def __init__(self, nodes: _Optional[_Iterable[_Union[NodeInfo, _Mapping]]] = ...) -> None: ...
+
+class AddCronRequest(_message.Message):
+    __slots__ = ("schedule", "spec")
+    SCHEDULE_FIELD_NUMBER: _ClassVar[int]
+    SPEC_FIELD_NUMBER: _ClassVar[int]
+    schedule: str
+    spec: _types_pb2.JobSpec
+    def __init__(self, schedule: _Optional[str] = ..., spec: _Optional[_Union[_types_pb2.JobSpec, _Mapping]] = ...) -> None: ...
+
+class CronEntry(_message.Message):
+    __slots__ = ("id", "user", "schedule", "spec", "created_at", "last_fire", "next_fire")
+    ID_FIELD_NUMBER: _ClassVar[int]
+    USER_FIELD_NUMBER: _ClassVar[int]
+    SCHEDULE_FIELD_NUMBER: _ClassVar[int]
+    SPEC_FIELD_NUMBER: _ClassVar[int]
+    CREATED_AT_FIELD_NUMBER: _ClassVar[int]
+    LAST_FIRE_FIELD_NUMBER: _ClassVar[int]
+    NEXT_FIRE_FIELD_NUMBER: _ClassVar[int]
+    id: int
+    user: str
+    schedule: str
+    spec: _types_pb2.JobSpec
+    created_at: float
+    last_fire: float
+    next_fire: float
+    def __init__(self, id: _Optional[int] = ..., user: _Optional[str] = ..., schedule: _Optional[str] = ..., spec: _Optional[_Union[_types_pb2.JobSpec, _Mapping]] = ..., created_at: _Optional[float] = ..., last_fire: _Optional[float] = ..., next_fire: _Optional[float] = ...) -> None: ...
+
+class ListCronRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class ListCronReply(_message.Message):
+    __slots__ = ("entries",)
+    ENTRIES_FIELD_NUMBER: _ClassVar[int]
+    entries: _containers.RepeatedCompositeFieldContainer[CronEntry]
+    def __init__(self, entries: _Optional[_Iterable[_Union[CronEntry, _Mapping]]] = ...) -> None: ...
+
+class RemoveCronRequest(_message.Message):
+    __slots__ = ("id",)
+    ID_FIELD_NUMBER: _ClassVar[int]
+    id: int
+    def __init__(self, id: _Optional[int] = ...) -> None: ...

@@ -74,6 +74,21 @@ class QueueStub:
                 request_serializer=gpuq_dot_v1_dot_queue__pb2.ListNodesRequest.SerializeToString,
                 response_deserializer=gpuq_dot_v1_dot_queue__pb2.ListNodesReply.FromString,
                 _registered_method=True)
+        self.AddCron = channel.unary_unary(
+                '/gpuq.v1.Queue/AddCron',
+                request_serializer=gpuq_dot_v1_dot_queue__pb2.AddCronRequest.SerializeToString,
+                response_deserializer=gpuq_dot_v1_dot_queue__pb2.CronEntry.FromString,
+                _registered_method=True)
+        self.ListCron = channel.unary_unary(
+                '/gpuq.v1.Queue/ListCron',
+                request_serializer=gpuq_dot_v1_dot_queue__pb2.ListCronRequest.SerializeToString,
+                response_deserializer=gpuq_dot_v1_dot_queue__pb2.ListCronReply.FromString,
+                _registered_method=True)
+        self.RemoveCron = channel.unary_unary(
+                '/gpuq.v1.Queue/RemoveCron',
+                request_serializer=gpuq_dot_v1_dot_queue__pb2.RemoveCronRequest.SerializeToString,
+                response_deserializer=gpuq_dot_v1_dot_queue__pb2.CronEntry.FromString,
+                _registered_method=True)
 
 
 class QueueServicer:
@@ -129,6 +144,25 @@ class QueueServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def AddCron(self, request, context):
+        """Recurring submissions (gpuq cron): the spec is submitted at every time the schedule names.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ListCron(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def RemoveCron(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_QueueServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -171,6 +205,21 @@ def add_QueueServicer_to_server(servicer, server):
                     servicer.ListNodes,
                     request_deserializer=gpuq_dot_v1_dot_queue__pb2.ListNodesRequest.FromString,
                     response_serializer=gpuq_dot_v1_dot_queue__pb2.ListNodesReply.SerializeToString,
+            ),
+            'AddCron': grpc.unary_unary_rpc_method_handler(
+                    servicer.AddCron,
+                    request_deserializer=gpuq_dot_v1_dot_queue__pb2.AddCronRequest.FromString,
+                    response_serializer=gpuq_dot_v1_dot_queue__pb2.CronEntry.SerializeToString,
+            ),
+            'ListCron': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListCron,
+                    request_deserializer=gpuq_dot_v1_dot_queue__pb2.ListCronRequest.FromString,
+                    response_serializer=gpuq_dot_v1_dot_queue__pb2.ListCronReply.SerializeToString,
+            ),
+            'RemoveCron': grpc.unary_unary_rpc_method_handler(
+                    servicer.RemoveCron,
+                    request_deserializer=gpuq_dot_v1_dot_queue__pb2.RemoveCronRequest.FromString,
+                    response_serializer=gpuq_dot_v1_dot_queue__pb2.CronEntry.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -389,6 +438,87 @@ class Queue:
             '/gpuq.v1.Queue/ListNodes',
             gpuq_dot_v1_dot_queue__pb2.ListNodesRequest.SerializeToString,
             gpuq_dot_v1_dot_queue__pb2.ListNodesReply.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def AddCron(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/gpuq.v1.Queue/AddCron',
+            gpuq_dot_v1_dot_queue__pb2.AddCronRequest.SerializeToString,
+            gpuq_dot_v1_dot_queue__pb2.CronEntry.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ListCron(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/gpuq.v1.Queue/ListCron',
+            gpuq_dot_v1_dot_queue__pb2.ListCronRequest.SerializeToString,
+            gpuq_dot_v1_dot_queue__pb2.ListCronReply.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def RemoveCron(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/gpuq.v1.Queue/RemoveCron',
+            gpuq_dot_v1_dot_queue__pb2.RemoveCronRequest.SerializeToString,
+            gpuq_dot_v1_dot_queue__pb2.CronEntry.FromString,
             options,
             channel_credentials,
             insecure,

@@ -192,9 +192,14 @@ def test_time_limit(tmp_path: Path) -> None:
     state = tmp_path / "state"
     script = "trap 'echo warned >> warn.log' USR1\nwhile :; do sleep 0.05; done\n"
     spec = make_spec(
-        tmp_path, 1, script, time_limit=1.0, warning_seconds=0.5, kill_grace=0.3,
+        tmp_path,
+        1,
+        script,
+        time_limit=1.0,
+        warning_seconds=0.5,
+        kill_grace=0.3,
         warning_signal=signal.SIGUSR1,
-    )  # fmt: skip
+    )
 
     async def scenario() -> None:
         async with running_hub(state) as (hub, reports):

@@ -1,0 +1,135 @@
+"""Looking ahead: when would a blocked job fit, given the running jobs' expected ends?
+
+The top blocked job gets a reservation (EASY backfill): the node, the time, and the exact GPU
+units it will start on. A lower job may start now only if it ends before that time, or uses
+none of the reserved units and leaves the reservation enough CPUs and memory.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+from gpuq.domain.model import Resources
+from gpuq.scheduler.placement import NodeView
+
+
+@dataclass(slots=True)
+class FreeNode:
+    """A node's free resources during one pass (they only shrink)."""
+
+    view: NodeView
+    units: set[str]
+    cpus: int
+    mem: int
+    releases: list[tuple[float, tuple[str, ...], int, int]] = field(default_factory=list)
+    # (end estimate, units, cpus, mem) of every job running on it, started ones included
+
+    def usable(
+        self, need: Resources, excluded: set[str] | frozenset[str] = frozenset()
+    ) -> list[str]:
+        """Free units with enough memory, outside `excluded`, in PCI order."""
+        return [
+            u.uuid
+            for u in self.view.units
+            if u.uuid in self.units
+            and u.uuid not in excluded
+            and (need.gpu_mem is None or u.memory >= need.gpu_mem)
+        ]
+
+
+@dataclass(slots=True)
+class Reservation:
+    job_id: int
+    node: str
+    start: float
+    units: frozenset[str]
+    spare_cpus: int  # CPUs free at `start` beyond the job's (backfill that overlaps may use them)
+    spare_mem: int
+
+    def leaves_room(self, need: Resources) -> bool:
+        """Can a job that overlaps the reservation's start run beside it (the reserved units
+        aside)? Only if the node's CPUs and memory at the start cover both."""
+        return need.cpus <= self.spare_cpus and (need.mem or 0) <= self.spare_mem
+
+    def take(self, node: str, end: float, need: Resources) -> None:
+        if node == self.node and end > self.start:
+            self.spare_cpus -= need.cpus
+            self.spare_mem -= need.mem or 0
+
+
+def earliest(
+    node: FreeNode, need: Resources, now: float, excluded: frozenset[str]
+) -> tuple[float, tuple[str, ...], int, int] | None:
+    """(time, units, spare cpus, spare mem) at which `need` first fits on the node; None if it
+    never does within the known ends (a job without a time limit never ends, for this)."""
+    if not node.view.up:
+        return None
+    eligible = {u.uuid for u in node.view.units if need.gpu_mem is None or u.memory >= need.gpu_mem}
+    free_now = node.usable(need, excluded)
+    released: list[str] = []
+    cpus, mem = node.cpus, node.mem
+    events = sorted(node.releases)
+    index = 0
+    moment = now
+    while True:
+        if (
+            len(free_now) + len(released) >= need.gpus
+            and cpus >= need.cpus
+            and (mem >= (need.mem or 0))
+        ):
+            # reserve released units first: the free ones stay usable for backfill
+            units = tuple((released + free_now)[: need.gpus])
+            return moment, units, cpus - need.cpus, mem - (need.mem or 0)
+        if index >= len(events) or math.isinf(events[index][0]):
+            return None
+        moment, freed, freed_cpus, freed_mem = events[index]
+        index += 1
+        released += [u for u in freed if u in eligible and u not in excluded]
+        cpus += freed_cpus
+        mem += freed_mem
+
+
+def estimate_starts(
+    nodes: list[FreeNode],
+    jobs: list[tuple[int, Resources, float | None]],
+    reservations: list[Reservation],
+    now: float,
+) -> dict[int, float]:
+    """List scheduling of blocked jobs in queue order over the GPU units' free times: an
+    estimate of when each starts (CPUs and memory are not modelled; GPU-less jobs not either)."""
+    free_at: dict[str, dict[str, float]] = {}
+    for node in nodes:
+        times = dict.fromkeys(node.units, now)
+        for end, units, _, _ in node.releases:
+            for unit in units:
+                times[unit] = end
+        for reservation in reservations:
+            if reservation.node == node.view.name:
+                for unit in reservation.units:
+                    times[unit] = math.inf
+        free_at[node.view.name] = times
+    estimates: dict[int, float] = {}
+    for job_id, need, limit in jobs:
+        best: tuple[float, str, list[str]] | None = None
+        for node in nodes:
+            if not node.view.up or need.gpus == 0:
+                continue
+            times = free_at[node.view.name]
+            eligible = sorted(
+                (times.get(u.uuid, math.inf), u.uuid)
+                for u in node.view.units
+                if need.gpu_mem is None or u.memory >= need.gpu_mem
+            )
+            if len(eligible) < need.gpus:
+                continue
+            moment = eligible[need.gpus - 1][0]
+            if best is None or moment < best[0]:
+                best = (moment, node.view.name, [u for _, u in eligible[: need.gpus]])
+        if best is None or math.isinf(best[0]):
+            continue
+        moment, name, chosen = best
+        estimates[job_id] = max(moment, now)
+        for unit in chosen:
+            free_at[name][unit] = math.inf if limit is None else estimates[job_id] + limit
+    return estimates

@@ -1,0 +1,115 @@
+"""What the scheduler is given and what it returns: plain, immutable data.
+
+The coordinator builds a snapshot from memory; `plan` returns Decisions; the coordinator applies
+them in one store transaction. Tests build snapshots by hand (no server, a fake clock).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+from gpuq.config import QosTier, SchedulerSettings
+from gpuq.domain.model import DependencyKind, Resources
+from gpuq.domain.states import JobState
+
+
+@dataclass(frozen=True, slots=True)
+class Policy:
+    tiers: Mapping[str, QosTier]
+    settings: SchedulerSettings = field(default_factory=SchedulerSettings)
+    kill_grace: float = 30.0  # a preempted job's warning signal to SIGKILL
+
+    def time_limit(self, qos: str, requested: int | None) -> float | None:
+        tier = self.tiers.get(qos)
+        limit = requested or (tier.default_time if tier else None)
+        return float(limit) if limit else None
+
+    def can_preempt(self, preemptor_qos: str, victim_qos: str) -> bool:
+        """Only preemptible tiers, and only by a tier of higher priority weight."""
+        mine, theirs = self.tiers.get(preemptor_qos), self.tiers.get(victim_qos)
+        return (
+            mine is not None
+            and theirs is not None
+            and theirs.preemptible
+            and theirs.priority < mine.priority
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class RunningJob:
+    job_id: int
+    user: str
+    qos: str
+    node: str
+    gpus: tuple[str, ...]
+    cpus: int
+    mem: int
+    start_time: float
+    end_estimate: float  # start + time limit, or when a requested stop turns into SIGKILL
+    name: str = ""
+    array_job_id: int | None = None
+    stopping: bool = False  # a stop (cancel, preemption, timeout) was requested
+
+
+@dataclass(frozen=True, slots=True)
+class Dependency:
+    """A dependency with the state its job has now (None: no such job)."""
+
+    job_id: int
+    kind: DependencyKind
+    state: JobState | None
+
+
+@dataclass(frozen=True, slots=True)
+class PendingJob:
+    job_id: int
+    user: str
+    qos: str
+    need: Resources
+    submit_time: float
+    priority: float = 0.0  # computed by gpuq.scheduler.priority
+    time_limit: float | None = None  # effective (QOS default filled in)
+    nice: int = 0
+    name: str = ""
+    begin_time: float | None = None
+    dependencies: tuple[Dependency, ...] = ()
+    array_job_id: int | None = None
+    array_max_running: int | None = None
+    singleton: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class Start:
+    job_id: int
+    node: str
+    gpus: tuple[str, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class Preemption:
+    victim: int
+    preemptor: int
+    node: str
+
+
+@dataclass(frozen=True, slots=True)
+class Cancellation:
+    job_id: int
+    reason: str
+
+
+@dataclass(frozen=True, slots=True)
+class Waiting:
+    """Why a pending job is not starting, all reasons at once, and when it may start."""
+
+    reasons: tuple[str, ...]
+    estimated_start: float | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Decisions:
+    starts: tuple[Start, ...] = ()
+    preemptions: tuple[Preemption, ...] = ()
+    cancellations: tuple[Cancellation, ...] = ()
+    waiting: dict[int, Waiting] = field(default_factory=dict)

@@ -1,0 +1,113 @@
+"""Scheduling policy end to end: preemption with a checkpoint, arrays with a limit,
+dependencies, begin times."""
+
+from __future__ import annotations
+
+import time
+
+from e2e_cluster import Cluster, wait_for
+
+from gpuq.domain.states import JobState
+
+CHECKPOINTING = """#!/bin/bash
+ckpt={root}/ckpt
+trap 'echo "$i" > $ckpt; echo "checkpointed at $i"; exit 0' TERM
+i=$(cat $ckpt 2>/dev/null || echo 0)
+echo "start from $i, restart $GPUQ_RESTART_COUNT"
+while [ "$i" -lt 30 ]; do i=$((i+1)); sleep 0.1; done
+echo "done at $i"
+"""
+
+
+def test_preempted_job_checkpoints_requeues_and_completes(cluster: Cluster) -> None:
+    script = cluster.root / "train.sh"
+    script.write_text(CHECKPOINTING.format(root=cluster.root))
+    low = cluster.client().submit(
+        str(script), gpus=4, qos="low", environ=cluster.env, chdir=str(cluster.root)
+    )
+    cluster.wait_state(low, "running")
+    output = cluster.root / f"gpuq-{low}.out"
+    wait_for(lambda: output.exists() and "start from 0" in output.read_text(), what="low start")
+    time.sleep(0.5)  # let it make some progress (a checkpoint of more than 0)
+    high = cluster.submit("echo high ran on $GPUQ_NODE", gpus=4, qos="high")
+    assert cluster.wait_state(high, "completed", timeout=30).node == "a"
+    job = cluster.wait_state(low, "completed", "failed", timeout=30)
+    assert job.state is JobState.COMPLETED
+    assert job.requeue_count == 1
+    text = output.read_text()
+    assert "start from 0, restart 0" in text
+    checkpoint = int(text.split("checkpointed at ")[1].split()[0])
+    assert checkpoint > 0
+    assert f"start from {checkpoint}, restart 1" in text
+    assert text.endswith("done at 30\n")
+    _, events = cluster.client().detail(low)
+    assert [e.to_state.value for e in events] == [
+        "pending",
+        "running",
+        "preempted",
+        "pending",
+        "running",
+        "completed",
+    ]
+    assert events[2].reason.startswith(f"preempted by job {high}")
+    high_job = cluster.job(high)
+    assert high_job.start_time is not None and high_job.start_time >= events[2].at
+
+
+def test_array_limit_is_never_exceeded(cluster: Cluster) -> None:
+    log = cluster.root / "tasks.log"
+    record = (
+        f'echo "start $GPUQ_ARRAY_TASK_ID $(date +%s.%N)" >> {log}; sleep 0.4; '
+        f'echo "end $GPUQ_ARRAY_TASK_ID $(date +%s.%N)" >> {log}'
+    )
+    array = cluster.submit(record, gpus=1, array="0-5%2")
+    finished = cluster.client().wait(array, timeout=60)
+    assert finished.state is JobState.COMPLETED
+    events = sorted(
+        (float(t), 1 if kind == "start" else -1)
+        for kind, _, t in (line.split() for line in log.read_text().splitlines())
+    )
+    running = peak = 0
+    for _, step in events:
+        running += step
+        peak = max(peak, running)
+    assert len(events) == 12
+    assert peak == 2, f"{peak} tasks ran at once"
+
+
+def test_dependencies_run_in_order_and_a_failed_one_cancels(cluster: Cluster) -> None:
+    log = cluster.root / "order.log"
+    first = cluster.submit(f"sleep 0.5; echo first >> {log}")
+    second = cluster.submit(f"echo second >> {log}", after=[f"{first}:ok"])
+    assert cluster.wait_state(second, "completed").state is JobState.COMPLETED
+    assert log.read_text() == "first\nsecond\n"
+    failing = cluster.submit("exit 1")
+    needs_ok = cluster.submit("echo never", after=[str(failing)])
+    on_failure = cluster.submit("echo cleanup", after=[f"{failing}:notok"])
+    anyway = cluster.submit("echo anyway", after=[f"{failing}:any"])
+    cancelled = cluster.wait_state(needs_ok, "cancelled")
+    assert cancelled.reason == f"dependency can never be met: job {failing} failed (afterok)"
+    assert cluster.wait_state(on_failure, "completed").state is JobState.COMPLETED
+    assert cluster.wait_state(anyway, "completed").state is JobState.COMPLETED
+
+
+def test_pending_job_says_why_and_when(cluster: Cluster) -> None:
+    gate = cluster.root / "gate"
+    blocker = cluster.submit(f"while [ ! -e {gate} ]; do sleep 0.05; done", gpus=4, time="10")
+    cluster.wait_state(blocker, "running")
+    waiting = cluster.submit("true", gpus=4, after=[str(blocker)])
+    later = cluster.submit("true", begin="now+3600")
+
+    def info(job_id: int):  # type: ignore[no-untyped-def]
+        return cluster.client().detail(job_id)[0].pending
+
+    reasons = wait_for(lambda: list(info(waiting).reasons), what="reasons")
+    assert reasons[0] == f"dependency: waiting for job {blocker} (afterok)"
+    assert any("largest free block is 2" in r for r in reasons)
+    begin = wait_for(lambda: list(info(later).reasons), what="begin reason")
+    assert begin[0].startswith("begin time")
+    detail = info(waiting)
+    assert {f.name for f in detail.factors} == {"qos", "age", "fairshare", "nice"}
+    assert detail.priority > 0
+    gate.touch()
+    assert cluster.wait_state(waiting, "completed").state is JobState.COMPLETED
