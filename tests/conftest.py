@@ -62,3 +62,18 @@ def store(store_url: str) -> Iterator[Store]:
         yield opened
     finally:
         opened.close()
+
+
+def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
+    """Say how many backend-parametrised tests ran on each store (CI must show both)."""
+    counts = {"sqlite": 0, "postgresql": 0}
+    skipped = {"sqlite": 0, "postgresql": 0}
+    for outcome, tally in (("passed", counts), ("skipped", skipped)):
+        for report in terminalreporter.stats.get(outcome, []):
+            for backend in tally:
+                if f"[{backend}]" in getattr(report, "nodeid", ""):
+                    tally[backend] += 1
+    terminalreporter.write_line(
+        f"store backends: SQLite {counts['sqlite']} passed ({skipped['sqlite']} skipped), "
+        f"PostgreSQL {counts['postgresql']} passed ({skipped['postgresql']} skipped)"
+    )

@@ -15,23 +15,15 @@ from gpuq.convert import result_from_proto, spec_to_proto, unit_from_proto
 from gpuq.coordinator.cluster import AgentSession, NodeEntry
 from gpuq.coordinator.core import Coordinator, Ending, StopOrder
 from gpuq.domain.model import Job, JobResult, Node, NodeState
-from gpuq.domain.states import JobState
+from gpuq.domain.states import TRANSITIONS, JobState
 from gpuq.errors import Conflict, IllegalTransition, NotFound
 from gpuq.store.api import StoreTx
 from gpuq.v1 import agent_pb2 as apb
 
 log = logging.getLogger(__name__)
 
-_ENDINGS = frozenset(
-    {
-        JobState.COMPLETED,
-        JobState.FAILED,
-        JobState.CANCELLED,
-        JobState.TIMEOUT,
-        JobState.PREEMPTED,
-        JobState.OUT_OF_MEMORY,
-    }
-)
+# how a job's processes can end, as an agent sees it (node_fail is the coordinator's verdict)
+AGENT_ENDINGS = TRANSITIONS[JobState.RUNNING] - {JobState.NODE_FAIL}
 TIME_LIMIT_SLACK = 10.0  # seconds past limit + grace before the coordinator steps in
 
 
@@ -134,7 +126,7 @@ class AgentLink:
                 state = JobState(report.end_state)
             except ValueError:
                 state = JobState.FAILED
-            if state not in _ENDINGS:
+            if state not in AGENT_ENDINGS:
                 state = JobState.FAILED
             ends.append((report.job_id, state, result_from_proto(report.result)))
         await self.co.record_ends(node, ends)

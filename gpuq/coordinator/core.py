@@ -307,7 +307,11 @@ class Coordinator:
                 while not queue.empty():
                     batch.append(queue.get_nowait())
                 yield batch
-                remaining.difference_update(e.job_id for e in batch if not e.to_state.is_live)
+                for event in batch:  # in order: a preempted job is back to pending right after
+                    if not event.to_state.is_live:
+                        remaining.discard(event.job_id)
+                    elif event.job_id in wanted:
+                        remaining.add(event.job_id)
         finally:
             self._watchers.discard(entry)
 
@@ -377,6 +381,7 @@ class Coordinator:
 
         moved, usage = await self.writer.write(write)
         self.sched.usage.update({u: (v, now) for u, v in usage.items()})
+        requeued = {job_id for job_id, _, after, _ in moved if after is JobState.PENDING}
         for job_id, before, after, reason in moved:
             if after is JobState.PENDING:
                 job = self.cluster.jobs[job_id]
@@ -391,7 +396,7 @@ class Coordinator:
                     )
                 )
                 self._publish(JobEvent(job_id, now, before, after, reason))
-            elif before is JobState.RUNNING and after is JobState.PREEMPTED:
+            elif job_id in requeued:  # preempted, and back in the queue just below
                 self._publish(JobEvent(job_id, now, before, after, reason))
             else:
                 self._ended(job_id, before, after, reason)

@@ -111,3 +111,34 @@ def test_pending_job_says_why_and_when(cluster: Cluster) -> None:
     assert detail.priority > 0
     gate.touch()
     assert cluster.wait_state(waiting, "completed").state is JobState.COMPLETED
+
+
+def test_no_requeue_job_ends_preempted_after_its_warning_signal(cluster: Cluster) -> None:
+    warned = cluster.root / "warned"
+    low = cluster.submit(
+        f"trap 'echo usr1 > {warned}; exit 0' USR1; while true; do sleep 0.05; done",
+        gpus=2,
+        qos="low",
+        no_requeue=True,
+        signal="USR1",
+    )
+    assert cluster.wait_state(low, "running").node == "b"
+    # fill node a so that the high job can only get node b by preemption
+    gate = cluster.root / "gate"
+    cluster.submit(f"while [ ! -e {gate} ]; do sleep 0.05; done", gpus=4)
+    high = cluster.submit("true", gpus=2, qos="high")
+    job = cluster.wait_state(low, "preempted", timeout=20)
+    assert warned.read_text() == "usr1\n"
+    assert job.requeue_count == 0
+    assert cluster.wait_state(high, "completed").node == "b"
+    gate.touch()
+    assert cluster.job(low).state is JobState.PREEMPTED  # it stays ended
+
+
+def test_memory_limit_ends_a_job_as_out_of_memory(cluster: Cluster) -> None:
+    hog = cluster.submit(
+        "python3 -c 'import time; x = bytearray(400 << 20); time.sleep(30)'", mem="100M"
+    )
+    job = cluster.wait_state(hog, "out_of_memory", "failed", "completed", timeout=30)
+    assert job.state is JobState.OUT_OF_MEMORY
+    assert "100M" in job.reason

@@ -1,20 +1,25 @@
-"""How many `true` jobs one hub + fork server completes with 8 in flight (printed, not asserted:
-a shared CI machine's speed says nothing about the code). Run with -s to see the figure."""
+"""Supervision benchmark: how many `true` jobs one hub and its fork server complete with 8 in
+flight, and the CPU each costs (prints figures, asserts nothing).
+
+    python bench/supervisor_bench.py
+"""
 
 from __future__ import annotations
 
 import asyncio
 import resource
+import sys
+import tempfile
 import time
 from pathlib import Path
 
-import pytest
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "e2e"))
+
 from supervisor_helpers import Reports, await_until, make_spec
 
 from gpuq.agent import proctree
 from gpuq.agent.hub import SupervisorHub
 
-pytestmark = pytest.mark.timeout(60)
 JOBS = 600
 IN_FLIGHT = 8
 
@@ -24,7 +29,7 @@ def cpu(who: int) -> float:
     return usage.ru_utime + usage.ru_stime
 
 
-def test_throughput_of_true_jobs(tmp_path: Path) -> None:
+def main(tmp_path: Path) -> None:
     async def scenario() -> tuple[float, float, float]:
         reports = Reports()
         hub = SupervisorHub(tmp_path / "state", reports, ack_wait=20)
@@ -55,3 +60,8 @@ def test_throughput_of_true_jobs(tmp_path: Path) -> None:
         f"hub {hub_cpu / JOBS * 1000:.2f} ms, fork server + supervisor + job "
         f"{children_cpu / JOBS * 1000:.2f} ms"
     )
+
+
+if __name__ == "__main__":
+    with tempfile.TemporaryDirectory() as folder:
+        main(Path(folder))
