@@ -24,10 +24,13 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 
 from gpuq.client import Client
 from gpuq.config import load_settings
+from gpuq.domain.model import ArraySpec
 from gpuq.domain.states import JobState
 from gpuq.submission import build_spec
 
@@ -92,47 +95,22 @@ def main() -> None:
     (home / "config.toml").write_text('[coordinator]\nlisten = "127.0.0.1:0"\n')
     env = {**os.environ, "GPUQ_HOME": str(home)}
     gpuq = [sys.executable, "-m", "gpuq.cli.main"]
-    prefix = (
-        [
-            sys.executable,
-            "-m",
-            "cProfile",
-            "-o",
-            str(Path(os.environ["GPUQ_PROFILE"]) / "coordinator.prof"),
-            "-m",
-            "gpuq.cli.main",
-        ]
-        if os.environ.get("GPUQ_PROFILE")
-        else gpuq
-    )
     coordinator = subprocess.Popen(
-        [*prefix, "coordinator", "--log-level", "warning"], env=env, cwd=root
+        [*gpuq, "coordinator", "--log-level", "warning"], env=env, cwd=root
     )
     while not (home / "coordinator.json").exists():
         time.sleep(0.05)
-    aprefix = (
-        [
-            sys.executable,
-            "-m",
-            "cProfile",
-            "-o",
-            str(Path(os.environ["GPUQ_PROFILE"]) / "agent.prof"),
-            "-m",
-            "gpuq.cli.main",
-        ]
-        if os.environ.get("GPUQ_PROFILE")
-        else gpuq
-    )
+    # 8 fake GPUs, and more CPUs offered than this 2-core machine has: 8 `true` jobs at once
     agent = subprocess.Popen(
         [
-            *aprefix,
+            *gpuq,
             "agent",
             "--fake-gpus",
             f"{args.gpus}xA100-80GB",
             "--cpus",
             str(4 * args.gpus),
             "--log-level",
-            os.environ.get("GPUQ_BENCH_LOG", "warning"),
+            "warning",
         ],
         env=env,
         cwd=root,
@@ -145,10 +123,13 @@ def main() -> None:
     try:
         time.sleep(0.5)
         dispatch(client, events, spec)
-        throughput(client, events, spec, args.jobs, [coordinator.pid, agent.pid])
-        if not os.environ.get("GPUQ_PROFILE"):
-            submissions(client, root, args.submits)
-            cli_times(gpuq, env, root)
+        pids = [coordinator.pid, agent.pid]
+        one_by_one = lambda: [client.submit_spec(spec)[0] for _ in range(args.jobs)]  # noqa: E731
+        throughput("one submit per job", one_by_one, events, pids)
+        array = replace(spec, array=ArraySpec(tuple(range(args.jobs))))
+        throughput("one array", lambda: client.submit_spec(array), events, pids)
+        submissions(client, root, args.submits)
+        cli_times(gpuq, env, root)
     finally:
         client.close()
         for process in (agent, coordinator):
@@ -172,38 +153,28 @@ def dispatch(client: Client, events: Events, spec: object) -> None:
     )
 
 
-def throughput(client: Client, events: Events, spec: object, count: int, pids: list[int]) -> None:
-    fork_servers = [p for p in children_of(pids[1])]
-    watched = pids + fork_servers
-    before_each = [cpu_seconds(p) for p in watched]
-    before = sum(before_each)
+def throughput(
+    label: str, submit: Callable[[], list[int]], events: Events, pids: list[int]
+) -> None:
+    """From the first submit to the last completion, and the CPU each part spent per job."""
+    watched = pids + children_of(pids[1])  # coordinator, agent, the agent's fork server
+    before = [cpu_seconds(p) for p in watched]
     bench_before = time.process_time()
     start = time.perf_counter()
-    ids = [client.submit_spec(spec)[0] for _ in range(count)]  # type: ignore[arg-type]
+    ids = submit()
     submitted = time.perf_counter()
     last = max(events.wait(i, JobState.COMPLETED, 120) for i in ids)
     elapsed = last - start
-    time.sleep(0.5)  # let the fork server reap the last supervisors
-    after_each = [cpu_seconds(p) for p in watched]
-    used = sum(after_each) - before
-    parts = ", ".join(
-        f"{name} {(a - b) / count * 1000:.1f}"
-        for name, a, b in zip(
-            ["coordinator", "agent", "fork server + supervisors + jobs"],
-            after_each,
-            before_each,
-            strict=False,
-        )
-    )
     bench_cpu = time.process_time() - bench_before
+    time.sleep(0.5)  # let the fork server reap the last supervisors
+    spent = [cpu_seconds(p) - b for p, b in zip(watched, before, strict=True)]
+    count = len(ids)
+    names = ["coordinator", "agent", "fork server + supervisors + jobs"]
+    parts = ", ".join(f"{n} {s / count * 1000:.1f}" for n, s in zip(names, spent, strict=False))
     print(
-        f"throughput: {count} jobs in {elapsed:.2f} s = {count / elapsed:.0f} jobs/s "
-        f"(all submitted after {submitted - start:.2f} s)"
-    )
-    print(
-        f"CPU per job: {used / count * 1000:.1f} ms in gpuq (coordinator, agent, fork server, "
-        f"supervisors, jobs): {parts}; {bench_cpu / count * 1000:.1f} ms in the submitting "
-        "client"
+        f"throughput, {label}: {count} jobs in {elapsed:.2f} s = {count / elapsed:.0f} jobs/s "
+        f"(submitted in {submitted - start:.2f} s); CPU per job {sum(spent) / count * 1000:.1f} "
+        f"ms ({parts}) + {bench_cpu / count * 1000:.1f} ms in the client"
     )
 
 
