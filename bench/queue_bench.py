@@ -32,6 +32,7 @@ from gpuq.client import Client
 from gpuq.config import load_settings
 from gpuq.domain.model import ArraySpec
 from gpuq.domain.states import JobState
+from gpuq.errors import GpuqError
 from gpuq.submission import build_spec
 
 TICKS = os.sysconf("SC_CLK_TCK")
@@ -65,10 +66,13 @@ class Events:
         threading.Thread(target=self._run, args=(client,), daemon=True).start()
 
     def _run(self, client: Client) -> None:
-        for event in client.watch():
-            with self.cond:
-                self.seen[(event.job_id, event.to_state)] = time.perf_counter()
-                self.cond.notify_all()
+        try:
+            for event in client.watch():
+                with self.cond:
+                    self.seen[(event.job_id, event.to_state)] = time.perf_counter()
+                    self.cond.notify_all()
+        except GpuqError:
+            pass  # the benchmark closed its client
 
     def wait(self, job_id: int, state: JobState, timeout: float = 30) -> float:
         with self.cond:
