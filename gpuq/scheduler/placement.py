@@ -104,7 +104,9 @@ def shortage(nodes: list[NodeView], need: Resources) -> str:
         largest = max(up, key=lambda n: (len(n.usable_units(need.gpu_mem)), n.name))
         free = len(largest.usable_units(need.gpu_mem))
         if free < need.gpus:
-            kind = f"GPUs with {format_size(need.gpu_mem)}" if need.gpu_mem else "GPUs"
+            kind = "GPU" if need.gpus == 1 else "GPUs"
+            if need.gpu_mem:
+                kind += f" with {format_size(need.gpu_mem)}"
             return (
                 f"needs {need.gpus} {kind} on one node; largest free block is {free} "
                 f"(node {largest.name})"
