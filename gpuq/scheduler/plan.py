@@ -270,7 +270,7 @@ class _Pass:
         return best
 
     def _preempt_for(self, job: PendingJob, reserved: frozenset[str]) -> bool:
-        best: tuple[float, int, str, list[RunningJob]] | None = None
+        options = []
         for name, node in self.nodes.items():
             if not node.view.up:
                 continue
@@ -279,9 +279,17 @@ class _Pass:
                 for r in self._preemptible(name, job.qos)
                 if r.job_id not in self.victims and not reserved.intersection(r.gpus)
             ]
-            if len(node.units) + sum(len(r.gpus) for r in candidates) < job.need.gpus:
-                continue
-            found = victims_on(node, job.need, candidates, self.now, reserved)
+            if candidates and len(node.units) + sum(len(r.gpus) for r in candidates) >= (
+                job.need.gpus
+            ):
+                youngest = min(self.now - r.start_time for r in candidates)
+                options.append((youngest, name, candidates))
+        best: tuple[float, int, str, list[RunningJob]] | None = None
+        # nodes by the least work a victim there could lose: stop once no node can beat the best
+        for youngest, name, candidates in sorted(options, key=lambda o: (o[0], o[1])):
+            if best is not None and youngest > best[0]:
+                break
+            found = victims_on(self.nodes[name], job.need, candidates, self.now, reserved)
             if found is not None and (best is None or (found[0], len(found[1])) < best[:2]):
                 best = (found[0], len(found[1]), name, found[1])
         if best is None:

@@ -37,11 +37,17 @@ def victims_on(
     if not candidates or not fits(candidates):
         return None
     if len(candidates) <= EXACT_UP_TO:
+        ordered = sorted(candidates, key=lambda v: now - v.start_time)
         best: tuple[float, int, list[RunningJob]] | None = None
-        for size in range(1, len(candidates) + 1):
-            for subset in combinations(candidates, size):
-                if fits(subset) and (best is None or (lost(subset), size) < best[:2]):
-                    best = (lost(subset), size, list(subset))
+        for size in range(1, len(ordered) + 1):
+            # the k youngest jobs lose the least work any k victims can: if even they lose as
+            # much as the best choice so far, no larger set can do better
+            if best is not None and lost(ordered[:size]) >= best[0]:
+                break
+            for subset in combinations(ordered, size):
+                cost = lost(subset)
+                if (best is None or (cost, size) < best[:2]) and fits(subset):
+                    best = (cost, size, list(subset))
         assert best is not None
         return best[0], best[2]
     chosen: list[RunningJob] = []
