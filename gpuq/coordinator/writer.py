@@ -1,10 +1,13 @@
-"""Group commit: every store write of the coordinator goes through one queue and one thread.
+"""Group commit: every store write of the coordinator goes through one queue, in order.
 
 Writes that arrive while a transaction is committing wait and then commit together, so under
 load a hundred submissions or job ends cost one transaction, not a hundred; when idle, a write
 commits at once. A write is a function of the transaction that reads what it needs inside it
 and decides there (the database is the truth; the coordinator's memory follows it). If one
 write of a batch raises, the batch is retried one write at a time so the others still land.
+
+SQLite commits run on the event loop itself (a local commit is shorter than the hand-off to a
+thread); PostgreSQL commits, which wait on the network, run in one writer thread.
 """
 
 from __future__ import annotations

@@ -3,8 +3,6 @@ dependencies, begin times."""
 
 from __future__ import annotations
 
-import time
-
 from e2e_cluster import Cluster, wait_for
 
 from gpuq.domain.states import JobState
@@ -14,7 +12,7 @@ ckpt={root}/ckpt
 trap 'echo "$i" > $ckpt; echo "checkpointed at $i"; exit 0' TERM
 i=$(cat $ckpt 2>/dev/null || echo 0)
 echo "start from $i, restart $GPUQ_RESTART_COUNT"
-while [ "$i" -lt 30 ]; do i=$((i+1)); sleep 0.1; done
+while [ "$i" -lt 30 ]; do i=$((i+1)); echo "$i" > {root}/progress; sleep 0.1; done
 echo "done at $i"
 """
 
@@ -28,7 +26,8 @@ def test_preempted_job_checkpoints_requeues_and_completes(cluster: Cluster) -> N
     cluster.wait_state(low, "running")
     output = cluster.root / f"gpuq-{low}.out"
     wait_for(lambda: output.exists() and "start from 0" in output.read_text(), what="low start")
-    time.sleep(0.5)  # let it make some progress (a checkpoint of more than 0)
+    progress = cluster.root / "progress"
+    wait_for(lambda: progress.exists() and int(progress.read_text() or 0) >= 3, what="progress")
     high = cluster.submit("echo high ran on $GPUQ_NODE", gpus=4, qos="high")
     assert cluster.wait_state(high, "completed", timeout=30).node == "a"
     job = cluster.wait_state(low, "completed", "failed", timeout=30)
