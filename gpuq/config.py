@@ -8,6 +8,7 @@ The config file is the first of `--config`, `$GPUQ_CONFIG`, `$GPUQ_HOME/config.t
 
 from __future__ import annotations
 
+import hashlib
 import os
 import socket
 import tomllib
@@ -92,6 +93,7 @@ class CoordinatorSettings:
 class AgentSettings:
     node_name: str = field(default_factory=lambda: socket.gethostname().split(".")[0])
     coordinator: str | None = None  # "unix:PATH" or "HOST:PORT"; None: this home's socket
+    run_dir: str | None = None  # job folders (<run_dir>/<node>); None: see Settings.agent_run_root
     fake_gpus: str | None = None
     cpus: int | None = None  # CPUs offered to jobs; None: every CPU of the machine
     mem: str | None = None  # host memory offered to jobs, e.g. "200G"; None: all of it
@@ -122,6 +124,20 @@ class Settings:
     @property
     def agent_state_dir(self) -> Path:
         return self.home / "agent" / self.agent.node_name
+
+    @property
+    def agent_run_root(self) -> Path:
+        """Where agents keep job folders and the supervisors' socket, one folder per node.
+
+        They matter only while supervisors run, and a reboot ends those, so the default is a
+        private folder on tmpfs, keyed by this home: a job costs no disk writes (and no fsync
+        behind a busy disk). The agent falls back to agent_state_dir where /dev/shm is missing
+        or mounted noexec (the job's script runs from its folder).
+        """
+        if self.agent.run_dir:
+            return Path(self.agent.run_dir).expanduser()
+        key = hashlib.sha256(str(self.home).encode()).hexdigest()[:12]
+        return Path("/dev/shm", f"gpuq-{os.geteuid()}", key)
 
     @property
     def coordinator_address(self) -> str:

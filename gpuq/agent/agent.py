@@ -41,7 +41,7 @@ class AgentOptions:
     settings: AgentSettings
     address: str  # "unix:PATH" or "HOST:PORT"
     token: str
-    state_dir: Path
+    run_dir: Path  # job folders and the supervisors' socket
     heartbeat_interval: float = 5.0
 
 
@@ -50,7 +50,7 @@ class Agent:
         self.options = options
         self.backend = backend
         self.inventory: GpuInventory = backend.inventory()
-        self.hub = SupervisorHub(options.state_dir, self._on_report, fork_server=fork_server)
+        self.hub = SupervisorHub(options.run_dir, self._on_report, fork_server=fork_server)
         self.policy = self._policy()
         self.unacked: dict[int, SupervisorReport] = {}  # ended, not yet recorded by the coordinator
         self._outgoing: list[apb.JobReport] = []

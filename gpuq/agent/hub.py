@@ -22,8 +22,7 @@ from pathlib import Path
 from typing import Literal
 
 from gpuq.agent.forkserver import ForkServer
-from gpuq.agent.launch import LaunchSpec
-from gpuq.agent.supervisor import (
+from gpuq.agent.jobdir import (
     ACK_WAIT_DEFAULT,
     RESULT_FILE,
     SOCKET_NAME,
@@ -34,6 +33,7 @@ from gpuq.agent.supervisor import (
     supervisor_alive,
     write_json_atomic,
 )
+from gpuq.agent.launch import LaunchSpec
 
 log = logging.getLogger(__name__)
 LIVENESS_CHECK = 1.0  # seconds between checks on a supervisor that is not connected
@@ -220,6 +220,11 @@ class SupervisorHub:
                 if process.poll() is not None:
                     break
                 await asyncio.sleep(0.01)
+        # leave no litter: the socket, and the folders when no job folder is left in them
+        with contextlib.suppress(OSError):
+            (self.state_dir / SOCKET_NAME).unlink()
+            self.jobs_dir.rmdir()
+            self.state_dir.rmdir()
 
     def _recover(self) -> None:
         for entry in sorted(os.scandir(self.jobs_dir), key=lambda e: e.name):

@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -129,6 +130,8 @@ class Cluster:
                     process.wait(5)
                 self.kill(process)
         kill_marked(self.marker)
+        # job folders of agents that were killed (the default run folder is outside root)
+        shutil.rmtree(load_settings(home=self.home).agent_run_root, ignore_errors=True)
 
     # ---- client side -----------------------------------------------------------------------
 

@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 from supervisor_helpers import alive, cleanup, make_spec, read_pid, running_hub, wait_until
 
+from gpuq.agent.jobdir import supervisor_alive
 from gpuq.agent.launch import LaunchSpec
-from gpuq.agent.supervisor import supervisor_alive
 
 pytestmark = pytest.mark.timeout(60)
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import shutil
 import signal
@@ -15,20 +16,40 @@ from pathlib import Path
 import pytest
 from supervisor_helpers import alive, cleanup, make_spec, read_pid, running_hub
 
-from gpuq.agent.cgroups import MemoryCgroup, memory_hierarchy
-
 pytestmark = pytest.mark.timeout(60)
 
 
+def memory_hierarchy() -> tuple[Path, int] | None:
+    """(mount point, version) of the cgroup hierarchy with the memory controller, v2 first."""
+    v1 = None
+    for line in Path("/proc/self/mounts").read_text().splitlines():
+        _, point, fstype, options, *_ = line.split()
+        if fstype == "cgroup2":
+            with contextlib.suppress(OSError):
+                if "memory" in (Path(point) / "cgroup.controllers").read_text().split():
+                    return Path(point), 2
+        if fstype == "cgroup" and "memory" in options.split(","):
+            v1 = Path(point)
+    return (v1, 1) if v1 is not None else None
+
+
 def cgroup_usable() -> bool:
-    if os.geteuid() != 0 or memory_hierarchy() is None:
+    """Whether this test may make a memory cgroup with a limit (root and a memory hierarchy)."""
+    hierarchy = memory_hierarchy()
+    if os.geteuid() != 0 or hierarchy is None:
         return False
-    probe = MemoryCgroup.create(999_999_999, f"gpuq-probe-{os.getpid()}", 1 << 30)
-    if probe is None:
+    root, version = hierarchy
+    probe = root / f"gpuq-probe-{os.getpid()}"
+    limit = "memory.max" if version == 2 else "memory.limit_in_bytes"
+    try:
+        probe.mkdir()
+        (probe / limit).write_text(str(1 << 30))
+        return True
+    except OSError:
         return False
-    probe.remove()
-    probe.path.parent.rmdir()
-    return True
+    finally:
+        with contextlib.suppress(OSError):
+            probe.rmdir()
 
 
 def test_exit_codes_and_folder_life(tmp_path: Path) -> None:
@@ -87,10 +108,49 @@ def test_output_files(tmp_path: Path) -> None:
     assert oct((tmp_path / "1.out").stat().st_mode & 0o777) == "0o600"
 
 
-@pytest.mark.parametrize("with_cgroup", [False, True], ids=["posix_spawn", "fork"])
+def test_bytes_survive_from_spec_to_job_and_back(tmp_path: Path) -> None:
+    """Values that are not UTF-8 (surrogate-escaped by Python) reach the job as the original
+    bytes, and a reason that quotes such a path comes back as valid text."""
+    state = tmp_path / "state"
+    env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "UNI": "h\u00e9llo \u2713"}
+    env["RAW"] = "\udcff"  # the byte 0xff, as os.environ would hold it
+
+    async def scenario() -> None:
+        async with running_hub(state) as (hub, reports):
+            body = 'printf "%s|%s|%s" "$UNI" "$RAW" "$1" > env.out\n'
+            await hub.launch(make_spec(tmp_path, 1, body, env=env, args=("\udcfe",)))
+            await hub.launch(make_spec(tmp_path, 2, "exit 0\n", cwd="/nonexistent/\udcff"))
+            assert (await reports.wait(1, "ended")).end_state == "completed"
+            bad = await reports.wait(2, "ended")
+            assert bad.reason == (
+                "launch failed: cannot chdir to /nonexistent/\ufffd: No such file or directory"
+            )
+
+    with cleanup(state):
+        asyncio.run(scenario())
+    assert (tmp_path / "env.out").read_bytes() == "h\u00e9llo \u2713|".encode() + b"\xff|\xfe"
+
+
+def test_unusable_spec_ends_the_job_failed(tmp_path: Path) -> None:
+    """A spec the supervisor cannot carry out starts nothing and still reports an end."""
+    state = tmp_path / "state"
+
+    async def scenario() -> None:
+        async with running_hub(state) as (hub, reports):
+            await hub.launch(make_spec(tmp_path, 1, "touch ran\n", args=("a\0b",)))
+            end = await reports.wait(1, "ended")
+            assert (end.end_state, end.exit_code) == ("failed", None)
+            assert end.reason == "supervisor error: spec.json: field args is missing or unusable"
+
+    with cleanup(state):
+        asyncio.run(scenario())
+    assert not (tmp_path / "ran").exists()
+
+
+@pytest.mark.parametrize("with_cgroup", [False, True], ids=["plain", "cgroup"])
 def test_launch_failure(tmp_path: Path, with_cgroup: bool) -> None:
     if with_cgroup and not cgroup_usable():
-        pytest.skip("needs root and a memory cgroup (the fork path)")
+        pytest.skip("needs root and a memory cgroup")
     state = tmp_path / "state"
     extra = {"mem_limit": 1 << 30, "mem_enforcement": "cgroup"} if with_cgroup else {}
     extra["cgroup_parent"] = f"gpuq-test-{os.getpid()}"

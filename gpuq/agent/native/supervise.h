@@ -1,0 +1,84 @@
+/* The per-job supervisor and the fork server, in C (see supervisor.c for why).
+ *
+ * Everything here runs in a process forked from the fork server: single-threaded, never back
+ * into Python, ending in _exit(). Memory is allocated and not freed where the process is about
+ * to exit anyway. */
+#ifndef GPUQ_SUPERVISE_H
+#define GPUQ_SUPERVISE_H
+
+#include <stddef.h>
+#include <sys/types.h>
+
+/* ---- json.c: the parts of JSON the job folder and the hub protocol use ---- */
+
+typedef enum { J_NULL, J_BOOL, J_NUM, J_STR, J_ARR, J_OBJ } jtype;
+
+typedef struct jval {
+    jtype type;
+    int boolean;
+    double num;
+    char *str; /* J_STR: decoded UTF-8, NUL-terminated; len excludes the NUL */
+    size_t len;
+    size_t n;            /* J_ARR, J_OBJ: number of items */
+    struct jval *items;  /* J_ARR, J_OBJ */
+    char **keys;         /* J_OBJ */
+} jval;
+
+/* Parse `len` bytes; NULL when they are not one JSON value. */
+jval *json_parse(const char *text, size_t len);
+void json_free(jval *value);
+const jval *json_get(const jval *object, const char *key);
+/* Typed getters: `fallback` when the key is absent, null or of another type. */
+const char *json_str(const jval *object, const char *key, const char *fallback);
+double json_num(const jval *object, const char *key, double fallback);
+int json_has_num(const jval *object, const char *key);
+/* A string without NUL bytes (a path, an argument): 0 when absent or unusable. */
+int json_cstr(const jval *object, const char *key, const char **out);
+
+typedef struct {
+    char *data;
+    size_t len, cap;
+} buf;
+
+void buf_add(buf *b, const char *data, size_t len);
+void buf_addf(buf *b, const char *format, ...) __attribute__((format(printf, 2, 3)));
+void buf_str(buf *b, const char *text); /* a JSON string literal; invalid UTF-8 -> U+FFFD */
+void buf_consume(buf *b, size_t count); /* drop the first `count` bytes */
+
+/* ---- proc.c: the job's processes and its memory cgroup ---- */
+
+typedef struct {
+    pid_t *pids;
+    size_t n, cap;
+} pidlist;
+
+void pids_add(pidlist *list, pid_t pid);
+int pids_has(const pidlist *list, pid_t pid);
+void pids_clear(pidlist *list);
+int read_file(const char *path, buf *out); /* 0, or -1 with errno */
+void descendants(pid_t root, pidlist *out);
+int has_exited(pid_t pid);
+long long start_time(pid_t pid);
+int group_alive(pid_t pgid);
+void signal_tree(pid_t root, pid_t pgid, int sig, const pidlist *extra);
+long long tree_rss(const pidlist *pids);
+void signal_name(int sig, char *out, size_t size);
+
+typedef struct {
+    char path[4096];
+    int version; /* 1 or 2; 0: none */
+} cgroup;
+
+void cgroup_detect(void); /* once, in the fork server: supervisors inherit the answer */
+int cgroup_create(cgroup *group, long long job_id, const char *parent, long long limit);
+int cgroup_open_procs(const cgroup *group);
+void cgroup_pids(const cgroup *group, pidlist *out);
+long long cgroup_oom_kills(const cgroup *group);
+long long cgroup_peak(const cgroup *group);
+void cgroup_remove(const cgroup *group);
+
+/* ---- supervisor.c ---- */
+
+int supervise(const char *job_dir, double ack_wait); /* the exit code */
+
+#endif

@@ -1,0 +1,787 @@
+/* The per-job supervisor: the job's parent, forked by the fork server, one per job.
+ *
+ * It owns everything about one run so that the agent can die and come back without the job
+ * noticing: it writes the script, starts the job, enforces the time and memory limits, kills
+ * every leftover process when the job ends, writes result.json durably, and tells the agent
+ * (the hub) over a Unix socket, reconnecting while the agent restarts. It is C, not Python,
+ * because a forked Python supervisor cost 3 to 4 ms of CPU per job (copy-on-write faults in the
+ * interpreter's heap, bytecode), which capped a 2-core node near 150 `true` jobs/s; this costs
+ * about the fork and exec of the job itself.
+ *
+ * Protocol with the hub, newline-delimited JSON on `<state>/agent.sock` (gpuq/agent/hub.py):
+ *   supervisor -> hub  {"type":"hello","job_id","pid","job_pid","started_at","status":"running"}
+ *                      (or "status":"ended" with "result"), {"type":"ended","job_id","result"}
+ *   hub -> supervisor  {"type":"stop","end_state","reason","signal","grace"},
+ *                      {"type":"signal","signal"}, {"type":"ack"}: the end is recorded; delete
+ *                      the folder and exit.
+ * The folder: spec.json (from the hub), script, supervisor.pid ("<pid> <start time>"),
+ * result.json (written with temp + fsync + rename; a reader falls back to result.json.tmp). */
+#define _GNU_SOURCE
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <grp.h>
+#include <math.h>
+#include <poll.h>
+#include <pwd.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/prctl.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/un.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "supervise.h"
+
+#define RECONNECT_DELAY 0.2
+#define BACKLOG_DELAY 0.01
+#define MEM_POLL_INTERVAL 0.25
+#define KILL_RETRY 1.0      /* SIGKILL again this often while the main process has not gone */
+#define LEFTOVER_DEADLINE 10.0 /* give up verifying that leftovers are gone after this long */
+#define SETTLE 0.1 /* seconds a tree that was just signalled gets to exit before survivors count */
+
+enum { T_WARN, T_LIMIT, T_KILL, T_MEM, T_CONNECT, T_GIVE_UP, T_COUNT };
+enum { STEP_GROUP, STEP_CGROUP, STEP_USER, STEP_CHDIR, STEP_STDOUT, STEP_STDERR, STEP_EXEC, STEP_COUNT };
+
+typedef struct {
+    long long job_id;
+    const char *script, *cwd, *stdout_path, *stderr_path, *cgroup_parent;
+    size_t script_len;
+    char **argv, **envp;
+    int append, has_time_limit, has_mem_limit, mem_poll_only;
+    int has_uid, has_gid, warning_signal;
+    double time_limit, kill_grace, warning_seconds;
+    long long mem_limit;
+    uid_t uid;
+    gid_t gid;
+} launch_spec;
+
+typedef struct {
+    const char *job_dir;
+    double ack_wait;
+    pid_t me;
+    launch_spec spec;
+    int have_spec;
+    pid_t job_pid; /* the main process; also the job's process group id */
+    int status, have_status, main_gone, tree_killed;
+    double tree_signalled;
+    char launch_error[8400];
+    char decided_state[32], decided_reason[512];
+    cgroup group;
+    int polling;
+    long long peak;
+    double started_at;
+    double timers[T_COUNT];
+    int timer_set[T_COUNT];
+    char *result; /* the result object's JSON once the job has ended */
+    int acked;
+    int wake_r, wake_w;
+    int sock; /* the hub link, -1 when not connected */
+    buf in, out;
+} supervisor;
+
+static int wake_fd = -1;
+
+static double monotonic(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
+}
+
+static double wall_time(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
+}
+
+static void on_sigchld(int signum) {
+    (void)signum;
+    int saved = errno;
+    if (wake_fd >= 0) (void)!write(wake_fd, "", 1);
+    errno = saved;
+}
+
+static void drain(int fd) {
+    char sink[512];
+    while (read(fd, sink, sizeof sink) > 0) {
+    }
+}
+
+static void set_timer(supervisor *s, int which, double when) {
+    s->timers[which] = when;
+    s->timer_set[which] = 1;
+}
+
+static void set_timer_min(supervisor *s, int which, double when) {
+    if (!s->timer_set[which] || when < s->timers[which]) set_timer(s, which, when);
+}
+
+/* ---- formatting, as gpuq.domain.units does ---- */
+
+static void format_duration(double seconds, char *out, size_t size) {
+    long long total = seconds > 0 ? (long long)seconds : 0;
+    long long days = total / 86400, rest = total % 86400;
+    if (days) snprintf(out, size, "%lld-%02lld:%02lld:%02lld", days, rest / 3600, rest % 3600 / 60, rest % 60);
+    else snprintf(out, size, "%02lld:%02lld:%02lld", rest / 3600, rest % 3600 / 60, rest % 60);
+}
+
+static void format_size(long long size, char *out, size_t len) {
+    static const char *const suffixes[] = {"B", "K", "M", "G", "T", "P"};
+    double value = (double)size;
+    size_t i = 0;
+    while (value >= 1024 && i < 5) { value /= 1024; i++; }
+    char text[64];
+    snprintf(text, sizeof text, "%.1f", value);
+    size_t n = strlen(text);
+    while (n > 0 && text[n - 1] == '0') text[--n] = '\0';
+    if (n > 0 && text[n - 1] == '.') text[--n] = '\0';
+    snprintf(out, len, "%s%s", text, suffixes[i]);
+}
+
+/* ---- files of the job folder ---- */
+
+static int write_file(const char *path, const char *data, size_t len, mode_t mode, int chown_to, uid_t uid, gid_t gid) {
+    int fd = open(path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, mode);
+    if (fd < 0) return -1;
+    int ok = write(fd, data, len) == (ssize_t)len && fchmod(fd, mode) == 0; /* whatever the umask */
+    if (ok && chown_to) ok = fchown(fd, uid, gid) == 0;
+    int saved = errno;
+    close(fd);
+    errno = saved;
+    return ok ? 0 : -1;
+}
+
+static int write_json_atomic(const char *path, const char *json) {
+    char tmp[4200];
+    snprintf(tmp, sizeof tmp, "%s.tmp", path);
+    int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+    if (fd < 0) return -1;
+    size_t len = strlen(json);
+    int ok = write(fd, json, len) == (ssize_t)len && fsync(fd) == 0;
+    close(fd);
+    return ok && rename(tmp, path) == 0 ? 0 : -1;
+}
+
+static void remove_job_dir(const char *job_dir) {
+    DIR *dir = opendir(job_dir);
+    if (dir == NULL) return;
+    struct dirent *entry;
+    while ((entry = readdir(dir)) != NULL)
+        if (strcmp(entry->d_name, ".") != 0 && strcmp(entry->d_name, "..") != 0) unlinkat(dirfd(dir), entry->d_name, 0);
+    closedir(dir);
+    rmdir(job_dir);
+}
+
+static char **string_array(const jval *v, int object) {
+    /* argv from a list, envp ("K=V") from an object; NULL when an item is unusable */
+    size_t n = v->n;
+    char **out = calloc(n + 1, sizeof *out);
+    if (out == NULL) abort();
+    for (size_t i = 0; i < n; i++) {
+        const jval *item = &v->items[i];
+        if (item->type != J_STR || strlen(item->str) != item->len) return NULL;
+        if (!object) { out[i] = item->str; continue; }
+        if (strchr(v->keys[i], '=') || !v->keys[i][0]) return NULL;
+        buf pair = {0};
+        buf_addf(&pair, "%s=%s", v->keys[i], item->str);
+        out[i] = pair.data;
+    }
+    return out;
+}
+
+static int read_spec(supervisor *s, const char *text, size_t len, const char **problem) {
+    static char bad[128];
+    launch_spec *spec = &s->spec;
+    jval *root = json_parse(text, len);
+    const char *field = NULL;
+    *problem = "spec.json is not a JSON object";
+    if (root == NULL || root->type != J_OBJ) return -1;
+    const jval *script = json_get(root, "script");
+    const jval *args = json_get(root, "args"), *env = json_get(root, "env");
+    char **argv = args && args->type == J_ARR ? string_array(args, 0) : NULL;
+    spec->envp = env && env->type == J_OBJ ? string_array(env, 1) : NULL;
+    if (!json_has_num(root, "job_id")) field = "job_id";
+    else if (script == NULL || script->type != J_STR) field = "script";
+    else if (!json_cstr(root, "cwd", &spec->cwd)) field = "cwd";
+    else if (!json_cstr(root, "stdout_path", &spec->stdout_path)) field = "stdout_path";
+    else if (!json_cstr(root, "stderr_path", &spec->stderr_path)) field = "stderr_path";
+    else if (argv == NULL) field = "args";
+    else if (spec->envp == NULL) field = "env";
+    if (field != NULL) {
+        snprintf(bad, sizeof bad, "spec.json: field %s is missing or unusable", field);
+        *problem = bad;
+        return -1;
+    }
+    spec->job_id = (long long)json_num(root, "job_id", 0);
+    spec->script = script->str; /* may hold NUL bytes: written with its length */
+    spec->script_len = script->len;
+    spec->argv = calloc(args->n + 2, sizeof *spec->argv);
+    if (spec->argv == NULL) abort();
+    spec->argv[0] = NULL; /* the script's path, set when it is written */
+    memcpy(spec->argv + 1, argv, args->n * sizeof *argv);
+    spec->append = strcmp(json_str(root, "open_mode", "truncate"), "append") == 0;
+    spec->has_time_limit = json_has_num(root, "time_limit");
+    spec->time_limit = json_num(root, "time_limit", 0);
+    spec->has_mem_limit = json_has_num(root, "mem_limit");
+    spec->mem_limit = (long long)json_num(root, "mem_limit", 0);
+    spec->mem_poll_only = strcmp(json_str(root, "mem_enforcement", "auto"), "poll") == 0;
+    spec->cgroup_parent = json_str(root, "cgroup_parent", NULL);
+    spec->kill_grace = json_num(root, "kill_grace", 30.0);
+    spec->warning_signal = (int)json_num(root, "warning_signal", SIGTERM);
+    spec->warning_seconds = json_num(root, "warning_seconds", 0.0);
+    spec->has_uid = json_has_num(root, "uid");
+    spec->uid = (uid_t)json_num(root, "uid", 0);
+    spec->has_gid = json_has_num(root, "gid");
+    spec->gid = (gid_t)json_num(root, "gid", 0);
+    s->have_spec = 1;
+    return 0; /* root is kept: the spec's strings point into it */
+}
+
+/* ---- starting the job ---- */
+
+typedef struct {
+    int step, err;
+} launch_failure;
+
+static void __attribute__((noreturn)) child_fail(int fd, int step) {
+    launch_failure failure = {step, errno};
+    (void)!write(fd, &failure, sizeof failure);
+    _exit(127);
+}
+
+/* Runs in the vfork child: system calls only, then exec or _exit. */
+typedef struct {
+    const launch_spec *spec;
+    const char *script;
+    int cgroup_fd, ngroups, err_fd;
+    gid_t *groups;
+} child_args;
+
+static void __attribute__((noreturn)) child(const child_args *a) {
+    const launch_spec *spec = a->spec;
+    const char *script = a->script;
+    int cgroup_fd = a->cgroup_fd, ngroups = a->ngroups, err_fd = a->err_fd;
+    gid_t *groups = a->groups;
+    int flags = O_WRONLY | O_CREAT | O_CLOEXEC | (spec->append ? O_APPEND : O_TRUNC);
+    int target = -1;
+    if (setpgid(0, 0) != 0) child_fail(err_fd, STEP_GROUP);
+    if (cgroup_fd >= 0 && write(cgroup_fd, "0", 1) != 1) child_fail(err_fd, STEP_CGROUP); /* "0": me */
+    if (groups != NULL || spec->has_gid) {
+        if (groups != NULL) {
+            /* the job folder is root's: exec the script through an fd opened as root */
+            target = open(script, O_RDONLY);
+            if (target < 0) child_fail(err_fd, STEP_USER);
+        }
+        if (setgroups(groups ? (size_t)ngroups : 0, groups) != 0) child_fail(err_fd, STEP_USER);
+        if (spec->has_gid && setgid(spec->gid) != 0) child_fail(err_fd, STEP_USER);
+        if (spec->has_uid && setuid(spec->uid) != 0) child_fail(err_fd, STEP_USER);
+    }
+    if (chdir(spec->cwd) != 0) child_fail(err_fd, STEP_CHDIR);
+    int in = open("/dev/null", O_RDONLY | O_CLOEXEC);
+    if (in < 0 || dup2(in, 0) < 0) child_fail(err_fd, STEP_CHDIR);
+    int out = open(spec->stdout_path, flags, 0600);
+    if (out < 0) child_fail(err_fd, STEP_STDOUT);
+    int err = out;
+    if (strcmp(spec->stderr_path, spec->stdout_path) != 0 && (err = open(spec->stderr_path, flags, 0600)) < 0)
+        child_fail(err_fd, STEP_STDERR);
+    if (dup2(out, 1) < 0 || dup2(err, 2) < 0) child_fail(err_fd, STEP_STDOUT);
+    struct sigaction dfl = {.sa_handler = SIG_DFL};
+    for (int sig = 1; sig < NSIG; sig++)
+        if (sig != SIGKILL && sig != SIGSTOP) sigaction(sig, &dfl, NULL);
+    sigset_t none;
+    sigemptyset(&none);
+    sigprocmask(SIG_SETMASK, &none, NULL);
+    if (target >= 0) fexecve(target, spec->argv, spec->envp);
+    else execve(script, spec->argv, spec->envp);
+    child_fail(err_fd, STEP_EXEC);
+}
+
+/* Nothing of this frame is live across vfork, so the child (on a deeper frame) clobbers
+ * nothing the parent needs. */
+static pid_t __attribute__((noinline)) vfork_child(const child_args *args) {
+    pid_t pid = vfork();
+    if (pid == 0) child(args);
+    return pid;
+}
+
+static gid_t *groups_for(const launch_spec *spec, int *count) {
+    /* supplementary groups for a job that runs as another user (looked up before the fork) */
+    if (!spec->has_uid) return NULL;
+    gid_t gid = spec->has_gid ? spec->gid : getgid();
+    struct passwd *entry = getpwuid(spec->uid);
+    int n = 64;
+    gid_t *groups = calloc((size_t)n, sizeof *groups);
+    if (groups == NULL) abort();
+    if (entry == NULL) { groups[0] = gid; *count = 1; return groups; }
+    while (getgrouplist(entry->pw_name, gid, groups, &n) < 0) {
+        groups = realloc(groups, (size_t)n * sizeof *groups);
+        if (groups == NULL) abort();
+    }
+    *count = n;
+    return groups;
+}
+
+static void spawn_job(supervisor *s, const char *script, int cgroup_fd) {
+    static const char *const steps[] = {"create a process group", "join the memory cgroup", "switch user", "chdir to ", "open ", "open ", "execute "};
+    const launch_spec *spec = &s->spec;
+    int ngroups = 0;
+    gid_t *groups = groups_for(spec, &ngroups);
+    int pipe_fds[2];
+    if (pipe2(pipe_fds, O_CLOEXEC) != 0) {
+        snprintf(s->launch_error, sizeof s->launch_error, "launch failed: cannot create a pipe: %s", strerror(errno));
+        return;
+    }
+    sigset_t all, old;
+    sigfillset(&all);
+    sigprocmask(SIG_SETMASK, &all, &old); /* no handler of ours may run in the vfork child */
+    child_args args = {spec, script, cgroup_fd, ngroups, pipe_fds[1], groups};
+    pid_t pid = vfork_child(&args);
+    int fork_errno = errno;
+    sigprocmask(SIG_SETMASK, &old, NULL);
+    close(pipe_fds[1]);
+    free(groups);
+    if (pid < 0) {
+        close(pipe_fds[0]);
+        snprintf(s->launch_error, sizeof s->launch_error, "launch failed: cannot fork: %s", strerror(fork_errno));
+        return;
+    }
+    s->job_pid = pid;
+    launch_failure failure;
+    ssize_t n;
+    do n = read(pipe_fds[0], &failure, sizeof failure); while (n < 0 && errno == EINTR);
+    close(pipe_fds[0]);
+    if (n != (ssize_t)sizeof failure) return; /* EOF without a report: exec happened */
+    const char *detail = "";
+    if (failure.step == STEP_CHDIR) detail = spec->cwd;
+    else if (failure.step == STEP_STDOUT) detail = spec->stdout_path;
+    else if (failure.step == STEP_STDERR) detail = spec->stderr_path;
+    else if (failure.step == STEP_EXEC) detail = script;
+    const char *step = failure.step >= 0 && failure.step < STEP_COUNT ? steps[failure.step] : "start";
+    snprintf(s->launch_error, sizeof s->launch_error, "launch failed: cannot %s%s: %s", step, detail, strerror(failure.err));
+}
+
+/* ---- the hub link ---- */
+
+static void link_close(supervisor *s) {
+    if (s->sock < 0) return;
+    close(s->sock);
+    s->sock = -1;
+    s->in.len = s->out.len = 0;
+    set_timer(s, T_CONNECT, monotonic() + RECONNECT_DELAY);
+}
+
+static void link_flush(supervisor *s) {
+    while (s->sock >= 0 && s->out.len > 0) {
+        ssize_t sent = send(s->sock, s->out.data, s->out.len, MSG_NOSIGNAL | MSG_DONTWAIT);
+        if (sent < 0 && errno == EINTR) continue;
+        if (sent < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) return;
+        if (sent < 0) { link_close(s); return; }
+        buf_consume(&s->out, (size_t)sent);
+    }
+}
+
+static void link_send(supervisor *s, buf *message) {
+    if (s->sock < 0) return;
+    buf_add(&s->out, message->data, message->len);
+    buf_add(&s->out, "\n", 1);
+    link_flush(s);
+}
+
+static void send_hello(supervisor *s) {
+    buf hello = {0};
+    buf_addf(&hello, "{\"type\":\"hello\",\"job_id\":%lld,\"pid\":%d,\"job_pid\":%d,\"started_at\":%.6f,", s->spec.job_id, s->me, s->job_pid, s->started_at);
+    if (s->result == NULL) buf_addf(&hello, "\"status\":\"running\"}");
+    else buf_addf(&hello, "\"status\":\"ended\",\"result\":%s}", s->result);
+    link_send(s, &hello);
+    free(hello.data);
+}
+
+static void link_connect(supervisor *s) {
+    s->timer_set[T_CONNECT] = 0;
+    if (s->sock >= 0) return;
+    struct sockaddr_un address = {.sun_family = AF_UNIX};
+    /* <state>/agent.sock, for the folder <state>/jobs/<id> */
+    const char *end = s->job_dir + strlen(s->job_dir);
+    for (int slashes = 0; end > s->job_dir && slashes < 2; end--)
+        if (end[-1] == '/') slashes++;
+    int n = snprintf(address.sun_path, sizeof address.sun_path, "%.*s/agent.sock", (int)(end - s->job_dir), s->job_dir);
+    int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+    if (fd < 0 || n >= (int)sizeof address.sun_path) {
+        if (fd >= 0) close(fd);
+        set_timer(s, T_CONNECT, monotonic() + RECONNECT_DELAY);
+        return;
+    }
+    if (connect(fd, (struct sockaddr *)&address, sizeof address) != 0) {
+        int backlog_full = errno == EAGAIN || errno == EINPROGRESS;
+        close(fd);
+        set_timer(s, T_CONNECT, monotonic() + (backlog_full ? BACKLOG_DELAY : RECONNECT_DELAY));
+        return;
+    }
+    s->sock = fd;
+    s->in.len = s->out.len = 0;
+    send_hello(s);
+}
+
+/* ---- limits and commands ---- */
+
+static void decide(supervisor *s, const char *state, const char *reason) {
+    if (s->decided_state[0]) return;
+    snprintf(s->decided_state, sizeof s->decided_state, "%s", state);
+    snprintf(s->decided_reason, sizeof s->decided_reason, "%s", reason);
+}
+
+static void signal_job(supervisor *s, int sig) {
+    static pidlist extra;
+    s->tree_signalled = monotonic();
+    cgroup_pids(&s->group, &extra);
+    signal_tree(s->me, s->job_pid, sig, &extra);
+}
+
+static void on_kill(supervisor *s) {
+    s->tree_killed = 1;
+    signal_job(s, SIGKILL);
+    set_timer(s, T_KILL, monotonic() + KILL_RETRY);
+}
+
+static void on_limit(supervisor *s) {
+    char limit[64], reason[128];
+    format_duration(s->spec.time_limit, limit, sizeof limit);
+    snprintf(reason, sizeof reason, "time limit %s reached", limit);
+    decide(s, "timeout", reason);
+    signal_job(s, s->spec.warning_signal ? s->spec.warning_signal : SIGTERM);
+    set_timer_min(s, T_KILL, monotonic() + s->spec.kill_grace);
+}
+
+static void mem_reason(supervisor *s, char *out, size_t size) {
+    char limit[64];
+    format_size(s->spec.mem_limit, limit, sizeof limit);
+    snprintf(out, size, "exceeded --mem %s", limit);
+}
+
+static void on_mem(supervisor *s) {
+    static pidlist tree;
+    descendants(s->me, &tree);
+    long long rss = tree_rss(&tree);
+    if (rss > s->peak) s->peak = rss;
+    if (rss > s->spec.mem_limit && !s->decided_state[0]) {
+        char reason[128];
+        mem_reason(s, reason, sizeof reason);
+        decide(s, "out_of_memory", reason);
+        on_kill(s);
+        return;
+    }
+    set_timer(s, T_MEM, monotonic() + MEM_POLL_INTERVAL);
+}
+
+static void on_stop(supervisor *s, const jval *message) {
+    if (s->result != NULL) return;
+    const char *state = json_str(message, "end_state", "");
+    if (strcmp(state, "cancelled") != 0 && strcmp(state, "preempted") != 0 && strcmp(state, "timeout") != 0)
+        state = "cancelled";
+    const char *reason = json_str(message, "reason", "");
+    char fallback[64];
+    if (!reason[0]) {
+        snprintf(fallback, sizeof fallback, "%s by the agent", state);
+        reason = fallback;
+    }
+    decide(s, state, reason);
+    int sig = (int)json_num(message, "signal", 0);
+    signal_job(s, sig > 0 && sig < NSIG ? sig : SIGTERM);
+    double grace = json_num(message, "grace", s->spec.kill_grace);
+    set_timer_min(s, T_KILL, monotonic() + (grace > 0 ? grace : 0));
+}
+
+static void on_message(supervisor *s, const char *line, size_t len) {
+    jval *message = json_parse(line, len); /* a broken line is dropped: a bug must not kill the job */
+    const char *type = json_str(message, "type", "");
+    if (strcmp(type, "stop") == 0) on_stop(s, message);
+    else if (strcmp(type, "signal") == 0 && s->result == NULL && json_has_num(message, "signal")) {
+        int sig = (int)json_num(message, "signal", 0);
+        if (sig >= 0 && sig < NSIG) signal_job(s, sig);
+    } else if (strcmp(type, "ack") == 0 && s->result != NULL) s->acked = 1;
+    json_free(message);
+}
+
+static void on_link(supervisor *s, short events) {
+    if (events & POLLOUT) link_flush(s);
+    if (s->sock < 0 || !(events & (POLLIN | POLLHUP | POLLERR))) return;
+    char chunk[65536];
+    ssize_t n = recv(s->sock, chunk, sizeof chunk, MSG_DONTWAIT);
+    if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR)) return;
+    if (n <= 0) { link_close(s); return; }
+    buf_add(&s->in, chunk, (size_t)n);
+    char *newline;
+    while (s->sock >= 0 && (newline = memchr(s->in.data, '\n', s->in.len)) != NULL) {
+        size_t line = (size_t)(newline - s->in.data);
+        on_message(s, s->in.data, line);
+        buf_consume(&s->in, line + 1);
+    }
+}
+
+/* ---- the end ---- */
+
+static void reap(supervisor *s) {
+    for (;;) {
+        int status;
+        pid_t pid = waitpid(-1, &status, WNOHANG);
+        if (pid <= 0) return;
+        if (pid == s->job_pid) { s->status = status; s->have_status = 1; s->main_gone = 1; }
+    }
+}
+
+static long long kill_leftovers(supervisor *s) {
+    /* SIGKILL and reap whatever of the job is alive; processes dying from a signal the whole
+     * tree just got (a stop's SIGTERM) get SETTLE seconds before they count as leftovers */
+    pidlist tree = {0}, extra = {0}, killed = {0};
+    double now = monotonic(), deadline = now + LEFTOVER_DEADLINE;
+    double settle_until = now - s->tree_signalled < 2.0 ? s->tree_signalled + SETTLE : 0.0;
+    for (;;) {
+        reap(s);
+        descendants(s->me, &tree);
+        cgroup_pids(&s->group, &extra);
+        for (size_t i = 0; i < extra.n; i++)
+            if (!pids_has(&tree, extra.pids[i])) pids_add(&tree, extra.pids[i]);
+        if (tree.n == 0 && !group_alive(s->job_pid)) break; /* nothing left, not even a zombie */
+        int any_alive = 0;
+        int settling = monotonic() < settle_until;
+        for (size_t i = 0; i < tree.n; i++) {
+            if (has_exited(tree.pids[i])) continue;
+            any_alive = 1;
+            if (!settling && !pids_has(&killed, tree.pids[i])) pids_add(&killed, tree.pids[i]);
+        }
+        if (any_alive && !settling) signal_job(s, SIGKILL);
+        if (monotonic() > deadline) break;
+        struct pollfd wake = {s->wake_r, POLLIN, 0};
+        poll(&wake, 1, 10);
+        drain(s->wake_r);
+    }
+    long long count = s->tree_killed ? 0 : (long long)killed.n;
+    free(tree.pids);
+    free(extra.pids);
+    free(killed.pids);
+    return count;
+}
+
+static void finish(supervisor *s) {
+    long long leftovers = kill_leftovers(s);
+    char state[32], reason[9000], signame[32];
+    int code = 0, have_code = !s->launch_error[0] && s->have_status;
+    if (have_code) code = WIFEXITED(s->status) ? WEXITSTATUS(s->status) : -WTERMSIG(s->status);
+    if (!have_code) {
+        snprintf(state, sizeof state, "failed");
+        snprintf(reason, sizeof reason, "%s", s->launch_error[0] ? s->launch_error : "launch failed");
+    } else if (s->decided_state[0]) {
+        snprintf(state, sizeof state, "%s", s->decided_state);
+        snprintf(reason, sizeof reason, "%s", s->decided_reason);
+    } else if (s->group.version && cgroup_oom_kills(&s->group) > 0) {
+        snprintf(state, sizeof state, "out_of_memory");
+        mem_reason(s, reason, sizeof reason);
+    } else if (code == 0) {
+        snprintf(state, sizeof state, "completed");
+        reason[0] = '\0';
+    } else if (code > 0) {
+        snprintf(state, sizeof state, "failed");
+        snprintf(reason, sizeof reason, "exit code %d", code);
+    } else {
+        signal_name(-code, signame, sizeof signame);
+        snprintf(state, sizeof state, "failed");
+        snprintf(reason, sizeof reason, "killed by signal %s", signame);
+    }
+    if (leftovers) {
+        size_t n = strlen(reason);
+        snprintf(reason + n, sizeof reason - n, "%s%lld leftover %s killed", n ? "; " : "", leftovers, leftovers == 1 ? "process" : "processes");
+    }
+    long long peak = s->peak;
+    if (s->group.version) {
+        long long group_peak = cgroup_peak(&s->group);
+        if (group_peak > peak) peak = group_peak;
+        cgroup_remove(&s->group);
+    }
+    buf result = {0};
+    buf_addf(&result, "{\"job_id\":%lld,\"end_state\":\"%s\",", s->spec.job_id, state);
+    if (have_code && code >= 0) buf_addf(&result, "\"exit_code\":%d,\"signal\":null,", code);
+    else if (have_code) buf_addf(&result, "\"exit_code\":null,\"signal\":%d,", -code);
+    else buf_addf(&result, "\"exit_code\":null,\"signal\":null,");
+    buf_addf(&result, "\"reason\":");
+    buf_str(&result, reason);
+    buf_addf(&result, ",\"started_at\":%.6f,\"ended_at\":%.6f,\"peak_mem\":%lld,\"leftovers_killed\":%lld}", s->started_at, wall_time(), peak, leftovers);
+    s->result = result.data;
+    char path[4200];
+    snprintf(path, sizeof path, "%s/result.json", s->job_dir);
+    write_json_atomic(path, s->result);
+    memset(s->timer_set, 0, sizeof s->timer_set);
+    set_timer(s, T_GIVE_UP, monotonic() + s->ack_wait);
+    if (s->sock >= 0) {
+        buf ended = {0};
+        buf_addf(&ended, "{\"type\":\"ended\",\"job_id\":%lld,\"result\":%s}", s->spec.job_id, s->result);
+        link_send(s, &ended);
+        free(ended.data);
+    } else {
+        set_timer(s, T_CONNECT, monotonic());
+    }
+}
+
+/* ---- start and loop ---- */
+
+static int prepare(supervisor *s, char *script, size_t script_size, char *problem, size_t size) {
+    char path[4200], identity[64];
+    if (prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) != 0) {
+        snprintf(problem, size, "cannot become a subreaper: %s", strerror(errno));
+        return -1;
+    }
+    snprintf(identity, sizeof identity, "%d %lld\n", s->me, start_time(s->me));
+    snprintf(path, sizeof path, "%s/supervisor.pid.tmp", s->job_dir);
+    char final[4200];
+    snprintf(final, sizeof final, "%s/supervisor.pid", s->job_dir);
+    if (write_file(path, identity, strlen(identity), 0600, 0, 0, 0) != 0 || rename(path, final) != 0) {
+        snprintf(problem, size, "cannot write supervisor.pid: %s", strerror(errno));
+        return -1;
+    }
+    buf spec_text = {0};
+    const char *bad = NULL;
+    snprintf(path, sizeof path, "%s/spec.json", s->job_dir);
+    if (read_file(path, &spec_text) != 0) {
+        snprintf(problem, size, "cannot read spec.json: %s", strerror(errno));
+        return -1;
+    }
+    if (read_spec(s, spec_text.data, spec_text.len, &bad) != 0) {
+        snprintf(problem, size, "%s", bad);
+        return -1;
+    }
+    snprintf(script, script_size, "%s/script", s->job_dir);
+    s->spec.argv[0] = script;
+    if (write_file(script, s->spec.script, s->spec.script_len, 0700, s->spec.has_uid, s->spec.uid, s->spec.has_gid ? s->spec.gid : (gid_t)-1) != 0) {
+        snprintf(problem, size, "cannot write the script: %s", strerror(errno));
+        return -1;
+    }
+    int pipe_fds[2];
+    if (pipe2(pipe_fds, O_CLOEXEC | O_NONBLOCK) != 0) {
+        snprintf(problem, size, "cannot create a pipe: %s", strerror(errno));
+        return -1;
+    }
+    s->wake_r = pipe_fds[0];
+    s->wake_w = wake_fd = pipe_fds[1];
+    /* installed before the job starts, so that no exit is missed */
+    struct sigaction wake = {.sa_handler = on_sigchld, .sa_flags = SA_RESTART | SA_NOCLDSTOP};
+    sigaction(SIGCHLD, &wake, NULL);
+    return 0;
+}
+
+static void start(supervisor *s, const char *script) {
+    const launch_spec *spec = &s->spec;
+    if (spec->has_mem_limit) {
+        if (!spec->mem_poll_only) cgroup_create(&s->group, spec->job_id, spec->cgroup_parent, spec->mem_limit);
+        s->polling = s->group.version == 0;
+    }
+    int cgroup_fd = s->group.version ? cgroup_open_procs(&s->group) : -1;
+    s->started_at = wall_time();
+    spawn_job(s, script, cgroup_fd);
+    if (cgroup_fd >= 0) close(cgroup_fd);
+    if (s->launch_error[0]) {
+        if (s->job_pid > 0) {
+            int status;
+            while (waitpid(s->job_pid, &status, 0) < 0 && errno == EINTR) {
+            }
+        }
+        s->main_gone = 1;
+        return;
+    }
+    double now = monotonic();
+    if (spec->has_time_limit) {
+        if (spec->warning_seconds > 0 && spec->warning_seconds < spec->time_limit)
+            set_timer(s, T_WARN, now + spec->time_limit - spec->warning_seconds);
+        set_timer(s, T_LIMIT, now + spec->time_limit);
+    }
+    if (s->polling) set_timer(s, T_MEM, now);
+}
+
+/* Run every due timer, earliest first; 1 when the supervisor should exit without an ack. */
+static int run_timers(supervisor *s) {
+    for (;;) {
+        int next = -1;
+        double now = monotonic();
+        for (int i = 0; i < T_COUNT; i++)
+            if (s->timer_set[i] && s->timers[i] <= now && (next < 0 || s->timers[i] < s->timers[next])) next = i;
+        if (next < 0) return 0;
+        s->timer_set[next] = 0;
+        switch (next) {
+        case T_GIVE_UP: return 1;
+        case T_WARN: signal_job(s, s->spec.warning_signal); break;
+        case T_LIMIT: on_limit(s); break;
+        case T_KILL: on_kill(s); break;
+        case T_MEM: on_mem(s); break;
+        case T_CONNECT: link_connect(s); break;
+        }
+    }
+}
+
+static void run(supervisor *s, const char *script) {
+    start(s, script);
+    if (s->main_gone) finish(s); /* a launch failure: the first hello already carries the result */
+    link_connect(s);
+    while (!s->acked) {
+        if (s->result == NULL) {
+            reap(s);
+            if (s->main_gone) { finish(s); continue; }
+        }
+        int timeout = -1;
+        double now = monotonic();
+        for (int i = 0; i < T_COUNT; i++) {
+            if (!s->timer_set[i]) continue;
+            double wait = s->timers[i] - now;
+            int ms = wait <= 0 ? 0 : (int)fmin(wait * 1000 + 1, 1e9);
+            if (timeout < 0 || ms < timeout) timeout = ms;
+        }
+        struct pollfd fds[2] = {{s->wake_r, POLLIN, 0}, {s->sock, (short)(POLLIN | (s->out.len ? POLLOUT : 0)), 0}};
+        int n = poll(fds, s->sock >= 0 ? 2 : 1, timeout);
+        if (n > 0) {
+            if (fds[0].revents) drain(s->wake_r);
+            if (s->sock >= 0 && fds[1].revents) on_link(s, fds[1].revents);
+        }
+        if (run_timers(s)) return;
+    }
+}
+
+static void crash_result(supervisor *s, const char *problem) {
+    /* the supervisor cannot go on: the job must not run unsupervised, and its end must not be
+     * lost; the hub finds this result when it sees the supervisor gone */
+    if (s->job_pid > 0) signal_tree(s->me, s->job_pid, SIGKILL, NULL);
+    const char *name = strrchr(s->job_dir, '/');
+    long long job_id = s->have_spec ? s->spec.job_id : strtoll(name ? name + 1 : s->job_dir, NULL, 10);
+    double now = wall_time();
+    char reason[600], path[4200];
+    snprintf(reason, sizeof reason, "supervisor error: %s", problem);
+    buf result = {0};
+    buf_addf(&result, "{\"job_id\":%lld,\"end_state\":\"failed\",\"exit_code\":null,\"signal\":null,\"reason\":", job_id);
+    buf_str(&result, reason);
+    buf_addf(&result, ",\"started_at\":%.6f,\"ended_at\":%.6f,\"peak_mem\":0,\"leftovers_killed\":0}", s->started_at ? s->started_at : now, now);
+    snprintf(path, sizeof path, "%s/result.json", s->job_dir);
+    write_json_atomic(path, result.data);
+    fprintf(stderr, "gpuq supervisor %s: %s\n", s->job_dir, reason);
+}
+
+int supervise(const char *job_dir, double ack_wait) {
+    static supervisor s;
+    static char script[4200];
+    char problem[512] = "";
+    memset(&s, 0, sizeof s);
+    s.job_dir = job_dir;
+    s.ack_wait = ack_wait;
+    s.me = getpid();
+    s.sock = s.wake_r = s.wake_w = -1;
+    s.tree_signalled = -1e9;
+    if (chdir("/") != 0) { /* hold no folder busy; every path here is absolute */
+    }
+    if (prepare(&s, script, sizeof script, problem, sizeof problem) != 0) {
+        crash_result(&s, problem);
+        return 1;
+    }
+    run(&s, script);
+    if (s.acked) remove_job_dir(job_dir);
+    return 0;
+}
