@@ -127,12 +127,13 @@ class Settings:
 
     @property
     def agent_run_root(self) -> Path:
-        """Where agents keep job folders and the supervisors' socket, one folder per node.
+        """Where a root agent keeps job folders and the supervisors' socket, one per node.
 
-        They matter only while supervisors run, and a reboot ends those, so the default is a
-        private folder on tmpfs, keyed by this home: a job costs no disk writes (and no fsync
-        behind a busy disk). The agent falls back to agent_state_dir where /dev/shm is missing
-        or mounted noexec (the job's script runs from its folder).
+        They matter only while supervisors run, and a reboot ends those, so by default they
+        live in a private folder on tmpfs, keyed by this home: a job costs no disk writes (and
+        no fsync behind a busy disk). The agent uses agent_state_dir instead when it is not root
+        (systemd-logind removes a user's /dev/shm files at logout) or /dev/shm is missing or
+        mounted noexec (a job's script runs from its folder).
         """
         if self.agent.run_dir:
             return Path(self.agent.run_dir).expanduser()

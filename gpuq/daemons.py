@@ -116,7 +116,7 @@ def agent_run_dir(settings: Settings) -> Path:
             raise InvalidInput("agent.run_dir", str(root), "is mounted noexec: scripts run there")
         return root / node
     shm = root.parent.parent
-    if not shm.is_dir() or not os.access(shm, os.W_OK) or _noexec(shm):
+    if os.geteuid() != 0 or not shm.is_dir() or _noexec(shm):
         return settings.agent_state_dir
     _private_dir(root.parent)
     (root / node).mkdir(parents=True, exist_ok=True, mode=0o700)
