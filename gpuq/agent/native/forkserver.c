@@ -1,7 +1,7 @@
 /* gpuq.agent._supervise: the fork server's loop and the supervisors it forks, as a Python
  * extension module so that it installs like any other (no separate executable to place).
  *
- * `python -m gpuq.agent.forkserver` calls serve(): from then on the process runs this C loop
+ * The fork server process (gpuq/agent/forkserver.py) calls serve(): from then on it runs this C loop
  * and never Python again, and each supervisor is a fork of it that runs supervise() and
  * _exit()s. A fork of a process that runs no Python touches few pages, so it stays cheap.
  *
@@ -85,6 +85,7 @@ static PyObject *serve(PyObject *module, PyObject *args) {
     if (!PyArg_ParseTuple(args, "id", &control, &ack_wait)) return NULL;
     struct sigaction reap = {.sa_handler = reap_supervisors, .sa_flags = SA_RESTART | SA_NOCLDSTOP};
     sigaction(SIGCHLD, &reap, NULL);
+    signal(SIGINT, SIG_IGN); /* a Ctrl-C meant for `gpuq serve` is not for supervisors */
     if (geteuid() == 0) cgroup_detect(); /* once: every supervisor inherits the answer */
     buf pending = {0}, replies = {0};
     char chunk[65536];
