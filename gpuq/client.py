@@ -13,6 +13,9 @@ coordinator that cannot be reached raises ServerUnavailable saying how to start 
 from __future__ import annotations
 
 import builtins
+import queue
+import threading
+import time
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -58,8 +61,15 @@ class Client:
             self.address, options=[("grpc.max_receive_message_length", 256 << 20)]
         )
         self._stub = queue_pb2_grpc.QueueStub(self._channel)
+        self._streams = threading.local()  # each thread's open Submit stream
+        self._open: set[_SubmitStream] = set()  # of every thread, to close with the client
+        self._open_lock = threading.Lock()
 
     def close(self) -> None:
+        with self._open_lock:
+            streams, self._open = self._open, set()
+        for stream in streams:
+            stream.close()
         self._channel.close()
 
     def __enter__(self) -> Client:
@@ -82,11 +92,44 @@ class Client:
         return self.submit_spec(spec)[0]
 
     def submit_spec(self, spec: JobSpec) -> builtins.list[int]:
-        """Submit a ready JobSpec; one id per job (per task for an array)."""
+        """Submit a ready JobSpec; one id per job (per task for an array).
+
+        It goes over this thread's open submission stream (a message costs both sides much
+        less than a call); the errors are those of a call."""
         from gpuq.convert import spec_to_proto
 
-        reply = self._call("Submit", queue_pb2.SubmitRequest(spec=spec_to_proto(spec)))
-        return list(reply.job_ids)
+        request = queue_pb2.SubmitRequest(spec=spec_to_proto(spec))
+        stream = self._submit_stream()
+        try:
+            result = stream.submit(request)
+        except grpc.RpcError as error:
+            self._drop(stream)
+            raise _translate(error, self.address) from None
+        if result is None:
+            self._drop(stream)
+            raise GpuqError("the coordinator ended the submission stream without an answer")
+        if result.code:
+            raise _error_for(_CODES.get(result.code, grpc.StatusCode.UNKNOWN), result.message)
+        return list(result.job_ids)
+
+    def _submit_stream(self) -> _SubmitStream:
+        stream: _SubmitStream | None = getattr(self._streams, "current", None)
+        if stream is not None and stream.stale():
+            self._drop(stream)
+            stream = None
+        if stream is None:
+            stream = _SubmitStream(self._stub, (self._auth(),), self.timeout)
+            self._streams.current = stream
+            with self._open_lock:
+                self._open.add(stream)
+        return stream
+
+    def _drop(self, stream: _SubmitStream) -> None:
+        """End the stream (a broken one too: that stops the thread feeding it)."""
+        stream.close()
+        self._streams.current = None
+        with self._open_lock:
+            self._open.discard(stream)
 
     # ---- reading ---------------------------------------------------------------------------
 
@@ -234,6 +277,35 @@ class Client:
             raise _translate(error, self.address) from None
 
 
+class _SubmitStream:
+    """One open Submit stream, used by one thread: a request in, its result out.
+
+    The call has a deadline of `timeout` and is replaced once half of that has passed, so a
+    submission on it has between timeout/2 and timeout to finish, as a call of its own would."""
+
+    def __init__(
+        self, stub: queue_pb2_grpc.QueueStub, metadata: tuple[Any, ...], timeout: float | None
+    ) -> None:
+        self._requests: queue.SimpleQueue[queue_pb2.SubmitRequest | None] = queue.SimpleQueue()
+        self._results = stub.Submit(
+            iter(self._requests.get, None), metadata=metadata, timeout=timeout
+        )
+        self._replace_at = time.monotonic() + timeout / 2 if timeout is not None else None
+
+    def stale(self) -> bool:
+        return self._replace_at is not None and time.monotonic() >= self._replace_at
+
+    def submit(self, request: queue_pb2.SubmitRequest) -> queue_pb2.SubmitResult | None:
+        """Its result; None when the stream ended instead (grpc.RpcError when it failed)."""
+        self._requests.put(request)
+        result: queue_pb2.SubmitResult | None = next(self._results, None)
+        return result
+
+    def close(self) -> None:
+        self._requests.put(None)
+
+
+_CODES = {code.value[0]: code for code in grpc.StatusCode}
 _ERRORS: dict[grpc.StatusCode, type[GpuqError]] = {
     grpc.StatusCode.NOT_FOUND: NotFound,
     grpc.StatusCode.PERMISSION_DENIED: PermissionDenied,
@@ -246,6 +318,11 @@ def _translate(error: grpc.RpcError, address: str) -> GpuqError:
     code, details = error.code(), error.details() or ""
     if code == grpc.StatusCode.UNAVAILABLE:
         return ServerUnavailable(f"no gpuq coordinator at {address}; {HOW_TO_START}")
+    return _error_for(code, details)
+
+
+def _error_for(code: grpc.StatusCode, details: str) -> GpuqError:
+    """The exception the coordinator raised, from the status code it was mapped to."""
     if code == grpc.StatusCode.INVALID_ARGUMENT:
         return _from_message(InvalidInput, details)
     if code == grpc.StatusCode.FAILED_PRECONDITION:

@@ -34,6 +34,8 @@ from gpuq.v1 import types_pb2 as pb
 
 log = logging.getLogger(__name__)
 RECONNECT_MAX = 2.0  # seconds between attempts, at most
+SEND_GAP = 0.005  # seconds between two messages to the coordinator, at least
+BEAT_SLACK = 0.01  # seconds early a heartbeat may go (timers can fire a little early)
 
 
 @dataclass(frozen=True, slots=True)
@@ -208,22 +210,35 @@ class Agent:
             self._flush.set()
 
     async def _send(self, call: grpc.aio.StreamStreamCall, interval: float) -> None:
-        """One writer: whatever reports piled up, plus a heartbeat when one is due."""
+        """One writer: whatever reports piled up, plus a heartbeat when one is due.
+
+        Messages leave at least SEND_GAP apart: when idle a report leaves at once; under load,
+        ends that come in quick succession share one message, and so one transaction at the
+        coordinator. A timer marks heartbeats due (no task per wait)."""
         loop = asyncio.get_running_loop()
         next_beat = loop.time()
-        while True:
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._flush.wait(), max(0.0, next_beat - loop.time()))
-            self._flush.clear()
-            message = apb.AgentMessage()
-            if self._outgoing:
-                message.reports.extend(self._outgoing)
-                self._outgoing.clear()
-            if loop.time() >= next_beat:
-                usage = await asyncio.to_thread(self._usage)
-                message.heartbeat.CopyFrom(apb.Heartbeat(at=time.time(), usage=usage))
-                next_beat = loop.time() + interval
-            await call.write(message)
+        beat = loop.call_soon(self._flush.set)
+        last_sent = -SEND_GAP
+        try:
+            while True:
+                await self._flush.wait()
+                if (gap := last_sent + SEND_GAP - loop.time()) > 0:
+                    await asyncio.sleep(gap)
+                self._flush.clear()
+                message = apb.AgentMessage()
+                if self._outgoing:
+                    message.reports.extend(self._outgoing)
+                    self._outgoing.clear()
+                if loop.time() + BEAT_SLACK >= next_beat:
+                    usage = await asyncio.to_thread(self._usage)
+                    message.heartbeat.CopyFrom(apb.Heartbeat(at=time.time(), usage=usage))
+                    next_beat = loop.time() + interval
+                    beat = loop.call_at(next_beat, self._flush.set)
+                if message.reports or message.HasField("heartbeat"):
+                    await call.write(message)
+                    last_sent = loop.time()
+        finally:
+            beat.cancel()
 
     def _usage(self) -> list[pb.GpuUsage]:
         samples = self.backend.usage()

@@ -20,17 +20,23 @@ from gpuq.v1 import agent_pb2
 from gpuq.v1 import types_pb2 as pb
 
 LIVE = (JobState.PENDING, JobState.HELD, JobState.RUNNING)
+ACK_DELAY = 0.05  # seconds an acknowledgement may wait for a command to travel with
 
 
 class AgentSession:
     """One connected agent stream. Commands accumulate here and leave as one message when the
-    stream's writer next runs: under load, one message per scheduling pass, not per job."""
+    stream's writer next runs: under load, one message per scheduling pass, not per job.
+
+    Acknowledgements are not urgent (they only let the agent forget a recorded end), so they
+    wait up to ACK_DELAY for the next command instead of costing a message of their own: a
+    job's end is then acknowledged by the message that starts the job after it."""
 
     def __init__(self, node: str) -> None:
         self.node = node
         self.closed = False
         self._pending = agent_pb2.CoordinatorMessage()
         self._ready = asyncio.Event()
+        self._ack_timer: asyncio.TimerHandle | None = None
 
     def registered(self, heartbeat_interval: float) -> None:
         self._pending.registered.heartbeat_interval = heartbeat_interval
@@ -46,12 +52,14 @@ class AgentSession:
 
     def ack(self, job_ids: Iterable[int]) -> None:
         self._pending.ack.extend(job_ids)
-        self._ready.set()
+        if self._ack_timer is None:
+            self._ack_timer = asyncio.get_running_loop().call_later(ACK_DELAY, self._ready.set)
 
     async def next_message(self) -> agent_pb2.CoordinatorMessage | None:
         """What accumulated, once there is something; None when the session closed."""
         await self._ready.wait()
         self._ready.clear()
+        self._cancel_ack_timer()  # the acks leave with this message
         if self.closed:
             return None
         message, self._pending = self._pending, agent_pb2.CoordinatorMessage()
@@ -59,7 +67,13 @@ class AgentSession:
 
     def close(self) -> None:
         self.closed = True
+        self._cancel_ack_timer()
         self._ready.set()
+
+    def _cancel_ack_timer(self) -> None:
+        if self._ack_timer is not None:
+            self._ack_timer.cancel()
+            self._ack_timer = None
 
 
 @dataclass(slots=True)

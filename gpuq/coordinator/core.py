@@ -27,6 +27,10 @@ from gpuq.store.api import JobQuery, NewJob, StateChange, Store, StoreTx
 log = logging.getLogger(__name__)
 
 LIVE = frozenset({JobState.PENDING, JobState.HELD, JobState.RUNNING})
+# seconds from one scheduling pass to the next, at least: when idle a pass runs at once, and
+# under load whatever arrived meanwhile (submissions, job ends) shares one pass and one commit
+PASS_GAP = 0.005
+WATCH_GAP = 0.003  # seconds between two batches of events to one watcher under load
 
 
 @dataclass(frozen=True, slots=True)
@@ -181,7 +185,8 @@ class Coordinator:
                 )
             )
             self._publish(JobEvent(job_id, now, None, state, "submitted"))
-        self.wake()
+        if state is JobState.PENDING:  # a held job changes nothing a pass could act on
+            self.wake()
         return ids
 
     async def cancel(self, selection: Sequence[str], user: str, reason: str = "") -> list[Outcome]:
@@ -290,7 +295,14 @@ class Coordinator:
 
     async def watch(self, job_ids: Iterable[int]) -> AsyncIterator[list[JobEvent]]:
         """Events as they commit, in batches (whatever queued up since the last one); ends
-        once every watched job has finished."""
+        once every watched job has finished.
+
+        Under load (a batch came within WATCH_GAP of the one before, twice in a row) batches
+        leave WATCH_GAP apart, so one message carries many events; otherwise an event leaves
+        at once, and the few events of one job (submitted, running, ended) are not delayed."""
+        loop = asyncio.get_running_loop()
+        last = -WATCH_GAP
+        busy = False
         wanted = frozenset(job_ids)
         queue: asyncio.Queue[JobEvent] = asyncio.Queue()
         entry = (wanted, queue)
@@ -304,8 +316,13 @@ class Coordinator:
                 remaining = {j.id for j in current if j.state.is_live}
             while not wanted or remaining:
                 batch = [await queue.get()]
+                gap = last + WATCH_GAP - loop.time()
+                if gap > 0 and busy:
+                    await asyncio.sleep(gap)
+                busy = gap > 0
                 while not queue.empty():
                     batch.append(queue.get_nowait())
+                last = loop.time()  # when it left: the yield returns once it was written
                 yield batch
                 for event in batch:  # in order: a preempted job is back to pending right after
                     if not event.to_state.is_live:
@@ -416,9 +433,14 @@ class Coordinator:
     # ---- scheduling ------------------------------------------------------------------------
 
     async def _schedule_loop(self) -> None:
+        loop = asyncio.get_running_loop()
+        last = -PASS_GAP
         while True:
             await self._dirty.wait()
+            if (wait := last + PASS_GAP - loop.time()) > 0:
+                await asyncio.sleep(wait)
             self._dirty.clear()
+            last = loop.time()
             self.passes += 1
             if self.run_pass is None:
                 continue

@@ -153,10 +153,27 @@ class QueueServicer(queue_pb2_grpc.QueueServicer):  # type: ignore[misc]
             )
         return message
 
-    @unary
-    async def Submit(self, request: queue_pb2.SubmitRequest, context: Any) -> Any:
-        ids = await self.co.submit(spec_from_proto(request.spec), self.co.user)
-        return queue_pb2.SubmitReply(job_ids=ids)
+    async def Submit(
+        self,
+        requests: AsyncIterator[queue_pb2.SubmitRequest],
+        context: grpc.aio.ServicerContext,
+    ) -> AsyncIterator[queue_pb2.SubmitResult]:
+        """Submit, once per message; an error ends that submission, not the stream."""
+        await self.guard.check(context)
+        async for request in requests:
+            yield await self._submit_one(request)
+
+    async def _submit_one(self, request: queue_pb2.SubmitRequest) -> queue_pb2.SubmitResult:
+        """The ids, or the error with the status code a call would have ended with."""
+        try:
+            ids = await self.co.submit(spec_from_proto(request.spec), self.co.user)
+        except GpuqError as error:
+            return queue_pb2.SubmitResult(code=status_for(error).value[0], message=str(error))
+        except Exception as error:
+            log.exception("internal error in a submission", exc_info=error)
+            code = grpc.StatusCode.INTERNAL.value[0]
+            return queue_pb2.SubmitResult(code=code, message=f"internal error: {error}")
+        return queue_pb2.SubmitResult(job_ids=ids)
 
     @unary
     async def GetJob(self, request: queue_pb2.GetJobRequest, context: Any) -> Any:

@@ -328,10 +328,9 @@ class StoreTx:
         self.conn.execute(_UPDATE_MUTABLE, {"b_id": job_id, **{f"b_{c}": row[c] for c in _MUTABLE}})
 
     def set_usage(self, user: str, gpu_seconds: float, at: float) -> None:
-        values = {"gpu_seconds": gpu_seconds, "updated_at": at}
-        result = self.conn.execute(update(usage).where(usage.c.user == user).values(values))
-        if result.rowcount == 0:
-            self.conn.execute(insert(usage).values(user=user, **values))
+        values = {"b_user": user, "b_gpu_seconds": gpu_seconds, "b_updated_at": at}
+        if self.conn.execute(_UPDATE_USAGE, values).rowcount == 0:
+            self.conn.execute(_INSERT_USAGE, values)
 
     def add_cron(self, user: str, schedule: str, spec: JobSpec, now: float) -> int:
         row = {
@@ -398,11 +397,7 @@ class StoreTx:
             raise DoubleBooking(f"one plan gives {', '.join(twice)} to two jobs")
         if not units:
             return
-        taken = self.conn.execute(
-            select(allocations.c.unit, allocations.c.job_id).where(
-                and_(allocations.c.live, allocations.c.unit.in_(units))
-            )
-        ).first()
+        taken = self.conn.execute(_LIVE_UNITS, {"units": units}).first()
         if taken is not None:
             raise DoubleBooking(f"GPU {taken.unit} is already allocated to job {taken.job_id}")
 
@@ -437,6 +432,19 @@ _RELEASE = (
     .values(live=False, released_at=bindparam("now"))
 )
 _INSERT_ALLOCATION = insert(allocations)
+_LIVE_UNITS = select(allocations.c.unit, allocations.c.job_id).where(
+    and_(allocations.c.live, allocations.c.unit.in_(bindparam("units", expanding=True)))
+)
+_UPDATE_USAGE = (
+    update(usage)
+    .where(usage.c.user == bindparam("b_user"))
+    .values(gpu_seconds=bindparam("b_gpu_seconds"), updated_at=bindparam("b_updated_at"))
+)
+_INSERT_USAGE = insert(usage).values(
+    user=bindparam("b_user"),
+    gpu_seconds=bindparam("b_gpu_seconds"),
+    updated_at=bindparam("b_updated_at"),
+)
 
 
 def _apply_change(row: dict[str, Any], current: JobState, change: StateChange, now: float) -> None:

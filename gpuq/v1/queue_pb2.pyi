@@ -13,11 +13,15 @@ class SubmitRequest(_message.Message):
     spec: _types_pb2.JobSpec
     def __init__(self, spec: _Optional[_Union[_types_pb2.JobSpec, _Mapping]] = ...) -> None: ...
 
-class SubmitReply(_message.Message):
-    __slots__ = ("job_ids",)
+class SubmitResult(_message.Message):
+    __slots__ = ("job_ids", "code", "message")
     JOB_IDS_FIELD_NUMBER: _ClassVar[int]
+    CODE_FIELD_NUMBER: _ClassVar[int]
+    MESSAGE_FIELD_NUMBER: _ClassVar[int]
     job_ids: _containers.RepeatedScalarFieldContainer[int]
-    def __init__(self, job_ids: _Optional[_Iterable[int]] = ...) -> None: ...
+    code: int
+    message: str
+    def __init__(self, job_ids: _Optional[_Iterable[int]] = ..., code: _Optional[int] = ..., message: _Optional[str] = ...) -> None: ...
 
 class GetJobRequest(_message.Message):
     __slots__ = ("job_id",)

@@ -34,10 +34,10 @@ class QueueStub:
         Args:
             channel: A grpc.Channel.
         """
-        self.Submit = channel.unary_unary(
+        self.Submit = channel.stream_stream(
                 '/gpuq.v1.Queue/Submit',
                 request_serializer=gpuq_dot_v1_dot_queue__pb2.SubmitRequest.SerializeToString,
-                response_deserializer=gpuq_dot_v1_dot_queue__pb2.SubmitReply.FromString,
+                response_deserializer=gpuq_dot_v1_dot_queue__pb2.SubmitResult.FromString,
                 _registered_method=True)
         self.GetJob = channel.unary_unary(
                 '/gpuq.v1.Queue/GetJob',
@@ -94,8 +94,11 @@ class QueueStub:
 class QueueServicer:
     """Missing associated documentation comment in .proto file."""
 
-    def Submit(self, request, context):
-        """Missing associated documentation comment in .proto file."""
+    def Submit(self, request_iterator, context):
+        """Submissions over a stream that may stay open: one result per request, in order, and an
+        error ends that submission, not the stream. gpuq.Client keeps one open per thread: a
+        message on an open stream costs both sides much less than a call of its own.
+        """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
@@ -166,10 +169,10 @@ class QueueServicer:
 
 def add_QueueServicer_to_server(servicer, server):
     rpc_method_handlers = {
-            'Submit': grpc.unary_unary_rpc_method_handler(
+            'Submit': grpc.stream_stream_rpc_method_handler(
                     servicer.Submit,
                     request_deserializer=gpuq_dot_v1_dot_queue__pb2.SubmitRequest.FromString,
-                    response_serializer=gpuq_dot_v1_dot_queue__pb2.SubmitReply.SerializeToString,
+                    response_serializer=gpuq_dot_v1_dot_queue__pb2.SubmitResult.SerializeToString,
             ),
             'GetJob': grpc.unary_unary_rpc_method_handler(
                     servicer.GetJob,
@@ -233,7 +236,7 @@ class Queue:
     """Missing associated documentation comment in .proto file."""
 
     @staticmethod
-    def Submit(request,
+    def Submit(request_iterator,
             target,
             options=(),
             channel_credentials=None,
@@ -243,12 +246,12 @@ class Queue:
             wait_for_ready=None,
             timeout=None,
             metadata=None):
-        return grpc.experimental.unary_unary(
-            request,
+        return grpc.experimental.stream_stream(
+            request_iterator,
             target,
             '/gpuq.v1.Queue/Submit',
             gpuq_dot_v1_dot_queue__pb2.SubmitRequest.SerializeToString,
-            gpuq_dot_v1_dot_queue__pb2.SubmitReply.FromString,
+            gpuq_dot_v1_dot_queue__pb2.SubmitResult.FromString,
             options,
             channel_credentials,
             insecure,

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import threading
+
 import pytest
 from e2e_cluster import Cluster
 
@@ -56,3 +58,26 @@ def test_array_submission_and_cancel(cluster: Cluster) -> None:
     client.cancel(held)
     states = [JobState(t.state) for t in client.list_raw(array_job_id=held)]
     assert states == [JobState.CANCELLED] * 3
+
+
+def test_submissions_from_threads_sharing_a_client(cluster: Cluster) -> None:
+    """Each thread submits over its own stream; an error ends that submission, not the stream."""
+    client = cluster.client()
+    with pytest.raises(gpuq.Unsatisfiable, match="can never run"):
+        client.submit(wrap="true", gpus=64, environ=cluster.env)
+    first = client.submit(wrap="true", hold=True, environ=cluster.env)
+    ids: list[int] = []
+
+    def submit_five() -> None:
+        for _ in range(5):
+            ids.append(client.submit(wrap="true", hold=True, environ=cluster.env))
+
+    threads = [threading.Thread(target=submit_five) for _ in range(3)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert len(set(ids)) == 15 and first not in ids
+    held = client.list(states=[JobState.HELD])
+    assert {j.id for j in held} == {first, *ids}
+    client.cancel(first, *ids)
