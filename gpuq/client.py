@@ -293,6 +293,10 @@ class _SubmitStream:
         self._replace_at = time.monotonic() + timeout / 2 if timeout is not None else None
 
     def stale(self) -> bool:
+        """Past half its deadline, or already over (the coordinator restarted since): a request
+        sent on it now would fail without having been seen, so a new stream takes it."""
+        if self._results.done():
+            return True
         return self._replace_at is not None and time.monotonic() >= self._replace_at
 
     def submit(self, request: queue_pb2.SubmitRequest) -> queue_pb2.SubmitResult | None:

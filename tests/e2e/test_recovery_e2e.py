@@ -75,3 +75,6 @@ def test_coordinator_restart_keeps_queued_and_running_jobs(cluster: Cluster) -> 
         assert cluster.wait_state(q, "completed").state is JobState.COMPLETED
     cluster.client().release(held)
     assert cluster.wait_state(held, "completed").state is JobState.COMPLETED
+    # the client from before the restart submits again (its open stream died with the server)
+    after = cluster.submit("true", gpus=1)
+    assert cluster.wait_state(after, "completed").state is JobState.COMPLETED
