@@ -16,6 +16,7 @@ import builtins
 import queue
 import threading
 import time
+import weakref
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -62,12 +63,13 @@ class Client:
         )
         self._stub = queue_pb2_grpc.QueueStub(self._channel)
         self._streams = threading.local()  # each thread's open Submit stream
-        self._open: set[_SubmitStream] = set()  # of every thread, to close with the client
+        # every thread's, to close with the client; weak: a thread's stream ends with the thread
+        self._open: weakref.WeakSet[_SubmitStream] = weakref.WeakSet()
         self._open_lock = threading.Lock()
 
     def close(self) -> None:
         with self._open_lock:
-            streams, self._open = self._open, set()
+            streams, self._open = list(self._open), weakref.WeakSet()
         for stream in streams:
             stream.close()
         self._channel.close()
@@ -291,6 +293,9 @@ class _SubmitStream:
             iter(self._requests.get, None), metadata=metadata, timeout=timeout
         )
         self._replace_at = time.monotonic() + timeout / 2 if timeout is not None else None
+        # the end of the requests ends the call (and gRPC's thread that feeds it): on close(),
+        # or when the stream is dropped with the thread that used it
+        self._end = weakref.finalize(self, self._requests.put, None)
 
     def stale(self) -> bool:
         """Past half its deadline, or already over (the coordinator restarted since): a request
@@ -306,7 +311,7 @@ class _SubmitStream:
         return result
 
     def close(self) -> None:
-        self._requests.put(None)
+        self._end()
 
 
 _CODES = {code.value[0]: code for code in grpc.StatusCode}

@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+import gc
 import threading
 
 import pytest
-from e2e_cluster import Cluster
+from e2e_cluster import Cluster, wait_for
 
 import gpuq
 from gpuq.domain.states import JobState
@@ -81,3 +82,23 @@ def test_submissions_from_threads_sharing_a_client(cluster: Cluster) -> None:
     held = client.list(states=[JobState.HELD])
     assert {j.id for j in held} == {first, *ids}
     client.cancel(first, *ids)
+
+
+def test_a_thread_that_ends_takes_its_submission_stream_along(cluster: Cluster) -> None:
+    client = cluster.client()
+    client.submit(wrap="true", hold=True, environ=cluster.env)  # the main thread's stream
+
+    baseline = threading.active_count()  # gRPC runs a thread per open stream to feed it
+    threads = [
+        threading.Thread(target=client.submit, kwargs={"wrap": "true", "hold": True})
+        for _ in range(4)
+    ]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    gc.collect()
+    wait_for(
+        lambda: threading.active_count() <= baseline, what="the ended threads' streams to close"
+    )
+    client.cancel(*(str(j.id) for j in client.list(states=[JobState.HELD])))
