@@ -16,12 +16,14 @@ At EOF (the agent is gone) the server exits; supervisors are in their own sessio
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import socket
 import subprocess
 import sys
 
 from gpuq.agent.jobdir import ACK_WAIT_DEFAULT
+from gpuq.errors import GpuqError
 
 
 class ForkServer:
@@ -34,6 +36,12 @@ class ForkServer:
     @classmethod
     def start(cls, ack_wait: float = ACK_WAIT_DEFAULT) -> ForkServer:
         """Start the helper as a fresh interpreter (no preexec_fn: safe even after grpc)."""
+        if importlib.util.find_spec("gpuq.agent._supervise") is None:
+            raise GpuqError(
+                "gpuq's compiled part (gpuq.agent._supervise) is missing: install gpuq with pip, "
+                "which needs a C compiler and the Python headers (in a source checkout: "
+                "pip install -e .)"
+            )
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
         # -P: nothing from the current folder on sys.path (a root agent must not import code from
         # wherever it was started, and a source checkout there lacks the compiled module)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import importlib.util
 import json
 import os
 import shutil
@@ -16,6 +17,7 @@ import pytest
 from supervisor_helpers import alive, cleanup, make_spec, read_pid, running_hub
 
 from gpuq.agent.forkserver import ForkServer
+from gpuq.errors import GpuqError
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -356,3 +358,16 @@ def test_fork_server_runs_the_c_loop_without_grpc() -> None:
     finally:
         server.close()
         server.process.wait(10)
+
+
+def test_missing_compiled_part_is_one_clear_error(monkeypatch: pytest.MonkeyPatch) -> None:
+    """An install without the C extension (no compiler, a source tree never built) fails at
+    agent start, not at every job's launch."""
+    real = importlib.util.find_spec
+    monkeypatch.setattr(
+        importlib.util,
+        "find_spec",
+        lambda name, *a: None if name == "gpuq.agent._supervise" else real(name, *a),
+    )
+    with pytest.raises(GpuqError, match=r"compiled part \(gpuq.agent._supervise\) is missing"):
+        ForkServer.start()
