@@ -3,7 +3,9 @@
     python bench/queue_bench.py [--jobs 500] [--gpus 8]
 
 Starts a real coordinator and one agent with fake GPUs (separate processes, SQLite in a temp
-GPUQ_HOME), then measures, with 1-GPU jobs that run `true`:
+GPUQ_HOME; job folders where the agent keeps them by default: /dev/shm when run as root, as on
+a lab server; the jobs' output files in the temp folder), then measures, with 1-GPU jobs that
+run `true`:
   1. dispatch latency on an idle node: submit -> running event, and submit -> completed event;
   2. throughput: first submit to last completion of --jobs jobs, and CPU per job (coordinator +
      agent + fork server + supervisors + jobs, from /proc);
