@@ -82,6 +82,9 @@ async def _main(settings: Settings, *, coordinator: bool, fork_server: ForkServe
             agent_task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await agent_task
+            if not settings.agent.run_dir:  # the default folder keyed by home: none left behind
+                with contextlib.suppress(OSError):
+                    agent.options.run_dir.parent.rmdir()
         if running is not None:
             await running.stop()
 
@@ -119,7 +122,8 @@ def agent_run_dir(settings: Settings) -> Path:
     if os.geteuid() != 0 or not shm.is_dir() or _noexec(shm):
         return settings.agent_state_dir
     _private_dir(root.parent)
-    (root / node).mkdir(parents=True, exist_ok=True, mode=0o700)
+    for folder in (root, root / node):
+        folder.mkdir(exist_ok=True, mode=0o700)
     return root / node
 
 

@@ -12,6 +12,8 @@ from pathlib import Path
 import pytest
 from e2e_cluster import MARKER, Cluster, wait_for
 
+from gpuq.config import load_settings
+
 
 def one_line_error(result: subprocess.CompletedProcess[str]) -> str:
     assert result.returncode == 2, (result.returncode, result.stdout, result.stderr)
@@ -195,3 +197,5 @@ def test_quick_start_serve_without_gpus(tmp_path: Path) -> None:
         serve.send_signal(signal.SIGINT)
         assert serve.wait(15) == 0
         marker.close()
+    # a clean stop leaves no job folders behind (a root agent's are in /dev/shm)
+    assert not load_settings(home=tmp_path / "home").agent_run_root.exists()

@@ -26,6 +26,7 @@ def test_root_agent_keeps_job_folders_in_a_private_tmpfs_folder(tmp_path: Path) 
         assert run_dir == settings.agent_run_root / "n1"
         assert run_dir.parent.parent == Path("/dev/shm/gpuq-0")
         assert run_dir.parent.parent.stat().st_mode & 0o777 == 0o700
+        assert run_dir.parent.stat().st_mode & 0o777 == run_dir.stat().st_mode & 0o777 == 0o700
         other_home = settings_for(tmp_path / "other")
         assert other_home.agent_run_root != settings.agent_run_root  # one folder per home
     finally:
