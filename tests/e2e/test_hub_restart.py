@@ -38,7 +38,9 @@ asyncio.run(main())
 def start_hub_owner(state: Path, spec: LaunchSpec) -> tuple[subprocess.Popen[str], int]:
     """A separate process that owns a hub and launched `spec`; returns it once the job runs."""
     command = [sys.executable, "-c", HUB_OWNER, str(state), json.dumps(spec.to_dict())]
-    owner = subprocess.Popen(command, stdout=subprocess.PIPE, text=True)
+    # not from the checkout: `-c` would import its gpuq, which CI's (non-editable) install built
+    # the C part for elsewhere
+    owner = subprocess.Popen(command, stdout=subprocess.PIPE, text=True, cwd=state.parent)
     assert owner.stdout is not None
     fork_server = int(owner.stdout.readline().split()[1])
     assert owner.stdout.readline().strip() == "running"
