@@ -19,6 +19,7 @@ from typing import Any
 from gpuq.errors import InvalidInput
 
 DEFAULT_TCP_PORT = 7817
+TMPFS = Path("/dev/shm")  # where a root agent keeps job folders by default
 DEFAULT_JOB_ENV = {
     # a fragmented PyTorch cache is the commonest avoidable OOM; JAX and TF grab all VRAM unless
     # told not to, which turns a shared GPU into a first-come-first-served one
@@ -138,7 +139,7 @@ class Settings:
         if self.agent.run_dir:
             return Path(self.agent.run_dir).expanduser()
         key = hashlib.sha256(str(self.home).encode()).hexdigest()[:12]
-        return Path("/dev/shm", f"gpuq-{os.geteuid()}", key)
+        return TMPFS / f"gpuq-{os.geteuid()}" / key
 
     @property
     def coordinator_address(self) -> str:

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from gpuq.auth import read_token
-from gpuq.config import Settings
+from gpuq.config import TMPFS, Settings
 from gpuq.errors import InvalidInput
 
 if TYPE_CHECKING:
@@ -84,7 +84,7 @@ async def _main(settings: Settings, *, coordinator: bool, fork_server: ForkServe
                 await agent_task
             if not settings.agent.run_dir:  # the default folder keyed by home: none left behind
                 with contextlib.suppress(OSError):
-                    agent.options.run_dir.parent.rmdir()
+                    settings.agent_run_root.rmdir()
         if running is not None:
             await running.stop()
 
@@ -118,8 +118,7 @@ def agent_run_dir(settings: Settings) -> Path:
         if _noexec(root / node):
             raise InvalidInput("agent.run_dir", str(root), "is mounted noexec: scripts run there")
         return root / node
-    shm = root.parent.parent
-    if os.geteuid() != 0 or not shm.is_dir() or _noexec(shm):
+    if os.geteuid() != 0 or not TMPFS.is_dir() or _noexec(TMPFS):
         return settings.agent_state_dir
     _private_dir(root.parent)
     for folder in (root, root / node):

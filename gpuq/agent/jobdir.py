@@ -27,7 +27,6 @@ from gpuq.agent import proctree
 ACK_WAIT_DEFAULT = 600.0  # seconds an ended supervisor waits for the agent's ack
 
 SPEC_FILE = "spec.json"
-SCRIPT_FILE = "script"
 PID_FILE = "supervisor.pid"
 RESULT_FILE = "result.json"
 SOCKET_NAME = "agent.sock"

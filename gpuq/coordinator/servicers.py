@@ -72,10 +72,15 @@ class _Guard:
             await context.abort(grpc.StatusCode.UNAUTHENTICATED, "missing or wrong gpuq token")
 
     async def fail(self, context: grpc.aio.ServicerContext, error: Exception) -> None:
-        if isinstance(error, GpuqError):
-            await context.abort(status_for(error), str(error))
-        log.exception("internal error in an RPC", exc_info=error)
-        await context.abort(grpc.StatusCode.INTERNAL, f"internal error: {error}")
+        await context.abort(*error_status(error))
+
+
+def error_status(error: Exception) -> tuple[grpc.StatusCode, str]:
+    """The status and message an error ends an RPC (or one submission of a stream) with."""
+    if isinstance(error, GpuqError):
+        return status_for(error), str(error)
+    log.exception("internal error in an RPC", exc_info=error)
+    return grpc.StatusCode.INTERNAL, f"internal error: {error}"
 
 
 def unary(
@@ -167,12 +172,9 @@ class QueueServicer(queue_pb2_grpc.QueueServicer):  # type: ignore[misc]
         """The ids, or the error with the status code a call would have ended with."""
         try:
             ids = await self.co.submit(spec_from_proto(request.spec), self.co.user)
-        except GpuqError as error:
-            return queue_pb2.SubmitResult(code=status_for(error).value[0], message=str(error))
         except Exception as error:
-            log.exception("internal error in a submission", exc_info=error)
-            code = grpc.StatusCode.INTERNAL.value[0]
-            return queue_pb2.SubmitResult(code=code, message=f"internal error: {error}")
+            code, message = error_status(error)
+            return queue_pb2.SubmitResult(code=code.value[0], message=message)
         return queue_pb2.SubmitResult(job_ids=ids)
 
     @unary
@@ -310,7 +312,7 @@ class AgentLinkServicer(agent_pb2_grpc.AgentLinkServicer):  # type: ignore[misc]
         try:
             await self.link.register(first.register, session)
         except GpuqError as error:
-            await context.abort(status_for(error), str(error))
+            await self.guard.fail(context, error)
         reader = asyncio.create_task(self._read(node, request_iterator, session))
         try:
             while (message := await session.next_message()) is not None:

@@ -33,8 +33,6 @@ class StoreWriter:
         self._queue: asyncio.Queue[_Item] = asyncio.Queue()
         self._executor = ThreadPoolExecutor(1, thread_name_prefix="gpuq-store-writer")
         self._task: asyncio.Task[None] | None = None
-        self.batches = 0
-        self.writes = 0
 
     def start(self) -> None:
         self._task = asyncio.get_running_loop().create_task(self._run(), name="store-writer")
@@ -65,8 +63,6 @@ class StoreWriter:
                 outcomes = self._commit(batch)
             else:
                 outcomes = await loop.run_in_executor(self._executor, self._commit, batch)
-            self.batches += 1
-            self.writes += len(batch)
             for (_, future), (ok, value) in zip(batch, outcomes, strict=True):
                 if future.done():
                     continue

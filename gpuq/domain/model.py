@@ -246,7 +246,6 @@ class JobEvent:
 class NodeState(StrEnum):
     UP = "up"
     DOWN = "down"  # agent gone past its heartbeat timeout, or never connected since start
-    DRAIN = "drain"  # an admin stopped new work; running jobs finish
 
 
 @dataclass(frozen=True, slots=True)

@@ -28,11 +28,6 @@ class JobState(StrEnum):
         """Pending, held or running: the job may still run or is running."""
         return self in LIVE_STATES
 
-    @property
-    def holds_resources(self) -> bool:
-        """Only a running job holds GPUs, CPUs and memory."""
-        return self is JobState.RUNNING
-
 
 _ENDINGS = frozenset(
     {

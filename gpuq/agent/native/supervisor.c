@@ -177,6 +177,35 @@ static void remove_job_dir(const char *job_dir) {
     rmdir(job_dir);
 }
 
+typedef struct {
+    long long job_id;
+    const char *state;
+    int have_code, code; /* code: the exit code, or minus the signal that killed the job */
+    const char *reason;
+    double started_at, ended_at;
+    long long peak_mem, leftovers_killed;
+} job_end;
+
+/* result.json's object, as the hub reads it (gpuq/agent/hub.py, SupervisorReport.ended). */
+static char *result_json(const job_end *end) {
+    buf out = {0};
+    buf_addf(&out, "{\"job_id\":%lld,\"end_state\":\"%s\",", end->job_id, end->state);
+    if (end->have_code && end->code >= 0) buf_addf(&out, "\"exit_code\":%d,\"signal\":null,", end->code);
+    else if (end->have_code) buf_addf(&out, "\"exit_code\":null,\"signal\":%d,", -end->code);
+    else buf_addf(&out, "\"exit_code\":null,\"signal\":null,");
+    buf_addf(&out, "\"reason\":");
+    buf_str(&out, end->reason);
+    buf_addf(&out, ",\"started_at\":%.6f,\"ended_at\":%.6f,\"peak_mem\":%lld,\"leftovers_killed\":%lld}",
+             end->started_at, end->ended_at, end->peak_mem, end->leftovers_killed);
+    return out.data;
+}
+
+static void save_result(const char *job_dir, const char *json) {
+    char path[4200];
+    snprintf(path, sizeof path, "%s/result.json", job_dir);
+    write_json_atomic(path, json);
+}
+
 static char **string_array(const jval *v, int object) {
     /* argv from a list, envp ("K=V") from an object; NULL when an item is unusable */
     size_t n = v->n;
@@ -602,18 +631,9 @@ static void finish(supervisor *s) {
         if (group_peak > peak) peak = group_peak;
         cgroup_remove(&s->group);
     }
-    buf result = {0};
-    buf_addf(&result, "{\"job_id\":%lld,\"end_state\":\"%s\",", s->spec.job_id, state);
-    if (have_code && code >= 0) buf_addf(&result, "\"exit_code\":%d,\"signal\":null,", code);
-    else if (have_code) buf_addf(&result, "\"exit_code\":null,\"signal\":%d,", -code);
-    else buf_addf(&result, "\"exit_code\":null,\"signal\":null,");
-    buf_addf(&result, "\"reason\":");
-    buf_str(&result, reason);
-    buf_addf(&result, ",\"started_at\":%.6f,\"ended_at\":%.6f,\"peak_mem\":%lld,\"leftovers_killed\":%lld}", s->started_at, wall_time(), peak, leftovers);
-    s->result = result.data;
-    char path[4200];
-    snprintf(path, sizeof path, "%s/result.json", s->job_dir);
-    write_json_atomic(path, s->result);
+    job_end end = {s->spec.job_id, state, have_code, code, reason, s->started_at, wall_time(), peak, leftovers};
+    s->result = result_json(&end);
+    save_result(s->job_dir, s->result);
     memset(s->timer_set, 0, sizeof s->timer_set);
     set_timer(s, T_GIVE_UP, monotonic() + s->ack_wait);
     if (s->sock >= 0) {
@@ -754,14 +774,10 @@ static void crash_result(supervisor *s, const char *problem) {
     const char *name = strrchr(s->job_dir, '/');
     long long job_id = s->have_spec ? s->spec.job_id : strtoll(name ? name + 1 : s->job_dir, NULL, 10);
     double now = wall_time();
-    char reason[600], path[4200];
+    char reason[600];
     snprintf(reason, sizeof reason, "supervisor error: %s", problem);
-    buf result = {0};
-    buf_addf(&result, "{\"job_id\":%lld,\"end_state\":\"failed\",\"exit_code\":null,\"signal\":null,\"reason\":", job_id);
-    buf_str(&result, reason);
-    buf_addf(&result, ",\"started_at\":%.6f,\"ended_at\":%.6f,\"peak_mem\":0,\"leftovers_killed\":0}", s->started_at ? s->started_at : now, now);
-    snprintf(path, sizeof path, "%s/result.json", s->job_dir);
-    write_json_atomic(path, result.data);
+    job_end end = {job_id, "failed", 0, 0, reason, s->started_at ? s->started_at : now, now, 0, 0};
+    save_result(s->job_dir, result_json(&end));
     fprintf(stderr, "gpuq supervisor %s: %s\n", s->job_dir, reason);
 }
 
