@@ -281,9 +281,7 @@ class Coordinator:
     # ---- reads -----------------------------------------------------------------------------
 
     async def get_job(self, job_id: int) -> tuple[Job, list[JobEvent]]:
-        job = await self.writer.read(lambda s: s.get_job(job_id))
-        events = await self.writer.read(lambda s: s.events(job_id))
-        return job, events
+        return await self.writer.read(lambda s: (s.get_job(job_id), s.events(job_id)))
 
     async def list_jobs(self, query: JobQuery) -> list[Job]:
         return await self.writer.read(lambda s: s.list_jobs(query))
