@@ -25,7 +25,8 @@ import grpc
 
 from gpuq.auth import bearer, read_token
 from gpuq.config import Settings, load_settings
-from gpuq.domain.states import JobState
+from gpuq.domain.model import parse_job_ref
+from gpuq.domain.states import JobState, parse_states
 from gpuq.errors import (
     Conflict,
     GpuqError,
@@ -34,6 +35,7 @@ from gpuq.errors import (
     NotFound,
     PermissionDenied,
     ServerUnavailable,
+    StorageUnavailable,
     Unsatisfiable,
 )
 from gpuq.v1 import queue_pb2, queue_pb2_grpc
@@ -42,6 +44,7 @@ if TYPE_CHECKING:
     from gpuq.domain.model import Job, JobEvent, JobSpec
     from gpuq.v1 import types_pb2 as pb
 
+STORAGE_PREFIX = "storage unavailable: "  # gpuq.coordinator.servicers says it so
 HOW_TO_START = "start it with `gpuq serve` (or `systemctl start gpuq-coordinator` on a server)"
 
 
@@ -135,20 +138,31 @@ class Client:
 
     # ---- reading ---------------------------------------------------------------------------
 
-    def get(self, job_id: int) -> Job:
+    def get(self, job_id: int | str) -> Job:
+        """A job by id, `"40_3"` for task 3 of array 40 (an array's id gives its record)."""
         from gpuq.convert import job_from_proto
 
-        return job_from_proto(self._detail(job_id).job)
+        return job_from_proto(self.detail_reply(job_id).job)
 
-    def detail(self, job_id: int) -> tuple[pb.Job, list[JobEvent]]:
+    def detail(self, job_id: int | str) -> tuple[pb.Job, list[JobEvent]]:
         """The job as the wire has it (with output paths and pending reasons) and its history."""
+        return self.detail_from(self.detail_reply(job_id))
+
+    @staticmethod
+    def detail_from(reply: queue_pb2.JobDetail) -> tuple[pb.Job, list[JobEvent]]:
         from gpuq.convert import event_from_proto
 
-        reply = self._detail(job_id)
         return reply.job, [event_from_proto(e) for e in reply.events]
 
-    def _detail(self, job_id: int) -> queue_pb2.JobDetail:
-        detail: queue_pb2.JobDetail = self._call("GetJob", queue_pb2.GetJobRequest(job_id=job_id))
+    def array_states(self, array_job_id: int | str) -> dict[str, int]:
+        """How many tasks of the array are in each state."""
+        return dict(self.detail_reply(array_job_id).array_states)
+
+    def detail_reply(self, job_id: int | str) -> queue_pb2.JobDetail:
+        """GetJob's whole answer: the job, its history and, for an array, its task counts."""
+        number, task = parse_job_ref(str(job_id))
+        request = queue_pb2.GetJobRequest(job_id=number, task=task)
+        detail: queue_pb2.JobDetail = self._call("GetJob", request)
         return detail
 
     def list(
@@ -172,9 +186,18 @@ class Client:
         limit: int = 0,
         job_ids: Iterable[int] = (),
         array_job_id: int | None = None,
+        expand_arrays: bool = False,
     ) -> builtins.list[pb.Job]:
+        """As `list`, on the wire. A live listing shows an array's waiting tasks as one
+        entry (`array_tasks` set) unless `expand_arrays`."""
+        if isinstance(states, str):
+            states = [states]
+        if not 0 <= limit <= 1_000_000:
+            raise InvalidInput("limit", limit, "must be from 0 (no limit) to 1000000")
+        job_ids = [parse_job_ref(str(i))[0] for i in job_ids]
         request = queue_pb2.ListJobsRequest(
-            states=[JobState(s).value for s in states],
+            states=sorted(s.value for s in parse_states(str(s) for s in states)),
+            expand_arrays=expand_arrays,
             user=user or "",
             finished=finished,
             limit=limit,
@@ -225,14 +248,15 @@ class Client:
                 raise _translate(error, self.address) from None
             raise TimeoutError(f"jobs {list(job_ids)} did not finish in time") from None
 
-    def wait(self, job_id: int, timeout: float | None = None) -> Job:
-        """Block until the job (every task, for an array id) has finished; the job."""
-        tasks = self.list_raw(array_job_id=job_id)
-        for _ in self.watch([t.id for t in tasks] or [job_id], timeout=timeout):
+    def wait(self, job_id: int | str, timeout: float | None = None) -> Job:
+        """Block until the job (every task, for an array id) has finished; the job (for an
+        array, its record: `array_states` counts how its tasks ended)."""
+        job = self.get(job_id)
+        for _ in self.watch([job.id], timeout=timeout):
             pass
-        return self.get(job_id)
+        return self.get(job.id)
 
-    def logs(self, job_id: int, stream: str = "stdout") -> str:
+    def logs(self, job_id: int | str, stream: str = "stdout") -> str:
         """What the job wrote so far (read from its output file, as on a shared filesystem)."""
         path = self.output_path(job_id, stream)
         try:
@@ -240,8 +264,8 @@ class Client:
         except FileNotFoundError:
             return ""
 
-    def output_path(self, job_id: int, stream: str = "stdout") -> str:
-        job = self._detail(job_id).job
+    def output_path(self, job_id: int | str, stream: str = "stdout") -> str:
+        job = self.detail_reply(job_id).job
         return job.stdout_path if stream == "stdout" else job.stderr_path
 
     # ---- recurring jobs --------------------------------------------------------------------
@@ -325,13 +349,15 @@ _ERRORS: dict[grpc.StatusCode, type[GpuqError]] = {
 
 def _translate(error: grpc.RpcError, address: str) -> GpuqError:
     code, details = error.code(), error.details() or ""
-    if code == grpc.StatusCode.UNAVAILABLE:
+    if code == grpc.StatusCode.UNAVAILABLE and not details.startswith(STORAGE_PREFIX):
         return ServerUnavailable(f"no gpuq coordinator at {address}; {HOW_TO_START}")
     return _error_for(code, details)
 
 
 def _error_for(code: grpc.StatusCode, details: str) -> GpuqError:
     """The exception the coordinator raised, from the status code it was mapped to."""
+    if code == grpc.StatusCode.UNAVAILABLE and details.startswith(STORAGE_PREFIX):
+        return StorageUnavailable(details[len(STORAGE_PREFIX) :] + "; retry later")
     if code == grpc.StatusCode.INVALID_ARGUMENT:
         return _from_message(InvalidInput, details)
     if code == grpc.StatusCode.FAILED_PRECONDITION:

@@ -8,15 +8,19 @@ The config file is the first of `--config`, `$GPUQ_CONFIG`, `$GPUQ_HOME/config.t
 
 from __future__ import annotations
 
+import difflib
 import hashlib
+import math
 import os
+import re
 import socket
 import tomllib
-from dataclasses import dataclass, field, fields, replace
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
-from gpuq.errors import InvalidInput
+from gpuq.errors import ConfigError, InvalidInput
 
 DEFAULT_TCP_PORT = 7817
 TMPFS = Path("/dev/shm")  # where a root agent keeps job folders by default
@@ -161,59 +165,370 @@ def find_config_file(explicit: Path | None, home: Path) -> Path | None:
 
 
 def load_settings(config: Path | None = None, home: Path | None = None) -> Settings:
-    """Defaults, then the config file, then GPUQ_* environment variables."""
+    """Defaults, then the config file, then GPUQ_* environment variables. Every value is
+    checked here, so a wrong one stops a command at once with one line naming it (ConfigError)
+    instead of failing later, somewhere else."""
     base = Settings(home=home or default_home())
     path = find_config_file(config, base.home)
     data: dict[str, Any] = {}
     if path is not None:
         try:
             data = tomllib.loads(path.read_text())
-        except (OSError, tomllib.TOMLDecodeError) as exc:
+        except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError) as exc:
             raise InvalidInput("config", str(path), str(exc)) from exc
-    unknown = set(data) - {"home", "coordinator", "agent", "qos", "scheduler"}
-    if unknown:
-        raise InvalidInput("config", str(path), f"unknown section(s) {sorted(unknown)}")
+    source = f"config {path}"
+    for key in data:
+        if key not in TOP_LEVEL:
+            raise ConfigError(source, key, data[key], _unknown("section", key, TOP_LEVEL))
+    for name in ("coordinator", "agent", "scheduler"):
+        _table(data.get(name, {}), source, f"[{name}]")
     settings = replace(
         base,
-        home=Path(data["home"]) if "home" in data and home is None else base.home,
+        home=_check_home(data["home"], source) if "home" in data and home is None else base.home,
         coordinator=_coordinator_settings(
-            data.get("coordinator", {}), data.get("qos"), data.get("scheduler", {}), path
+            data.get("coordinator", {}), data.get("qos"), data.get("scheduler", {}), source
         ),
-        agent=_section(AgentSettings, data.get("agent", {}), "agent", path),
+        agent=_section(AgentSettings, data.get("agent", {}), "agent", source),
     )
     return _apply_env(settings)
 
 
+def check_setting(section: str, key: str, value: Any, source: str, label: str = "") -> Any:
+    """`value` for `[section] key` checked and normalised, or ConfigError naming it (as `label`
+    where given): for values that do not come from the config file, such as flags."""
+    return RULES[section][key](value, source, label or f"[{section}] {key}")
+
+
+# ---- the rules: a type and a range for every setting ------------------------------------------
+
+TOP_LEVEL = ("home", "coordinator", "agent", "qos", "scheduler")
+YEAR = 365 * DAY
+MAX_TIME_LIMIT = 366 * DAY  # as for --time
+MAX_CPUS = 65536  # as for --cpus
+MAX_MEM = 1 << 50  # 1 PiB: far beyond any machine, and well inside the wire's 64 bits
+MAX_WEIGHT = 1e9
+MAX_COUNT = 10_000_000
+Check = Callable[[Any, str, str], Any]  # (value, source, key) -> the value, normalised
+
+_NODE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,62}")
+_TIER_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,31}")
+_ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,127}")
+_CGROUP_PART = re.compile(r"[A-Za-z0-9_.@:-]{1,100}")
+_HOST_PORT = re.compile(r"(\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9_.-]+):([0-9]{1,5})")
+_DATABASE_SCHEMES = ("sqlite", "sqlite+pysqlite", "postgresql", "postgresql+psycopg")
+
+
+def _kind(value: Any) -> str:
+    """What TOML made of a value, in words."""
+    kinds = {bool: "a boolean", str: "a string", int: "a whole number", float: "a number"}
+    kinds |= {dict: "a table", list: "a list"}
+    return kinds.get(type(value), "a date or time")
+
+
+def _seconds(low: float, high: float) -> Check:
+    return _number(low, high, "seconds")
+
+
+def _number(low: float, high: float, unit: str = "") -> Check:
+    def check(value: Any, source: str, key: str) -> float:
+        what = f"a number{f' of {unit}' if unit else ''} from {low:g} to {high:g}"
+        if isinstance(value, bool) or not isinstance(value, int | float):
+            raise ConfigError(source, key, value, f"expected {what}, not {_kind(value)}")
+        if not math.isfinite(value) or not low <= value <= high:
+            raise ConfigError(source, key, value, f"expected {what}")
+        return float(value)
+
+    return check
+
+
+def _integer(low: int, high: int, unit: str = "") -> Check:
+    def check(value: Any, source: str, key: str) -> int:
+        what = f"a whole number{f' of {unit}' if unit else ''} from {low} to {high}"
+        number = int(value) if isinstance(value, float) and value.is_integer() else value
+        if isinstance(number, bool) or not isinstance(number, int):
+            raise ConfigError(source, key, value, f"expected {what}, not {_kind(value)}")
+        if not low <= number <= high:
+            raise ConfigError(source, key, value, f"expected {what}")
+        return number
+
+    return check
+
+
+def _boolean(value: Any, source: str, key: str) -> bool:
+    if not isinstance(value, bool):
+        raise ConfigError(source, key, value, f"expected true or false, not {_kind(value)}")
+    return value
+
+
+def _choice(*options: str, upper: bool = False) -> Check:
+    def check(value: Any, source: str, key: str) -> str:
+        if isinstance(value, str) and (value.upper() if upper else value) in options:
+            return value.upper() if upper else value
+        _fail(source, key, value, f"expected one of {', '.join(options)}")
+
+    return check
+
+
+def _string(value: Any, source: str, key: str) -> str:
+    if not isinstance(value, str):
+        raise ConfigError(source, key, value, f"expected a string, not {_kind(value)}")
+    if "\0" in value:
+        raise ConfigError(source, key, value, "contains a NUL character")
+    return value
+
+
+def _pattern(regex: re.Pattern[str], what: str) -> Check:
+    def check(value: Any, source: str, key: str) -> str:
+        if not regex.fullmatch(_string(value, source, key)):
+            raise ConfigError(source, key, value, f"expected {what}")
+        return str(value)
+
+    return check
+
+
+def _fail(source: str, key: str, value: Any, problem: str) -> NoReturn:
+    if not isinstance(value, str):
+        problem = f"{problem}, not {_kind(value)}"
+    raise ConfigError(source, key, value, problem)
+
+
+def _absolute_path(value: Any, source: str, key: str) -> str:
+    text = _string(value, source, key)
+    if not text or not Path(text).expanduser().is_absolute():
+        raise ConfigError(source, key, value, "expected an absolute path")
+    return text
+
+
+def _check_home(value: Any, source: str) -> Path:
+    return Path(_absolute_path(value, source, "home")).expanduser()
+
+
+def _host_port(value: str, source: str, key: str, *, any_port: bool) -> str:
+    match = _HOST_PORT.fullmatch(value)
+    low = 0 if any_port else 1
+    if match is None or not low <= int(match.group(2)) <= 65535:
+        raise ConfigError(source, key, value, f"expected HOST:PORT with a port from {low} to 65535")
+    return value
+
+
+def _listen(value: Any, source: str, key: str) -> str | None:
+    """HOST:PORT (port 0: any free port), or "" for the Unix socket only."""
+    text = _string(value, source, key)
+    return _host_port(text, source, key, any_port=True) if text else None
+
+
+def _coordinator_address(value: Any, source: str, key: str) -> str:
+    text = _string(value, source, key)
+    if text.startswith("unix:"):
+        if len(text) > len("unix:"):
+            return text
+        raise ConfigError(source, key, value, "expected unix:PATH or HOST:PORT")
+    try:
+        return _host_port(text, source, key, any_port=False)
+    except ConfigError:
+        raise ConfigError(source, key, value, "expected unix:PATH or HOST:PORT") from None
+
+
+def redact_url(url: str) -> str:
+    """A database URL fit to print: the password, if any, replaced by ***."""
+    return re.sub(r"^([^:/]+://[^:/@]*):[^@]*@", r"\1:***@", url)
+
+
+def _database_url(value: Any, source: str, key: str) -> str:
+    """Only the shape here (the store checks the rest when it connects): the CLI must start
+    fast, and a client command has no use for SQLAlchemy."""
+    url = _string(value, source, key)
+    scheme, sep, rest = url.partition("://")
+    shown = redact_url(url)
+    if not sep or scheme not in _DATABASE_SCHEMES:
+        hint = (
+            "; write postgresql:// (gpuq uses psycopg 3)" if scheme.startswith("postgres") else ""
+        )
+        raise ConfigError(
+            source, key, shown, f"expected sqlite:///PATH or postgresql://USER@HOST/DATABASE{hint}"
+        )
+    if scheme.startswith("sqlite"):
+        path = rest[1:].partition("?")[0] if rest.startswith("/") else ""
+        if not path or path == ":memory:":
+            raise ConfigError(
+                source, key, shown, "expected sqlite:///PATH (an in-memory store loses the queue)"
+            )
+    elif not rest:
+        raise ConfigError(source, key, shown, "expected postgresql://USER@HOST/DATABASE")
+    return url
+
+
+def _size(value: Any, source: str, key: str) -> str:
+    from gpuq.domain.units import format_size, parse_size
+
+    if not isinstance(value, str):
+        raise ConfigError(
+            source, key, value, f'expected a size such as "200G" (quoted), not {_kind(value)}'
+        )
+    try:
+        size = parse_size(value, key)
+    except InvalidInput as exc:
+        raise ConfigError(source, key, value, exc.problem) from None
+    if size > MAX_MEM:
+        raise ConfigError(source, key, value, f"expected at most {format_size(MAX_MEM)}")
+    return value
+
+
+def _cgroup_parent(value: Any, source: str, key: str) -> str:
+    text = _string(value, source, key)
+    parts = text.strip("/").split("/")
+    if len(text) > 255 or not all(
+        _CGROUP_PART.fullmatch(p) and p not in {".", ".."} for p in parts
+    ):
+        raise ConfigError(
+            source, key, value, "expected a cgroup path such as gpuq or system.slice/gpuq"
+        )
+    return text
+
+
+def _fake_gpus(value: Any, source: str, key: str) -> str:
+    """The shape only: `gpuq agent` and `gpuq serve` parse the spec before they start."""
+    text = _string(value, source, key)
+    if not text.strip() or len(text) > 1000:
+        raise ConfigError(source, key, value, "expected a spec such as 4 or 8xA100-80GB")
+    return text
+
+
+def _job_env(value: Any, source: str, key: str) -> dict[str, str]:
+    table = _table(value, source, key)
+    if len(table) > 256:
+        raise ConfigError(source, key, value, "more than 256 variables")
+    for name, text in table.items():
+        where = f"[agent.job_env] {name}"
+        if not _ENV_NAME.fullmatch(name):
+            raise ConfigError(source, where, text, "not an environment variable name")
+        if len(_string(text, source, where)) > 4096:
+            raise ConfigError(source, where, text, "longer than 4096 characters")
+    return dict(table)
+
+
+def _table(value: Any, source: str, key: str) -> dict[str, Any]:
+    if not isinstance(value, dict):
+        raise ConfigError(source, key, value, f"expected a table (a section), not {_kind(value)}")
+    return value
+
+
+RULES: dict[str, dict[str, Check]] = {
+    "coordinator": {
+        "database_url": _database_url,
+        "listen": _listen,
+        "sqlite_synchronous": _choice("OFF", "NORMAL", "FULL", "EXTRA", upper=True),
+        "heartbeat_interval": _seconds(0.05, 3600),
+        "heartbeat_timeout": _seconds(0.1, DAY),
+        "kill_grace": _seconds(0, DAY),
+        "default_qos": _pattern(_TIER_NAME, "the name of a [qos.NAME] tier"),
+    },
+    "scheduler": {
+        "weight_age": _number(0, MAX_WEIGHT),
+        "max_age": _seconds(1, 10 * YEAR),
+        "weight_fairshare": _number(0, MAX_WEIGHT),
+        "fairshare_half_life": _seconds(1, 10 * YEAR),
+        "priority_interval": _seconds(0.1, DAY),
+        "cancel_unsatisfiable": _boolean,
+        "explain_limit": _integer(0, 1_000_000),
+    },
+    "qos": {
+        "priority": _integer(-1_000_000, 1_000_000),
+        "preemptible": _boolean,
+        "max_running_gpus": _integer(0, MAX_COUNT),
+        "max_running_jobs": _integer(0, MAX_COUNT),
+        "max_submitted_jobs": _integer(0, MAX_COUNT),
+        "default_time": _integer(1, MAX_TIME_LIMIT, "seconds"),
+        "max_time": _integer(1, MAX_TIME_LIMIT, "seconds"),
+    },
+    "agent": {
+        "node_name": _pattern(
+            _NODE_NAME, "a name of letters, digits, '.', '_' and '-' (at most 63)"
+        ),
+        "coordinator": _coordinator_address,
+        "run_dir": _absolute_path,
+        "fake_gpus": _fake_gpus,
+        "cpus": _integer(1, MAX_CPUS),
+        "mem": _size,
+        "mem_enforcement": _choice("auto", "cgroup", "poll"),
+        "cgroup_parent": _cgroup_parent,
+        "visible_devices": _choice("uuid", "index"),
+        "job_env": _job_env,
+    },
+}
+# the sections' names for RULES (a [qos.NAME] section has the rules of "qos")
+_SECTION_CLASSES: dict[type[Any], str] = {
+    CoordinatorSettings: "coordinator",
+    SchedulerSettings: "scheduler",
+    QosTier: "qos",
+    AgentSettings: "agent",
+}
+
+
+def _unknown(what: str, key: str, known: Iterable[str]) -> str:
+    close = difflib.get_close_matches(key, list(known), n=1)
+    hint = f"; did you mean {close[0]}?" if close else f"; known: {', '.join(sorted(known))}"
+    return f"unknown {what}{hint}"
+
+
 def _coordinator_settings(
-    raw: dict[str, Any], qos: dict[str, Any] | None, scheduler: dict[str, Any], path: Path | None
+    raw: dict[str, Any], qos: Any, scheduler: dict[str, Any], source: str
 ) -> CoordinatorSettings:
-    settings: CoordinatorSettings = _section(CoordinatorSettings, raw, "coordinator", path)
+    settings: CoordinatorSettings = _section(CoordinatorSettings, raw, "coordinator", source)
     settings = replace(
-        settings, scheduler=_section(SchedulerSettings, scheduler, "scheduler", path)
+        settings, scheduler=_section(SchedulerSettings, scheduler, "scheduler", source)
     )
+    if settings.heartbeat_timeout <= settings.heartbeat_interval:
+        raise ConfigError(
+            source,
+            "[coordinator] heartbeat_timeout",
+            raw.get("heartbeat_timeout", settings.heartbeat_timeout),
+            f"must be longer than heartbeat_interval ({settings.heartbeat_interval:g} s)",
+        )
     if qos is not None:
-        tiers = {
-            name: _section(QosTier, {**values, "name": name}, f"qos.{name}", path)
-            for name, values in qos.items()
-        }
+        tiers = {}
+        for name, values in _table(qos, source, "[qos]").items():
+            if not _TIER_NAME.fullmatch(name):
+                raise ConfigError(source, f"[qos.{name}]", values, "not a usable tier name")
+            _table(values, source, f"[qos.{name}]")
+            tiers[name] = _section(QosTier, values, f"qos.{name}", source, name=name)
         settings = replace(settings, qos=tiers)
     if settings.default_qos not in settings.qos:
-        raise InvalidInput("coordinator.default_qos", settings.default_qos, "no such qos tier")
+        raise ConfigError(
+            source,
+            "[coordinator] default_qos",
+            settings.default_qos,
+            f"no such qos tier (tiers: {', '.join(settings.qos) or 'none'})",
+        )
     return settings
 
 
-def _section(cls: type[Any], raw: dict[str, Any], name: str, path: Path | None) -> Any:
-    known = {f.name for f in fields(cls)}
-    unknown = set(raw) - known
-    if unknown:
-        raise InvalidInput(f"config [{name}]", str(path), f"unknown setting(s) {sorted(unknown)}")
-    return cls(**raw)
+def _section(cls: type[Any], raw: dict[str, Any], section: str, source: str, **extra: Any) -> Any:
+    rules = RULES[_SECTION_CLASSES[cls]]
+    values = dict(extra)
+    for key, value in raw.items():
+        if key not in rules:
+            raise ConfigError(source, f"[{section}] {key}", value, _unknown("setting", key, rules))
+        values[key] = rules[key](value, source, f"[{section}] {key}")
+    made = cls(**values)
+    if isinstance(made, QosTier):
+        limit, default = made.max_time, made.default_time
+        if limit is not None and default is not None and default > limit:
+            raise ConfigError(
+                source,
+                f"[{section}] default_time",
+                default,
+                f"longer than this tier's max_time ({limit})",
+            )
+    return made
 
 
 def _apply_env(settings: Settings) -> Settings:
     coordinator, agent = settings.coordinator, settings.agent
     if url := os.environ.get("GPUQ_DATABASE_URL"):
+        url = _database_url(url, "environment", "GPUQ_DATABASE_URL")
         coordinator = replace(coordinator, database_url=url)
     if address := os.environ.get("GPUQ_COORDINATOR"):
+        address = _coordinator_address(address, "environment", "GPUQ_COORDINATOR")
         agent = replace(agent, coordinator=address)
     return replace(settings, coordinator=coordinator, agent=agent)

@@ -6,6 +6,9 @@ InvalidInput before anything else looks at it.
 
 from __future__ import annotations
 
+from typing import Any
+
+from gpuq.domain.codec import spec_from_dict
 from gpuq.domain.model import (
     ArraySpec,
     Dependency,
@@ -17,6 +20,8 @@ from gpuq.domain.model import (
     JobSpec,
     Resources,
     WarningSignal,
+    format_indices,
+    parse_indices,
 )
 from gpuq.domain.states import JobState
 from gpuq.errors import InvalidInput
@@ -42,12 +47,16 @@ def spec_to_proto(spec: JobSpec) -> pb.JobSpec:
         nice=spec.nice,
         output=spec.output or "",
         error=spec.error or "",
-        dependencies=[pb.Dependency(job_id=d.job_id, kind=d.kind.value) for d in spec.dependencies],
+        dependencies=[
+            pb.Dependency(job_id=d.job_id, kind=d.kind.value, task=d.task)
+            for d in spec.dependencies
+        ],
         hold=spec.hold,
         begin_time=spec.begin_time,
         no_requeue=not spec.requeue,
         singleton=spec.singleton,
         source=spec.source,
+        umask=spec.umask,
     )
     if spec.array is not None:
         message.array.CopyFrom(
@@ -93,7 +102,8 @@ def spec_from_proto(message: pb.JobSpec) -> JobSpec:
             else None
         ),
         dependencies=tuple(
-            Dependency(d.job_id, kind) for d, kind in zip(message.dependencies, kinds, strict=True)
+            Dependency(d.job_id, kind, d.task if d.HasField("task") else None)
+            for d, kind in zip(message.dependencies, kinds, strict=True)
         ),
         hold=message.hold,
         begin_time=message.begin_time if message.HasField("begin_time") else None,
@@ -105,7 +115,54 @@ def spec_from_proto(message: pb.JobSpec) -> JobSpec:
         requeue=not message.no_requeue,
         singleton=message.singleton,
         source=message.source,
+        umask=message.umask if message.HasField("umask") else None,
     )
+
+
+def _spec_dict(message: pb.JobSpec) -> dict[str, Any]:
+    """A wire spec in the store's dict form (gpuq.domain.codec)."""
+    res = message.resources
+    return {
+        "name": message.name,
+        "script": message.script,
+        "workdir": message.workdir,
+        "args": list(message.args),
+        "env": dict(message.env),
+        "resources": {
+            "gpus": res.gpus,
+            "gpu_mem": res.gpu_mem if res.HasField("gpu_mem") else None,
+            "cpus": res.cpus or 1,
+            "mem": res.mem if res.HasField("mem") else None,
+            "time_limit": res.time_limit if res.HasField("time_limit") else None,
+        },
+        "qos": message.qos or None,
+        "nice": message.nice,
+        "output": message.output or None,
+        "error": message.error or None,
+        "array": (
+            {
+                "indices": list(message.array.indices),
+                "max_running": message.array.max_running
+                if message.array.HasField("max_running")
+                else None,
+            }
+            if message.HasField("array")
+            else None
+        ),
+        "dependencies": [
+            [d.job_id, d.kind or "ok"] + ([d.task] if d.HasField("task") else [])
+            for d in message.dependencies
+        ],
+        "hold": message.hold,
+        "begin_time": message.begin_time if message.HasField("begin_time") else None,
+        "signal": (
+            [message.signal.signal, message.signal.seconds] if message.HasField("signal") else None
+        ),
+        "requeue": not message.no_requeue,
+        "singleton": message.singleton,
+        "source": message.source,
+        "umask": message.umask if message.HasField("umask") else None,
+    }
 
 
 def result_to_proto(result: JobResult) -> pb.JobResult:
@@ -141,6 +198,7 @@ def job_to_proto(job: Job, stdout_path: str = "", stderr_path: str = "") -> pb.J
         qos=job.qos,
         stop_reason=job.stop[1] if job.stop else "",
         stop_state=job.stop[0].value if job.stop else "",
+        array_tasks=format_indices(job.tasks),
     )
     if job.result is not None:
         message.result.CopyFrom(result_to_proto(job.result))
@@ -148,9 +206,11 @@ def job_to_proto(job: Job, stdout_path: str = "", stderr_path: str = "") -> pb.J
 
 
 def job_from_proto(message: pb.Job) -> Job:
+    """A job as the coordinator sent it: its spec is not checked again (see spec_from_dict),
+    so a client can read every job the coordinator can."""
     return Job(
         id=message.id,
-        spec=spec_from_proto(message.spec),
+        spec=spec_from_dict(_spec_dict(message.spec)),
         user=message.user,
         state=JobState(message.state),
         qos=message.qos,
@@ -166,6 +226,7 @@ def job_from_proto(message: pb.Job) -> Job:
         array_task_id=message.array_task_id if message.HasField("array_task_id") else None,
         reason=message.reason,
         stop=(JobState(message.stop_state), message.stop_reason) if message.stop_state else None,
+        tasks=parse_indices(message.array_tasks),
     )
 
 

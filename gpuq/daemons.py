@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING
 
 from gpuq.auth import read_token
 from gpuq.config import TMPFS, Settings
-from gpuq.errors import InvalidInput
+from gpuq.errors import GpuqError, InvalidInput
 
 if TYPE_CHECKING:
     from gpuq.agent.agent import Agent
@@ -62,19 +62,27 @@ def _start_fork_server() -> ForkServer:
 
 
 async def _main(settings: Settings, *, coordinator: bool, fork_server: ForkServer | None) -> None:
+    """Run until SIGINT or SIGTERM; a coordinator that must stop on its own (it lost its store
+    to another one) stops the same way, then raises what stopped it."""
     from gpuq.coordinator.server import start_coordinator
 
     stopped = asyncio.Event()
+    fatal: list[GpuqError] = []
+
+    def stop_for(error: GpuqError) -> None:
+        fatal.append(error)
+        stopped.set()
+
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stopped.set)
-    running = await start_coordinator(settings) if coordinator else None
+    running = await start_coordinator(settings, on_fatal=stop_for) if coordinator else None
     agent_task = None
-    if fork_server is not None:
-        agent = _make_agent(settings, fork_server)
-        agent_task = asyncio.create_task(agent.run(), name="agent")
-        agent_task.add_done_callback(lambda _: stopped.set())
     try:
+        if fork_server is not None:
+            agent = _make_agent(settings, fork_server)
+            agent_task = asyncio.create_task(agent.run(), name="agent")
+            agent_task.add_done_callback(lambda _: stopped.set())
         await stopped.wait()
     finally:
         log.info("shutting down (running jobs keep running under their supervisors)")
@@ -87,6 +95,8 @@ async def _main(settings: Settings, *, coordinator: bool, fork_server: ForkServe
                     settings.agent_run_root.rmdir()
         if running is not None:
             await running.stop()
+    if fatal:
+        raise fatal[0]
 
 
 def _make_agent(settings: Settings, fork_server: ForkServer) -> Agent:

@@ -54,3 +54,41 @@ class Conflict(GpuqError):
 
 class ServerUnavailable(GpuqError):
     """The coordinator cannot be reached."""
+
+
+class StorageUnavailable(GpuqError):
+    """The job store cannot be used now (its database is unreachable, or busy): retry later."""
+
+
+class StoreInUse(StorageUnavailable):
+    """Another coordinator already serves this GPUQ_HOME or this database; names it."""
+
+
+class ConfigError(InvalidInput):
+    """A setting in the config file, the environment or on the command line is wrong: names
+    where it came from, the key and the value."""
+
+    def __init__(self, source: str, key: str, value: object, problem: str) -> None:
+        self.source = source
+        self.field = key
+        self.value = value
+        self.problem = problem
+        GpuqError.__init__(self, f"{source}: {key} = {_shown(value)}: {problem}")
+
+
+def _shown(value: object) -> str:
+    """A value as it would be written in TOML (strings quoted, booleans lower case)."""
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, str):
+        import json
+
+        text = json.dumps(value if len(value) <= 200 else value[:200] + "...")
+        return text
+    if hasattr(value, "isoformat"):  # a TOML date or time
+        return str(value.isoformat())
+    if isinstance(value, dict):
+        return "{...}"
+    if isinstance(value, list):
+        return "[...]"
+    return repr(value)

@@ -31,9 +31,15 @@ class LaunchSpec:
     mem_limit: int | None = None  # bytes of host memory for the whole tree
     mem_enforcement: MemEnforcement = "auto"  # auto: a cgroup when possible, else poll
     cgroup_parent: str | None = None  # cgroup folder (relative to the hierarchy) for job groups
-    kill_grace: float = 30.0  # seconds between the warning signal and SIGKILL
-    warning_signal: int = 15  # sent first when stopping, and before the time limit
-    warning_seconds: float = 0.0  # how long before the time limit the warning goes
+    kill_grace: float = 30.0  # seconds between SIGTERM (or a stop's signal) and SIGKILL
+    # --signal SIG@S: SIG goes warning_seconds before the time limit (at start when that is not
+    # shorter than the limit; never when 0); the limit itself sends SIGTERM, then SIGKILL after
+    # kill_grace. A stop (preemption) sends the signal the coordinator gives, usually this one.
+    warning_signal: int = 15
+    warning_seconds: float = 0.0
+    # the submitter's umask: the job runs with it and its output files are created 0666 less it;
+    # None: output files are created 0600 and the job inherits the agent's umask
+    umask: int | None = None
     uid: int | None = None  # None: keep the supervisor's user (until user identity lands)
     gid: int | None = None
     extra: dict[str, Any] = field(default_factory=dict)
@@ -114,6 +120,7 @@ def build_launch(order: LaunchOrder, policy: NodePolicy) -> LaunchSpec:
         kill_grace=order.kill_grace,
         warning_signal=warning.signal if warning else 15,
         warning_seconds=float(warning.seconds) if warning else 0.0,
+        umask=spec.umask,
     )
 
 

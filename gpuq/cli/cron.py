@@ -7,7 +7,7 @@ from typing import Any
 import click
 
 from gpuq.cli import render
-from gpuq.cli.jobs import submit_options
+from gpuq.cli.jobs import build_spec_warning, submit_options
 
 
 @click.group()
@@ -39,9 +39,7 @@ def add(
     `gpuq submit`. The script is copied now, as with submit."""
     if (script is None) == (wrap is None):
         raise click.UsageError('give a script to run, or --wrap "CMD"')
-    from gpuq.submission import build_spec
-
-    spec = build_spec(script=script, args=args, wrap=wrap, **options)
+    spec = build_spec_warning("gpuq cron add", script=script, args=args, wrap=wrap, **options)
     entry = obj.client().add_cron(schedule, spec)
     click.echo(f"Added cron entry {entry.id}: next run {render.when(entry.next_fire)}")
     return 0

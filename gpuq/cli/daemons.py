@@ -16,8 +16,14 @@ log_option = click.option(
 
 
 def _agent_settings(settings: Any, **overrides: Any) -> Any:
-    """Flags given on the command line win over the config file."""
-    given = {key: value for key, value in overrides.items() if value is not None}
+    """Flags given on the command line win over the config file; they obey its rules."""
+    from gpuq.config import check_setting
+
+    given = {
+        key: check_setting("agent", key, value, "command line", "--" + key.replace("_", "-"))
+        for key, value in overrides.items()
+        if value is not None
+    }
     return replace(settings, agent=replace(settings.agent, **given))
 
 
@@ -28,7 +34,9 @@ def agent_options(command: Any) -> Any:
             click.option("--fake-gpus", metavar="SPEC", help="pretend GPUs, e.g. 4 or 8xA100-80GB"),
             click.option("--node-name", help="this node's name (default: the host name)"),
             click.option(
-                "--cpus", type=click.IntRange(1), help="CPUs offered to jobs (default: all)"
+                "--cpus",
+                type=click.IntRange(1, 65536),
+                help="CPUs offered to jobs (default: all)",
             ),
             click.option("--mem", metavar="SIZE", help="memory offered to jobs (default: all)"),
         ]
@@ -49,6 +57,13 @@ def _check_agent(agent: Any) -> None:
         parse_size(agent.mem, "--mem")
 
 
+def _listen(listen: str) -> str | None:
+    from gpuq.config import check_setting
+
+    checked: str | None = check_setting("coordinator", "listen", listen, "command line", "--listen")
+    return checked
+
+
 @click.command()
 @agent_options
 @click.option("--listen", metavar="HOST:PORT", help="also listen on TCP (default: socket only)")
@@ -62,7 +77,7 @@ def serve(obj: Any, /, listen: str | None, log_level: str, **agent: Any) -> None
     settings = _agent_settings(obj.settings(), **agent)
     _check_agent(settings.agent)
     setup_logging(log_level)
-    run_serve(serve_settings(settings, listen))
+    run_serve(serve_settings(settings, _listen(listen) if listen is not None else None))
 
 
 @click.command()
@@ -75,7 +90,9 @@ def coordinator(obj: Any, /, listen: str | None, log_level: str) -> None:
 
     settings = obj.settings()
     if listen is not None:
-        settings = replace(settings, coordinator=replace(settings.coordinator, listen=listen))
+        settings = replace(
+            settings, coordinator=replace(settings.coordinator, listen=_listen(listen))
+        )
     setup_logging(log_level)
     run_coordinator(settings)
 

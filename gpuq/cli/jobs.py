@@ -39,6 +39,7 @@ def submit_options(command: Callable[..., Any]) -> Callable[..., Any]:
 @click.argument("args", nargs=-1)
 @click.option("--wrap", metavar="CMD", help="run CMD with /bin/sh instead of a script")
 @click.option("--wait", "-W", is_flag=True, help="wait for the job; exit with its exit code")
+@click.option("--parsable", is_flag=True, help="print only the job id (the array's, for an array)")
 @submit_options
 @click.pass_obj
 def submit(
@@ -48,29 +49,39 @@ def submit(
     args: tuple[str, ...],
     wrap: str | None,
     wait: bool,
+    parsable: bool,
     **options: Any,
 ) -> int:
-    """Queue SCRIPT (with ARGS) or --wrap CMD. Options also come from `#GPUQ` lines at the top
-    of the script; flags given here win."""
+    """Queue SCRIPT (with ARGS) or --wrap CMD. Options also come from `#GPUQ` and `#SBATCH`
+    lines at the top of the script (#GPUQ wins); flags given here win over both. Options
+    after SCRIPT are the script's arguments, as with sbatch."""
     if script is not None and wrap is not None:
         raise click.UsageError("give a script or --wrap, not both")
     if script is None and wrap is None:
         raise click.UsageError('give a script to run, or --wrap "CMD"')
-    from gpuq.submission import build_spec
+    from gpuq.submission import options_after_script
 
-    spec = build_spec(script=script, args=args, wrap=wrap, **options)
+    for flag in options_after_script(args):
+        _warn(
+            "gpuq submit",
+            f"{flag} after the script is passed to the script; put gpuq options before the script",
+        )
+    spec = build_spec_warning("gpuq submit", script=script, args=args, wrap=wrap, **options)
     client = obj.client()
     ids = client.submit_spec(spec)
-    if spec.array is not None:
-        click.echo(f"Submitted array job {ids[0]} ({len(ids)} tasks)")
+    job_id = ids[0]  # an array's id, for an array
+    if parsable:
+        click.echo(str(job_id))
+    elif spec.array is not None:
+        click.echo(f"Submitted array job {job_id} ({len(spec.array.indices)} tasks)")
     else:
-        click.echo(f"Submitted job {ids[0]}")
+        click.echo(f"Submitted job {job_id}")
     if not wait:
         return 0
-    job = client.wait(ids[0])
+    job = client.wait(job_id)
     if job.state.value == "completed":
         return 0
-    click.echo(f"job {ids[0]} {job.state.value}: {job.reason}", err=True)
+    click.echo(f"job {job_id} {job.state.value}: {job.reason}", err=True)
     if job.result is not None and job.result.exit_code is not None and job.result.exit_code:
         return int(job.result.exit_code)
     if job.result is not None and job.result.signal:
@@ -117,12 +128,19 @@ def release(obj: Any, /, job_ids: tuple[str, ...]) -> int:
 
 
 @click.command()
-@click.argument("job_id", type=int)
+@click.argument("job_id")
 @click.option("--json", "as_json", is_flag=True, help="print JSON")
 @click.pass_obj
-def show(obj: Any, /, job_id: int, as_json: bool) -> int:
-    """Everything about one job: resources, placement, why it waits, its history."""
-    job, events = obj.client().detail(job_id)
+def show(obj: Any, /, job_id: str, as_json: bool) -> int:
+    """Everything about one job (JOB, ARRAY_TASK such as 40_3, or ARRAY for the array):
+    resources, placement, why it waits, its history."""
+    from gpuq.domain.model import parse_job_ref
+
+    parse_job_ref(job_id)  # bad input fails here, before any connection
+    client = obj.client()
+    reply = client.detail_reply(job_id)
+    job, events = client.detail_from(reply)
+    array_states = dict(reply.array_states)
     if as_json:
         from google.protobuf.json_format import MessageToDict
 
@@ -137,9 +155,11 @@ def show(obj: Any, /, job_id: int, as_json: bool) -> int:
             }
             for e in events
         ]
+        if array_states:
+            data["array_states"] = array_states
         click.echo(render.dumps(data))
         return 0
-    click.echo(_describe(job, events))
+    click.echo(_describe(job, events, array_states))
     return 0
 
 
@@ -150,7 +170,7 @@ def _resources(res: Any) -> str:
     return f"{res.gpus} GPUs{gpu_mem}, {res.cpus} CPUs, mem {mem}, time {limit}"
 
 
-def _describe(job: Any, events: list[Any]) -> str:
+def _describe(job: Any, events: list[Any], array_states: dict[str, int]) -> str:
     res = job.spec.resources
     lines = [
         ("Job", f"{render.job_id_text(job)} ({job.spec.name})"),
@@ -176,6 +196,10 @@ def _describe(job: Any, events: list[Any]) -> str:
         code = str(result.exit_code) if result.HasField("exit_code") else "-"
         sig = f", signal {result.signal}" if result.HasField("signal") else ""
         lines.append(("Result", f"exit code {code}{sig}: {result.reason}"))
+    if array_states:
+        total = sum(array_states.values())
+        counts = ", ".join(f"{n} {state}" for state, n in sorted(array_states.items()))
+        lines.append(("Array", f"{job.array_job_id}: {total} tasks: {counts}"))
     if job.requeue_count:
         lines.append(("Requeued", f"{job.requeue_count} times"))
     if job.state == "pending":
@@ -196,12 +220,15 @@ def _describe(job: Any, events: list[Any]) -> str:
 
 
 @click.command()
-@click.argument("job_id", type=int)
+@click.argument("job_id")
 @click.option("--follow", "-f", is_flag=True, help="keep printing until the job ends")
 @click.option("--stderr", "-e", "errors", is_flag=True, help="the error file, if separate")
 @click.pass_obj
-def logs(obj: Any, /, job_id: int, follow: bool, errors: bool) -> int:
-    """Print what a job wrote (its output file)."""
+def logs(obj: Any, /, job_id: str, follow: bool, errors: bool) -> int:
+    """Print what a job (JOB or ARRAY_TASK, e.g. 40_3) wrote (its output file)."""
+    from gpuq.domain.model import parse_job_ref
+
+    parse_job_ref(job_id)
     client = obj.client()
     path = Path(client.output_path(job_id, "stderr" if errors else "stdout"))
     offset = _copy_from(path, 0)
@@ -225,3 +252,19 @@ def _copy_from(path: Path, offset: int) -> int:
     sys.stdout.buffer.write(data)
     sys.stdout.flush()
     return offset + len(data)
+
+
+def build_spec_warning(command: str, /, **kwargs: Any) -> Any:
+    """build_spec, with each of its warnings (an `#SBATCH` option gpuq does not use...) as
+    one line on stderr: `gpuq submit: warning: ...`."""
+    from gpuq.submission import build_spec
+
+    notes: list[str] = []
+    spec = build_spec(warnings=notes, **kwargs)
+    for note in notes:
+        _warn(command, note)
+    return spec
+
+
+def _warn(command: str, text: str) -> None:
+    click.echo(f"{command}: warning: {text}", err=True)

@@ -15,15 +15,25 @@ json_option = click.option("--json", "as_json", is_flag=True, help="print JSON")
 
 @click.command()
 @click.option("--user", "-u", help="only this user's jobs")
-@click.option("--state", "-s", "states", multiple=True, help="only these states (repeatable)")
+@click.option(
+    "--state",
+    "-s",
+    "states",
+    multiple=True,
+    help="only these states: names or SLURM codes, e.g. R,PD (repeatable)",
+)
 @click.option("--long", "-l", "long_", is_flag=True, help="priority factors and estimated start")
 @json_option
 @click.pass_obj
 def queue(
     obj: Any, /, user: str | None, states: tuple[str, ...], long_: bool, as_json: bool
 ) -> int:
-    """Pending, held and running jobs, with why each pending job waits."""
-    jobs = obj.client().list_raw(states=states, user=user)
+    """Pending, held and running jobs, with why each pending job waits. An array's waiting
+    tasks show as one line, e.g. 40_[3-99%8]."""
+    from gpuq.domain.states import parse_states
+
+    wanted = parse_states(states)  # bad input fails here, before any connection
+    jobs = obj.client().list_raw(states=wanted, user=user)
     if as_json:
         click.echo(render.dumps([render.job_dict(j) for j in jobs]))
         return 0
@@ -51,7 +61,14 @@ def queue(
 
 @click.command()
 @click.option("--user", "-u", help="only this user's jobs")
-@click.option("--limit", "-n", default=20, show_default=True, help="how many")
+@click.option(
+    "--limit",
+    "-n",
+    type=click.IntRange(1, 100_000),
+    default=20,
+    show_default=True,
+    help="how many (1 to 100000)",
+)
 @json_option
 @click.pass_obj
 def history(obj: Any, /, user: str | None, limit: int, as_json: bool) -> int:

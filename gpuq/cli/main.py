@@ -1,6 +1,14 @@
 """The `gpuq` command. Each verb group lives in its own module; this one wires them together and
-turns every error into one line on stderr: exit 2 for bad input (like any usage error), 1 when
-the coordinator cannot be reached (the line says how to start it).
+turns every error into one line on stderr, never a traceback. Exit codes:
+
+    0    done
+    1    the command ran but did not succeed as asked (a job that failed under `submit --wait`
+         exits with the job's own code instead; a file or system error)
+    2    bad input: a usage error, an invalid value or config setting, no such job, not allowed
+    3    unavailable, retry later: no coordinator answers, the store cannot be reached, or
+         another coordinator already serves this GPUQ_HOME or database
+    4    internal error: a bug in gpuq (GPUQ_DEBUG=1 shows the traceback)
+    130  interrupted (Ctrl-C)
 
 Nothing here imports grpc or the store at import time: `gpuq --help` and friends stay fast, and
 the client commands load only the client.
@@ -9,14 +17,24 @@ the client commands load only the client.
 from __future__ import annotations
 
 import importlib
+import logging
 import os
 import sys
+import traceback
 from pathlib import Path
 from typing import Any
 
 import click
 
-from gpuq.errors import GpuqError, ServerUnavailable
+from gpuq.errors import GpuqError, ServerUnavailable, StorageUnavailable
+
+EXIT_OK = 0
+EXIT_FAILED = 1
+EXIT_BAD_INPUT = 2
+EXIT_UNAVAILABLE = 3
+EXIT_INTERNAL = 4
+EXIT_INTERRUPTED = 130
+DEBUG_VAR = "GPUQ_DEBUG"
 
 
 class Context:
@@ -75,6 +93,9 @@ class LazyGroup(click.Group):
 @click.group(
     cls=LazyGroup,
     context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100},
+    epilog="Exit codes: 0 done, 1 did not succeed, 2 bad input or config, 3 unavailable "
+    "(no coordinator, or the store cannot be reached: retry later), 4 internal error "
+    "(GPUQ_DEBUG=1 shows the traceback), 130 interrupted.",
 )
 @click.option(
     "--home",
@@ -109,28 +130,59 @@ def run(argv: list[str] | None = None) -> int:
         result = cli.main(args=argv, prog_name="gpuq", standalone_mode=False)
     except click.exceptions.Abort:
         click.echo("gpuq: aborted", err=True)
-        return 130
+        return EXIT_INTERRUPTED
     except click.exceptions.NoArgsIsHelpError as exc:
         click.echo(exc.ctx.get_help() if exc.ctx else str(exc))
-        return 2
+        return EXIT_BAD_INPUT
     except click.UsageError as exc:
         command = exc.ctx.command_path if exc.ctx else "gpuq"
         click.echo(f"{command}: error: {exc.format_message()}", err=True)
-        return 2
+        return EXIT_BAD_INPUT
     except click.ClickException as exc:
         click.echo(f"gpuq: error: {exc.format_message()}", err=True)
         return exc.exit_code
-    except ServerUnavailable as exc:
+    except (ServerUnavailable, StorageUnavailable) as exc:
         click.echo(f"gpuq: {exc}", err=True)
-        return 1
+        return EXIT_UNAVAILABLE
     except GpuqError as exc:
         click.echo(f"gpuq: error: {exc}", err=True)
-        return 2
+        return EXIT_BAD_INPUT
     except KeyboardInterrupt:
-        return 130
+        return EXIT_INTERRUPTED
     except BrokenPipeError:
         return 141
-    return result if isinstance(result, int) else 0
+    except OSError as exc:  # the system said no: a file, a folder, a permission
+        _debug_traceback()
+        click.echo(f"gpuq: error: {_os_error(exc)}", err=True)
+        return EXIT_FAILED
+    except Exception as exc:  # a bug: one line, and where to find the details
+        _debug_traceback()
+        hint = "" if os.environ.get(DEBUG_VAR) else f" (set {DEBUG_VAR}=1 to see the traceback)"
+        click.echo(f"gpuq: internal error: {type(exc).__name__}: {_one_line(exc)}{hint}", err=True)
+        return EXIT_INTERNAL
+    return result if isinstance(result, int) else EXIT_OK
+
+
+def _debug_traceback() -> None:
+    """The traceback with GPUQ_DEBUG=1, or in a daemon's log at --log-level debug."""
+    if os.environ.get(DEBUG_VAR):
+        traceback.print_exc(file=sys.stderr)
+    elif logging.getLogger().handlers:
+        logging.getLogger("gpuq").debug("the traceback", exc_info=True)
+
+
+def _one_line(exc: BaseException) -> str:
+    text = " ".join(str(exc).split())
+    return text[:500] + "..." if len(text) > 500 else text
+
+
+def _os_error(exc: OSError) -> str:
+    """`Permission denied: /var/lib/gpuq` rather than `[Errno 13] Permission denied: '...'`."""
+    if exc.strerror is None:
+        return _one_line(exc)
+    names = [n for n in (exc.filename, exc.filename2) if n is not None]
+    where = " -> ".join(os.fsdecode(n) for n in names)
+    return f"{exc.strerror}: {where}" if where else exc.strerror
 
 
 if __name__ == "__main__":

@@ -7,23 +7,17 @@ import json
 from collections.abc import Sequence
 from typing import Any
 
+from gpuq.domain.states import SHORT_STATE as STATE_CODES
 from gpuq.domain.units import format_duration, format_size
 
-SHORT_STATE = {
-    "pending": "PD",
-    "held": "HD",
-    "running": "R",
-    "completed": "CD",
-    "failed": "F",
-    "cancelled": "CA",
-    "timeout": "TO",
-    "preempted": "PR",
-    "node_fail": "NF",
-    "out_of_memory": "OOM",
-}
+SHORT_STATE = {state.value: code for state, code in STATE_CODES.items()}
 
 
 def job_id_text(job: Any) -> str:
+    """`42`, `40_3`, or `40_[3-99%8]` for an array's waiting tasks shown as one entry."""
+    if job.array_tasks:
+        limit = job.spec.array.max_running if job.spec.array.HasField("max_running") else 0
+        return f"{job.array_job_id}_[{job.array_tasks}" + (f"%{limit}]" if limit else "]")
     if job.HasField("array_job_id"):
         return f"{job.array_job_id}_{job.array_task_id}"
     return str(job.id)

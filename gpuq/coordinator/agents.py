@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 from collections import defaultdict
 from collections.abc import Coroutine, Sequence
 from functools import partial
@@ -54,9 +55,13 @@ class AgentLink:
             last_seen=now,
         )
         await co.save_node(node)
-        co.cluster.nodes[name] = NodeEntry(node, last_seen=now, session=session)
         session.registered(co.settings.heartbeat_interval)
-        await self._reconcile(name, message.jobs, session)
+        co.cluster.nodes[name] = NodeEntry(node, last_seen=now, session=session)
+        try:
+            await self._reconcile(name, message.jobs, session)
+        except BaseException:
+            self.disconnected(name, session)  # a later registration must not be refused
+            raise
         log.info(
             "node %s registered: %d GPUs%s", name, len(node.units), " (FAKE)" if node.fake else ""
         )
@@ -120,7 +125,7 @@ class AgentLink:
         await self.co.end_jobs([Ending(i, JobState.NODE_FAIL, reason) for i in job_ids])
 
     async def _record_ends(self, node: str, reports: Sequence[apb.JobReport]) -> None:
-        ends: list[tuple[int, JobState, JobResult]] = []
+        ends: list[tuple[int, JobState, JobResult, float | None]] = []
         for report in reports:
             try:
                 state = JobState(report.end_state)
@@ -128,7 +133,8 @@ class AgentLink:
                 state = JobState.FAILED
             if state not in AGENT_ENDINGS:
                 state = JobState.FAILED
-            ends.append((report.job_id, state, result_from_proto(report.result)))
+            at = report.at if math.isfinite(report.at) and report.at > 0 else None
+            ends.append((report.job_id, state, result_from_proto(report.result), at))
         await self.co.record_ends(node, ends)
         session = self._session(node)
         if session is not None:

@@ -12,12 +12,22 @@ import logging
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Sequence
 from dataclasses import dataclass, replace
+from functools import partial
 
 from gpuq.config import CoordinatorSettings
 from gpuq.coordinator.cluster import ClusterState, NodeEntry
 from gpuq.coordinator.scheduling import SchedulingState
 from gpuq.coordinator.writer import StoreWriter
-from gpuq.domain.model import Job, JobEvent, JobResult, JobSpec, Node, NodeState
+from gpuq.domain.model import (
+    Dependency,
+    Job,
+    JobEvent,
+    JobResult,
+    JobSpec,
+    Node,
+    NodeState,
+    parse_job_ref,
+)
 from gpuq.domain.states import JobState
 from gpuq.domain.units import format_duration
 from gpuq.errors import InvalidInput, NotFound, PermissionDenied, Unsatisfiable
@@ -50,6 +60,7 @@ class Ending:
     state: JobState
     reason: str
     result: JobResult | None = None
+    at: float | None = None  # when the supervisor saw it end; None: now
 
 
 @dataclass(frozen=True, slots=True)
@@ -75,9 +86,13 @@ class Coordinator:
         self.clock = clock
         self.writer = StoreWriter(store)
         self.sched = SchedulingState(settings)
-        self.cluster = ClusterState(self.sched.key, lambda job: self.sched.priority(job, clock()))
+        self.cluster = ClusterState(
+            self.sched.key, lambda job: self.sched.priority(job, self.sched.ranked_at)
+        )
         self._dirty = asyncio.Event()
-        self._watchers: set[tuple[frozenset[int], asyncio.Queue[JobEvent]]] = set()
+        self._watchers: set[tuple[frozenset[int], asyncio.Queue[tuple[JobEvent, int | None]]]] = (
+            set()
+        )
         self._tasks: list[asyncio.Task[None]] = []
         self.passes = 0
         # set by the agent module (gpuq.coordinator.agents) to tell agents what to do
@@ -95,8 +110,9 @@ class Coordinator:
         self.sched.usage = await self.writer.read(lambda s: s.usage())
         now = self.clock()
         self.sched.refresh_shares({j.user for j in jobs}, now)
-        await self._load_dependencies(d.job_id for j in jobs for d in j.spec.dependencies)
         self.cluster.reset(jobs)
+        await self._load_array_outcomes({j.array_job_id for j in jobs} - {None})
+        await self._load_dependencies(d for j in jobs for d in j.spec.dependencies)
         for node in nodes:
             self.cluster.nodes[node.name] = NodeEntry(node, last_seen=now)
         self.writer.start()
@@ -139,28 +155,59 @@ class Coordinator:
         if views and all(never_fits(v, spec.resources) for v in views):
             raise Unsatisfiable(_never_fits_message(spec, nodes))
         if tier.max_submitted_jobs is not None:
-            mine = sum(1 for j in self.cluster.jobs.values() if j.user == user and j.qos == qos)
+            mine = sum(
+                len(j.tasks) or 1
+                for j in self.cluster.jobs.values()
+                if j.user == user and j.qos == qos
+            )
             adding = len(spec.array.indices) if spec.array else 1
             if mine + adding > tier.max_submitted_jobs:
                 raise Unsatisfiable(
                     f"qos {qos} allows {tier.max_submitted_jobs} queued or running jobs per "
                     f"user; {user} has {mine} and this adds {adding}"
                 )
-        missing = await self._load_dependencies(d.job_id for d in spec.dependencies)
+        missing = await self._load_dependencies(spec.dependencies)
         if missing:
-            raise InvalidInput("--after", missing[0], "no such job")
+            raise InvalidInput("--after", missing[0], "no such job or array task")
         return qos, tier.priority - spec.nice
 
-    async def _load_dependencies(self, job_ids: Iterable[int]) -> list[int]:
-        """Remember the states of finished jobs that jobs depend on; the ids that do not exist."""
-        wanted = {i for i in job_ids if i not in self.cluster.jobs and i not in self.sched.finished}
+    async def _load_dependencies(self, deps: Iterable[Dependency]) -> list[str]:
+        """Remember how the ended jobs that jobs depend on ended (a whole array: its worst
+        ending); the dependencies that name nothing that exists."""
+        missing: list[str] = []
+        for dep in {d for d in deps if self.sched.state_of(d, self.cluster) is None}:
+            key = (dep.job_id, dep.task)
+            if dep.task is not None:
+                job = await self.writer.read(partial(_find_task, key=(dep.job_id, dep.task)))
+                if job is None:
+                    missing.append(dep.display)
+                else:
+                    self.sched.finished[key] = job.state
+                continue
+            found = await self.writer.read(
+                partial(_list_jobs, query=JobQuery(job_ids=(dep.job_id,)))
+            )
+            if not found:
+                missing.append(dep.display)
+            elif found[0].array_job_id == dep.job_id:
+                await self._load_array_outcomes({dep.job_id})
+                self.sched.finished[key] = self.sched.array_worst.pop(
+                    dep.job_id, JobState.COMPLETED
+                )
+            else:
+                self.sched.finished[key] = found[0].state
+        return sorted(missing)
+
+    async def _load_array_outcomes(self, arrays: set[int | None]) -> None:
+        """The worst ending so far of each array's ended tasks (see SchedulingState)."""
+        wanted = sorted(a for a in arrays if a is not None)
         if not wanted:
-            return []
-        found = await self.writer.read(lambda s: s.list_jobs(JobQuery(job_ids=tuple(wanted))))
-        for job in found:
-            if not job.state.is_live:
-                self.sched.finished[job.id] = job.state
-        return sorted(wanted - {j.id for j in found})
+            return
+        counts = await self.writer.read(lambda s: s.array_states(wanted))
+        for array, by_state in counts.items():
+            failed = sorted(s for s in by_state if not s.is_live and s is not JobState.COMPLETED)
+            if failed:
+                self.sched.array_worst[array] = failed[0]
 
     async def submit(self, spec: JobSpec, user: str) -> list[int]:
         qos, priority = await self.check_submission(spec, user)
@@ -168,26 +215,52 @@ class Coordinator:
         now = self.clock()
         [ids] = await self.writer.write(lambda tx: tx.add_jobs([new], now))
         state = JobState.HELD if spec.hold else JobState.PENDING
-        for index, job_id in enumerate(ids):
-            array = spec.array
-            self.cluster.put(
-                Job(
-                    id=job_id,
-                    spec=spec,
-                    user=user,
-                    state=state,
-                    qos=qos,
-                    priority=priority,
-                    submit_time=now,
-                    array_job_id=ids[0] if array else None,
-                    array_task_id=array.indices[index] if array else None,
-                    reason="submitted",
-                )
-            )
-            self._publish(JobEvent(job_id, now, None, state, "submitted"))
+        [job_id] = ids
+        tasks = spec.array.indices if spec.array else ()
+        job = Job(
+            id=job_id,
+            spec=spec,
+            user=user,
+            state=state,
+            qos=qos,
+            priority=priority,
+            submit_time=now,
+            array_job_id=job_id if spec.array else None,
+            array_task_id=tasks[0] if len(tasks) == 1 else None,
+            reason="submitted",
+            tasks=tasks if len(tasks) > 1 else (),
+        )
+        self.cluster.put(job)
+        self._publish(JobEvent(job_id, now, None, state, "submitted"), job)
         if state is JobState.PENDING:  # a held job changes nothing a pass could act on
             self.wake()
         return ids
+
+    async def split_tasks(self, record_id: int, tasks: Sequence[int]) -> list[Job]:
+        """Give tasks of an array's record jobs of their own (in its state), to start, act on
+        or show one at a time; the new jobs, in task order."""
+        now = self.clock()
+        state, ids = await self.writer.write(lambda tx: tx.split_tasks(record_id, tasks, now))
+        record = self.cluster.jobs.get(record_id)
+        if record is None:  # changed in memory meanwhile: the store is the truth
+            await self._reload_jobs()
+            return [self.cluster.jobs[i] for i in ids.values() if i in self.cluster.jobs]
+        left = tuple(t for t in record.tasks if t not in ids or ids[t] == record_id)
+        if len(left) == 1:
+            self.cluster.put(replace(record, state=state, tasks=(), array_task_id=left[0]))
+        else:
+            self.cluster.put(replace(record, state=state, tasks=left))
+        split: list[Job] = []
+        for task, job_id in sorted(ids.items()):
+            if job_id == record_id:
+                continue
+            job = replace(record, id=job_id, state=state, tasks=(), array_task_id=task, stop=None)
+            self.cluster.put(job)
+            split.append(job)
+            self._publish(
+                JobEvent(job_id, now, None, state, f"array task split from {record_id}"), job
+            )
+        return split
 
     async def cancel(self, selection: Sequence[str], user: str, reason: str = "") -> list[Outcome]:
         why = reason or f"cancelled by {user}"
@@ -214,7 +287,7 @@ class Coordinator:
         outcomes: list[Outcome] = []
         for text in selection:
             try:
-                jobs = await self._select(text)
+                jobs = await self._select(text, user)
             except (InvalidInput, NotFound) as exc:
                 outcomes.append(Outcome(text, False, str(exc)))
                 continue
@@ -230,21 +303,37 @@ class Coordinator:
         self.wake()
         return outcomes
 
-    async def _select(self, text: str) -> list[Job]:
-        """`123` (a job, or every task of array 123) or `120_3`; live and finished jobs."""
-        head, _, task = text.strip().partition("_")
-        if not head.isdigit() or (task and not task.isdigit()):
-            raise InvalidInput("job id", text, "expected JOB or ARRAY_TASK, e.g. 42 or 40_3")
-        job_id = int(head)
-        tasks = await self.writer.read(lambda s: s.list_jobs(JobQuery(array_job_id=job_id)))
-        if task:
-            found = [j for j in tasks if j.array_task_id == int(task)]
-        else:
-            found = tasks or await self.writer.read(
-                lambda s: s.list_jobs(JobQuery(job_ids=(job_id,)))
-            )
-        if not found:
-            raise NotFound(f"no job {text}")
+    async def _select(self, text: str, user: str) -> list[Job]:
+        """`123` (a job, or every live task of array 123) or `120_3` (a task not yet split
+        off its array's record is split off first, so it can be acted on alone)."""
+        job_id, task = parse_job_ref(text)
+        if task is not None:
+            return [await self.find_task(job_id, task, user)]
+        live = [j for j in self.cluster.jobs.values() if j.array_job_id == job_id]
+        if live:
+            return sorted(live, key=lambda j: (j.array_task_id or -1, j.id))
+        job = self.cluster.jobs.get(job_id)
+        if job is None:
+            job = await self.writer.read(lambda s: s.get_job(job_id))
+        return [job]
+
+    async def find_task(self, array: int, task: int, user: str | None = None) -> Job:
+        """Task `task` of the array as a job of its own; split off its record if it is live
+        there and `user` (who will act on it) owns it."""
+        job_id = self.cluster.task_jobs.get((array, task))
+        if job_id is not None:
+            return self.cluster.jobs[job_id]
+        record = self.cluster.records.get(array)
+        if record is not None and task in record.tasks:
+            if user is None:
+                return record
+            if record.user != user:
+                raise PermissionDenied(f"job {array}_{task} belongs to {record.user}")
+            [job] = await self.split_tasks(array, [task])
+            return job
+        found = await self.writer.read(lambda s: s.find_task(array, task))
+        if found is None:
+            raise NotFound(f"no job {array}_{task}")
         return found
 
     async def _cancel_one(self, job: Job, reason: str) -> str:
@@ -280,8 +369,19 @@ class Coordinator:
 
     # ---- reads -----------------------------------------------------------------------------
 
-    async def get_job(self, job_id: int) -> tuple[Job, list[JobEvent]]:
-        return await self.writer.read(lambda s: (s.get_job(job_id), s.events(job_id)))
+    async def get_job(
+        self, job_id: int, task: int | None = None
+    ) -> tuple[Job, list[JobEvent], dict[JobState, int]]:
+        """A job (or task `task` of array `job_id`), its history and, for an array's id (or a
+        task still in its record), how many of the array's tasks are in each state."""
+        if task is not None:
+            job_id = (await self.find_task(job_id, task)).id
+        job, events = await self.writer.read(lambda s: (s.get_job(job_id), s.events(job_id)))
+        counts: dict[JobState, int] = {}
+        if job.array_job_id == job.id:
+            array = job.id
+            counts = (await self.writer.read(lambda s: s.array_states([array]))).get(array, {})
+        return job, events, counts
 
     async def list_jobs(self, query: JobQuery) -> list[Job]:
         return await self.writer.read(lambda s: s.list_jobs(query))
@@ -302,51 +402,52 @@ class Coordinator:
         last = -WATCH_GAP
         busy = False
         wanted = frozenset(job_ids)
-        queue: asyncio.Queue[JobEvent] = asyncio.Queue()
+        queue: asyncio.Queue[tuple[JobEvent, int | None]] = asyncio.Queue()
         entry = (wanted, queue)
         self._watchers.add(entry)
         try:
-            remaining = set(wanted)
-            if wanted:
-                current = await self.writer.read(
-                    lambda s: s.list_jobs(JobQuery(job_ids=tuple(wanted)))
-                )
-                remaining = {j.id for j in current if j.state.is_live}
-            while not wanted or remaining:
-                batch = [await queue.get()]
+            # memory holds every live job: what is not there has ended
+            remaining = {i for i in wanted if self._is_live(i)}
+            while not wanted or remaining or not queue.empty():
+                items = [await queue.get()]
                 gap = last + WATCH_GAP - loop.time()
                 if gap > 0 and busy:
                     await asyncio.sleep(gap)
                 busy = gap > 0
                 while not queue.empty():
-                    batch.append(queue.get_nowait())
+                    items.append(queue.get_nowait())
                 last = loop.time()  # when it left: the yield returns once it was written
-                yield batch
-                for event in batch:  # in order: a preempted job is back to pending right after
-                    if not event.to_state.is_live:
-                        remaining.discard(event.job_id)
-                    elif event.job_id in wanted:
-                        remaining.add(event.job_id)
+                yield [event for event, _ in items]
+                touched = {i for e, a in items for i in (e.job_id, a) if i in wanted}
+                remaining -= {i for i in touched if not self._is_live(i)}
+                remaining |= {i for i in touched if self._is_live(i)}
         finally:
             self._watchers.discard(entry)
 
+    def _is_live(self, job_id: int) -> bool:
+        """The job, or any task of the array of that id, may still run."""
+        return job_id in self.cluster.jobs or bool(self.cluster.array_live.get(job_id))
+
     # ---- memory follows the store ----------------------------------------------------------
 
-    def _publish(self, event: JobEvent) -> None:
+    def _publish(self, event: JobEvent, job: Job | None) -> None:
+        """To watchers of the job, or of its array."""
+        array = job.array_job_id if job is not None else None
         for wanted, queue in self._watchers:
-            if not wanted or event.job_id in wanted:
-                queue.put_nowait(event)
+            if not wanted or event.job_id in wanted or array in wanted:
+                queue.put_nowait((event, array))
 
     def _moved(self, job_id: int, before: JobState, after: JobState, reason: str) -> None:
         now = self.clock()
         job = self.cluster.jobs.get(job_id)
         if job is not None:
             self.cluster.put(replace(job, state=after, reason=reason))
-        self._publish(JobEvent(job_id, now, before, after, reason))
+            if not after.is_live:
+                self.sched.job_ended(job, after, self.cluster)
+        self._publish(JobEvent(job_id, now, before, after, reason), job)
 
     def _ended(self, job_id: int, before: JobState, after: JobState, reason: str) -> None:
         self._moved(job_id, before, after, reason)
-        self.sched.finished[job_id] = after
 
     def _stop_requested(self, job_id: int, end_state: JobState, reason: str) -> None:
         job = self.cluster.jobs.get(job_id)
@@ -355,10 +456,13 @@ class Coordinator:
 
     # ---- job ends reported by agents -------------------------------------------------------
 
-    async def record_ends(self, node: str, ends: Sequence[tuple[int, JobState, JobResult]]) -> None:
-        """Agents report jobs whose processes are gone."""
+    async def record_ends(
+        self, node: str, ends: Sequence[tuple[int, JobState, JobResult, float | None]]
+    ) -> None:
+        """Agents report jobs whose processes are gone, and when (the supervisor's clock)."""
         endings = [
-            Ending(i, state, result.reason or state.value, result) for i, state, result in ends
+            Ending(i, state, result.reason or state.value, result, at)
+            for i, state, result, at in ends
         ]
         await self.end_jobs(endings)
 
@@ -381,12 +485,15 @@ class Coordinator:
                 job = self.cluster.jobs.get(end.job_id)
                 if states.get(end.job_id) is not JobState.RUNNING or job is None:
                     continue  # already ended (node_fail, or a repeated report)
-                changes.append(StateChange(end.job_id, end.state, end.reason, end.result))
+                started = job.start_time or now
+                # a clock that disagrees cannot put the end before the start or in the future
+                ended = now if end.at is None else min(now, max(started, end.at))
+                changes.append(StateChange(end.job_id, end.state, end.reason, end.result, ended))
                 moved.append((end.job_id, JobState.RUNNING, end.state, end.reason))
                 if end.state is JobState.PREEMPTED and job.spec.requeue:
                     changes.append(StateChange(end.job_id, JobState.PENDING, "requeued"))
                     moved.append((end.job_id, JobState.PREEMPTED, JobState.PENDING, "requeued"))
-                seconds = len(job.gpus) * max(0.0, now - (job.start_time or now))
+                seconds = len(job.gpus) * max(0.0, ended - started)
                 charges[job.user] = charges.get(job.user, 0.0) + seconds
             tx.transition(changes, now)
             usage = {u: self.sched.charge(u, s, now) for u, s in charges.items() if s > 0}
@@ -410,9 +517,10 @@ class Coordinator:
                         requeue_count=job.requeue_count + 1,
                     )
                 )
-                self._publish(JobEvent(job_id, now, before, after, reason))
+                self._publish(JobEvent(job_id, now, before, after, reason), job)
             elif job_id in requeued:  # preempted, and back in the queue just below
-                self._publish(JobEvent(job_id, now, before, after, reason))
+                job = self.cluster.jobs[job_id]
+                self._publish(JobEvent(job_id, now, before, after, reason), job)
             else:
                 self._ended(job_id, before, after, reason)
         self.wake()
@@ -453,6 +561,15 @@ class Coordinator:
     async def _reload_jobs(self) -> None:
         jobs = await self.writer.read(lambda s: s.list_jobs(JobQuery(states=LIVE)))
         self.cluster.reset(jobs)
+        await self._load_array_outcomes({j.array_job_id for j in jobs} - {None})
+
+
+def _find_task(store: Store, key: tuple[int, int]) -> Job | None:
+    return store.find_task(*key)
+
+
+def _list_jobs(store: Store, query: JobQuery) -> list[Job]:
+    return store.list_jobs(query)
 
 
 def _never_fits_message(spec: JobSpec, nodes: list[Node]) -> str:

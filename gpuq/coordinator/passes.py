@@ -10,9 +10,13 @@ import signal
 from collections.abc import Iterator
 from dataclasses import dataclass, replace
 
+from gpuq.coordinator.cluster import queue_key
 from gpuq.coordinator.core import Coordinator, StopOrder
 from gpuq.domain.model import Job, JobEvent
 from gpuq.domain.states import JobState
+from gpuq.scheduler.arrays import tasks_to_split
+from gpuq.scheduler.eligibility import dependency_status
+from gpuq.scheduler.placement import NodeView
 from gpuq.scheduler.plan import plan
 from gpuq.scheduler.priority import Factors
 from gpuq.scheduler.snapshot import Decisions, PendingJob, RunningJob, Waiting
@@ -20,6 +24,7 @@ from gpuq.store.api import JobStart, StateChange, StoreTx
 
 log = logging.getLogger(__name__)
 EXPLAIN_EVERY = 1.0  # seconds an explanation of the queue stays good
+_LIVE_RECORD = (JobState.PENDING, JobState.HELD)
 
 
 @dataclass(frozen=True, slots=True)
@@ -43,32 +48,103 @@ class Passes:
         return [self.co.sched.running(j, now) for j in self.co.cluster.in_state(JobState.RUNNING)]
 
     def _queue(self) -> Iterator[PendingJob]:
-        live = self.co.cluster.jobs
-        return (self.co.sched.pending(j, live) for j in self.co.cluster.queue())
+        cluster = self.co.cluster
+        return (self.co.sched.pending(j, cluster) for j in cluster.queue())
 
     async def run(self) -> None:
         co = self.co
+        await self._split_arrays()
         if not co.cluster.shapes:
             return
         now = co.clock()
-        decided = plan(
+        try:
+            decided = self._plan(now)
+        except Exception as error:  # one job's data must not stop everyone's scheduling
+            await self._set_aside(now, error)
+            decided = self._plan(now)
+        self._explained_at = -1.0  # what blocks whom may have changed
+        if decided.starts or decided.preemptions or decided.cancellations:
+            await self._apply(decided, now)
+
+    def _plan(self, now: float, explain: bool = False) -> Decisions:
+        co = self.co
+        return plan(
             co.cluster.node_views(),
             self._running(),
             self._queue(),
             co.sched.policy,
             now,
-            shapes=co.cluster.shapes,
+            shapes=None if explain else co.cluster.shapes,
+            explain=explain,
         )
-        self._explained_at = -1.0  # what blocks whom may have changed
-        if decided.starts or decided.preemptions or decided.cancellations:
-            await self._apply(decided, now)
+
+    async def _set_aside(self, now: float, error: Exception) -> None:
+        """A pass failed: find the queued jobs it fails on, each alone, and hold them with the
+        error as their reason, so the pass can go on without them."""
+        co = self.co
+        log.error("scheduling pass failed (%s); looking for the jobs it fails on", error)
+        views, running = co.cluster.node_views(), self._running()
+        culprits: dict[int, str] = {}
+        for job in list(co.cluster.queue()):
+            try:
+                pending = co.sched.pending(job, co.cluster)
+                plan(views, running, [pending], co.sched.policy, now, explain=True)
+            except Exception as exc:
+                culprits[job.id] = f"held: scheduling failed on this job ({exc}); fix or cancel it"
+        if not culprits:
+            raise error
+        for job_id, reason in culprits.items():
+            log.error("job %d set aside: %s", job_id, reason)
+
+        def write(tx: StoreTx) -> list[int]:
+            states = tx.job_states(culprits)
+            held = [i for i in culprits if states.get(i) is JobState.PENDING]
+            tx.transition([StateChange(i, JobState.HELD, culprits[i]) for i in held], now)
+            return held
+
+        for job_id in await co.writer.write(write):
+            co._moved(job_id, JobState.PENDING, JobState.HELD, culprits[job_id])
+
+    async def _split_arrays(self) -> None:
+        """Split off waiting arrays' records as many tasks as can start (see
+        gpuq.scheduler.arrays), one array at a time; one that fails is logged and skipped."""
+        co = self.co
+        records = [r for r in co.cluster.records.values() if r.state is JobState.PENDING]
+        if not records:
+            return
+        now = co.clock()
+        views = co.cluster.node_views()
+        for record in sorted(records, key=lambda r: queue_key(r, co.sched.priority(r, now))):
+            try:
+                count = self._split_count(record, views, now)
+                if count:
+                    await co.split_tasks(record.id, record.tasks[:count])
+            except Exception:
+                log.exception("splitting tasks off array %d failed", record.id)
+
+    def _split_count(self, record: Job, views: list[NodeView], now: float) -> int:
+        co = self.co
+        pending = co.sched.pending(record, co.cluster)
+        waiting = any(dependency_status(d) is not True for d in pending.dependencies)
+        blocked = waiting or (pending.begin_time is not None and pending.begin_time > now)
+        return tasks_to_split(
+            record.spec.resources,
+            views,
+            left=len(record.tasks),
+            queued=co.cluster.array_pending.get(record.id, 0),
+            running=co.cluster.array_running.get(record.id, 0),
+            max_running=pending.array_max_running,
+            blocked=blocked,
+        )
 
     async def _apply(self, decided: Decisions, now: float) -> None:
         """Everything the pass decided, in one transaction; what changed meanwhile is skipped
         (a job cancelled since the snapshot does not start)."""
         victims = {p.victim: p for p in decided.preemptions}
 
-        def write(tx: StoreTx) -> tuple[list[JobStart], list[int], list[int]]:
+        def write(
+            tx: StoreTx,
+        ) -> tuple[list[JobStart], list[tuple[int, JobState, str]], list[int]]:
             ids = [s.job_id for s in decided.starts] + list(victims)
             ids += [c.job_id for c in decided.cancellations]
             states = tx.job_states(ids)
@@ -87,13 +163,21 @@ class Passes:
                 tx.request_stop(
                     victim, JobState.PREEMPTED, self._why_preempted(victims[victim].preemptor)
                 )
-            return starts, [c.job_id for c in cancels], stopping
+            # a task's dependency is its whole array's: the tasks still in the record go too
+            records = self._records_of([c.job_id for c in cancels])
+            record_states = tx.job_states(records)
+            ended_records = [r for r in records if record_states.get(r) in _LIVE_RECORD]
+            tx.transition(
+                [StateChange(r, JobState.CANCELLED, records[r]) for r in ended_records], now
+            )
+            ended = [(c.job_id, JobState.PENDING, c.reason) for c in cancels]
+            ended += [(r, record_states[r], records[r]) for r in ended_records]
+            return starts, ended, stopping
 
         starts, cancelled, stopping = await self.co.writer.write(write)
         self._started(starts, now)
-        reasons = {c.job_id: c.reason for c in decided.cancellations}
-        for job_id in cancelled:
-            self.co._ended(job_id, JobState.PENDING, JobState.CANCELLED, reasons[job_id])
+        for job_id, before, reason in cancelled:
+            self.co._ended(job_id, before, JobState.CANCELLED, reason)
         orders = []
         for victim in stopping:
             why = self._why_preempted(victims[victim].preemptor)
@@ -102,6 +186,16 @@ class Passes:
         if orders:
             log.info("preempting jobs %s", [o.job_id for o in orders])
             self.co.send_stops(orders)
+
+    def _records_of(self, job_ids: list[int]) -> dict[int, str]:
+        """The live records of these jobs' arrays, with the reason the first job went."""
+        records: dict[int, str] = {}
+        for job_id in job_ids:
+            job = self.co.cluster.jobs.get(job_id)
+            array = job.array_job_id if job is not None else None
+            if array is not None and array in self.co.cluster.records:
+                records.setdefault(array, self.co.cluster.jobs[job_id].reason)
+        return records
 
     def _why_preempted(self, preemptor: int) -> str:
         job = self.co.cluster.jobs.get(preemptor)
@@ -133,7 +227,7 @@ class Passes:
             )
             co.cluster.put(job)
             started.append(job)
-            co._publish(JobEvent(job.id, now, JobState.PENDING, JobState.RUNNING, job.reason))
+            co._publish(JobEvent(job.id, now, JobState.PENDING, JobState.RUNNING, job.reason), job)
         if started:
             co.send_starts(started)
 
@@ -145,15 +239,12 @@ class Passes:
         co = self.co
         now = co.clock()
         if now - self._explained_at > EXPLAIN_EVERY:
-            decided = plan(
-                co.cluster.node_views(),
-                self._running(),
-                self._queue(),
-                co.sched.policy,
-                now,
-                explain=True,
-            )
-            self._explained = decided.waiting
+            try:
+                self._explained = self._plan(now, explain=True).waiting
+            except Exception:  # a listing must answer; the next pass sets the job aside
+                log.exception("explaining the queue failed")
+                self._explained = {}
+                co.wake()
             self._explained_at = now
         waiting = self._explained.get(job.id)
         if waiting is None:
@@ -167,6 +258,6 @@ class Passes:
         now = co.clock()
         co.sched.refresh_shares({j.user for j in co.cluster.jobs.values()}, now)
         co.cluster.rerank()
-        wanted = {d.job_id for j in co.cluster.jobs.values() for d in j.spec.dependencies}
+        wanted = {(d.job_id, d.task) for j in co.cluster.jobs.values() for d in j.spec.dependencies}
         co.sched.finished = {k: v for k, v in co.sched.finished.items() if k in wanted}
         co.wake()

@@ -6,14 +6,18 @@ dependencies, the fair-share factors of the last recalculation).
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable
 
 from gpuq.config import CoordinatorSettings
+from gpuq.coordinator.cluster import ClusterState
+from gpuq.domain.model import Dependency as DomainDependency
 from gpuq.domain.model import Job
 from gpuq.domain.states import JobState
 from gpuq.scheduler.plan import FitKey, fit_key
 from gpuq.scheduler.priority import Factors, decayed, factors, fairshare_factors
 from gpuq.scheduler.snapshot import Dependency, PendingJob, Policy, RunningJob
+
+DepKey = tuple[int, int | None]
 
 
 class SchedulingState:
@@ -21,8 +25,14 @@ class SchedulingState:
         self.policy = Policy(settings.qos, settings.scheduler, settings.kill_grace)
         self.half_life = settings.scheduler.fairshare_half_life
         self.usage: dict[str, tuple[float, float]] = {}  # user -> (GPU-seconds, as of)
-        self.finished: dict[int, JobState] = {}  # ended jobs that live jobs may depend on
+        # ended jobs that live jobs may depend on, by (job id, None), (array id, None) for a
+        # whole array (its worst ending) or (array id, task) for one task
+        self.finished: dict[DepKey, JobState] = {}
+        # arrays with live tasks: the first ending of one of their tasks other than completed
+        # (an array ended "ok" only when every task completed, as SLURM's afterok reads it)
+        self.array_worst: dict[int, JobState] = {}
         self.shares: dict[str, float] = {}  # fair-share factors as of the last recalculation
+        self.ranked_at = 0.0  # the moment every queued job's priority is computed for
 
     # ---- per job -------------------------------------------------------------------------
 
@@ -41,7 +51,7 @@ class SchedulingState:
     def priority(self, job: Job, now: float) -> float:
         return self.factors(job, now).total
 
-    def pending(self, job: Job, live: Mapping[int, Job]) -> PendingJob:
+    def pending(self, job: Job, cluster: ClusterState) -> PendingJob:
         spec = job.spec
         return PendingJob(
             job_id=job.id,
@@ -54,7 +64,7 @@ class SchedulingState:
             name=spec.name,
             begin_time=spec.begin_time,
             dependencies=tuple(
-                Dependency(d.job_id, d.kind, self._state_of(d.job_id, live))
+                Dependency(d.job_id, d.kind, self.state_of(d, cluster), d.task)
                 for d in spec.dependencies
             ),
             array_job_id=job.array_job_id,
@@ -84,9 +94,39 @@ class SchedulingState:
             stopping=job.stop is not None,
         )
 
-    def _state_of(self, job_id: int, live: Mapping[int, Job]) -> JobState | None:
-        job = live.get(job_id)
-        return job.state if job is not None else self.finished.get(job_id)
+    def state_of(self, dep: DomainDependency, cluster: ClusterState) -> JobState | None:
+        """What a dependency waits on is in: a live state (not yet), an ending, or None (no
+        such job). A whole array is live while any task is, then its worst ending."""
+        if dep.task is None:
+            if cluster.array_live.get(dep.job_id):
+                return JobState.PENDING
+            job = cluster.jobs.get(dep.job_id)
+            if job is not None:
+                return job.state
+            return self.finished.get((dep.job_id, None))
+        task_job = cluster.task_jobs.get((dep.job_id, dep.task))
+        if task_job is not None:
+            return cluster.jobs[task_job].state
+        record = cluster.records.get(dep.job_id)
+        if record is not None and dep.task in record.tasks:
+            return record.state
+        return self.finished.get((dep.job_id, dep.task))
+
+    def job_ended(self, job: Job, state: JobState, cluster: ClusterState) -> None:
+        """Remember how a job ended, for jobs that depend on it (call after `cluster.put`)."""
+        array = job.array_job_id
+        if array is None:
+            self.finished[(job.id, None)] = state
+            return
+        if state is not JobState.COMPLETED:
+            self.array_worst.setdefault(array, state)
+        for task in job.tasks or (job.array_task_id,):
+            if task is not None:
+                self.finished[(array, task)] = state
+        if job.id != array:  # a task split off: `--after ID` names it alone too
+            self.finished[(job.id, None)] = state
+        if not cluster.array_live.get(array):
+            self.finished[(array, None)] = self.array_worst.pop(array, JobState.COMPLETED)
 
     # ---- fair share ------------------------------------------------------------------------
 
@@ -99,4 +139,7 @@ class SchedulingState:
         return decayed(value, at, now, self.half_life) + gpu_seconds
 
     def refresh_shares(self, users: Iterable[str], now: float) -> None:
+        """New fair-share factors, and the moment priorities are computed for until the next
+        refresh (one moment for every queued job, so equal jobs rank in submission order)."""
         self.shares = fairshare_factors(self.current_usage(now), users)
+        self.ranked_at = now

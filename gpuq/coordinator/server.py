@@ -2,35 +2,73 @@
 
 The Unix socket sits in GPUQ_HOME (mode 0700) with mode 0600, so only the coordinator's user
 reaches it; TCP binds to loopback unless configured otherwise; every call needs the token.
+
+One coordinator per GPUQ_HOME and per store: before it binds or opens anything it takes an
+flock on GPUQ_HOME/coordinator.lock, and a lock on the store (a PostgreSQL advisory lock, or an
+flock beside an SQLite file outside GPUQ_HOME). A second coordinator is refused with the first
+one's pid and addresses. The socket is bound under a private name and renamed into place, and
+removed at exit only if it is still the file this coordinator made: grpc itself unlinks an
+existing socket when it binds and unlinks its path when it stops, whoever's file is there.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import errno
 import json
 import logging
 import os
 import pwd
+import socket
+from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
 
 import grpc
 from apscheduler.schedulers.asyncio import AsyncIOScheduler
+from sqlalchemy.exc import DBAPIError
 
 from gpuq.auth import ensure_private_dir, ensure_token
-from gpuq.config import Settings
+from gpuq.config import Settings, redact_url
 from gpuq.coordinator.agents import AgentLink
 from gpuq.coordinator.core import Coordinator
 from gpuq.coordinator.cron import CronService
 from gpuq.coordinator.passes import Passes
 from gpuq.coordinator.servicers import AgentLinkServicer, QueueServicer, _Guard
-from gpuq.errors import GpuqError
+from gpuq.errors import GpuqError, StoreInUse
 from gpuq.store.api import Store
+from gpuq.store.engine import FileLock, PgLock, parse_database_url, storage_unavailable
 from gpuq.v1 import agent_pb2_grpc, queue_pb2_grpc
 
 log = logging.getLogger(__name__)
 ADDRESS_FILE = "coordinator.json"
+LOCK_FILE = "coordinator.lock"
 PERIODIC_PASS = 2.0  # seconds between passes when nothing happens (begin times, aging)
+LOCK_CHECK = 5.0  # seconds between checks that a PostgreSQL lock is still held
+UNIX_PATH_MAX = 107  # bytes in sockaddr_un.sun_path, less the NUL
+
+
+@dataclass(slots=True)
+class Locks:
+    """This coordinator's claim on its home and its store, and what it tells others."""
+
+    info: dict[str, Any]
+    home: FileLock
+    store: FileLock | PgLock | None = None
+
+    def update(self, **info: Any) -> None:
+        self.info.update(info)
+        for lock in (self.home, self.store):
+            if lock is not None:
+                lock.update(self.info)
+
+    def release(self) -> None:
+        if self.store is not None:
+            self.store.release()
+            self.store = None
+        self.home.release()
 
 
 @dataclass(slots=True)
@@ -41,45 +79,168 @@ class RunningCoordinator:
     chores: AsyncIOScheduler
     tcp_address: str | None
     unix_address: str
+    locks: Locks | None = None
+    socket_path: Path | None = None
+    socket_id: tuple[int, int] | None = None  # (st_dev, st_ino) of the socket this one made
 
     async def stop(self, grace: float = 1.0) -> None:
         self.chores.shutdown(wait=False)
         await self.server.stop(grace)
         await self.coordinator.close()
         self.coordinator.store.close()
+        self.release()
+
+    def release(self) -> None:
+        """Remove the socket if it is still ours, then let go of the locks."""
+        if self.socket_path is not None and self.socket_id is not None:
+            remove_if_same(self.socket_path, self.socket_id)
+            self.socket_id = None
+        if self.locks is not None:
+            self.locks.release()
+            self.locks = None
 
 
-async def start_coordinator(settings: Settings) -> RunningCoordinator:
-    """Everything up and listening; returns once clients can connect."""
+def remove_if_same(path: Path, ident: tuple[int, int]) -> None:
+    """Unlink `path` only if it is still the file `ident` names (never another's socket)."""
+    with contextlib.suppress(OSError):
+        info = path.lstat()
+        if (info.st_dev, info.st_ino) == ident:
+            path.unlink()
+
+
+def take_locks(settings: Settings) -> Locks:
+    """The home lock, then the store lock (StoreInUse naming the holder when taken). Blocking:
+    a PostgreSQL store is connected to here (StorageUnavailable when it cannot be)."""
     ensure_private_dir(settings.home)
+    info: dict[str, Any] = {
+        "pid": os.getpid(),
+        "host": socket.gethostname(),
+        "unix": f"unix:{settings.socket_path}",
+        "tcp": settings.coordinator.listen,
+        "store": redact_url(settings.database_url),
+    }
+    url = settings.database_url
+    parsed = parse_database_url(url)  # a bad URL fails before anything is locked
+    home = FileLock.acquire(settings.home / LOCK_FILE, f"GPUQ_HOME {settings.home}", info)
+    locks = Locks(info, home)
+    try:
+        if parsed.get_backend_name() == "postgresql":
+            locks.store = PgLock.acquire(url, info)
+        elif settings.coordinator.database_url is not None and parsed.database:
+            # an SQLite file outside this home: other homes may name it too
+            database = Path(parsed.database).absolute()
+            database.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+            locks.store = FileLock.acquire(
+                database.with_name(database.name + ".lock"), f"the SQLite store {database}", info
+            )
+    except BaseException:
+        locks.release()
+        raise
+    return locks
+
+
+async def start_coordinator(
+    settings: Settings, on_fatal: Callable[[GpuqError], None] | None = None
+) -> RunningCoordinator:
+    """Everything up and listening; returns once clients can connect. `on_fatal` is called
+    when the coordinator must stop on its own (it lost its store lock to another one)."""
+    locks = await asyncio.to_thread(take_locks, settings)
+    try:
+        return await _start(settings, locks, on_fatal)
+    except BaseException:
+        locks.release()
+        raise
+
+
+async def _start(
+    settings: Settings, locks: Locks, on_fatal: Callable[[GpuqError], None] | None
+) -> RunningCoordinator:
     token = ensure_token(settings.token_path)
     cfg = settings.coordinator
-    store = await asyncio.to_thread(
-        Store.open, settings.database_url, sqlite_synchronous=cfg.sqlite_synchronous
-    )
+    socket_path = settings.socket_path
+    bound_path = socket_path.with_name(f".sock.{os.getpid()}")  # renamed into place once up
+    for path in (socket_path, bound_path):
+        if len(os.fsencode(path)) > UNIX_PATH_MAX:
+            raise GpuqError(
+                f"the socket path {path} is longer than {UNIX_PATH_MAX} bytes: "
+                "choose a shorter GPUQ_HOME"
+            )
+    if cfg.listen:
+        check_listen(cfg.listen)
+    try:
+        store = await asyncio.to_thread(
+            Store.open, settings.database_url, sqlite_synchronous=cfg.sqlite_synchronous
+        )
+    except DBAPIError as exc:
+        raise storage_unavailable(settings.database_url, exc) from None
     user = pwd.getpwuid(os.geteuid()).pw_name
     coordinator = Coordinator(store, cfg, user)
     link = AgentLink(coordinator)
     passes = Passes(coordinator)
-    await coordinator.start()
     server = grpc.aio.server(
         options=[
             ("grpc.max_receive_message_length", 64 << 20),
             ("grpc.keepalive_time_ms", 20_000),
             ("grpc.http2.min_ping_interval_without_data_ms", 5_000),
             ("grpc.keepalive_permit_without_calls", 1),
+            # never share a TCP port with another coordinator (grpc's default would, and the
+            # kernel would then spread connections over both)
+            ("grpc.so_reuseport", 0),
         ]
     )
-    guard = _Guard(token)
     chores = AsyncIOScheduler()
+    running = RunningCoordinator(
+        coordinator, link, server, chores, None, f"unix:{socket_path}", locks, socket_path
+    )
+    try:
+        try:
+            await coordinator.start()
+            await _serve(settings, running, passes, token, on_fatal)
+        except DBAPIError as exc:
+            raise storage_unavailable(settings.database_url, exc) from None
+    except BaseException:
+        running.locks = None  # start_coordinator releases them
+        with contextlib.suppress(Exception):
+            if chores.running:
+                chores.shutdown(wait=False)
+        with contextlib.suppress(Exception):
+            await server.stop(0)
+        with contextlib.suppress(Exception):
+            await coordinator.close()
+        store.close()
+        running.release()  # the socket, if it was renamed into place already
+        bound_path.unlink(missing_ok=True)
+        raise
+    return running
+
+
+async def _serve(
+    settings: Settings,
+    running: RunningCoordinator,
+    passes: Passes,
+    token: str,
+    on_fatal: Callable[[GpuqError], None] | None,
+) -> None:
+    cfg = settings.coordinator
+    coordinator, link, server, chores = (
+        running.coordinator,
+        running.link,
+        running.server,
+        running.chores,
+    )
+    guard = _Guard(token)
     cron = CronService(coordinator, chores)
     servicer = QueueServicer(coordinator, passes, cron, guard)
     queue_pb2_grpc.add_QueueServicer_to_server(servicer, server)
     agent_pb2_grpc.add_AgentLinkServicer_to_server(AgentLinkServicer(link, guard), server)
-    with contextlib.suppress(FileNotFoundError):
-        settings.socket_path.unlink()
-    unix_address = f"unix:{settings.socket_path}"
-    server.add_insecure_port(unix_address)
+    socket_path = settings.socket_path
+    bound_path = socket_path.with_name(f".sock.{os.getpid()}")
+    bound_path.unlink(missing_ok=True)  # a leftover of an earlier process with this pid
+    try:
+        server.add_insecure_port(f"unix:{bound_path}")
+    except RuntimeError:
+        raise GpuqError(f"cannot create the socket {bound_path}") from None
+    os.chmod(bound_path, 0o600)
     tcp_address = None
     if cfg.listen:
         host = cfg.listen.rpartition(":")[0]
@@ -93,7 +254,14 @@ async def start_coordinator(settings: Settings) -> RunningCoordinator:
             )
         tcp_address = f"{host}:{bound}"
     await server.start()
-    os.chmod(settings.socket_path, 0o600)
+    # this coordinator holds the home's lock: a socket already there is a dead one's
+    os.replace(bound_path, socket_path)
+    made = socket_path.lstat()
+    running.socket_id = (made.st_dev, made.st_ino)
+    running.tcp_address = tcp_address
+    unix_address = running.unix_address
+    if running.locks is not None:
+        await asyncio.to_thread(running.locks.update, unix=unix_address, tcp=tcp_address)
     (settings.home / ADDRESS_FILE).write_text(
         json.dumps({"unix": unix_address, "tcp": tcp_address, "pid": os.getpid()})
     )
@@ -113,9 +281,75 @@ async def start_coordinator(settings: Settings) -> RunningCoordinator:
     chores.add_job(
         coordinator.wake, "interval", seconds=PERIODIC_PASS, max_instances=1, coalesce=True
     )
+    if running.locks is not None and isinstance(running.locks.store, PgLock):
+        chores.add_job(
+            _watch_lock,
+            "interval",
+            seconds=LOCK_CHECK,
+            args=(running, settings, on_fatal),
+            max_instances=1,
+            coalesce=True,
+        )
     chores.start()
     await cron.start()
     log.info(
         "coordinator listening on %s%s", unix_address, f" and {tcp_address}" if tcp_address else ""
     )
-    return RunningCoordinator(coordinator, link, server, chores, tcp_address, unix_address)
+
+
+def check_listen(listen: str) -> None:
+    """One clear error, before grpc tries (and logs lines of its own), when the TCP address
+    is in use or is not an address of this machine."""
+    host, _, port_text = listen.rpartition(":")
+    port = int(port_text)
+    if port == 0:
+        return
+    try:
+        found = socket.getaddrinfo(
+            host.strip("[]"), port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE
+        )
+    except socket.gaierror as exc:
+        raise GpuqError(f"cannot listen on {listen}: {exc.strerror}") from None
+    problems: list[OSError] = []
+    for family, kind, proto, _, address in found:
+        with socket.socket(family, kind, proto) as probe:
+            probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            try:
+                probe.bind(address)
+            except OSError as exc:
+                problems.append(exc)
+    in_use = [p for p in problems if p.errno == errno.EADDRINUSE]
+    if in_use or len(problems) == len(found):
+        problem = (in_use or problems)[0].strerror
+        raise GpuqError(
+            f"cannot listen on {listen}: {problem}; set [coordinator] listen in the config "
+            "(or --listen)"
+        )
+
+
+async def _watch_lock(
+    running: RunningCoordinator,
+    settings: Settings,
+    on_fatal: Callable[[GpuqError], None] | None,
+) -> None:
+    """A PostgreSQL lock lives as long as its session: when the connection was lost (the
+    server restarted, the network broke), take the lock again, or stop if another coordinator
+    took it meanwhile (two coordinators must never share a store)."""
+    locks = running.locks
+    if locks is None or not isinstance(locks.store, PgLock):
+        return
+    if await asyncio.to_thread(locks.store.holds):
+        return
+    log.warning("the connection that holds the store lock was lost; taking the lock again")
+    try:
+        fresh = await asyncio.to_thread(PgLock.acquire, settings.database_url, locks.info)
+    except StoreInUse as exc:
+        log.error("lost the store lock to another session, so this coordinator stops: %s", exc)
+        if on_fatal is not None:
+            on_fatal(exc)
+        return
+    except GpuqError as exc:
+        log.warning("cannot take the store lock again yet: %s", exc)
+        return
+    old, locks.store = locks.store, fresh
+    await asyncio.to_thread(old.release)

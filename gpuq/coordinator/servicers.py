@@ -11,9 +11,11 @@ import contextlib
 import functools
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import replace
 from typing import Any, TypeVar
 
 import grpc
+from sqlalchemy.exc import InterfaceError, OperationalError
 
 from gpuq.auth import METADATA_KEY, token_matches
 from gpuq.convert import event_to_proto, job_to_proto, spec_from_proto, spec_to_proto
@@ -21,9 +23,9 @@ from gpuq.coordinator.agents import AgentLink
 from gpuq.coordinator.cluster import AgentSession
 from gpuq.coordinator.core import Coordinator
 from gpuq.coordinator.cron import CronService, next_fire
-from gpuq.coordinator.passes import Passes
+from gpuq.coordinator.passes import Passes, PendingDetail
 from gpuq.domain.model import CronEntry, Job, output_paths
-from gpuq.domain.states import JobState
+from gpuq.domain.states import JobState, parse_states
 from gpuq.errors import (
     Conflict,
     DoubleBooking,
@@ -32,6 +34,7 @@ from gpuq.errors import (
     InvalidInput,
     NotFound,
     PermissionDenied,
+    StorageUnavailable,
     Unsatisfiable,
 )
 from gpuq.store.api import JobQuery
@@ -50,7 +53,9 @@ _STATUS: dict[type[GpuqError], grpc.StatusCode] = {
     IllegalTransition: grpc.StatusCode.FAILED_PRECONDITION,
     Conflict: grpc.StatusCode.ALREADY_EXISTS,
     DoubleBooking: grpc.StatusCode.INTERNAL,
+    StorageUnavailable: grpc.StatusCode.UNAVAILABLE,
 }
+STORAGE_PREFIX = "storage unavailable: "  # how a client tells this UNAVAILABLE from no server
 
 
 def status_for(error: GpuqError) -> grpc.StatusCode:
@@ -77,6 +82,12 @@ class _Guard:
 
 def error_status(error: Exception) -> tuple[grpc.StatusCode, str]:
     """The status and message an error ends an RPC (or one submission of a stream) with."""
+    if isinstance(error, OperationalError | InterfaceError):  # the database, not the call
+        log.error("the job store failed: %s", error)
+        lines = str(getattr(error, "orig", None) or error).strip().splitlines()
+        error = StorageUnavailable(f"the job store failed: {lines[0] if lines else error}")
+    if isinstance(error, StorageUnavailable):
+        return grpc.StatusCode.UNAVAILABLE, STORAGE_PREFIX + str(error)
     if isinstance(error, GpuqError):
         return status_for(error), str(error)
     log.exception("internal error in an RPC", exc_info=error)
@@ -146,16 +157,7 @@ class QueueServicer(queue_pb2_grpc.QueueServicer):  # type: ignore[misc]
         message = job_message(job)
         detail = self.passes.pending_detail(job) if job.state is JobState.PENDING else None
         if detail is not None:
-            message.pending.CopyFrom(
-                pb.PendingInfo(
-                    reasons=list(detail.waiting.reasons),
-                    estimated_start=detail.waiting.estimated_start,
-                    priority=detail.priority,
-                    factors=[
-                        pb.PriorityFactor(name=n, value=v) for n, v in detail.factors.as_pairs()
-                    ],
-                )
-            )
+            message.pending.CopyFrom(_pending_info(detail))
         return message
 
     async def Submit(
@@ -179,14 +181,17 @@ class QueueServicer(queue_pb2_grpc.QueueServicer):  # type: ignore[misc]
 
     @unary
     async def GetJob(self, request: queue_pb2.GetJobRequest, context: Any) -> Any:
-        job, events = await self.co.get_job(request.job_id)
+        task = request.task if request.HasField("task") else None
+        job, events, counts = await self.co.get_job(request.job_id, task)
         return queue_pb2.JobDetail(
-            job=self._with_pending(job), events=[event_to_proto(e) for e in events]
+            job=self._with_pending(job),
+            events=[event_to_proto(e) for e in events],
+            array_states={state.value: n for state, n in counts.items()},
         )
 
     @unary
     async def ListJobs(self, request: queue_pb2.ListJobsRequest, context: Any) -> Any:
-        states = frozenset(JobState(s) for s in request.states) if request.states else None
+        states = parse_states(request.states) if request.states else None
         if (
             request.finished
             or request.job_ids
@@ -215,15 +220,29 @@ class QueueServicer(queue_pb2_grpc.QueueServicer):  # type: ignore[misc]
                 for j in self.co.live_jobs(request.user or None)
                 if states is None or j.state in states
             ]
+            if not request.expand_arrays:
+                return queue_pb2.ListJobsReply(
+                    jobs=[self._brief(j, first) for j, first in collapse_arrays(jobs)][
+                        : request.limit or None
+                    ]
+                )
             if request.limit:
                 jobs = jobs[: request.limit]
         return queue_pb2.ListJobsReply(jobs=[self._brief(j) for j in jobs])
 
-    def _brief(self, job: Job) -> pb.Job:
-        """A listing leaves out the job's environment (GetJob has it): it is most of a job's
-        size, and a queue of thousands would not fit in a reply."""
-        message = self._with_pending(job)
+    def _brief(self, job: Job, explained: Job | None = None) -> pb.Job:
+        """A listing leaves out the job's environment, and of the array's task list keeps the
+        tasks the entry stands for (GetJob has them all): they are most of a job's size, and
+        a queue of thousands must fit in a reply.
+        A collapsed array's entry waits for the reasons of its first waiting task."""
+        message = job_message(job)
+        first = explained or job
+        detail = self.passes.pending_detail(first) if first.state is JobState.PENDING else None
+        if detail is not None:
+            message.pending.CopyFrom(_pending_info(detail))
         message.spec.ClearField("env")
+        if job.array_job_id is not None:  # an entry carries the tasks it stands for
+            message.spec.array.indices[:] = job.tasks or (job.array_task_id or 0,)
         return message
 
     async def _action(self, name: str, request: queue_pb2.JobSelection) -> Any:
@@ -288,6 +307,37 @@ class QueueServicer(queue_pb2_grpc.QueueServicer):  # type: ignore[misc]
         return queue_pb2.ListNodesReply(nodes=infos)
 
 
+def _pending_info(detail: PendingDetail) -> pb.PendingInfo:
+    return pb.PendingInfo(
+        reasons=list(detail.waiting.reasons),
+        estimated_start=detail.waiting.estimated_start,
+        priority=detail.priority,
+        factors=[pb.PriorityFactor(name=n, value=v) for n, v in detail.factors.as_pairs()],
+    )
+
+
+def collapse_arrays(jobs: list[Job]) -> list[tuple[Job, Job | None]]:
+    """An array's waiting tasks (pending, or held) as one entry, as squeue shows them:
+    `40_[3-99%8]`, with the first of them, whose reasons the entry shows. Each entry takes
+    the place of the array's first waiting task; other jobs are listed as they are."""
+    groups: dict[tuple[int, JobState], list[Job]] = {}
+    for job in jobs:
+        if job.array_job_id is not None and job.state in (JobState.PENDING, JobState.HELD):
+            groups.setdefault((job.array_job_id, job.state), []).append(job)
+    entries: list[tuple[Job, Job | None]] = []
+    for job in jobs:
+        group = groups.get((job.array_job_id or 0, job.state)) if job.array_job_id else None
+        if group is None or (len(group) == 1 and not job.tasks):
+            entries.append((job, None))
+        elif group[0] is job:
+            tasks = sorted(t for j in group for t in (j.tasks or (j.array_task_id or 0,)))
+            record = next((j for j in group if j.id == job.array_job_id), job)
+            waiting = [j for j in group if not j.tasks]
+            first = min(waiting, key=lambda j: j.array_task_id or 0) if waiting else None
+            entries.append((replace(record, tasks=tuple(tasks), array_task_id=None), first))
+    return entries
+
+
 def _unit(unit: Any) -> pb.GpuUnit:
     from gpuq.convert import unit_to_proto
 
@@ -311,8 +361,12 @@ class AgentLinkServicer(agent_pb2_grpc.AgentLinkServicer):  # type: ignore[misc]
         session = AgentSession(node)
         try:
             await self.link.register(first.register, session)
-        except GpuqError as error:
-            await self.guard.fail(context, error)
+        except BaseException as error:
+            self.link.disconnected(node, session)  # never leave this session installed
+            if isinstance(error, GpuqError):
+                await self.guard.fail(context, error)
+                return
+            raise
         reader = asyncio.create_task(self._read(node, request_iterator, session))
         try:
             while (message := await session.next_message()) is not None:

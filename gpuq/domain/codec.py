@@ -6,7 +6,8 @@ written by an older gpuq are read back by a newer one.
 
 from __future__ import annotations
 
-from typing import Any
+import dataclasses
+from typing import Any, TypeVar
 
 from gpuq.domain.model import (
     ArraySpec,
@@ -42,27 +43,37 @@ def spec_to_dict(spec: JobSpec) -> dict[str, Any]:
             if spec.array
             else None
         ),
-        "dependencies": [[d.job_id, d.kind.value] for d in spec.dependencies],
+        "dependencies": [
+            [d.job_id, d.kind.value] + ([d.task] if d.task is not None else [])
+            for d in spec.dependencies
+        ],
         "hold": spec.hold,
         "begin_time": spec.begin_time,
         "signal": [spec.signal.signal, spec.signal.seconds] if spec.signal else None,
         "requeue": spec.requeue,
         "singleton": spec.singleton,
         "source": spec.source,
+        "umask": spec.umask,
     }
 
 
 def spec_from_dict(data: dict[str, Any]) -> JobSpec:
+    """A spec read back as it was stored, without validating it again: it was checked when it
+    was accepted, and a rule added since (a newer gpuq) must not make a stored job unreadable,
+    and so the coordinator unable to start. A stored value the code cannot handle makes the
+    scheduler set that job aside (held, with the error as its reason) instead."""
     res = data["resources"]
     array = data.get("array")
     signal = data.get("signal")
-    return JobSpec(
+    return _trusted(
+        JobSpec,
         name=data["name"],
         script=data["script"],
         workdir=data["workdir"],
         args=tuple(data.get("args", ())),
         env=dict(data.get("env", {})),
-        resources=Resources(
+        resources=_trusted(
+            Resources,
             gpus=res["gpus"],
             gpu_mem=res.get("gpu_mem"),
             cpus=res["cpus"],
@@ -73,15 +84,45 @@ def spec_from_dict(data: dict[str, Any]) -> JobSpec:
         nice=data.get("nice", 0),
         output=data.get("output"),
         error=data.get("error"),
-        array=ArraySpec(tuple(array["indices"]), array.get("max_running")) if array else None,
+        array=(
+            _trusted(
+                ArraySpec, indices=tuple(array["indices"]), max_running=array.get("max_running")
+            )
+            if array
+            else None
+        ),
         dependencies=tuple(
-            Dependency(job_id, DependencyKind(kind))
-            for job_id, kind in data.get("dependencies", ())
+            _trusted(
+                Dependency,
+                job_id=dep[0],
+                kind=DependencyKind(dep[1]),
+                task=dep[2] if len(dep) > 2 else None,
+            )
+            for dep in data.get("dependencies", ())
         ),
         hold=data.get("hold", False),
         begin_time=data.get("begin_time"),
-        signal=WarningSignal(signal[0], signal[1]) if signal else None,
+        signal=_trusted(WarningSignal, signal=signal[0], seconds=signal[1]) if signal else None,
         requeue=data.get("requeue", True),
         singleton=data.get("singleton", False),
         source=data.get("source", ""),
+        umask=data.get("umask"),
     )
+
+
+T = TypeVar("T")
+
+
+def _trusted(cls: type[T], **values: Any) -> T:
+    """An instance of a frozen dataclass without running its checks; fields not given take
+    their defaults."""
+    instance = object.__new__(cls)
+    for item in dataclasses.fields(cls):  # type: ignore[arg-type]
+        if item.name in values:
+            value = values[item.name]
+        elif item.default is not dataclasses.MISSING:
+            value = item.default
+        else:
+            value = item.default_factory()  # type: ignore[operator]
+        object.__setattr__(instance, item.name, value)
+    return instance

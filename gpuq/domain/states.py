@@ -6,9 +6,10 @@ transaction that writes the change and its event row, so an illegal change is ne
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from enum import StrEnum
 
-from gpuq.errors import IllegalTransition
+from gpuq.errors import IllegalTransition, InvalidInput
 
 
 class JobState(StrEnum):
@@ -66,3 +67,34 @@ def check_transition(job_id: int, from_state: JobState, to_state: JobState) -> N
     """Raise IllegalTransition unless the table allows from_state -> to_state."""
     if to_state not in TRANSITIONS[from_state]:
         raise IllegalTransition(job_id, from_state.value, to_state.value)
+
+
+# SLURM's squeue codes (HD, held, is gpuq's own: SLURM shows a held job as PD)
+SHORT_STATE: dict[JobState, str] = {
+    JobState.PENDING: "PD",
+    JobState.HELD: "HD",
+    JobState.RUNNING: "R",
+    JobState.COMPLETED: "CD",
+    JobState.FAILED: "F",
+    JobState.CANCELLED: "CA",
+    JobState.TIMEOUT: "TO",
+    JobState.PREEMPTED: "PR",
+    JobState.NODE_FAIL: "NF",
+    JobState.OUT_OF_MEMORY: "OOM",
+}
+_BY_TEXT = {code.lower(): state for state, code in SHORT_STATE.items()} | {
+    state.value: state for state in JobState
+}
+
+
+def parse_states(texts: Iterable[str]) -> frozenset[JobState]:
+    """State names or SLURM codes, any case, each possibly a comma list: `R,PD`, `running`."""
+    found: set[JobState] = set()
+    for text in texts:
+        for part in str(text).split(","):
+            state = _BY_TEXT.get(part.strip().lower())
+            if state is None:
+                known = ", ".join(f"{c} ({s.value})" for s, c in SHORT_STATE.items())
+                raise InvalidInput("--state", part, f"not a job state; known: {known}")
+            found.add(state)
+    return frozenset(found)

@@ -8,20 +8,23 @@ a bare number is megabytes, as with `sbatch --mem`. Durations: SLURM's forms `MM
 from __future__ import annotations
 
 import re
-from decimal import Decimal, InvalidOperation
+from decimal import Decimal, localcontext
 
 from gpuq.errors import InvalidInput
 
-_SIZE_RE = re.compile(r"^\s*(\d+(?:\.\d+)?|\.\d+)\s*([kmgtp]?)(i?b)?\s*$", re.IGNORECASE)
+_SIZE_RE = re.compile(r"\s*([0-9]+(?:\.[0-9]+)?|\.[0-9]+)\s*([kmgtp]?)(i?b)?\s*", re.IGNORECASE)
 _POWERS = {"": 2, "k": 1, "m": 2, "g": 3, "t": 4, "p": 5}  # bare number = MiB
 _SIZE_SUFFIXES = ("K", "M", "G", "T", "P")
+MAX_SIZE = 2**60  # 1024P: beyond any machine; larger numbers are typos
+_MAX_TEXT = 64  # a size or a duration longer than this is not one
 
 
 def parse_size(text: str, field: str = "size") -> int:
-    """Bytes in `text` (e.g. `40G`, `512M`, `1.5T`, `40GiB`, `2048` = 2048 MiB)."""
-    match = _SIZE_RE.match(text) if isinstance(text, str) else None
+    """Bytes in `text` (e.g. `40G`, `512M`, `1.5T`, `40GiB`, `2048` = 2048 MiB), at most
+    1024P. Only plain decimals: no signs, exponents, `nan` or `inf`."""
+    match = _SIZE_RE.fullmatch(text) if isinstance(text, str) and len(text) <= _MAX_TEXT else None
     if match is None:
-        raise InvalidInput(field, text, "expected a size such as 512M, 40G or 1.5T")
+        raise InvalidInput(field, _brief(text), "expected a size such as 512M, 40G or 1.5T")
     number, unit, suffix = match.groups()
     if suffix and not unit and suffix.lower() == "b":
         # a plain "B" means bytes
@@ -30,12 +33,13 @@ def parse_size(text: str, field: str = "size") -> int:
         raise InvalidInput(field, text, "expected a size such as 512M, 40G or 1.5T")
     else:
         power = _POWERS[unit.lower()]
-    try:
+    with localcontext() as exact:
+        exact.prec = 2 * _MAX_TEXT  # every digit the regex lets through, times 1024**5, exactly
         value = Decimal(number) * (1024**power)
-    except InvalidOperation as exc:  # pragma: no cover - the regex admits only decimals
-        raise InvalidInput(field, text, "not a number") from exc
     if value <= 0:
         raise InvalidInput(field, text, "must be greater than zero")
+    if value > MAX_SIZE:
+        raise InvalidInput(field, text, "is more than 1024P")
     if value != value.to_integral_value():
         raise InvalidInput(field, text, "is not a whole number of bytes")
     return int(value)
@@ -52,20 +56,23 @@ def format_size(size: int) -> str:
     raise AssertionError("unreachable")
 
 
-_DAYS_RE = re.compile(r"^(\d+)-(\d+)(?::(\d+))?(?::(\d+))?$")
-_CLOCK_RE = re.compile(r"^(\d+)(?::(\d+))?(?::(\d+))?$")
+_DAYS_RE = re.compile(r"([0-9]{1,12})-([0-9]{1,12})(?::([0-9]{1,12}))?(?::([0-9]{1,12}))?")
+_CLOCK_RE = re.compile(r"([0-9]{1,12})(?::([0-9]{1,12}))?(?::([0-9]{1,12}))?")
 
 
 def parse_duration(text: str, field: str = "time") -> int:
-    """Seconds in a SLURM time limit: `90` (minutes), `90:00`, `2:00:00`, `1-00:00:00`, `1-12`."""
-    raw = text.strip() if isinstance(text, str) else ""
-    if match := _DAYS_RE.match(raw):
+    """Seconds in a SLURM time limit: `90` (minutes), `90:00`, `2:00:00`, `1-00:00:00`, `1-12`.
+
+    ASCII digits only, at most 12 in a field (so never a giant number); the caller bounds the
+    total (a JobSpec takes at most 366 days)."""
+    raw = text.strip() if isinstance(text, str) and len(text) <= _MAX_TEXT else ""
+    if match := _DAYS_RE.fullmatch(raw):
         days, hours, minutes, seconds = (int(g) if g else 0 for g in match.groups())
         _check_below(
             field, text, [(hours, 24, "hours"), (minutes, 60, "minutes"), (seconds, 60, "seconds")]
         )
         total = ((days * 24 + hours) * 60 + minutes) * 60 + seconds
-    elif match := _CLOCK_RE.match(raw):
+    elif match := _CLOCK_RE.fullmatch(raw):
         parts = [int(g) for g in match.groups() if g is not None]
         if len(parts) == 1:
             total = parts[0] * 60
@@ -77,7 +84,7 @@ def parse_duration(text: str, field: str = "time") -> int:
             total = (parts[0] * 60 + parts[1]) * 60 + parts[2]
     else:
         raise InvalidInput(
-            field, text, "expected minutes, MM:SS, HH:MM:SS, D-HH, D-HH:MM or D-HH:MM:SS"
+            field, _brief(text), "expected minutes, MM:SS, HH:MM:SS, D-HH, D-HH:MM or D-HH:MM:SS"
         )
     if total <= 0:
         raise InvalidInput(field, text, "must be longer than zero")
@@ -88,6 +95,15 @@ def _check_below(field: str, text: str, limits: list[tuple[int, int, str]]) -> N
     for value, limit, name in limits:
         if value >= limit:
             raise InvalidInput(field, text, f"{name} must be below {limit}")
+
+
+def _brief(text: object) -> object:
+    """`text` as an error may show it (one short line)."""
+    return (
+        f"{text[:60]}... ({len(text)} characters)"
+        if isinstance(text, str) and len(text) > 80
+        else text
+    )
 
 
 def format_duration(seconds: float) -> str:

@@ -66,7 +66,7 @@ def never_met(job: PendingJob) -> str | None:
     """Why one of the job's dependencies can never be met (None: all still can)."""
     for dep in job.dependencies:
         if dependency_status(dep) is False:
-            what = f"job {dep.job_id} " + (dep.state.value if dep.state else "does not exist")
+            what = f"job {dep.display} " + (dep.state.value if dep.state else "does not exist")
             return f"dependency can never be met: {what} ({_KIND_WORD[dep.kind]})"
     return None
 
@@ -79,7 +79,7 @@ def blockers(job: PendingJob, usage: Usage, tier: QosTier | None, now: float) ->
         reasons.append(f"begin time {when} not reached")
     waiting = [d for d in job.dependencies if dependency_status(d) is None]
     if waiting:
-        listed = ", ".join(f"{d.job_id} ({_KIND_WORD[d.kind]})" for d in waiting)
+        listed = ", ".join(f"{d.display} ({_KIND_WORD[d.kind]})" for d in waiting)
         reasons.append(f"dependency: waiting for job {listed}")
     if tier is not None:
         reasons += _limit_reasons(job, usage, tier)

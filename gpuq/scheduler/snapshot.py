@@ -58,7 +58,12 @@ class Dependency:
 
     job_id: int
     kind: DependencyKind
-    state: JobState | None
+    state: JobState | None  # a whole array's: live while any task is, then its worst ending
+    task: int | None = None  # one task of array job_id
+
+    @property
+    def display(self) -> str:
+        return f"{self.job_id}_{self.task}" if self.task is not None else str(self.job_id)
 
 
 @dataclass(frozen=True, slots=True)

@@ -29,6 +29,8 @@ from gpuq.domain.model import (
     JobSpec,
     Node,
     NodeState,
+    format_indices,
+    parse_indices,
 )
 from gpuq.domain.states import JobState, check_transition
 from gpuq.errors import DoubleBooking, NotFound
@@ -57,6 +59,7 @@ class StateChange:
     to_state: JobState
     reason: str
     result: JobResult | None = None
+    at: float | None = None  # when it happened, if not now (an end the supervisor recorded)
 
 
 @dataclass(frozen=True, slots=True)
@@ -116,13 +119,49 @@ class Store:
             stmt = stmt.where(jobs.c.array_job_id == query.array_job_id)
         if query.node is not None:
             stmt = stmt.where(jobs.c.node == query.node)
-        stmt = stmt.order_by(jobs.c.id.desc() if query.newest_first else jobs.c.id)
+        if query.array_job_id is not None:  # an array's tasks by index (its record first)
+            stmt = stmt.order_by(func.coalesce(jobs.c.array_task_id, -1), jobs.c.id)
+        else:
+            stmt = stmt.order_by(jobs.c.id.desc() if query.newest_first else jobs.c.id)
         if query.limit is not None:
             stmt = stmt.limit(query.limit)
         with self.engine.connect() as conn:
             rows = conn.execute(stmt).all()
             units = _units_of(conn, [row.id for row in rows])
-        return [_job_from_row(row, units.get(row.id, ())) for row in rows]
+            specs = _specs_of(conn, rows)
+        return [_job_from_row(row, units.get(row.id, ()), specs) for row in rows]
+
+    def find_task(self, array_job_id: int, task: int) -> Job | None:
+        """Task `task` of the array: its own row, or the record that still stands for it."""
+        with self.engine.connect() as conn:
+            found = conn.execute(
+                select(jobs.c.id).where(
+                    and_(jobs.c.array_job_id == array_job_id, jobs.c.array_task_id == task)
+                )
+            ).first()
+            record = conn.execute(
+                select(jobs.c.array_tasks).where(
+                    and_(jobs.c.id == array_job_id, jobs.c.array_job_id == array_job_id)
+                )
+            ).first()
+        if found is not None:
+            return self.get_job(found.id)
+        if record is not None and record.array_tasks and task in parse_indices(record.array_tasks):
+            return self.get_job(array_job_id)
+        return None
+
+    def array_states(self, array_job_ids: Sequence[int]) -> dict[int, dict[JobState, int]]:
+        """How many tasks of each array are in each state (a record counts all it stands for)."""
+        found: dict[int, dict[JobState, int]] = {}
+        stmt = select(jobs.c.array_job_id, jobs.c.state, jobs.c.array_tasks).where(
+            jobs.c.array_job_id.in_(bindparam("ids", expanding=True))
+        )
+        with self.engine.connect() as conn:
+            for array, state, tasks in conn.execute(stmt, {"ids": list(array_job_ids)}):
+                counts = found.setdefault(array, {})
+                weight = len(parse_indices(tasks)) if tasks else 1
+                counts[JobState(state)] = counts.get(JobState(state), 0) + weight
+        return found
 
     def top_pending(self, limit: int) -> list[Job]:
         """The `limit` pending jobs of highest stored priority, oldest first among equals."""
@@ -134,7 +173,8 @@ class Store:
         )
         with self.engine.connect() as conn:
             rows = conn.execute(stmt).all()
-        return [_job_from_row(row, ()) for row in rows]
+            specs = _specs_of(conn, rows)
+        return [_job_from_row(row, (), specs) for row in rows]
 
     def count_jobs(self, states: Iterable[JobState]) -> dict[JobState, int]:
         stmt = (
@@ -212,24 +252,82 @@ class StoreTx:
         return [self._add_one(new, now) for new in new_jobs]
 
     def _add_one(self, new: NewJob, now: float) -> list[int]:
+        """One row per submission: an array's row is its record, standing for every task
+        until tasks are split off to run (`split_tasks`), as SLURM keeps one record."""
         state = JobState.HELD if new.spec.hold else JobState.PENDING
         row = _job_row(new, state, now)
-        if new.spec.array is None:
-            ids = [self.conn.execute(_INSERT_JOB, row).scalar_one()]
-        else:
+        job_id = self.conn.execute(_INSERT_JOB, row).scalar_one()
+        if new.spec.array is not None:
             tasks = new.spec.array.indices
-            first = self.conn.execute(_INSERT_JOB, {**row, "array_task_id": tasks[0]}).scalar_one()
-            self.conn.execute(update(jobs).where(jobs.c.id == first).values(array_job_id=first))
-            rest = [{**row, "array_job_id": first, "array_task_id": t} for t in tasks[1:]]
-            ids = [first]
-            if rest:
-                result = self.conn.execute(
-                    insert(jobs).returning(jobs.c.id, sort_by_parameter_order=True), rest
+            self.conn.execute(
+                update(jobs)
+                .where(jobs.c.id == job_id)
+                .values(
+                    array_job_id=job_id,
+                    array_task_id=tasks[0] if len(tasks) == 1 else None,
+                    array_tasks=format_indices(tasks) if len(tasks) > 1 else None,
                 )
-                ids.extend(result.scalars())
-        events = [_event(i, now, None, state, SUBMITTED) for i in ids]
-        self.conn.execute(_INSERT_EVENT, events[0] if len(events) == 1 else events)
-        return ids
+            )
+        self.conn.execute(_INSERT_EVENT, _event(job_id, now, None, state, SUBMITTED))
+        return [job_id]
+
+    def split_tasks(
+        self, record_id: int, tasks: Sequence[int], now: float
+    ) -> tuple[JobState, dict[int, int]]:
+        """Give tasks of an array's record rows of their own, in the record's state (pending
+        or held); that state and the job id of each task. The record keeps the rest, and when
+        one task is left it becomes that task (a record always stands for one task or more)."""
+        row = self.conn.execute(
+            select(jobs).where(jobs.c.id == record_id).with_for_update()
+        ).first()
+        if row is None or not row.array_tasks or not JobState(row.state).is_live:
+            raise NotFound(f"no array record {record_id} with tasks to split")
+        remaining = parse_indices(row.array_tasks)
+        wanted = set(tasks)
+        if not wanted <= set(remaining):
+            missing = sorted(wanted - set(remaining))
+            raise NotFound(f"array {record_id} has no unstarted task {missing[0]}")
+        left = [t for t in remaining if t not in wanted]
+        split = sorted(wanted)
+        if not left:
+            left = [split.pop()]
+        base = {
+            c: getattr(row, c)
+            for c in ("user", "name", "state", "qos", "priority", "gpus", "gpu_mem", "cpus")
+        } | {
+            "mem": row.mem,
+            "time_limit": row.time_limit,
+            "submit_time": row.submit_time,
+            "reason": row.reason,
+            "requeue_count": 0,
+            "array_job_id": record_id,
+            "spec": "",
+            "array_tasks": None,
+        }
+        ids: dict[int, int] = {}
+        if split:
+            result = self.conn.execute(
+                insert(jobs).returning(jobs.c.id, sort_by_parameter_order=True),
+                [{**base, "array_task_id": t} for t in split],
+            )
+            ids = dict(zip(split, result.scalars(), strict=True))
+            state = JobState(row.state)
+            reason = f"array task split from {record_id}"
+            events = [_event(i, now, None, state, reason) for i in ids.values()]
+            self.conn.execute(_INSERT_EVENT, events)
+        single = len(left) == 1
+        self.conn.execute(
+            update(jobs)
+            .where(jobs.c.id == record_id)
+            .values(
+                array_tasks=None if single else format_indices(left),
+                array_task_id=left[0] if single else None,
+            )
+        )
+        if single:
+            ids[left[0]] = record_id
+        self._rows.pop(record_id, None)  # its columns changed under the cache
+        return JobState(row.state), ids
 
     def transition(self, changes: Sequence[StateChange], now: float) -> None:
         """Apply state changes in order (a job may change twice, e.g. preempted then pending).
@@ -278,6 +376,8 @@ class StoreTx:
                 raise NotFound(f"no job {start.job_id}")
             states[start.job_id] = JobState(rows[start.job_id]["state"])
             check_transition(start.job_id, states[start.job_id], JobState.RUNNING)
+            if rows[start.job_id]["array_tasks"]:
+                raise ValueError(f"job {start.job_id} is an array's record; split a task first")
         self._check_units_free([u for s in starts for u in s.gpus])
         for start in starts:
             rows[start.job_id].update(
@@ -417,7 +517,7 @@ _MUTABLE = (
 )
 # statements built once: building them per call costs more than running them
 _LOCK_JOBS = (
-    select(jobs.c.id, *(jobs.c[c] for c in _MUTABLE))
+    select(jobs.c.id, jobs.c.array_tasks, *(jobs.c[c] for c in _MUTABLE))
     .where(jobs.c.id.in_(bindparam("ids", expanding=True)))
     .with_for_update()
 )
@@ -455,7 +555,7 @@ def _apply_change(row: dict[str, Any], current: JobState, change: StateChange, n
         row["node"] = None
         row["end_time"] = None
     elif not change.to_state.is_live:
-        row["end_time"] = now
+        row["end_time"] = now if change.at is None else change.at
         row["stop_state"] = None
         row["stop_reason"] = None
         if change.result is not None:
@@ -493,6 +593,7 @@ def _job_row(new: NewJob, state: JobState, now: float) -> dict[str, Any]:
         "requeue_count": 0,
         "array_job_id": None,
         "array_task_id": None,
+        "array_tasks": None,
         "spec": json.dumps(spec_to_dict(new.spec), separators=(",", ":")),
     }
 
@@ -518,12 +619,27 @@ def _units_of(conn: Connection, job_ids: list[int]) -> dict[int, tuple[str, ...]
     return {job_id: tuple(units) for job_id, (_, units) in latest.items()}
 
 
-def _job_from_row(row: Row[Any], units: tuple[str, ...]) -> Job:
+def _specs_of(conn: Connection, rows: Sequence[Row[Any]]) -> dict[int, JobSpec]:
+    """The specs of these rows, each parsed once: a split task's is its array record's."""
+    specs: dict[int, JobSpec] = {}
+    wanted = {row.array_job_id for row in rows if not row.spec}
+    for row in rows:
+        if row.spec and row.id not in specs:
+            specs[row.id] = spec_from_dict(json.loads(row.spec))
+    missing = sorted(wanted - specs.keys())
+    for start in range(0, len(missing), 5000):
+        stmt = select(jobs.c.id, jobs.c.spec).where(jobs.c.id.in_(missing[start : start + 5000]))
+        for job_id, text in conn.execute(stmt):
+            specs[job_id] = spec_from_dict(json.loads(text))
+    return specs
+
+
+def _job_from_row(row: Row[Any], units: tuple[str, ...], specs: dict[int, JobSpec]) -> Job:
     ended = row.exit_code is not None or row.signal is not None
     state = JobState(row.state)
     return Job(
         id=row.id,
-        spec=spec_from_dict(json.loads(row.spec)),
+        spec=specs[row.id if row.spec else row.array_job_id],
         user=row.user,
         state=state,
         qos=row.qos,
@@ -543,6 +659,7 @@ def _job_from_row(row: Row[Any], units: tuple[str, ...]) -> Job:
         array_task_id=row.array_task_id,
         reason=row.reason,
         stop=(JobState(row.stop_state), row.stop_reason) if row.stop_state else None,
+        tasks=parse_indices(row.array_tasks) if row.array_tasks else (),
     )
 
 

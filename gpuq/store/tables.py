@@ -66,7 +66,12 @@ jobs = Table(
     Column("requeue_count", Integer, nullable=False),
     Column("array_job_id", BigInteger, nullable=True),
     Column("array_task_id", Integer, nullable=True),
-    Column("spec", Text, nullable=False),  # the JobSpec as JSON (gpuq.domain.codec)
+    # the JobSpec as JSON (gpuq.domain.codec); '' for an array task split off its array's
+    # record, which holds the spec once for every task (environment included)
+    Column("spec", Text, nullable=False),
+    # an array's record: its tasks not yet split off to run on their own, as compact text
+    # ("3-99", "1,3,5-7"; gpuq.domain.model.format_indices); NULL for a job or a single task
+    Column("array_tasks", Text, nullable=True),
     CheckConstraint(f"state IN ({_STATE_VALUES})", name="state"),
 )
 # "top N pending by priority" is an index range scan, not a sort of the queue

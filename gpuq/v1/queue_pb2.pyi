@@ -24,21 +24,32 @@ class SubmitResult(_message.Message):
     def __init__(self, job_ids: _Optional[_Iterable[int]] = ..., code: _Optional[int] = ..., message: _Optional[str] = ...) -> None: ...
 
 class GetJobRequest(_message.Message):
-    __slots__ = ("job_id",)
+    __slots__ = ("job_id", "task")
     JOB_ID_FIELD_NUMBER: _ClassVar[int]
+    TASK_FIELD_NUMBER: _ClassVar[int]
     job_id: int
-    def __init__(self, job_id: _Optional[int] = ...) -> None: ...
+    task: int
+    def __init__(self, job_id: _Optional[int] = ..., task: _Optional[int] = ...) -> None: ...
 
 class JobDetail(_message.Message):
-    __slots__ = ("job", "events")
+    __slots__ = ("job", "events", "array_states")
+    class ArrayStatesEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: int
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[int] = ...) -> None: ...
     JOB_FIELD_NUMBER: _ClassVar[int]
     EVENTS_FIELD_NUMBER: _ClassVar[int]
+    ARRAY_STATES_FIELD_NUMBER: _ClassVar[int]
     job: _types_pb2.Job
     events: _containers.RepeatedCompositeFieldContainer[_types_pb2.JobEvent]
-    def __init__(self, job: _Optional[_Union[_types_pb2.Job, _Mapping]] = ..., events: _Optional[_Iterable[_Union[_types_pb2.JobEvent, _Mapping]]] = ...) -> None: ...
+    array_states: _containers.ScalarMap[str, int]
+    def __init__(self, job: _Optional[_Union[_types_pb2.Job, _Mapping]] = ..., events: _Optional[_Iterable[_Union[_types_pb2.JobEvent, _Mapping]]] = ..., array_states: _Optional[_Mapping[str, int]] = ...) -> None: ...
 
 class ListJobsRequest(_message.Message):
-    __slots__ = ("states", "user", "job_ids", "limit", "finished", "array_job_id", "with_pending_info")
+    __slots__ = ("states", "user", "job_ids", "limit", "finished", "array_job_id", "with_pending_info", "expand_arrays")
     STATES_FIELD_NUMBER: _ClassVar[int]
     USER_FIELD_NUMBER: _ClassVar[int]
     JOB_IDS_FIELD_NUMBER: _ClassVar[int]
@@ -46,6 +57,7 @@ class ListJobsRequest(_message.Message):
     FINISHED_FIELD_NUMBER: _ClassVar[int]
     ARRAY_JOB_ID_FIELD_NUMBER: _ClassVar[int]
     WITH_PENDING_INFO_FIELD_NUMBER: _ClassVar[int]
+    EXPAND_ARRAYS_FIELD_NUMBER: _ClassVar[int]
     states: _containers.RepeatedScalarFieldContainer[str]
     user: str
     job_ids: _containers.RepeatedScalarFieldContainer[int]
@@ -53,7 +65,8 @@ class ListJobsRequest(_message.Message):
     finished: bool
     array_job_id: int
     with_pending_info: bool
-    def __init__(self, states: _Optional[_Iterable[str]] = ..., user: _Optional[str] = ..., job_ids: _Optional[_Iterable[int]] = ..., limit: _Optional[int] = ..., finished: _Optional[bool] = ..., array_job_id: _Optional[int] = ..., with_pending_info: _Optional[bool] = ...) -> None: ...
+    expand_arrays: bool
+    def __init__(self, states: _Optional[_Iterable[str]] = ..., user: _Optional[str] = ..., job_ids: _Optional[_Iterable[int]] = ..., limit: _Optional[int] = ..., finished: _Optional[bool] = ..., array_job_id: _Optional[int] = ..., with_pending_info: _Optional[bool] = ..., expand_arrays: _Optional[bool] = ...) -> None: ...
 
 class ListJobsReply(_message.Message):
     __slots__ = ("jobs",)

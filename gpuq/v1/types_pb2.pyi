@@ -21,12 +21,14 @@ class Resources(_message.Message):
     def __init__(self, gpus: _Optional[int] = ..., gpu_mem: _Optional[int] = ..., cpus: _Optional[int] = ..., mem: _Optional[int] = ..., time_limit: _Optional[int] = ...) -> None: ...
 
 class Dependency(_message.Message):
-    __slots__ = ("job_id", "kind")
+    __slots__ = ("job_id", "kind", "task")
     JOB_ID_FIELD_NUMBER: _ClassVar[int]
     KIND_FIELD_NUMBER: _ClassVar[int]
+    TASK_FIELD_NUMBER: _ClassVar[int]
     job_id: int
     kind: str
-    def __init__(self, job_id: _Optional[int] = ..., kind: _Optional[str] = ...) -> None: ...
+    task: int
+    def __init__(self, job_id: _Optional[int] = ..., kind: _Optional[str] = ..., task: _Optional[int] = ...) -> None: ...
 
 class ArraySpec(_message.Message):
     __slots__ = ("indices", "max_running")
@@ -45,7 +47,7 @@ class WarningSignal(_message.Message):
     def __init__(self, signal: _Optional[int] = ..., seconds: _Optional[int] = ...) -> None: ...
 
 class JobSpec(_message.Message):
-    __slots__ = ("name", "script", "args", "workdir", "env", "resources", "qos", "nice", "output", "error", "array", "dependencies", "hold", "begin_time", "signal", "no_requeue", "singleton", "source")
+    __slots__ = ("name", "script", "args", "workdir", "env", "resources", "qos", "nice", "output", "error", "array", "dependencies", "hold", "begin_time", "signal", "no_requeue", "singleton", "source", "umask")
     class EnvEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -71,6 +73,7 @@ class JobSpec(_message.Message):
     NO_REQUEUE_FIELD_NUMBER: _ClassVar[int]
     SINGLETON_FIELD_NUMBER: _ClassVar[int]
     SOURCE_FIELD_NUMBER: _ClassVar[int]
+    UMASK_FIELD_NUMBER: _ClassVar[int]
     name: str
     script: str
     args: _containers.RepeatedScalarFieldContainer[str]
@@ -89,7 +92,8 @@ class JobSpec(_message.Message):
     no_requeue: bool
     singleton: bool
     source: str
-    def __init__(self, name: _Optional[str] = ..., script: _Optional[str] = ..., args: _Optional[_Iterable[str]] = ..., workdir: _Optional[str] = ..., env: _Optional[_Mapping[str, str]] = ..., resources: _Optional[_Union[Resources, _Mapping]] = ..., qos: _Optional[str] = ..., nice: _Optional[int] = ..., output: _Optional[str] = ..., error: _Optional[str] = ..., array: _Optional[_Union[ArraySpec, _Mapping]] = ..., dependencies: _Optional[_Iterable[_Union[Dependency, _Mapping]]] = ..., hold: _Optional[bool] = ..., begin_time: _Optional[float] = ..., signal: _Optional[_Union[WarningSignal, _Mapping]] = ..., no_requeue: _Optional[bool] = ..., singleton: _Optional[bool] = ..., source: _Optional[str] = ...) -> None: ...
+    umask: int
+    def __init__(self, name: _Optional[str] = ..., script: _Optional[str] = ..., args: _Optional[_Iterable[str]] = ..., workdir: _Optional[str] = ..., env: _Optional[_Mapping[str, str]] = ..., resources: _Optional[_Union[Resources, _Mapping]] = ..., qos: _Optional[str] = ..., nice: _Optional[int] = ..., output: _Optional[str] = ..., error: _Optional[str] = ..., array: _Optional[_Union[ArraySpec, _Mapping]] = ..., dependencies: _Optional[_Iterable[_Union[Dependency, _Mapping]]] = ..., hold: _Optional[bool] = ..., begin_time: _Optional[float] = ..., signal: _Optional[_Union[WarningSignal, _Mapping]] = ..., no_requeue: _Optional[bool] = ..., singleton: _Optional[bool] = ..., source: _Optional[str] = ..., umask: _Optional[int] = ...) -> None: ...
 
 class JobResult(_message.Message):
     __slots__ = ("exit_code", "signal", "reason")
@@ -122,7 +126,7 @@ class PendingInfo(_message.Message):
     def __init__(self, reasons: _Optional[_Iterable[str]] = ..., estimated_start: _Optional[float] = ..., priority: _Optional[float] = ..., factors: _Optional[_Iterable[_Union[PriorityFactor, _Mapping]]] = ...) -> None: ...
 
 class Job(_message.Message):
-    __slots__ = ("id", "spec", "user", "state", "submit_time", "start_time", "end_time", "node", "gpus", "result", "requeue_count", "array_job_id", "array_task_id", "reason", "pending", "stdout_path", "stderr_path", "priority", "qos", "stop_reason", "stop_state")
+    __slots__ = ("id", "spec", "user", "state", "submit_time", "start_time", "end_time", "node", "gpus", "result", "requeue_count", "array_job_id", "array_task_id", "reason", "pending", "stdout_path", "stderr_path", "priority", "qos", "stop_reason", "stop_state", "array_tasks")
     ID_FIELD_NUMBER: _ClassVar[int]
     SPEC_FIELD_NUMBER: _ClassVar[int]
     USER_FIELD_NUMBER: _ClassVar[int]
@@ -144,6 +148,7 @@ class Job(_message.Message):
     QOS_FIELD_NUMBER: _ClassVar[int]
     STOP_REASON_FIELD_NUMBER: _ClassVar[int]
     STOP_STATE_FIELD_NUMBER: _ClassVar[int]
+    ARRAY_TASKS_FIELD_NUMBER: _ClassVar[int]
     id: int
     spec: JobSpec
     user: str
@@ -165,7 +170,8 @@ class Job(_message.Message):
     qos: str
     stop_reason: str
     stop_state: str
-    def __init__(self, id: _Optional[int] = ..., spec: _Optional[_Union[JobSpec, _Mapping]] = ..., user: _Optional[str] = ..., state: _Optional[str] = ..., submit_time: _Optional[float] = ..., start_time: _Optional[float] = ..., end_time: _Optional[float] = ..., node: _Optional[str] = ..., gpus: _Optional[_Iterable[str]] = ..., result: _Optional[_Union[JobResult, _Mapping]] = ..., requeue_count: _Optional[int] = ..., array_job_id: _Optional[int] = ..., array_task_id: _Optional[int] = ..., reason: _Optional[str] = ..., pending: _Optional[_Union[PendingInfo, _Mapping]] = ..., stdout_path: _Optional[str] = ..., stderr_path: _Optional[str] = ..., priority: _Optional[int] = ..., qos: _Optional[str] = ..., stop_reason: _Optional[str] = ..., stop_state: _Optional[str] = ...) -> None: ...
+    array_tasks: str
+    def __init__(self, id: _Optional[int] = ..., spec: _Optional[_Union[JobSpec, _Mapping]] = ..., user: _Optional[str] = ..., state: _Optional[str] = ..., submit_time: _Optional[float] = ..., start_time: _Optional[float] = ..., end_time: _Optional[float] = ..., node: _Optional[str] = ..., gpus: _Optional[_Iterable[str]] = ..., result: _Optional[_Union[JobResult, _Mapping]] = ..., requeue_count: _Optional[int] = ..., array_job_id: _Optional[int] = ..., array_task_id: _Optional[int] = ..., reason: _Optional[str] = ..., pending: _Optional[_Union[PendingInfo, _Mapping]] = ..., stdout_path: _Optional[str] = ..., stderr_path: _Optional[str] = ..., priority: _Optional[int] = ..., qos: _Optional[str] = ..., stop_reason: _Optional[str] = ..., stop_state: _Optional[str] = ..., array_tasks: _Optional[str] = ...) -> None: ...
 
 class JobEvent(_message.Message):
     __slots__ = ("job_id", "at", "from_state", "to_state", "reason")

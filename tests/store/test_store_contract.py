@@ -50,18 +50,31 @@ def test_hold_submits_held(store: Store) -> None:
     assert store.get_job(job_id).state is JobState.HELD
 
 
-def test_array_becomes_one_row_per_task(store: Store) -> None:
-    spec = make_spec("sweep", array=ArraySpec((0, 2, 4), max_running=2))
+def test_array_is_one_record_until_tasks_are_split(store: Store) -> None:
+    spec = make_spec("sweep", array=ArraySpec((0, 2, 4, 6), max_running=2))
     with store.transaction() as tx:
         [ids] = tx.add_jobs([NewJob(spec, "alice", "normal", 0)], 1.0)
-    assert len(ids) == 3
-    jobs = store.list_jobs(JobQuery(array_job_id=ids[0]))
-    assert [(j.id, j.array_job_id, j.array_task_id) for j in jobs] == [
-        (ids[0], ids[0], 0),
-        (ids[1], ids[0], 2),
-        (ids[2], ids[0], 4),
-    ]
-    assert [j.display_id for j in jobs] == [f"{ids[0]}_0", f"{ids[0]}_2", f"{ids[0]}_4"]
+    [array] = ids
+    [record] = store.list_jobs(JobQuery(array_job_id=array))
+    assert (record.id, record.array_task_id, record.tasks) == (array, None, (0, 2, 4, 6))
+    assert record.display_id == f"{array}_[0-6:2%2]"
+    with store.transaction() as tx:
+        state, split = tx.split_tasks(array, [0, 2], 2.0)
+    assert state is JobState.PENDING
+    jobs = store.list_jobs(JobQuery(array_job_id=array))
+    assert [(j.array_task_id, j.tasks) for j in jobs] == [(None, (4, 6)), (0, ()), (2, ())]
+    assert all(j.spec == spec and j.submit_time == 1.0 for j in jobs)  # the spec, stored once
+    assert store.find_task(array, 2) == store.get_job(split[2])
+    assert store.find_task(array, 6) == store.get_job(array)  # still in the record
+    assert store.find_task(array, 5) is None
+    with store.transaction() as tx:
+        _, last = tx.split_tasks(array, [4, 6], 3.0)
+    assert last[6] == array  # the record became the last task
+    assert store.get_job(array).array_task_id == 6 and store.get_job(array).tasks == ()
+    counts = store.array_states([array])[array]
+    assert counts == {JobState.PENDING: 4}
+    with pytest.raises(NotFound), store.transaction() as tx:
+        tx.split_tasks(array, [4], 4.0)
 
 
 def test_top_pending_orders_by_priority_then_submit_order(store: Store) -> None:

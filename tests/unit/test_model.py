@@ -88,7 +88,7 @@ names = st.text(alphabet="abcdefXYZ0123_-.", min_size=1, max_size=20)
     name=names,
     gpus=st.integers(0, 8),
     env=st.dictionaries(names, st.text(max_size=20).filter(lambda s: "\0" not in s), max_size=4),
-    args=st.lists(st.text(max_size=10), max_size=3),
+    args=st.lists(st.text(max_size=10).filter(lambda s: "\0" not in s), max_size=3),
     array=st.none()
     | st.builds(
         ArraySpec,

@@ -4,6 +4,7 @@
  * parser is strict and small. Lone surrogates \udc80-\udcff are turned back into the bytes
  * that Python's surrogateescape made them from (an environment value that was not UTF-8). */
 #define _GNU_SOURCE
+#include <math.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -226,6 +227,21 @@ double json_num(const jval *object, const char *key, double fallback) {
 int json_has_num(const jval *object, const char *key) {
     const jval *v = json_get(object, key);
     return v != NULL && v->type == J_NUM;
+}
+
+int json_int(const jval *object, const char *key, long long min, long long max, long long *out) {
+    const jval *v = json_get(object, key);
+    if (v == NULL || v->type != J_NUM) return 0;
+    double num = v->num;
+    /* checked before the cast: converting NaN or an out-of-range double is undefined */
+    if (!(num >= (double)min && num <= (double)max) || num != trunc(num)) return 0;
+    *out = (long long)num;
+    return 1;
+}
+
+double json_real(const jval *object, const char *key, double min, double max, double fallback) {
+    const jval *v = json_get(object, key);
+    return v != NULL && v->type == J_NUM && v->num >= min && v->num <= max ? v->num : fallback;
 }
 
 int json_cstr(const jval *object, const char *key, const char **out) {

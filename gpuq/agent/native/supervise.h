@@ -32,6 +32,11 @@ const jval *json_get(const jval *object, const char *key);
 const char *json_str(const jval *object, const char *key, const char *fallback);
 double json_num(const jval *object, const char *key, double fallback);
 int json_has_num(const jval *object, const char *key);
+/* A whole number in [min, max]: 1 with *out set; 0 when absent, not a number, fractional, NaN
+ * or out of range (range-checked as a double first: casting one out of range is undefined). */
+int json_int(const jval *object, const char *key, long long min, long long max, long long *out);
+/* A number in [min, max] (so finite when they are); `fallback` otherwise. */
+double json_real(const jval *object, const char *key, double min, double max, double fallback);
 /* A string without NUL bytes (a path, an argument): 0 when absent or unusable. */
 int json_cstr(const jval *object, const char *key, const char **out);
 

@@ -44,6 +44,15 @@
 #define KILL_RETRY 1.0      /* SIGKILL again this often while the main process has not gone */
 #define LEFTOVER_DEADLINE 10.0 /* give up verifying that leftovers are gone after this long */
 #define SETTLE 0.1 /* seconds a tree that was just signalled gets to exit before survivors count */
+/* --signal SIG@S with S not shorter than the time limit: SIG this long after start (or at the
+ * limit if sooner), "as soon as possible" but after the job has had a moment to set its traps;
+ * at the very start it would kill a script before its `trap` line runs */
+#define WARN_EARLIEST 1.0
+/* bounds for numbers from JSON, checked before any cast to an integer (out of range: undefined) */
+#define MAX_JOB_ID (1LL << 53)
+#define MAX_ID 4294967294LL    /* uid_t/gid_t; (uid_t)-1 means "unchanged" to setuid */
+#define MAX_BYTES (1LL << 62)
+#define MAX_SECONDS 1e12       /* about 31,700 years: any real limit or grace */
 
 enum { T_WARN, T_LIMIT, T_KILL, T_MEM, T_CONNECT, T_GIVE_UP, T_COUNT };
 enum { STEP_GROUP, STEP_CGROUP, STEP_USER, STEP_CHDIR, STEP_STDOUT, STEP_STDERR, STEP_EXEC, STEP_COUNT };
@@ -54,11 +63,12 @@ typedef struct {
     size_t script_len;
     char **argv, **envp;
     int append, has_time_limit, has_mem_limit, mem_poll_only;
-    int has_uid, has_gid, warning_signal;
+    int has_uid, has_gid, has_umask, warning_signal;
     double time_limit, kill_grace, warning_seconds;
     long long mem_limit;
     uid_t uid;
     gid_t gid;
+    mode_t umask; /* with has_umask: the job's umask; output files are 0666 less it */
 } launch_spec;
 
 typedef struct {
@@ -124,7 +134,7 @@ static void set_timer_min(supervisor *s, int which, double when) {
 /* ---- formatting, as gpuq.domain.units does ---- */
 
 static void format_duration(double seconds, char *out, size_t size) {
-    long long total = seconds > 0 ? (long long)seconds : 0;
+    long long total = seconds > 0 ? (long long)fmin(seconds, 1e15) : 0; /* a cast out of range is undefined */
     long long days = total / 86400, rest = total % 86400;
     if (days) snprintf(out, size, "%lld-%02lld:%02lld:%02lld", days, rest / 3600, rest % 3600 / 60, rest % 60);
     else snprintf(out, size, "%02lld:%02lld:%02lld", rest / 3600, rest % 3600 / 60, rest % 60);
@@ -234,19 +244,23 @@ static int read_spec(supervisor *s, const char *text, size_t len, const char **p
     const jval *args = json_get(root, "args"), *env = json_get(root, "env");
     char **argv = args && args->type == J_ARR ? string_array(args, 0) : NULL;
     spec->envp = env && env->type == J_OBJ ? string_array(env, 1) : NULL;
-    if (!json_has_num(root, "job_id")) field = "job_id";
+    long long job_id = 0, uid = 0, gid = 0, number = 0;
+    if (!json_int(root, "job_id", 0, MAX_JOB_ID, &job_id)) field = "job_id";
     else if (script == NULL || script->type != J_STR) field = "script";
     else if (!json_cstr(root, "cwd", &spec->cwd)) field = "cwd";
     else if (!json_cstr(root, "stdout_path", &spec->stdout_path)) field = "stdout_path";
     else if (!json_cstr(root, "stderr_path", &spec->stderr_path)) field = "stderr_path";
     else if (argv == NULL) field = "args";
     else if (spec->envp == NULL) field = "env";
+    /* a user that cannot be switched to must not run the job as this one (root) */
+    else if ((spec->has_uid = json_has_num(root, "uid")) && !json_int(root, "uid", 0, MAX_ID, &uid)) field = "uid";
+    else if ((spec->has_gid = json_has_num(root, "gid")) && !json_int(root, "gid", 0, MAX_ID, &gid)) field = "gid";
     if (field != NULL) {
         snprintf(bad, sizeof bad, "spec.json: field %s is missing or unusable", field);
         *problem = bad;
         return -1;
     }
-    spec->job_id = (long long)json_num(root, "job_id", 0);
+    spec->job_id = job_id;
     spec->script = script->str; /* may hold NUL bytes: written with its length */
     spec->script_len = script->len;
     spec->argv = calloc(args->n + 2, sizeof *spec->argv);
@@ -254,19 +268,19 @@ static int read_spec(supervisor *s, const char *text, size_t len, const char **p
     spec->argv[0] = NULL; /* the script's path, set when it is written */
     memcpy(spec->argv + 1, argv, args->n * sizeof *argv);
     spec->append = strcmp(json_str(root, "open_mode", "truncate"), "append") == 0;
-    spec->has_time_limit = json_has_num(root, "time_limit");
-    spec->time_limit = json_num(root, "time_limit", 0);
-    spec->has_mem_limit = json_has_num(root, "mem_limit");
-    spec->mem_limit = (long long)json_num(root, "mem_limit", 0);
+    /* numbers out of range (or NaN, or infinite) count as absent: the defaults apply */
+    spec->time_limit = json_real(root, "time_limit", 0, MAX_SECONDS, -1);
+    spec->has_time_limit = spec->time_limit >= 0;
+    spec->has_mem_limit = json_int(root, "mem_limit", 0, MAX_BYTES, &spec->mem_limit);
     spec->mem_poll_only = strcmp(json_str(root, "mem_enforcement", "auto"), "poll") == 0;
     spec->cgroup_parent = json_str(root, "cgroup_parent", NULL);
-    spec->kill_grace = json_num(root, "kill_grace", 30.0);
-    spec->warning_signal = (int)json_num(root, "warning_signal", SIGTERM);
-    spec->warning_seconds = json_num(root, "warning_seconds", 0.0);
-    spec->has_uid = json_has_num(root, "uid");
-    spec->uid = (uid_t)json_num(root, "uid", 0);
-    spec->has_gid = json_has_num(root, "gid");
-    spec->gid = (gid_t)json_num(root, "gid", 0);
+    spec->kill_grace = json_real(root, "kill_grace", 0, MAX_SECONDS, 30.0);
+    spec->warning_signal = json_int(root, "warning_signal", 1, NSIG - 1, &number) ? (int)number : SIGTERM;
+    spec->warning_seconds = json_real(root, "warning_seconds", 0, MAX_SECONDS, 0.0);
+    spec->uid = (uid_t)uid;
+    spec->gid = (gid_t)gid;
+    spec->has_umask = json_int(root, "umask", 0, 0777, &number);
+    spec->umask = spec->has_umask ? (mode_t)number : 0;
     s->have_spec = 1;
     return 0; /* root is kept: the spec's strings point into it */
 }
@@ -313,10 +327,17 @@ static void __attribute__((noreturn)) child(const child_args *a) {
     if (chdir(spec->cwd) != 0) child_fail(err_fd, STEP_CHDIR);
     int in = open("/dev/null", O_RDONLY | O_CLOEXEC);
     if (in < 0 || dup2(in, 0) < 0) child_fail(err_fd, STEP_CHDIR);
-    int out = open(spec->stdout_path, flags, 0600);
+    /* the submitter's umask, for the output files and for what the job creates (this child has
+     * its own umask: vfork shares memory, not the fs attributes); an existing file keeps its mode */
+    mode_t mode = 0600;
+    if (spec->has_umask) {
+        umask(spec->umask);
+        mode = 0666;
+    }
+    int out = open(spec->stdout_path, flags, mode);
     if (out < 0) child_fail(err_fd, STEP_STDOUT);
     int err = out;
-    if (strcmp(spec->stderr_path, spec->stdout_path) != 0 && (err = open(spec->stderr_path, flags, 0600)) < 0)
+    if (strcmp(spec->stderr_path, spec->stdout_path) != 0 && (err = open(spec->stderr_path, flags, mode)) < 0)
         child_fail(err_fd, STEP_STDERR);
     if (dup2(out, 1) < 0 || dup2(err, 2) < 0) child_fail(err_fd, STEP_STDOUT);
     struct sigaction dfl = {.sa_handler = SIG_DFL};
@@ -472,6 +493,7 @@ static void signal_job(supervisor *s, int sig) {
 }
 
 static void on_kill(supervisor *s) {
+    s->timer_set[T_WARN] = 0;
     s->tree_killed = 1;
     signal_job(s, SIGKILL);
     set_timer(s, T_KILL, monotonic() + KILL_RETRY);
@@ -482,7 +504,9 @@ static void on_limit(supervisor *s) {
     format_duration(s->spec.time_limit, limit, sizeof limit);
     snprintf(reason, sizeof reason, "time limit %s reached", limit);
     decide(s, "timeout", reason);
-    signal_job(s, s->spec.warning_signal ? s->spec.warning_signal : SIGTERM);
+    /* as SLURM: the warning signal (--signal) went earlier; the limit itself is SIGTERM */
+    s->timer_set[T_WARN] = 0;
+    signal_job(s, SIGTERM);
     set_timer_min(s, T_KILL, monotonic() + s->spec.kill_grace);
 }
 
@@ -519,19 +543,20 @@ static void on_stop(supervisor *s, const jval *message) {
         reason = fallback;
     }
     decide(s, state, reason);
-    int sig = (int)json_num(message, "signal", 0);
-    signal_job(s, sig > 0 && sig < NSIG ? sig : SIGTERM);
-    double grace = json_num(message, "grace", s->spec.kill_grace);
-    set_timer_min(s, T_KILL, monotonic() + (grace > 0 ? grace : 0));
+    s->timer_set[T_WARN] = 0; /* it is being stopped: a time-limit warning would come too late */
+    long long sig;
+    signal_job(s, json_int(message, "signal", 1, NSIG - 1, &sig) ? (int)sig : SIGTERM);
+    double grace = json_real(message, "grace", 0, MAX_SECONDS, s->spec.kill_grace);
+    set_timer_min(s, T_KILL, monotonic() + grace);
 }
 
 static void on_message(supervisor *s, const char *line, size_t len) {
     jval *message = json_parse(line, len); /* a broken line is dropped: a bug must not kill the job */
     const char *type = json_str(message, "type", "");
     if (strcmp(type, "stop") == 0) on_stop(s, message);
-    else if (strcmp(type, "signal") == 0 && s->result == NULL && json_has_num(message, "signal")) {
-        int sig = (int)json_num(message, "signal", 0);
-        if (sig >= 0 && sig < NSIG) signal_job(s, sig);
+    else if (strcmp(type, "signal") == 0 && s->result == NULL) {
+        long long sig;
+        if (json_int(message, "signal", 0, NSIG - 1, &sig)) signal_job(s, (int)sig);
     } else if (strcmp(type, "ack") == 0 && s->result != NULL) s->acked = 1;
     json_free(message);
 }
@@ -713,9 +738,11 @@ static void start(supervisor *s, const char *script) {
     }
     double now = monotonic();
     if (spec->has_time_limit) {
-        if (spec->warning_seconds > 0 && spec->warning_seconds < spec->time_limit)
-            set_timer(s, T_WARN, now + spec->time_limit - spec->warning_seconds);
-        set_timer(s, T_LIMIT, now + spec->time_limit);
+        /* --signal SIG@S: SIG S seconds before the limit, or soon after start when S is not
+         * shorter than the limit (SLURM: as soon as it can); then SIGTERM at the limit */
+        double limit = spec->time_limit, warn = spec->warning_seconds;
+        if (warn > 0) set_timer(s, T_WARN, now + (warn < limit ? limit - warn : fmin(WARN_EARLIEST, limit)));
+        set_timer(s, T_LIMIT, now + limit);
     }
     if (s->polling) set_timer(s, T_MEM, now);
 }

@@ -1,0 +1,58 @@
+"""How many tasks of a waiting array to split off its record before a pass: enough to fill
+what is free now (and its `%N` limit allows), plus one that waits and so carries the array's
+reasons, reservation or preemption. The rest stay in the record, one entry however many."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+from gpuq.domain.model import Resources
+from gpuq.scheduler.placement import NodeView
+
+MAX_SPLIT = 1000  # tasks split off one array in one pass: the next pass splits more
+
+
+def room_for(need: Resources, views: Iterable[NodeView]) -> int:
+    """How many jobs of this size fit in what is free now, node by node (an upper bound:
+    GPU topology and reservations may leave fewer)."""
+    total = 0
+    for view in views:
+        if not view.up:
+            continue
+        fits = [view.cpus_free // need.cpus]
+        if need.mem:
+            fits.append(view.mem_free // need.mem)
+        if need.gpus:
+            usable = [
+                u
+                for u in view.units
+                if u.uuid in view.free_units and (need.gpu_mem is None or u.memory >= need.gpu_mem)
+            ]
+            fits.append(len(usable) // need.gpus)
+        total += max(0, min(fits))
+        if total >= MAX_SPLIT:
+            return MAX_SPLIT
+    return total
+
+
+def tasks_to_split(
+    need: Resources,
+    views: Iterable[NodeView],
+    *,
+    left: int,
+    queued: int,
+    running: int,
+    max_running: int | None,
+    blocked: bool,
+) -> int:
+    """How many of the `left` tasks in the record to split off now, given `queued` tasks of
+    the array already split and waiting and `running` ones. A `blocked` array (begin time,
+    dependencies) needs only the one waiting task that shows why."""
+    if blocked:
+        wanted = 1
+    else:
+        room = room_for(need, views)
+        if max_running is not None:
+            room = min(room, max(0, max_running - running))
+        wanted = room + 1
+    return max(0, min(left, wanted - queued, MAX_SPLIT))

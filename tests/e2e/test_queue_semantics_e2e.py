@@ -1,0 +1,163 @@
+"""What a SLURM user relies on, end to end: submission order among equals, `40_3` meaning
+array 40 task 3 everywhere, dependencies on whole arrays and on single tasks, compact arrays
+across a restart, one bad stored job never stopping the queue, and listings that take SLURM's
+state codes and refuse bad input with one line."""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from e2e_cluster import Cluster, wait_for
+
+from gpuq.domain.states import JobState
+
+
+@pytest.fixture
+def one_gpu(tmp_path: Path) -> Iterator[Cluster]:
+    """One node with one GPU and one CPU: jobs run one at a time, in the queue's order."""
+    running = Cluster(tmp_path)
+    try:
+        running.start_coordinator()
+        running.start_agent("a", "1xA100-80GB")
+        yield running
+    finally:
+        running.close()
+
+
+def started_order(cluster: Cluster, job_ids: list[int]) -> list[int]:
+    jobs = [cluster.wait_state(i, "completed") for i in job_ids]
+    return [j.id for j in sorted(jobs, key=lambda j: (j.start_time or 0.0, j.id))]
+
+
+def test_equal_priority_starts_in_submission_order(one_gpu: Cluster) -> None:
+    gate = one_gpu.root / "gate"
+    blocker = one_gpu.submit(f"while [ ! -e {gate} ]; do sleep 0.05; done", gpus=1)
+    one_gpu.wait_state(blocker, "running")
+    singles = [one_gpu.submit("true", gpus=1, hold=True) for _ in range(8)]
+    array = one_gpu.submit("true", gpus=1, array="0-5", hold=True)
+    one_gpu.client().release(array, *reversed(singles))  # released in reverse: order is id's
+    gate.touch()
+    one_gpu.client().wait(array, timeout=60)
+    tasks = [one_gpu.client().get(f"{array}_{t}") for t in range(6)]
+    order = started_order(one_gpu, singles)
+    assert order == singles
+    starts = [t.start_time or 0.0 for t in tasks]
+    assert starts == sorted(starts), "array tasks start from the lowest index up"
+    last_single = one_gpu.job(singles[-1])
+    assert (last_single.start_time or 0.0) <= starts[0]
+
+
+def test_array_task_ids_mean_the_task_everywhere(cluster: Cluster) -> None:
+    array = cluster.submit("echo task $GPUQ_ARRAY_TASK_ID", array="0-11", output="t-%A_%a.out")
+    cluster.client().wait(array, timeout=60)
+    result = cluster.gpuq("logs", f"{array}_10")
+    assert (result.returncode, result.stdout) == (0, "task 10\n"), result
+    shown = cluster.gpuq("show", f"{array}_10")
+    assert shown.returncode == 0, shown
+    assert f"Job: {array}_10 (wrap)" in shown.stdout
+    whole = cluster.gpuq("show", str(array), "--json")
+    assert json.loads(whole.stdout)["array_states"] == {"completed": 12}
+    for bad in (f"{array}_x", "1_2_3", "+5", "5 0", "99999999999999999999", "\u0665"):
+        refused = cluster.gpuq("show", bad)
+        assert refused.returncode == 2, refused
+        assert "Traceback" not in refused.stderr and len(refused.stderr.splitlines()) == 1
+    missing = cluster.gpuq("show", f"{array}_12")
+    assert missing.returncode == 2 and f"no job {array}_12" in missing.stderr
+
+
+def test_after_an_array_waits_for_every_task_and_after_a_task_for_that_task(
+    cluster: Cluster,
+) -> None:
+    log = cluster.root / "order.log"
+    array = cluster.submit(
+        f"sleep 0.3; echo task $GPUQ_ARRAY_TASK_ID >> {log}", array="0-3%1", gpus=1
+    )
+    after_all = cluster.submit(f"echo all >> {log}", after=[str(array)])
+    after_one = cluster.submit(f"echo one >> {log}", after=[f"{array}_1:ok"])
+    slurm = cluster.submit(f"echo slurm >> {log}", after=[f"afterok:{array}"])
+    for job_id in (after_all, after_one, slurm):
+        cluster.wait_state(job_id, "completed", timeout=60)
+    lines = log.read_text().splitlines()
+    assert lines.index("one") > lines.index("task 1")
+    assert lines.index("all") > lines.index("task 3")
+    assert lines.index("slurm") > lines.index("task 3")
+    failing = cluster.submit("exit $GPUQ_ARRAY_TASK_ID", array="0-2")
+    needs_ok = cluster.submit("true", after=[str(failing)])
+    on_failure = cluster.submit("true", after=[f"{failing}:notok"])
+    job = cluster.wait_state(needs_ok, "cancelled", timeout=60)
+    assert f"job {failing} failed (afterok)" in job.reason
+    assert cluster.wait_state(on_failure, "completed").state is JobState.COMPLETED
+    missing = cluster.gpuq("submit", "--wrap", "true", "--after", f"{array}_9")
+    assert missing.returncode == 2 and f"{array}_9" in missing.stderr, missing
+
+
+def test_held_array_is_one_record_that_survives_a_restart(cluster: Cluster) -> None:
+    array = cluster.submit("echo $GPUQ_ARRAY_TASK_ID", array="0-999%3", hold=True)
+    queue = cluster.gpuq("queue")
+    assert f"{array}_[0-999%3]" in queue.stdout, queue.stdout
+    assert queue.stdout.count("\n") == 2  # the header and the array's one line
+    cancelled = cluster.gpuq("cancel", f"{array}_5")
+    assert cancelled.returncode == 0 and f"job {array}_5: cancelled" in cancelled.stdout
+    assert f"{array}_[0-4,6-999%3]" in cluster.gpuq("queue").stdout
+    cluster.kill(cluster.coordinator)
+    cluster.start_coordinator()
+    assert cluster.client().array_states(array) == {"held": 999, "cancelled": 1}
+    cluster.client().release(array)
+    wait_for(
+        lambda: cluster.client().array_states(array).get("completed", 0) >= 6,
+        timeout=60,
+        what="tasks to run after the release",
+    )
+    cluster.client().cancel(array)
+    states = wait_for(
+        lambda: (s := cluster.client().array_states(array)).get("running", 0) == 0 and s,
+        what="the array to end",
+    )
+    assert states.get("pending", 0) == states.get("held", 0) == 0
+    assert sum(states.values()) == 1000
+
+
+def test_a_stored_job_that_breaks_scheduling_is_set_aside(bare_cluster: Cluster) -> None:
+    """A job stored before today's checks (a begin time in year 33658) cannot stop the
+    queue: the pass holds it with the error as its reason and everyone else runs."""
+    cluster = bare_cluster
+    cluster.start_coordinator()
+    bad = cluster.submit("true", hold=True)
+    cluster.kill(cluster.coordinator)
+    with sqlite3.connect(cluster.home / "gpuq.db") as db:
+        [spec_text] = db.execute("SELECT spec FROM jobs WHERE id = ?", (bad,)).fetchone()
+        spec = json.loads(spec_text)
+        spec["begin_time"] = 1e15
+        db.execute(
+            "UPDATE jobs SET spec = ?, state = 'pending' WHERE id = ?", (json.dumps(spec), bad)
+        )
+    cluster.start_coordinator()
+    cluster.start_agent("a", "2xA100-80GB")
+    good = cluster.submit("true", gpus=1)
+    assert cluster.wait_state(good, "completed").state is JobState.COMPLETED
+    held = cluster.wait_state(bad, "held")
+    assert "scheduling failed on this job" in held.reason
+    for args in (["queue"], ["status"], ["show", str(bad)], ["history"]):
+        result = cluster.gpuq(*args)
+        assert result.returncode == 0 and "Traceback" not in result.stderr, result
+
+
+def test_listings_take_slurm_state_codes_and_refuse_bad_values(cluster: Cluster) -> None:
+    gate = cluster.root / "gate"
+    running = cluster.submit(f"while [ ! -e {gate} ]; do sleep 0.05; done")
+    held = cluster.submit("true", hold=True)
+    cluster.wait_state(running, "running")
+    for codes, expected in (("R", {running}), ("PD,HD", {held}), ("r,held", {running, held})):
+        result = cluster.gpuq("queue", "-s", codes, "--json")
+        assert result.returncode == 0, result
+        assert {j["id"] for j in json.loads(result.stdout)} == expected
+    for args in (["queue", "-s", "XX"], ["history", "-n", "-1"], ["history", "-n", "0"]):
+        result = cluster.gpuq(*args)
+        assert result.returncode == 2, result
+        assert "Traceback" not in result.stderr and len(result.stderr.splitlines()) == 1
+    gate.touch()
+    cluster.wait_state(running, "completed")
