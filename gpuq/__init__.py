@@ -20,6 +20,7 @@ if TYPE_CHECKING:
         NotFound,
         PermissionDenied,
         ServerUnavailable,
+        StorageUnavailable,
         Unsatisfiable,
     )
     from gpuq.submission import build_spec
@@ -38,6 +39,7 @@ _WHERE = {
     "NotFound": "gpuq.errors",
     "PermissionDenied": "gpuq.errors",
     "ServerUnavailable": "gpuq.errors",
+    "StorageUnavailable": "gpuq.errors",
     "Unsatisfiable": "gpuq.errors",
 }
 __all__ = [
@@ -52,6 +54,7 @@ __all__ = [
     "PermissionDenied",
     "Resources",
     "ServerUnavailable",
+    "StorageUnavailable",
     "Unsatisfiable",
     "build_spec",
 ]

@@ -95,6 +95,9 @@ class Coordinator:
         )
         self._tasks: list[asyncio.Task[None]] = []
         self.passes = 0
+        # held while tasks are split off arrays, and while a user's action selects and acts
+        # on jobs: `cancel ARRAY` then reaches every task, none escapes into the queue
+        self.splitting = asyncio.Lock()
         # set by the agent module (gpuq.coordinator.agents) to tell agents what to do
         self.send_stops: Callable[[Sequence[StopOrder]], None] = lambda orders: None
         self.send_starts: Callable[[Sequence[Job]], None] = lambda jobs: None
@@ -238,7 +241,7 @@ class Coordinator:
 
     async def split_tasks(self, record_id: int, tasks: Sequence[int]) -> list[Job]:
         """Give tasks of an array's record jobs of their own (in its state), to start, act on
-        or show one at a time; the new jobs, in task order."""
+        or show one at a time; the new jobs, in task order. The caller holds `splitting`."""
         now = self.clock()
         state, ids = await self.writer.write(lambda tx: tx.split_tasks(record_id, tasks, now))
         record = self.cluster.jobs.get(record_id)
@@ -286,15 +289,18 @@ class Coordinator:
     ) -> list[Outcome]:
         outcomes: list[Outcome] = []
         for text in selection:
-            try:
-                jobs = await self._select(text, user)
-            except (InvalidInput, NotFound) as exc:
-                outcomes.append(Outcome(text, False, str(exc)))
-                continue
-            for job in jobs:
-                if job.user != user:
-                    raise PermissionDenied(f"job {job.display_id} belongs to {job.user}")
-            results = await asyncio.gather(*(action(job) for job in jobs), return_exceptions=True)
+            async with self.splitting:  # no task leaves an array between select and action
+                try:
+                    jobs = await self._select(text, user)
+                except (InvalidInput, NotFound) as exc:
+                    outcomes.append(Outcome(text, False, str(exc)))
+                    continue
+                for job in jobs:
+                    if job.user != user:
+                        raise PermissionDenied(f"job {job.display_id} belongs to {job.user}")
+                results = await asyncio.gather(
+                    *(action(job) for job in jobs), return_exceptions=True
+                )
             for job, result in zip(jobs, results, strict=True):
                 if isinstance(result, BaseException):
                     outcomes.append(Outcome(job.display_id, False, str(result)))

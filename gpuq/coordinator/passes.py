@@ -116,9 +116,13 @@ class Passes:
         views = co.cluster.node_views()
         for record in sorted(records, key=lambda r: queue_key(r, co.sched.priority(r, now))):
             try:
-                count = self._split_count(record, views, now)
-                if count:
-                    await co.split_tasks(record.id, record.tasks[:count])
+                async with co.splitting:
+                    current = co.cluster.records.get(record.id)  # as it is now
+                    if current is None or current.state is not JobState.PENDING:
+                        continue
+                    count = self._split_count(current, views, now)
+                    if count:
+                        await co.split_tasks(current.id, current.tasks[:count])
             except Exception:
                 log.exception("splitting tasks off array %d failed", record.id)
 

@@ -161,3 +161,22 @@ def test_listings_take_slurm_state_codes_and_refuse_bad_values(cluster: Cluster)
         assert "Traceback" not in result.stderr and len(result.stderr.splitlines()) == 1
     gate.touch()
     cluster.wait_state(running, "completed")
+
+
+def test_cancelling_an_array_while_its_tasks_start_reaches_every_task(cluster: Cluster) -> None:
+    """Tasks are split off the array's record as they start; a cancel racing with that must
+    still end every task (none may slip back into the queue)."""
+    client = cluster.client()
+    for _ in range(4):
+        array = cluster.submit("true", array="0-999")
+        wait_for(
+            lambda a=array: client.array_states(a).get("completed", 0) >= 5,
+            what="tasks to run",
+        )
+        client.cancel(array)
+        states = wait_for(
+            lambda a=array: (s := client.array_states(a)).get("running", 0) == 0 and s,
+            what=f"array {array} to end",
+        )
+        assert set(states) <= {"cancelled", "completed"}, states
+        assert sum(states.values()) == 1000
