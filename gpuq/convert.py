@@ -10,21 +10,15 @@ from typing import Any
 
 from gpuq.domain.codec import spec_from_dict
 from gpuq.domain.model import (
-    ArraySpec,
-    Dependency,
-    DependencyKind,
     GpuUnit,
     Job,
     JobEvent,
     JobResult,
     JobSpec,
-    Resources,
-    WarningSignal,
     format_indices,
     parse_indices,
 )
 from gpuq.domain.states import JobState
-from gpuq.errors import InvalidInput
 from gpuq.v1 import types_pb2 as pb
 
 
@@ -70,53 +64,8 @@ def spec_to_proto(spec: JobSpec) -> pb.JobSpec:
 
 
 def spec_from_proto(message: pb.JobSpec) -> JobSpec:
-    """Raises InvalidInput for anything a JobSpec refuses."""
-    res = message.resources
-    try:
-        kinds = [DependencyKind(d.kind or "ok") for d in message.dependencies]
-    except ValueError as exc:
-        raise InvalidInput("--after", [d.kind for d in message.dependencies], str(exc)) from None
-    return JobSpec(
-        name=message.name,
-        script=message.script,
-        workdir=message.workdir,
-        args=tuple(message.args),
-        env=dict(message.env),
-        resources=Resources(
-            gpus=res.gpus,
-            gpu_mem=res.gpu_mem if res.HasField("gpu_mem") else None,
-            cpus=res.cpus or 1,
-            mem=res.mem if res.HasField("mem") else None,
-            time_limit=res.time_limit if res.HasField("time_limit") else None,
-        ),
-        qos=message.qos or None,
-        nice=message.nice,
-        output=message.output or None,
-        error=message.error or None,
-        array=(
-            ArraySpec(
-                tuple(message.array.indices),
-                message.array.max_running if message.array.HasField("max_running") else None,
-            )
-            if message.HasField("array")
-            else None
-        ),
-        dependencies=tuple(
-            Dependency(d.job_id, kind, d.task if d.HasField("task") else None)
-            for d, kind in zip(message.dependencies, kinds, strict=True)
-        ),
-        hold=message.hold,
-        begin_time=message.begin_time if message.HasField("begin_time") else None,
-        signal=(
-            WarningSignal(message.signal.signal, message.signal.seconds)
-            if message.HasField("signal")
-            else None
-        ),
-        requeue=not message.no_requeue,
-        singleton=message.singleton,
-        source=message.source,
-        umask=message.umask if message.HasField("umask") else None,
-    )
+    """Raises InvalidInput for anything a JobSpec refuses (a submission: checked in full)."""
+    return spec_from_dict(_spec_dict(message), checked=True)
 
 
 def _spec_dict(message: pb.JobSpec) -> dict[str, Any]:
@@ -210,7 +159,7 @@ def job_from_proto(message: pb.Job) -> Job:
     so a client can read every job the coordinator can."""
     return Job(
         id=message.id,
-        spec=spec_from_dict(_spec_dict(message.spec)),
+        spec=spec_from_dict(_spec_dict(message.spec), checked=False),
         user=message.user,
         state=JobState(message.state),
         qos=message.qos,

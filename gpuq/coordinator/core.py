@@ -12,14 +12,13 @@ import logging
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Sequence
 from dataclasses import dataclass, replace
-from functools import partial
 
 from gpuq.config import CoordinatorSettings
+from gpuq.coordinator.arrays import Arrays
 from gpuq.coordinator.cluster import ClusterState, NodeEntry
 from gpuq.coordinator.scheduling import SchedulingState
 from gpuq.coordinator.writer import StoreWriter
 from gpuq.domain.model import (
-    Dependency,
     Job,
     JobEvent,
     JobResult,
@@ -95,9 +94,7 @@ class Coordinator:
         )
         self._tasks: list[asyncio.Task[None]] = []
         self.passes = 0
-        # held while tasks are split off arrays, and while a user's action selects and acts
-        # on jobs: `cancel ARRAY` then reaches every task, none escapes into the queue
-        self.splitting = asyncio.Lock()
+        self.arrays = Arrays(self)
         # set by the agent module (gpuq.coordinator.agents) to tell agents what to do
         self.send_stops: Callable[[Sequence[StopOrder]], None] = lambda orders: None
         self.send_starts: Callable[[Sequence[Job]], None] = lambda jobs: None
@@ -114,8 +111,8 @@ class Coordinator:
         now = self.clock()
         self.sched.refresh_shares({j.user for j in jobs}, now)
         self.cluster.reset(jobs)
-        await self._load_array_outcomes({j.array_job_id for j in jobs} - {None})
-        await self._load_dependencies(d for j in jobs for d in j.spec.dependencies)
+        await self.arrays.load_outcomes({j.array_job_id for j in jobs} - {None})
+        await self.arrays.load_dependencies(d for j in jobs for d in j.spec.dependencies)
         for node in nodes:
             self.cluster.nodes[node.name] = NodeEntry(node, last_seen=now)
         self.writer.start()
@@ -169,48 +166,10 @@ class Coordinator:
                     f"qos {qos} allows {tier.max_submitted_jobs} queued or running jobs per "
                     f"user; {user} has {mine} and this adds {adding}"
                 )
-        missing = await self._load_dependencies(spec.dependencies)
+        missing = await self.arrays.load_dependencies(spec.dependencies)
         if missing:
             raise InvalidInput("--after", missing[0], "no such job or array task")
         return qos, tier.priority - spec.nice
-
-    async def _load_dependencies(self, deps: Iterable[Dependency]) -> list[str]:
-        """Remember how the ended jobs that jobs depend on ended (a whole array: its worst
-        ending); the dependencies that name nothing that exists."""
-        missing: list[str] = []
-        for dep in {d for d in deps if self.sched.state_of(d, self.cluster) is None}:
-            key = (dep.job_id, dep.task)
-            if dep.task is not None:
-                job = await self.writer.read(partial(_find_task, key=(dep.job_id, dep.task)))
-                if job is None:
-                    missing.append(dep.display)
-                else:
-                    self.sched.finished[key] = job.state
-                continue
-            found = await self.writer.read(
-                partial(_list_jobs, query=JobQuery(job_ids=(dep.job_id,)))
-            )
-            if not found:
-                missing.append(dep.display)
-            elif found[0].array_job_id == dep.job_id:
-                await self._load_array_outcomes({dep.job_id})
-                self.sched.finished[key] = self.sched.array_worst.pop(
-                    dep.job_id, JobState.COMPLETED
-                )
-            else:
-                self.sched.finished[key] = found[0].state
-        return sorted(missing)
-
-    async def _load_array_outcomes(self, arrays: set[int | None]) -> None:
-        """The worst ending so far of each array's ended tasks (see SchedulingState)."""
-        wanted = sorted(a for a in arrays if a is not None)
-        if not wanted:
-            return
-        counts = await self.writer.read(lambda s: s.array_states(wanted))
-        for array, by_state in counts.items():
-            failed = sorted(s for s in by_state if not s.is_live and s is not JobState.COMPLETED)
-            if failed:
-                self.sched.array_worst[array] = failed[0]
 
     async def submit(self, spec: JobSpec, user: str) -> list[int]:
         qos, priority = await self.check_submission(spec, user)
@@ -234,36 +193,10 @@ class Coordinator:
             tasks=tasks if len(tasks) > 1 else (),
         )
         self.cluster.put(job)
-        self._publish(JobEvent(job_id, now, None, state, "submitted"), job)
+        self.publish(JobEvent(job_id, now, None, state, "submitted"), job)
         if state is JobState.PENDING:  # a held job changes nothing a pass could act on
             self.wake()
         return ids
-
-    async def split_tasks(self, record_id: int, tasks: Sequence[int]) -> list[Job]:
-        """Give tasks of an array's record jobs of their own (in its state), to start, act on
-        or show one at a time; the new jobs, in task order. The caller holds `splitting`."""
-        now = self.clock()
-        state, ids = await self.writer.write(lambda tx: tx.split_tasks(record_id, tasks, now))
-        record = self.cluster.jobs.get(record_id)
-        if record is None:  # changed in memory meanwhile: the store is the truth
-            await self._reload_jobs()
-            return [self.cluster.jobs[i] for i in ids.values() if i in self.cluster.jobs]
-        left = tuple(t for t in record.tasks if t not in ids or ids[t] == record_id)
-        if len(left) == 1:
-            self.cluster.put(replace(record, state=state, tasks=(), array_task_id=left[0]))
-        else:
-            self.cluster.put(replace(record, state=state, tasks=left))
-        split: list[Job] = []
-        for task, job_id in sorted(ids.items()):
-            if job_id == record_id:
-                continue
-            job = replace(record, id=job_id, state=state, tasks=(), array_task_id=task, stop=None)
-            self.cluster.put(job)
-            split.append(job)
-            self._publish(
-                JobEvent(job_id, now, None, state, f"array task split from {record_id}"), job
-            )
-        return split
 
     async def cancel(self, selection: Sequence[str], user: str, reason: str = "") -> list[Outcome]:
         why = reason or f"cancelled by {user}"
@@ -289,7 +222,7 @@ class Coordinator:
     ) -> list[Outcome]:
         outcomes: list[Outcome] = []
         for text in selection:
-            async with self.splitting:  # no task leaves an array between select and action
+            async with self.arrays.splitting:  # no task leaves an array between select and action
                 try:
                     jobs = await self._select(text, user)
                 except (InvalidInput, NotFound) as exc:
@@ -314,7 +247,7 @@ class Coordinator:
         off its array's record is split off first, so it can be acted on alone)."""
         job_id, task = parse_job_ref(text)
         if task is not None:
-            return [await self.find_task(job_id, task, user)]
+            return [await self.arrays.find_task(job_id, task, user)]
         live = [j for j in self.cluster.jobs.values() if j.array_job_id == job_id]
         if live:
             return sorted(live, key=lambda j: (j.array_task_id or -1, j.id))
@@ -322,25 +255,6 @@ class Coordinator:
         if job is None:
             job = await self.writer.read(lambda s: s.get_job(job_id))
         return [job]
-
-    async def find_task(self, array: int, task: int, user: str | None = None) -> Job:
-        """Task `task` of the array as a job of its own; split off its record if it is live
-        there and `user` (who will act on it) owns it."""
-        job_id = self.cluster.task_jobs.get((array, task))
-        if job_id is not None:
-            return self.cluster.jobs[job_id]
-        record = self.cluster.records.get(array)
-        if record is not None and task in record.tasks:
-            if user is None:
-                return record
-            if record.user != user:
-                raise PermissionDenied(f"job {array}_{task} belongs to {record.user}")
-            [job] = await self.split_tasks(array, [task])
-            return job
-        found = await self.writer.read(lambda s: s.find_task(array, task))
-        if found is None:
-            raise NotFound(f"no job {array}_{task}")
-        return found
 
     async def _cancel_one(self, job: Job, reason: str) -> str:
         grace = self.settings.kill_grace
@@ -381,7 +295,7 @@ class Coordinator:
         """A job (or task `task` of array `job_id`), its history and, for an array's id (or a
         task still in its record), how many of the array's tasks are in each state."""
         if task is not None:
-            job_id = (await self.find_task(job_id, task)).id
+            job_id = (await self.arrays.find_task(job_id, task)).id
         job, events = await self.writer.read(lambda s: (s.get_job(job_id), s.events(job_id)))
         counts: dict[JobState, int] = {}
         if job.array_job_id == job.id:
@@ -436,7 +350,7 @@ class Coordinator:
 
     # ---- memory follows the store ----------------------------------------------------------
 
-    def _publish(self, event: JobEvent, job: Job | None) -> None:
+    def publish(self, event: JobEvent, job: Job | None) -> None:
         """To watchers of the job, or of its array."""
         array = job.array_job_id if job is not None else None
         for wanted, queue in self._watchers:
@@ -450,7 +364,7 @@ class Coordinator:
             self.cluster.put(replace(job, state=after, reason=reason))
             if not after.is_live:
                 self.sched.job_ended(job, after, self.cluster)
-        self._publish(JobEvent(job_id, now, before, after, reason), job)
+        self.publish(JobEvent(job_id, now, before, after, reason), job)
 
     def _ended(self, job_id: int, before: JobState, after: JobState, reason: str) -> None:
         self._moved(job_id, before, after, reason)
@@ -523,10 +437,10 @@ class Coordinator:
                         requeue_count=job.requeue_count + 1,
                     )
                 )
-                self._publish(JobEvent(job_id, now, before, after, reason), job)
+                self.publish(JobEvent(job_id, now, before, after, reason), job)
             elif job_id in requeued:  # preempted, and back in the queue just below
                 job = self.cluster.jobs[job_id]
-                self._publish(JobEvent(job_id, now, before, after, reason), job)
+                self.publish(JobEvent(job_id, now, before, after, reason), job)
             else:
                 self._ended(job_id, before, after, reason)
         self.wake()
@@ -560,22 +474,14 @@ class Coordinator:
                 await self.run_pass()
             except Exception:
                 log.exception("scheduling pass failed; reloading live jobs from the store")
-                await self._reload_jobs()
+                await self.reload_jobs()
                 self.wake()
                 await asyncio.sleep(0.5)
 
-    async def _reload_jobs(self) -> None:
+    async def reload_jobs(self) -> None:
         jobs = await self.writer.read(lambda s: s.list_jobs(JobQuery(states=LIVE)))
         self.cluster.reset(jobs)
-        await self._load_array_outcomes({j.array_job_id for j in jobs} - {None})
-
-
-def _find_task(store: Store, key: tuple[int, int]) -> Job | None:
-    return store.find_task(*key)
-
-
-def _list_jobs(store: Store, query: JobQuery) -> list[Job]:
-    return store.list_jobs(query)
+        await self.arrays.load_outcomes({j.array_job_id for j in jobs} - {None})
 
 
 def _never_fits_message(spec: JobSpec, nodes: list[Node]) -> str:

@@ -116,13 +116,13 @@ class Passes:
         views = co.cluster.node_views()
         for record in sorted(records, key=lambda r: queue_key(r, co.sched.priority(r, now))):
             try:
-                async with co.splitting:
+                async with co.arrays.splitting:
                     current = co.cluster.records.get(record.id)  # as it is now
                     if current is None or current.state is not JobState.PENDING:
                         continue
                     count = self._split_count(current, views, now)
                     if count:
-                        await co.split_tasks(current.id, current.tasks[:count])
+                        await co.arrays.split(current.id, current.tasks[:count])
             except Exception:
                 log.exception("splitting tasks off array %d failed", record.id)
 
@@ -231,7 +231,7 @@ class Passes:
             )
             co.cluster.put(job)
             started.append(job)
-            co._publish(JobEvent(job.id, now, JobState.PENDING, JobState.RUNNING, job.reason), job)
+            co.publish(JobEvent(job.id, now, JobState.PENDING, JobState.RUNNING, job.reason), job)
         if started:
             co.send_starts(started)
 

@@ -122,11 +122,10 @@ def cron_message(entry: CronEntry) -> queue_pb2.CronEntry:
 
 
 def job_message(job: Job) -> pb.Job:
-    array = (
-        (job.array_job_id, job.array_task_id)
-        if job.array_job_id is not None and job.array_task_id is not None
-        else None
-    )
+    array: tuple[int, int | str] | None = None
+    if job.array_job_id is not None:
+        task = job.array_task_id
+        array = (job.array_job_id, "%a" if task is None or job.tasks else task)
     stdout, stderr = output_paths(job.spec, job.id, job.user, job.node, array)
     return job_to_proto(job, stdout, stderr)
 
@@ -153,9 +152,11 @@ class QueueServicer(queue_pb2_grpc.QueueServicer):  # type: ignore[misc]
     async def RemoveCron(self, request: queue_pb2.RemoveCronRequest, context: Any) -> Any:
         return cron_message(await self.cron.remove(request.id, self.co.user))
 
-    def _with_pending(self, job: Job) -> pb.Job:
+    def _with_pending(self, job: Job, explained: Job | None = None) -> pb.Job:
+        """The job with why it waits (an array's record: why its first waiting task does)."""
         message = job_message(job)
-        detail = self.passes.pending_detail(job) if job.state is JobState.PENDING else None
+        first = explained or job
+        detail = self.passes.pending_detail(first) if first.state is JobState.PENDING else None
         if detail is not None:
             message.pending.CopyFrom(_pending_info(detail))
         return message
@@ -184,7 +185,7 @@ class QueueServicer(queue_pb2_grpc.QueueServicer):  # type: ignore[misc]
         task = request.task if request.HasField("task") else None
         job, events, counts = await self.co.get_job(request.job_id, task)
         return queue_pb2.JobDetail(
-            job=self._with_pending(job),
+            job=self._with_pending(job, self.co.arrays.first_waiting(job)),
             events=[event_to_proto(e) for e in events],
             array_states={state.value: n for state, n in counts.items()},
         )
@@ -235,11 +236,7 @@ class QueueServicer(queue_pb2_grpc.QueueServicer):  # type: ignore[misc]
         tasks the entry stands for (GetJob has them all): they are most of a job's size, and
         a queue of thousands must fit in a reply.
         A collapsed array's entry waits for the reasons of its first waiting task."""
-        message = job_message(job)
-        first = explained or job
-        detail = self.passes.pending_detail(first) if first.state is JobState.PENDING else None
-        if detail is not None:
-            message.pending.CopyFrom(_pending_info(detail))
+        message = self._with_pending(job, explained)
         message.spec.ClearField("env")
         if job.array_job_id is not None:  # an entry carries the tasks it stands for
             message.spec.array.indices[:] = job.tasks or (job.array_task_id or 0,)

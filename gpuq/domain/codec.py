@@ -7,6 +7,7 @@ written by an older gpuq are read back by a newer one.
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
 from typing import Any, TypeVar
 
 from gpuq.domain.model import (
@@ -17,6 +18,7 @@ from gpuq.domain.model import (
     Resources,
     WarningSignal,
 )
+from gpuq.errors import InvalidInput
 
 
 def spec_to_dict(spec: JobSpec) -> dict[str, Any]:
@@ -57,22 +59,27 @@ def spec_to_dict(spec: JobSpec) -> dict[str, Any]:
     }
 
 
-def spec_from_dict(data: dict[str, Any]) -> JobSpec:
-    """A spec read back as it was stored, without validating it again: it was checked when it
-    was accepted, and a rule added since (a newer gpuq) must not make a stored job unreadable,
-    and so the coordinator unable to start. A stored value the code cannot handle makes the
-    scheduler set that job aside (held, with the error as its reason) instead."""
+T = TypeVar("T")
+
+
+def spec_from_dict(data: dict[str, Any], *, checked: bool = False) -> JobSpec:
+    """A spec from its dict form. Unchecked by default: a stored spec is read back as it was
+    stored, since it was checked when it was accepted, and a rule added since (a newer gpuq)
+    must not make a stored job unreadable, and so the coordinator unable to start; a stored
+    value the code cannot handle makes the scheduler set that job aside instead. `checked`
+    runs every check (a submission from the wire): InvalidInput for what a JobSpec refuses."""
+    build: Callable[..., Any] = _checked if checked else _trusted
     res = data["resources"]
     array = data.get("array")
     signal = data.get("signal")
-    return _trusted(
+    return build(  # type: ignore[no-any-return]
         JobSpec,
         name=data["name"],
         script=data["script"],
         workdir=data["workdir"],
         args=tuple(data.get("args", ())),
         env=dict(data.get("env", {})),
-        resources=_trusted(
+        resources=build(
             Resources,
             gpus=res["gpus"],
             gpu_mem=res.get("gpu_mem"),
@@ -85,24 +92,22 @@ def spec_from_dict(data: dict[str, Any]) -> JobSpec:
         output=data.get("output"),
         error=data.get("error"),
         array=(
-            _trusted(
-                ArraySpec, indices=tuple(array["indices"]), max_running=array.get("max_running")
-            )
+            build(ArraySpec, indices=tuple(array["indices"]), max_running=array.get("max_running"))
             if array
             else None
         ),
         dependencies=tuple(
-            _trusted(
+            build(
                 Dependency,
                 job_id=dep[0],
-                kind=DependencyKind(dep[1]),
+                kind=_kind(dep[1]),
                 task=dep[2] if len(dep) > 2 else None,
             )
             for dep in data.get("dependencies", ())
         ),
         hold=data.get("hold", False),
         begin_time=data.get("begin_time"),
-        signal=_trusted(WarningSignal, signal=signal[0], seconds=signal[1]) if signal else None,
+        signal=build(WarningSignal, signal=signal[0], seconds=signal[1]) if signal else None,
         requeue=data.get("requeue", True),
         singleton=data.get("singleton", False),
         source=data.get("source", ""),
@@ -110,7 +115,15 @@ def spec_from_dict(data: dict[str, Any]) -> JobSpec:
     )
 
 
-T = TypeVar("T")
+def _kind(text: str) -> DependencyKind:
+    try:
+        return DependencyKind(text)
+    except ValueError:
+        raise InvalidInput("--after", text, "the kind must be ok, any or notok") from None
+
+
+def _checked(cls: type[T], **values: Any) -> T:
+    return cls(**values)
 
 
 def _trusted(cls: type[T], **values: Any) -> T:

@@ -672,9 +672,10 @@ def output_paths(
     job_id: int,
     user: str,
     node: str | None = None,
-    array: tuple[int, int] | None = None,
+    array: tuple[int, int | str] | None = None,
 ) -> tuple[str, str]:
-    """The job's stdout and stderr files, with sbatch's `%` patterns filled in.
+    """The job's stdout and stderr files, with sbatch's `%` patterns filled in (for an array's
+    record of tasks not yet started, `array` is (id, "%a"): each task's files differ).
 
     `%j` job id, `%A`/`%a` array job id and task index, `%x` name, `%u` user, `%N` node,
     `%%` a percent sign; relative paths are relative to the submit folder. Without --error,

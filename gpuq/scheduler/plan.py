@@ -149,7 +149,12 @@ class _Pass:
         if placed is None:
             reasons.append(self._why_not(job, key))
         if ahead:
-            reasons.append(f"priority: {ahead} jobs of higher priority are waiting")
+            jobs = (
+                "1 job of higher priority is"
+                if ahead == 1
+                else f"{ahead} jobs of higher priority are"
+            )
+            reasons.append(f"priority: {jobs} waiting")
         if not eligibility and placed is None and not (self.looked_ahead and key in self.settled):
             self._look_ahead(job, key)
         self._wait(job, reasons)

@@ -7,6 +7,9 @@ from __future__ import annotations
 
 import json
 import sqlite3
+import stat
+import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -180,3 +183,25 @@ def test_cancelling_an_array_while_its_tasks_start_reaches_every_task(cluster: C
         )
         assert set(states) <= {"cancelled", "completed"}, states
         assert sum(states.values()) == 1000
+
+
+def test_output_files_follow_the_submitters_umask(cluster: Cluster) -> None:
+    """The umask of the shell that ran `gpuq submit` (read, never changed, at submit time)."""
+    for umask, mode in (("027", 0o640), ("077", 0o600)):
+        result = subprocess.run(
+            [
+                "sh",
+                "-c",
+                f'umask {umask}; exec "$0" -m gpuq.cli.main submit --parsable '
+                f'--wrap "touch made-{umask}" -o out-{umask}.txt',
+                sys.executable,
+            ],
+            cwd=cluster.root,
+            env=cluster.env,
+            capture_output=True,
+            text=True,
+        )
+        assert result.returncode == 0, result
+        cluster.wait_state(int(result.stdout), "completed")
+        for name in (f"out-{umask}.txt", f"made-{umask}"):
+            assert stat.S_IMODE((cluster.root / name).stat().st_mode) == mode, name

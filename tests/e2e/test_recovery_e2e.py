@@ -3,6 +3,8 @@ every accepted job."""
 
 from __future__ import annotations
 
+import time
+
 from e2e_cluster import Cluster, pid_alive, wait_for
 
 from gpuq.domain.states import JobState
@@ -42,9 +44,14 @@ def test_job_that_ends_while_its_agent_is_down_is_reported_on_return(cluster: Cl
     cluster.kill(cluster.agents["b"])
     (cluster.root / "gate").touch()
     wait_for(lambda: not pid_alive(pid), what="the job to finish")
+    ended_by = time.time()
     assert cluster.job(job_id).state is JobState.RUNNING  # nobody has told the coordinator yet
+    wait_for(lambda: time.time() > ended_by + 1.0, what="a second to pass")
     cluster.start_agent("b", "2xL4-24GB", tcp=True)
-    assert cluster.wait_state(job_id, "completed").result.exit_code == 0  # type: ignore[union-attr]
+    job = cluster.wait_state(job_id, "completed")
+    assert job.result is not None and job.result.exit_code == 0
+    # its end time is when it ended (the supervisor's record), not when the coordinator heard
+    assert job.end_time is not None and job.end_time <= ended_by
 
 
 def test_agent_that_stays_down_fails_its_jobs_after_the_timeout(cluster: Cluster) -> None:
