@@ -25,7 +25,7 @@ import grpc
 
 from gpuq.auth import bearer, read_token
 from gpuq.config import Settings, load_settings
-from gpuq.domain.model import parse_job_ref
+from gpuq.domain.dependencies import parse_job_ref
 from gpuq.domain.states import JobState, parse_states
 from gpuq.errors import (
     Conflict,

@@ -8,16 +8,9 @@ from __future__ import annotations
 
 from typing import Any
 
+from gpuq.domain.arrays import format_indices, parse_indices
 from gpuq.domain.codec import spec_from_dict
-from gpuq.domain.model import (
-    GpuUnit,
-    Job,
-    JobEvent,
-    JobResult,
-    JobSpec,
-    format_indices,
-    parse_indices,
-)
+from gpuq.domain.model import GpuUnit, Job, JobEvent, JobResult, JobSpec
 from gpuq.domain.states import JobState
 from gpuq.v1 import types_pb2 as pb
 

@@ -12,7 +12,7 @@ import click
 
 from gpuq.cli import render
 from gpuq.domain.units import format_duration
-from gpuq.submission import OPTIONS
+from gpuq.options import OPTIONS
 
 
 def submit_options(command: Callable[..., Any]) -> Callable[..., Any]:
@@ -134,7 +134,7 @@ def release(obj: Any, /, job_ids: tuple[str, ...]) -> int:
 def show(obj: Any, /, job_id: str, as_json: bool) -> int:
     """Everything about one job (JOB, ARRAY_TASK such as 40_3, or ARRAY for the array):
     resources, placement, why it waits, its history."""
-    from gpuq.domain.model import parse_job_ref
+    from gpuq.domain.dependencies import parse_job_ref
 
     parse_job_ref(job_id)  # bad input fails here, before any connection
     client = obj.client()
@@ -226,7 +226,7 @@ def _describe(job: Any, events: list[Any], array_states: dict[str, int]) -> str:
 @click.pass_obj
 def logs(obj: Any, /, job_id: str, follow: bool, errors: bool) -> int:
     """Print what a job (JOB or ARRAY_TASK, e.g. 40_3) wrote (its output file)."""
-    from gpuq.domain.model import parse_job_ref
+    from gpuq.domain.dependencies import parse_job_ref
 
     parse_job_ref(job_id)
     client = obj.client()

@@ -12,7 +12,8 @@ from dataclasses import replace
 from functools import partial
 from typing import TYPE_CHECKING
 
-from gpuq.domain.model import Dependency, Job, JobEvent
+from gpuq.domain.dependencies import Dependency
+from gpuq.domain.model import Job, JobEvent
 from gpuq.domain.states import JobState
 from gpuq.errors import NotFound, PermissionDenied
 from gpuq.store.api import JobQuery, Store

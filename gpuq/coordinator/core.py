@@ -18,15 +18,8 @@ from gpuq.coordinator.arrays import Arrays
 from gpuq.coordinator.cluster import ClusterState, NodeEntry
 from gpuq.coordinator.scheduling import SchedulingState
 from gpuq.coordinator.writer import StoreWriter
-from gpuq.domain.model import (
-    Job,
-    JobEvent,
-    JobResult,
-    JobSpec,
-    Node,
-    NodeState,
-    parse_job_ref,
-)
+from gpuq.domain.dependencies import parse_job_ref
+from gpuq.domain.model import Job, JobEvent, JobResult, JobSpec, Node, NodeState
 from gpuq.domain.states import JobState
 from gpuq.domain.units import format_duration
 from gpuq.errors import InvalidInput, NotFound, PermissionDenied, Unsatisfiable

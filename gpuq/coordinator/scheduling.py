@@ -10,7 +10,7 @@ from collections.abc import Iterable
 
 from gpuq.config import CoordinatorSettings
 from gpuq.coordinator.cluster import ClusterState
-from gpuq.domain.model import Dependency as DomainDependency
+from gpuq.domain.dependencies import Dependency as DomainDependency
 from gpuq.domain.model import Job
 from gpuq.domain.states import JobState
 from gpuq.scheduler.plan import FitKey, fit_key

@@ -10,14 +10,9 @@ import dataclasses
 from collections.abc import Callable
 from typing import Any, TypeVar
 
-from gpuq.domain.model import (
-    ArraySpec,
-    Dependency,
-    DependencyKind,
-    JobSpec,
-    Resources,
-    WarningSignal,
-)
+from gpuq.domain.arrays import ArraySpec
+from gpuq.domain.dependencies import Dependency, DependencyKind
+from gpuq.domain.model import JobSpec, Resources, WarningSignal
 from gpuq.errors import InvalidInput
 
 

@@ -9,7 +9,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 
 from gpuq.config import QosTier
-from gpuq.domain.model import DependencyKind
+from gpuq.domain.dependencies import DependencyKind
 from gpuq.domain.states import JobState
 from gpuq.scheduler.snapshot import Dependency, PendingJob, RunningJob
 

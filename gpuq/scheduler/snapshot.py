@@ -10,7 +10,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from gpuq.config import QosTier, SchedulerSettings
-from gpuq.domain.model import DependencyKind, Resources
+from gpuq.domain.dependencies import DependencyKind
+from gpuq.domain.model import Resources
 from gpuq.domain.states import JobState
 
 

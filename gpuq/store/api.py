@@ -18,6 +18,7 @@ from sqlalchemy import Engine, Row, and_, bindparam, func, insert, select, updat
 from sqlalchemy.engine import Connection
 from sqlalchemy.exc import IntegrityError
 
+from gpuq.domain.arrays import format_indices, parse_indices
 from gpuq.domain.codec import spec_from_dict, spec_to_dict
 from gpuq.domain.model import (
     Allocation,
@@ -29,8 +30,6 @@ from gpuq.domain.model import (
     JobSpec,
     Node,
     NodeState,
-    format_indices,
-    parse_indices,
 )
 from gpuq.domain.states import JobState, check_transition
 from gpuq.errors import DoubleBooking, NotFound

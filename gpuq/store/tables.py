@@ -70,7 +70,7 @@ jobs = Table(
     # record, which holds the spec once for every task (environment included)
     Column("spec", Text, nullable=False),
     # an array's record: its tasks not yet split off to run on their own, as compact text
-    # ("3-99", "1,3,5-7"; gpuq.domain.model.format_indices); NULL for a job or a single task
+    # ("3-99", "1,3,5-7"; gpuq.domain.arrays.format_indices); NULL for a job or a single task
     Column("array_tasks", Text, nullable=True),
     CheckConstraint(f"state IN ({_STATE_VALUES})", name="state"),
 )

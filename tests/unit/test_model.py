@@ -9,16 +9,10 @@ from helpers import make_spec
 from hypothesis import given
 from hypothesis import strategies as st
 
+from gpuq.domain.arrays import ArraySpec
 from gpuq.domain.codec import spec_from_dict, spec_to_dict
-from gpuq.domain.model import (
-    ArraySpec,
-    Dependency,
-    DependencyKind,
-    JobSpec,
-    Resources,
-    WarningSignal,
-    parse_signal,
-)
+from gpuq.domain.dependencies import Dependency, DependencyKind
+from gpuq.domain.model import JobSpec, Resources, WarningSignal, parse_signal
 from gpuq.errors import InvalidInput
 
 

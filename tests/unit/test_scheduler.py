@@ -9,7 +9,8 @@ from scheduling import POLICY, views, wait
 from scheduling import run as running
 
 from gpuq.config import QosTier, default_qos_tiers
-from gpuq.domain.model import DependencyKind, Resources
+from gpuq.domain.dependencies import DependencyKind
+from gpuq.domain.model import Resources
 from gpuq.domain.states import JobState
 from gpuq.scheduler.plan import plan
 from gpuq.scheduler.snapshot import Dependency, PendingJob, Policy, RunningJob

@@ -17,33 +17,26 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from gpuq.convert import spec_from_proto, spec_to_proto
-from gpuq.domain.model import (
+from gpuq.domain.arrays import ArraySpec, format_indices
+from gpuq.domain.dependencies import Dependency, DependencyKind, parse_job_ref
+from gpuq.domain.limits import (
     MAX_ARRAY_INDEX,
     MAX_ARRAY_TASKS,
     MAX_BEGIN_TIME,
     MAX_JOB_ID,
     MAX_TIME_LIMIT,
-    ArraySpec,
-    Dependency,
-    DependencyKind,
-    JobSpec,
-    Resources,
-    WarningSignal,
     check_name,
-    format_indices,
-    parse_job_ref,
-    parse_signal,
 )
+from gpuq.domain.model import JobSpec, Resources, WarningSignal, parse_signal
+from gpuq.domain.parsing import parse_begin, parse_dependencies
 from gpuq.domain.units import parse_duration, parse_size
 from gpuq.errors import InvalidInput
+from gpuq.options import OPTIONS
 from gpuq.submission import (
-    OPTIONS,
     SubmitWarning,
     build_spec,
     current_umask,
     options_after_script,
-    parse_begin,
-    parse_dependencies,
     read_script,
 )
 

@@ -1,0 +1,66 @@
+"""The one table of submit options, OPTIONS: each option's name, flags and help.
+
+The CLI builds `gpuq submit`'s flags from it, gpuq.directives reads `#GPUQ` lines with it and
+gpuq.submission.build_spec takes its names as keywords, so `--gpus 2` means the same in all
+three. Kept alone and light: the CLI imports it at start.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True, slots=True)
+class Option:
+    name: str  # the keyword of build_spec
+    flags: tuple[str, ...]
+    help: str
+    metavar: str = ""
+    multiple: bool = False
+    is_flag: bool = False
+
+
+OPTIONS: tuple[Option, ...] = (
+    Option("gpus", ("--gpus", "-G"), "whole GPUs for the job", "N"),
+    Option("gpu_mem", ("--gpu-mem",), "least memory each GPU must have, e.g. 40G", "SIZE"),
+    Option("cpus", ("--cpus", "-c"), "CPU cores (sets OMP_NUM_THREADS)", "N"),
+    Option("mem", ("--mem",), "host memory for the whole job, e.g. 40G (bare number: MB)", "SIZE"),
+    Option("time", ("--time", "-t"), "time limit: MM, HH:MM:SS, D-HH[:MM[:SS]]", "TIME"),
+    Option("name", ("--name", "-J"), "job name (default: the script's file name)", "NAME"),
+    Option(
+        "output", ("--output", "-o"), "stdout file; %j %A %a %x %u %N (default gpuq-%j.out)", "PATH"
+    ),
+    Option("error", ("--error", "-e"), "stderr file (default: into the output file)", "PATH"),
+    Option("qos", ("--qos", "-q"), "QOS tier, e.g. high, normal, low", "QOS"),
+    Option(
+        "after",
+        ("--after", "-d"),
+        "start after JOB[:ok|any|notok], or afterok:JOB[:JOB...] (repeatable)",
+        "DEP",
+        multiple=True,
+    ),
+    Option("array", ("--array", "-a"), "array tasks, e.g. 0-99%8", "SPEC"),
+    Option(
+        "env", ("--env",), "set K=V in the job's environment (repeatable)", "K=V", multiple=True
+    ),
+    Option(
+        "export",
+        ("--export",),
+        "ALL (default): carry your environment into the job; NONE: only --env",
+        "ALL|NONE",
+    ),
+    Option("hold", ("--hold", "-H"), "submit held (gpuq release starts it)", is_flag=True),
+    Option("nice", ("--nice",), "lower the job's priority by N", "N"),
+    Option("begin", ("--begin", "-b"), "not before: 16:00, now+1h, 2026-12-01T09:00", "TIME"),
+    Option("signal", ("--signal",), "warning signal SIG[@SECONDS] before a stop", "SIG@S"),
+    Option("no_requeue", ("--no-requeue",), "do not requeue after a preemption", is_flag=True),
+    Option("singleton", ("--singleton",), "one running job per user and name", is_flag=True),
+    Option("chdir", ("--chdir", "-D"), "working folder (default: the current one)", "DIR"),
+)
+BY_FLAG = {flag: option for option in OPTIONS for flag in option.flags}
+BY_NAME = {option.name: option for option in OPTIONS}
+# the long flags of `gpuq submit`: after the script they are the script's arguments (warned)
+SUBMIT_LONG_FLAGS = frozenset(
+    {flag for option in OPTIONS for flag in option.flags if flag.startswith("--")}
+    | {"--wrap", "--wait", "--parsable"}
+)
