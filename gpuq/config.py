@@ -89,6 +89,9 @@ class CoordinatorSettings:
     heartbeat_interval: float = 5.0
     heartbeat_timeout: float = 30.0
     kill_grace: float = 30.0
+    # a user's queued and running jobs, an array counting every task not yet ended: what
+    # one person may keep in the coordinator's memory (about 76 bytes a waiting array task)
+    max_queued_per_user: int = 1_000_000
     default_qos: str = "normal"
     qos: dict[str, QosTier] = field(default_factory=default_qos_tiers)
     scheduler: SchedulerSettings = field(default_factory=SchedulerSettings)
@@ -421,6 +424,7 @@ RULES: dict[str, dict[str, Check]] = {
         "heartbeat_interval": _seconds(0.05, 3600),
         "heartbeat_timeout": _seconds(0.1, DAY),
         "kill_grace": _seconds(0, DAY),
+        "max_queued_per_user": _integer(1, 100_000_000),
         "default_qos": _pattern(_TIER_NAME, "the name of a [qos.NAME] tier"),
     },
     "scheduler": {

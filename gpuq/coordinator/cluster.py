@@ -129,6 +129,7 @@ class ClusterState:
         self.array_pending: Counter[int] = Counter()  # queued (split) tasks per array
         self.array_running: Counter[int] = Counter()
         self.task_jobs: dict[tuple[int, int], int] = {}  # live (array, task) -> job id
+        self.user_tasks: Counter[str] = Counter()  # live jobs per user, a record its tasks
 
     def put(self, job: Job) -> None:
         """Record a job's new version; finished jobs leave memory."""
@@ -138,6 +139,7 @@ class ClusterState:
         if job.state.is_live:
             self.jobs[job.id] = job
             self._by_state[job.state][job.id] = job
+            self.user_tasks[job.user] += len(job.tasks) or 1
             array = job.array_job_id
             if job.tasks:
                 self.records[job.id] = job
@@ -155,6 +157,9 @@ class ClusterState:
     def _forget(self, old: Job) -> None:
         del self._by_state[old.state][old.id]
         self.records.pop(old.id, None)
+        self.user_tasks[old.user] -= len(old.tasks) or 1
+        if self.user_tasks[old.user] <= 0:
+            del self.user_tasks[old.user]
         if old.state is JobState.PENDING and not old.tasks:
             self._dequeue(old)
         array = old.array_job_id
@@ -196,6 +201,7 @@ class ClusterState:
             by_id.clear()
         for counter in (self.array_live, self.array_pending, self.array_running):
             counter.clear()
+        self.user_tasks.clear()
         self.records.clear()
         self.task_jobs.clear()
         for job in jobs:

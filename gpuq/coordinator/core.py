@@ -143,6 +143,13 @@ class Coordinator:
         if tier.max_time is not None and limit is not None and limit > tier.max_time:
             most = format_duration(tier.max_time)
             raise InvalidInput("--time", format_duration(limit), f"qos {qos} allows at most {most}")
+        adding = len(spec.array.indices) if spec.array else 1
+        queued = self.cluster.user_tasks.get(user, 0)
+        if queued + adding > self.settings.max_queued_per_user:
+            raise Unsatisfiable(
+                f"at most {self.settings.max_queued_per_user} queued or running jobs and array "
+                f"tasks per user; {user} has {queued} and this adds {adding}"
+            )
         nodes = [entry.node for entry in self.cluster.nodes.values()]
         views = self.cluster.node_views()
         if views and all(never_fits(v, spec.resources) for v in views):
@@ -153,7 +160,6 @@ class Coordinator:
                 for j in self.cluster.jobs.values()
                 if j.user == user and j.qos == qos
             )
-            adding = len(spec.array.indices) if spec.array else 1
             if mine + adding > tier.max_submitted_jobs:
                 raise Unsatisfiable(
                     f"qos {qos} allows {tier.max_submitted_jobs} queued or running jobs per "

@@ -55,6 +55,8 @@ _STATUS: dict[type[GpuqError], grpc.StatusCode] = {
     DoubleBooking: grpc.StatusCode.INTERNAL,
     StorageUnavailable: grpc.StatusCode.UNAVAILABLE,
 }
+MAX_IDS = 10_000  # job ids in one request (cancel, hold, release, list, watch)
+MAX_REASON = 1000  # characters of a cancel reason
 STORAGE_PREFIX = "storage unavailable: "  # how a client tells this UNAVAILABLE from no server
 
 
@@ -192,6 +194,7 @@ class QueueServicer(queue_pb2_grpc.QueueServicer):  # type: ignore[misc]
 
     @unary
     async def ListJobs(self, request: queue_pb2.ListJobsRequest, context: Any) -> Any:
+        check_count("job ids", len(request.job_ids))
         states = parse_states(request.states) if request.states else None
         if (
             request.finished
@@ -243,6 +246,11 @@ class QueueServicer(queue_pb2_grpc.QueueServicer):  # type: ignore[misc]
         return message
 
     async def _action(self, name: str, request: queue_pb2.JobSelection) -> Any:
+        check_count("job ids", len(request.job_ids))
+        if len(request.reason) > MAX_REASON:
+            raise InvalidInput(
+                "--reason", request.reason[:40] + "...", f"at most {MAX_REASON} characters"
+            )
         action = getattr(self.co, name)
         if name == "cancel":
             outcomes = await action(list(request.job_ids), self.co.user, request.reason)
@@ -272,6 +280,7 @@ class QueueServicer(queue_pb2_grpc.QueueServicer):  # type: ignore[misc]
     ) -> AsyncIterator[queue_pb2.JobEvents]:
         await self.guard.check(context)
         try:
+            check_count("job ids", len(request.job_ids))
             async for batch in self.co.watch(request.job_ids):
                 yield queue_pb2.JobEvents(events=[event_to_proto(e) for e in batch])
         except Exception as error:
@@ -302,6 +311,13 @@ class QueueServicer(queue_pb2_grpc.QueueServicer):  # type: ignore[misc]
                 )
             )
         return queue_pb2.ListNodesReply(nodes=infos)
+
+
+def check_count(what: str, count: int) -> None:
+    """One request names at most MAX_IDS jobs (a store query or a loop per id otherwise
+    grows without bound)."""
+    if count > MAX_IDS:
+        raise InvalidInput(what, count, f"at most {MAX_IDS} in one request")
 
 
 def _pending_info(detail: PendingDetail) -> pb.PendingInfo:

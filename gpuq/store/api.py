@@ -636,9 +636,10 @@ def _specs_of(conn: Connection, rows: Sequence[Row[Any]]) -> dict[int, JobSpec]:
 def _job_from_row(row: Row[Any], units: tuple[str, ...], specs: dict[int, JobSpec]) -> Job:
     ended = row.exit_code is not None or row.signal is not None
     state = JobState(row.state)
+    spec = specs[row.id if row.spec else row.array_job_id]
     return Job(
         id=row.id,
-        spec=specs[row.id if row.spec else row.array_job_id],
+        spec=spec,
         user=row.user,
         state=state,
         qos=row.qos,
@@ -658,8 +659,16 @@ def _job_from_row(row: Row[Any], units: tuple[str, ...], specs: dict[int, JobSpe
         array_task_id=row.array_task_id,
         reason=row.reason,
         stop=(JobState(row.stop_state), row.stop_reason) if row.stop_state else None,
-        tasks=parse_indices(row.array_tasks) if row.array_tasks else (),
+        tasks=_tasks(row.array_tasks, spec),
     )
+
+
+def _tasks(text: str | None, spec: JobSpec) -> tuple[int, ...]:
+    """A record's tasks; the spec's own tuple while none has left (half the memory)."""
+    if not text:
+        return ()
+    tasks = parse_indices(text)
+    return spec.array.indices if spec.array and spec.array.indices == tasks else tasks
 
 
 def _unit_to_dict(unit: GpuUnit) -> dict[str, Any]:

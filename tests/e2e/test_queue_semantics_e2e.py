@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 from e2e_cluster import Cluster, wait_for
 
+import gpuq
 from gpuq.domain.states import JobState
 
 
@@ -162,6 +163,14 @@ def test_listings_take_slurm_state_codes_and_refuse_bad_values(cluster: Cluster)
         result = cluster.gpuq(*args)
         assert result.returncode == 2, result
         assert "Traceback" not in result.stderr and len(result.stderr.splitlines()) == 1
+    client = cluster.client()
+    with pytest.raises(gpuq.InvalidInput, match="at most 10000 in one request"):
+        client.cancel(*range(1, 10_002))
+    with pytest.raises(gpuq.InvalidInput, match="at most 10000 in one request"):
+        client.list_raw(job_ids=range(1, 10_002))
+    with pytest.raises(gpuq.InvalidInput, match="--reason"):
+        client.cancel(held, reason="x" * 5000)
+    assert cluster.job(held).state is JobState.HELD  # a refused request changes nothing
     gate.touch()
     cluster.wait_state(running, "completed")
 
@@ -205,3 +214,20 @@ def test_output_files_follow_the_submitters_umask(cluster: Cluster) -> None:
         cluster.wait_state(int(result.stdout), "completed")
         for name in (f"out-{umask}.txt", f"made-{umask}"):
             assert stat.S_IMODE((cluster.root / name).stat().st_mode) == mode, name
+
+
+def test_a_user_cannot_queue_more_tasks_than_the_limit(tmp_path: Path) -> None:
+    """Arrays are cheap, not free: `max_queued_per_user` bounds what one person keeps in the
+    coordinator's memory, counting every task of an array."""
+    cluster = Cluster(tmp_path, "max_queued_per_user = 10\n")
+    try:
+        cluster.start_coordinator()
+        first = cluster.gpuq("submit", "-H", "-a", "0-7", "--wrap", "true")
+        assert first.returncode == 0, first
+        refused = cluster.gpuq("submit", "-H", "-a", "0-2", "--wrap", "true")
+        assert refused.returncode == 2, refused
+        assert "at most 10 queued or running jobs and array tasks per user" in refused.stderr
+        assert "has 8 and this adds 3" in refused.stderr
+        assert cluster.gpuq("submit", "-H", "-a", "0-1", "--wrap", "true").returncode == 0
+    finally:
+        cluster.close()
