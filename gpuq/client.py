@@ -282,6 +282,8 @@ class Client:
         return builtins.list(self._call("ListCron", queue_pb2.ListCronRequest()).entries)
 
     def remove_cron(self, entry_id: int) -> queue_pb2.CronEntry:
+        if not 1 <= entry_id < 2**63:
+            raise InvalidInput("cron entry", entry_id, "no such entry: the number is out of range")
         entry: queue_pb2.CronEntry = self._call(
             "RemoveCron", queue_pb2.RemoveCronRequest(id=entry_id)
         )

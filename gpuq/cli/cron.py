@@ -79,7 +79,7 @@ def list_entries(obj: Any, /, as_json: bool) -> int:
 
 
 @cron.command("remove")
-@click.argument("entry_ids", nargs=-1, required=True, type=int)
+@click.argument("entry_ids", nargs=-1, required=True, type=click.IntRange(1, 2**63 - 1))
 @click.pass_obj
 def remove(obj: Any, /, entry_ids: tuple[int, ...]) -> int:
     """Remove entries (jobs they already submitted stay)."""

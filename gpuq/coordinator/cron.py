@@ -47,7 +47,13 @@ def weekday_names(field: str) -> str:
     return ",".join(dict.fromkeys(parts))
 
 
+MAX_SCHEDULE = 128  # characters (the store's column)
+
+
 def trigger(schedule: str) -> CronTrigger:
+    if len(schedule) > MAX_SCHEDULE or not schedule.isascii() or not schedule.isprintable():
+        shown = schedule[:40] + ("..." if len(schedule) > 40 else "")
+        raise InvalidInput("schedule", shown, f"at most {MAX_SCHEDULE} printable ASCII characters")
     fields = schedule.split()
     if len(fields) != 5:
         raise InvalidInput("schedule", schedule, "expected five fields: min hour day month weekday")
@@ -109,9 +115,10 @@ class CronService:
         )
 
     async def add(self, schedule: str, spec: JobSpec, user: str) -> CronEntry:
-        trigger(schedule)  # one clear error before anything is stored
-        await self.co.check_submission(spec, user)
         now = self.co.clock()
+        if next_fire(schedule, now) is None:  # one clear error before anything is stored
+            raise InvalidInput("schedule", schedule, "never fires (no such date)")
+        await self.co.check_submission(spec, user)
         entry_id = await self.co.writer.write(lambda tx: tx.add_cron(user, schedule, spec, now))
         entry = CronEntry(entry_id, user, schedule, spec, now, now)
         self.entries[entry_id] = entry

@@ -26,6 +26,11 @@ def test_cron_entries_persist_and_missed_fires_run_once(cluster: Cluster) -> Non
     assert listed[0]["next_run"] > time.time()
     bad = cluster.gpuq("cron", "add", "0 25 * * *", "--wrap", "true")
     assert bad.returncode == 2 and "invalid schedule" in bad.stderr
+    never = cluster.gpuq("cron", "add", "0 0 31 2 *", "--wrap", "true")  # February 31st
+    assert never.returncode == 2 and "never fires" in never.stderr, never
+    for entry in ("0", "99999999999999999999999"):
+        gone = cluster.gpuq("cron", "remove", entry)
+        assert gone.returncode == 2 and "Traceback" not in gone.stderr, gone
 
     # the coordinator is down for three days: three 03:00 fires are missed
     cluster.kill(cluster.coordinator)

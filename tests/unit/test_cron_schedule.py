@@ -34,7 +34,10 @@ def test_next_fire_follows_the_schedule() -> None:
     assert next_fire("0 9 * * 0", start) == dt.datetime(2026, 12, 6, 9, 0).timestamp()
 
 
-@pytest.mark.parametrize("schedule", ["* * *", "61 * * * *", "* * * * 9", "x * * * *"])
+@pytest.mark.parametrize(
+    "schedule",
+    ["* * *", "61 * * * *", "* * * * 9", "x * * * *", "1," * 100 + "1 * * * *", "0 3 * * *\x1b"],
+)
 def test_bad_schedules_are_refused(schedule: str) -> None:
     with pytest.raises(InvalidInput, match="schedule"):
         trigger(schedule)
