@@ -24,6 +24,7 @@ from gpuq.coordinator.cluster import AgentSession
 from gpuq.coordinator.core import Coordinator
 from gpuq.coordinator.cron import CronService, next_fire
 from gpuq.coordinator.passes import Passes, PendingDetail
+from gpuq.domain.limits import MAX_JOB_ID
 from gpuq.domain.model import CronEntry, Job, output_paths
 from gpuq.domain.states import JobState, parse_states
 from gpuq.errors import (
@@ -185,6 +186,8 @@ class QueueServicer(queue_pb2_grpc.QueueServicer):  # type: ignore[misc]
     @unary
     async def GetJob(self, request: queue_pb2.GetJobRequest, context: Any) -> Any:
         task = request.task if request.HasField("task") else None
+        if not 1 <= request.job_id <= MAX_JOB_ID:  # beyond any id (and any database integer)
+            raise NotFound(f"no job {request.job_id}")
         job, events, counts = await self.co.get_job(request.job_id, task)
         return queue_pb2.JobDetail(
             job=self._with_pending(job, self.co.arrays.first_waiting(job)),
@@ -195,6 +198,12 @@ class QueueServicer(queue_pb2_grpc.QueueServicer):  # type: ignore[misc]
     @unary
     async def ListJobs(self, request: queue_pb2.ListJobsRequest, context: Any) -> Any:
         check_count("job ids", len(request.job_ids))
+        ids = [
+            *request.job_ids,
+            *([request.array_job_id] if request.HasField("array_job_id") else []),
+        ]
+        if any(not 1 <= i <= MAX_JOB_ID for i in ids):
+            raise InvalidInput("job id", max(ids), f"job ids go from 1 to {MAX_JOB_ID}")
         states = parse_states(request.states) if request.states else None
         if (
             request.finished

@@ -1,0 +1,94 @@
+"""What a program, not the CLI, can send over gRPC: every field at and past its limits gets
+one clear status (never INTERNAL) and changes nothing, and the queue goes on."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import grpc
+import pytest
+from e2e_cluster import Cluster
+
+from gpuq.auth import bearer, read_token
+from gpuq.config import load_settings
+from gpuq.domain.states import JobState
+from gpuq.v1 import queue_pb2, queue_pb2_grpc
+from gpuq.v1 import types_pb2 as pb
+
+GOOD = {"name": "x", "script": "#!/bin/sh\ntrue\n", "workdir": "/tmp"}
+BAD_SPECS = [
+    pb.JobSpec(),
+    pb.JobSpec(**GOOD, array=pb.ArraySpec(indices=list(range(1_000_000)))),
+    pb.JobSpec(**GOOD, array=pb.ArraySpec(indices=[5, 5])),
+    pb.JobSpec(**GOOD, resources=pb.Resources(gpus=2**32 - 1)),
+    pb.JobSpec(**GOOD, resources=pb.Resources(mem=2**64 - 1)),
+    pb.JobSpec(**GOOD, begin_time=float("nan")),
+    pb.JobSpec(**GOOD, begin_time=1e15),
+    pb.JobSpec(**GOOD, signal=pb.WarningSignal(signal=-1, seconds=5)),
+    pb.JobSpec(**GOOD, signal=pb.WarningSignal(signal=10, seconds=2**32 - 1)),
+    pb.JobSpec(**GOOD, dependencies=[pb.Dependency(job_id=0)]),
+    pb.JobSpec(**GOOD, dependencies=[pb.Dependency(job_id=2**64 - 1)]),
+    pb.JobSpec(**GOOD, dependencies=[pb.Dependency(job_id=1, kind="maybe")]),
+    pb.JobSpec(**GOOD, umask=0o7777),
+    pb.JobSpec(**GOOD, nice=-(2**31)),
+    pb.JobSpec(name="x", script="#!/bin/sh\ntrue\n", workdir="relative"),
+    pb.JobSpec(**{**GOOD, "name": "a\nb"}),
+]
+
+
+def test_malformed_requests_get_one_clear_status(cluster: Cluster) -> None:
+    settings = load_settings(home=cluster.home)
+    channel = grpc.insecure_channel(
+        settings.coordinator_address, options=[("grpc.max_send_message_length", 64 << 20)]
+    )
+    stub = queue_pb2_grpc.QueueStub(channel)
+    metadata = (bearer(read_token(settings.token_path)),)
+
+    def status(method: str, request: Any) -> grpc.StatusCode:
+        try:
+            getattr(stub, method)(request, metadata=metadata, timeout=30)
+        except grpc.RpcError as error:
+            return error.code()  # type: ignore[no-any-return]
+        return grpc.StatusCode.OK
+
+    try:
+        for spec in BAD_SPECS:
+            [result] = stub.Submit(
+                iter([queue_pb2.SubmitRequest(spec=spec)]), metadata=metadata, timeout=30
+            )
+            assert result.code == grpc.StatusCode.INVALID_ARGUMENT.value[0], (spec, result)
+            assert not result.job_ids and "\n" not in result.message
+        assert status("GetJob", queue_pb2.GetJobRequest(job_id=2**64 - 1)) == (
+            grpc.StatusCode.NOT_FOUND
+        )
+        assert status("GetJob", queue_pb2.GetJobRequest(job_id=1, task=2**32 - 1)) == (
+            grpc.StatusCode.NOT_FOUND
+        )
+        for request in (
+            queue_pb2.ListJobsRequest(array_job_id=2**64 - 1),
+            queue_pb2.ListJobsRequest(job_ids=[2**63]),
+            queue_pb2.ListJobsRequest(states=["R", "bogus"]),
+            queue_pb2.ListJobsRequest(job_ids=list(range(1, 10_002))),
+        ):
+            assert status("ListJobs", request) == grpc.StatusCode.INVALID_ARGUMENT, request
+        assert status("RemoveCron", queue_pb2.RemoveCronRequest(id=2**64 - 1)) == (
+            grpc.StatusCode.NOT_FOUND
+        )
+        assert status("AddCron", queue_pb2.AddCronRequest(schedule="* * * * *")) == (
+            grpc.StatusCode.INVALID_ARGUMENT
+        )
+    finally:
+        channel.close()
+    assert cluster.client().list() == []  # nothing was created
+    job = cluster.submit("true", gpus=1)
+    assert cluster.wait_state(job, "completed").state is JobState.COMPLETED
+
+
+@pytest.mark.parametrize("token", ["", "wrong"])
+def test_a_call_without_the_token_is_refused(cluster: Cluster, token: str) -> None:
+    settings = load_settings(home=cluster.home)
+    with grpc.insecure_channel(settings.coordinator_address) as channel:
+        stub = queue_pb2_grpc.QueueStub(channel)
+        with pytest.raises(grpc.RpcError) as caught:
+            stub.ListJobs(queue_pb2.ListJobsRequest(), metadata=(bearer(token),), timeout=10)
+    assert caught.value.code() == grpc.StatusCode.UNAUTHENTICATED
