@@ -16,6 +16,7 @@ import builtins
 import queue
 import threading
 import time
+import uuid
 import weakref
 from collections.abc import Iterable, Iterator
 from pathlib import Path
@@ -46,6 +47,10 @@ if TYPE_CHECKING:
 
 STORAGE_PREFIX = "storage unavailable: "  # gpuq.coordinator.servicers says it so
 HOW_TO_START = "start it with `gpuq serve` (or `systemctl start gpuq-coordinator` on a server)"
+# a submission that got no answer is sent again (with its request key, so it is not a second
+# job) after each of these pauses, in seconds, before ServerUnavailable is raised
+SUBMIT_RETRY_DELAYS = (0.2, 0.5, 1.0, 2.0)
+_TRANSIENT = frozenset({grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED})
 
 
 class Client:
@@ -85,37 +90,76 @@ class Client:
 
     # ---- submitting ------------------------------------------------------------------------
 
-    def submit(self, script: str | Path | None = None, *args: str, **options: Any) -> int:
+    def submit(
+        self,
+        script: str | Path | None = None,
+        *args: str,
+        request_key: str | None = None,
+        **options: Any,
+    ) -> int:
         """Submit a script (or `wrap="CMD"`) with sbatch-like options; the job (or array) id.
 
         Options are those of `gpuq submit`: gpus, gpu_mem, cpus, mem, time, name, qos, env,
         output, error, array, after, hold, nice... (see gpuq.submission.build_spec).
+        `request_key`: see submit_spec.
         """
         from gpuq.submission import build_spec
 
         spec = build_spec(script=str(script) if script else None, args=args, **options)
-        return self.submit_spec(spec)[0]
+        return self.submit_spec(spec, request_key=request_key)[0]
 
-    def submit_spec(self, spec: JobSpec) -> builtins.list[int]:
+    def submit_spec(self, spec: JobSpec, request_key: str | None = None) -> builtins.list[int]:
         """Submit a ready JobSpec; one id per job (per task for an array).
 
         It goes over this thread's open submission stream (a message costs both sides much
-        less than a call); the errors are those of a call."""
+        less than a call); the errors are those of a call.
+
+        The request carries a key (`request_key`, at most 64 printable ASCII characters, or
+        a random one): when no answer came (the coordinator was unreachable, restarted, or too
+        slow) the same request is sent again a few times, and the coordinator answers a repeat
+        of a key with the first request's ids instead of making a second job. The same key
+        given again later (within a day) also gets those ids."""
         from gpuq.convert import spec_to_proto
 
-        request = queue_pb2.SubmitRequest(spec=spec_to_proto(spec))
-        stream = self._submit_stream()
-        try:
-            result = stream.submit(request)
-        except grpc.RpcError as error:
-            self._drop(stream)
-            raise _translate(error, self.address) from None
-        if result is None:
-            self._drop(stream)
-            raise GpuqError("the coordinator ended the submission stream without an answer")
+        request = queue_pb2.SubmitRequest(
+            spec=spec_to_proto(spec), request_key=request_key or uuid.uuid4().hex
+        )
+        result = self._submit_until_answered(request)
         if result.code:
             raise _error_for(_CODES.get(result.code, grpc.StatusCode.UNKNOWN), result.message)
         return list(result.job_ids)
+
+    def _submit_until_answered(self, request: queue_pb2.SubmitRequest) -> queue_pb2.SubmitResult:
+        """The coordinator's answer; the request is sent again (on a new stream) while none
+        comes, after each of SUBMIT_RETRY_DELAYS. An answer, an error included, is final."""
+        for delay in (*SUBMIT_RETRY_DELAYS, None):
+            stream = self._submit_stream()
+            try:
+                result = stream.submit(request)
+            except grpc.RpcError as error:
+                self._drop(stream)
+                if not _transient(error):
+                    raise _translate(error, self.address) from None
+                if delay is None:
+                    code = error.code()
+                    if code == grpc.StatusCode.DEADLINE_EXCEEDED:
+                        raise ServerUnavailable(
+                            f"the gpuq coordinator at {self.address} did not answer the "
+                            f"submission in {self.timeout:g} s ({len(SUBMIT_RETRY_DELAYS) + 1} "
+                            "tries)"
+                        ) from None
+                    raise _translate(error, self.address) from None
+            else:
+                if result is not None:
+                    return result
+                self._drop(stream)
+                if delay is None:
+                    raise ServerUnavailable(
+                        f"the gpuq coordinator at {self.address} ended the submission stream "
+                        f"without an answer ({len(SUBMIT_RETRY_DELAYS) + 1} tries)"
+                    )
+            time.sleep(delay)
+        raise AssertionError("unreachable")  # pragma: no cover
 
     def _submit_stream(self) -> _SubmitStream:
         stream: _SubmitStream | None = getattr(self._streams, "current", None)
@@ -347,6 +391,13 @@ _ERRORS: dict[grpc.StatusCode, type[GpuqError]] = {
     grpc.StatusCode.UNAUTHENTICATED: PermissionDenied,
     grpc.StatusCode.ALREADY_EXISTS: Conflict,
 }
+
+
+def _transient(error: grpc.RpcError) -> bool:
+    """No answer came (the request may or may not have been seen): sending it again with its
+    key is safe. A storage error is an answer (the coordinator said it, and saved nothing)."""
+    details = error.details() or ""
+    return error.code() in _TRANSIENT and not details.startswith(STORAGE_PREFIX)
 
 
 def _translate(error: grpc.RpcError, address: str) -> GpuqError:

@@ -22,7 +22,7 @@ import grpc
 from gpuq import __version__
 from gpuq.agent.forkserver import ForkServer
 from gpuq.agent.gpus import GpuBackend, GpuInventory
-from gpuq.agent.hub import SupervisorHub, SupervisorReport
+from gpuq.agent.hub import LaunchRefused, SupervisorHub, SupervisorReport
 from gpuq.agent.launch import LaunchOrder, NodePolicy, build_launch
 from gpuq.auth import bearer
 from gpuq.config import AgentSettings
@@ -36,6 +36,9 @@ log = logging.getLogger(__name__)
 RECONNECT_MAX = 2.0  # seconds between attempts, at most
 SEND_GAP = 0.005  # seconds between two messages to the coordinator, at least
 BEAT_SLACK = 0.01  # seconds early a heartbeat may go (timers can fire a little early)
+# a launch this node cannot start (its fork server is down) is reported this much later, so that
+# a coordinator that sends it straight back here does not spin
+REFUSE_HOLD = 5.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -57,6 +60,7 @@ class Agent:
         self.unacked: dict[int, SupervisorReport] = {}  # ended, not yet recorded by the coordinator
         self._outgoing: list[apb.JobReport] = []
         self._flush = asyncio.Event()
+        self.refused: dict[int, asyncio.TimerHandle] = {}  # not started, to be handed back
         self.connected = asyncio.Event()
 
     def _policy(self) -> NodePolicy:
@@ -128,6 +132,10 @@ class Agent:
             for job_id in self.hub.running_jobs()
             if job_id not in self.unacked
         ]
+        # held before they go back to the queue: to the coordinator they still run here
+        jobs += [
+            apb.JobReport(job_id=job_id, kind=apb.JobReport.RUNNING) for job_id in self.refused
+        ]
         jobs += [_report_message(r) for r in self.unacked.values()]
         cpus = s.cpus or os.cpu_count() or 1
         mem = (
@@ -155,6 +163,10 @@ class Agent:
         for launch in message.start:
             await self._launch(launch)
         for stop in message.stop:
+            if (held := self.refused.pop(stop.job_id, None)) is not None:
+                held.cancel()  # it never started: it ends as the stop says
+                self._report_gone(stop.job_id, stop.end_state)
+                continue
             known = await self.hub.stop(
                 stop.job_id, stop.end_state, stop.reason, stop.signal, stop.grace
             )
@@ -177,6 +189,9 @@ class Agent:
                 requeue_count=launch.requeue_count,
             )
             await self.hub.launch(build_launch(order, self.policy))
+        except LaunchRefused as error:
+            log.error("job %d not started: %s", launch.job_id, error)
+            self._hand_back(launch.job_id, str(error))
         except Exception as error:  # a launch that cannot even begin ends the job as failed
             log.exception("cannot launch job %d", launch.job_id)
             self._on_report(
@@ -187,6 +202,18 @@ class Agent:
                     reason=f"launch failed on {self.policy.node}: {error}",
                 )
             )
+
+    def _hand_back(self, job_id: int, problem: str) -> None:
+        """The job did not start here: after REFUSE_HOLD, report it preempted, the one ending
+        the protocol has that sends a job back to the queue (unless it said --no-requeue)."""
+
+        def report() -> None:
+            if self.refused.pop(job_id, None) is not None:
+                reason = f"not started: {self.policy.node} cannot start jobs ({problem})"
+                self._on_report(SupervisorReport(job_id, "ended", "preempted", reason=reason))
+
+        if job_id not in self.refused:
+            self.refused[job_id] = asyncio.get_running_loop().call_later(REFUSE_HOLD, report)
 
     def _report_gone(self, job_id: int, end_state: str) -> None:
         """The coordinator stops a job this node does not run: say it has ended."""

@@ -5,6 +5,11 @@ folder (`<state>/jobs/<id>`) and its supervisor. A new hub finds live supervisor
 reconnect to `<state>/agent.sock`, and reports the results that ended jobs left in result.json.
 An ended report is repeated until `ack()` (the coordinator recorded the end durably); only then
 does the folder go. Reports reach `on_report` in the order each supervisor sent them.
+
+Nothing a job started outlives it: when a supervisor dies without a result (even by SIGKILL),
+the hub stops the job's process group and cgroup (recorded in the folder's job.pid) itself and
+only then reports the end. The hub also heals its fork server: one that dies is restarted with
+backoff; while none runs, a launch raises LaunchRefused (the job did not start).
 """
 
 from __future__ import annotations
@@ -14,6 +19,7 @@ import contextlib
 import json
 import logging
 import os
+import signal
 import time
 from collections import deque
 from collections.abc import Callable
@@ -21,9 +27,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
+from gpuq.agent import proctree
 from gpuq.agent.forkserver import ForkServer
 from gpuq.agent.jobdir import (
     ACK_WAIT_DEFAULT,
+    JOB_PID_FILE,
     RESULT_FILE,
     SOCKET_NAME,
     SPEC_FILE,
@@ -37,6 +45,17 @@ from gpuq.agent.launch import LaunchSpec
 
 log = logging.getLogger(__name__)
 LIVENESS_CHECK = 1.0  # seconds between checks on a supervisor that is not connected
+ORPHAN_POLL = 0.05  # seconds between looks at a dead supervisor's job while stopping it
+ORPHAN_GIVE_UP = 10.0  # seconds after SIGKILL to stop waiting for a job's processes to go
+RESTART_DELAYS = (0.0, 0.2, 0.5, 1.0, 2.0)  # backoff between fork server restarts, then 5 s
+RESTART_DELAY_MAX = 5.0
+EXITS_KEPT = 1000  # abnormal supervisor exits remembered, newest
+EXIT_WAIT = 0.5  # seconds to wait for the fork server's word on how a supervisor died
+LAUNCH_WAIT = 2.0  # seconds a launch waits for a fork server that is being restarted
+
+
+class LaunchRefused(Exception):
+    """The job was not started (no supervisor runs for it): it may go back to the queue."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -77,6 +96,7 @@ class _Job:
     running_reported: bool = False
     ended: bool = False
     watching: bool = False  # a liveness check is scheduled
+    reaping: bool = False  # its supervisor died; its processes are being stopped
 
 
 class _LineProtocol(asyncio.Protocol):
@@ -127,11 +147,21 @@ class _SupervisorConn(_LineProtocol):
 class _ForkClient(_LineProtocol):
     """The hub's end of the fork server's control socket: replies come in request order."""
 
-    def __init__(self) -> None:
+    def __init__(
+        self,
+        on_lost: Callable[[], None] | None = None,
+        on_exit: Callable[[int, int], None] | None = None,
+    ) -> None:
         super().__init__()
         self.waiters: deque[asyncio.Future[Message]] = deque()
+        self.on_lost = on_lost
+        self.on_exit = on_exit
 
     def on_message(self, message: Message) -> None:
+        if "exited" in message:  # a supervisor ended abnormally: not a reply
+            if self.on_exit is not None:
+                self.on_exit(int(message["exited"]), int(message["status"]))
+            return
         waiter = self.waiters.popleft()
         if not waiter.done():
             waiter.set_result(message)
@@ -142,6 +172,8 @@ class _ForkClient(_LineProtocol):
             waiter = self.waiters.popleft()
             if not waiter.done():
                 waiter.set_exception(ConnectionError("the fork server is gone"))
+        if self.on_lost is not None:
+            self.on_lost()
 
     async def spawn(self, job_dir: Path) -> int:
         if self.transport is None:
@@ -180,6 +212,12 @@ class SupervisorHub:
         self.server: asyncio.AbstractServer | None = None
         self.forks: _ForkClient | None = None
         self.closing = False
+        self.forks_ready = asyncio.Event()
+        self.refusing: str | None = None  # why launches are refused (no fork server runs)
+        self.restarts = 0  # fork servers started after the first
+        self._restarter: asyncio.Task[None] | None = None
+        self._reapers: set[asyncio.Task[None]] = set()
+        self.exits: dict[int, int] = {}  # wait status of supervisors that ended abnormally
 
     # ---- life cycle ----
 
@@ -198,14 +236,67 @@ class SupervisorHub:
         os.chmod(sock_path, 0o600)
         if self.fork_server is None:
             self.fork_server = ForkServer.start(self.ack_wait)
-        forks = _ForkClient()
+        await self._connect_forks()
+        self._recover()
+
+    async def _connect_forks(self) -> None:
+        assert self.fork_server is not None
+        forks = _ForkClient(self._forks_lost, self._supervisor_exited)
+        loop = asyncio.get_running_loop()
         await loop.create_unix_connection(lambda: forks, sock=self.fork_server.sock)
         self.forks = forks
-        self._recover()
+        self.forks_ready.set()
+        self.refusing = None
+
+    def _supervisor_exited(self, pid: int, status: int) -> None:
+        self.exits[pid] = status
+        while len(self.exits) > EXITS_KEPT:
+            del self.exits[next(iter(self.exits))]
+
+    def _forks_lost(self) -> None:
+        """The fork server's socket closed: unless we are closing, it died; start another."""
+        self.forks_ready.clear()
+        if self.closing or (self._restarter is not None and not self._restarter.done()):
+            return
+        log.error("the fork server is gone; restarting it")
+        self._restarter = asyncio.get_running_loop().create_task(self._restart_forks())
+
+    async def _restart_forks(self) -> None:
+        """Start a new fork server, with backoff, until one runs; launches are refused (not
+        failed) while none does."""
+        attempt = 0
+        while not self.closing and not self.forks_ready.is_set():
+            old = self.fork_server
+            if old is not None:
+                with contextlib.suppress(OSError):
+                    old.close()
+                if old.process.poll() is None:  # alive, yet its socket broke: end it
+                    with contextlib.suppress(OSError):
+                        old.process.kill()
+                with contextlib.suppress(Exception):
+                    await asyncio.to_thread(old.process.wait, 5)
+            delay = RESTART_DELAYS[attempt] if attempt < len(RESTART_DELAYS) else RESTART_DELAY_MAX
+            attempt += 1
+            await asyncio.sleep(delay)
+            try:
+                self.fork_server = ForkServer.start(self.ack_wait)
+                await self._connect_forks()
+            except Exception as error:
+                self.fork_server = None
+                self.refusing = f"the fork server cannot be restarted: {error}"
+                log.error("%s (attempt %d)", self.refusing, attempt)
+                continue
+            self.restarts += 1
+            log.warning("fork server restarted (pid %d)", self.fork_server.process.pid)
 
     async def close(self) -> None:
         """Stop listening and let the fork server go; supervisors and jobs keep running."""
         self.closing = True
+        for task in (self._restarter, *self._reapers):
+            if task is not None:
+                task.cancel()
+                with contextlib.suppress(BaseException):
+                    await task
         if self.server is not None:
             self.server.close()
             await self.server.wait_closed()
@@ -245,27 +336,69 @@ class SupervisorHub:
 
     async def launch(self, spec: LaunchSpec) -> int:
         """Start `spec` in a new supervisor; its pid. Reports follow through on_report."""
-        if self.forks is None:
+        if self.server is None:
             raise RuntimeError("SupervisorHub.start() first")
         job_dir = self._job_dir(spec.job_id)
-        job_dir.mkdir(mode=0o700)
-        fd = os.open(job_dir / SPEC_FILE, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-        try:
-            os.write(fd, json.dumps(spec.to_dict()).encode())
-        finally:
-            os.close(fd)
+        text = json.dumps(spec.to_dict()).encode()
         job = self.jobs[spec.job_id] = _Job(spec.job_id)
         try:
-            pid = await self.forks.spawn(job_dir)
+            pid = await self._spawn(job_dir, text)
         except BaseException:
-            del self.jobs[spec.job_id]
-            remove_job_dir(job_dir)
+            if self.jobs.get(spec.job_id) is job:
+                del self.jobs[spec.job_id]
             raise
         if job.pid is None:
             job.pid = pid
         if job.conn is None:
             self._watch(job)
         return pid
+
+    async def _spawn(self, job_dir: Path, spec_text: bytes) -> int:
+        """Ask the fork server for a supervisor; retried once on a restarted fork server.
+        LaunchRefused when no supervisor runs for the job (it did not start)."""
+        problem = ""
+        for _ in range(2):
+            if not self.forks_ready.is_set() and self.refusing is None:
+                # being restarted (it takes milliseconds); once a restart failed, refuse at once
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self.forks_ready.wait(), LAUNCH_WAIT)
+            forks = self.forks
+            if not self.forks_ready.is_set() or forks is None:
+                raise LaunchRefused(self.refusing or "the fork server is being restarted")
+            job_dir.mkdir(mode=0o700)
+            fd = os.open(job_dir / SPEC_FILE, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+            try:
+                os.write(fd, spec_text)
+            finally:
+                os.close(fd)
+            try:
+                return await forks.spawn(job_dir)
+            except ConnectionError as error:
+                problem = str(error)
+                pid = self._withdraw(job_dir)
+                if pid is not None:
+                    return pid  # it forked the supervisor before it died: the job runs
+            except OSError as error:  # it answered that it could not fork: nothing started
+                remove_job_dir(job_dir)
+                raise LaunchRefused(str(error)) from error
+            except BaseException:
+                remove_job_dir(job_dir)
+                raise
+        raise LaunchRefused(problem)
+
+    def _withdraw(self, job_dir: Path) -> int | None:
+        """A spawn whose answer was lost: the supervisor's pid if one runs the job, else make
+        sure none ever will (a supervisor that finds no spec.json ends without starting it)."""
+        try:
+            os.rename(job_dir / SPEC_FILE, job_dir / f"{SPEC_FILE}.withdrawn")
+        except OSError:
+            return None
+        pid = supervisor_alive(job_dir)
+        if pid is not None:  # it read the spec before the rename (it writes its pid first)
+            os.rename(job_dir / f"{SPEC_FILE}.withdrawn", job_dir / SPEC_FILE)
+            return pid
+        remove_job_dir(job_dir)
+        return None
 
     async def stop(
         self,
@@ -339,7 +472,8 @@ class SupervisorHub:
             return
         job.conn = None
         if not self.closing and self.jobs.get(job.job_id) is job:
-            self._watch(job)
+            # a supervisor that died (SIGKILL) is in exit by now: look at once, not in a second
+            asyncio.get_running_loop().call_soon(self._check, job)
 
     def _report_end(self, job: _Job, result: Message) -> None:
         if not job.ended:
@@ -364,6 +498,8 @@ class SupervisorHub:
         job.watching = False
         if self.closing or job.conn is not None or self.jobs.get(job.job_id) is not job:
             return
+        if job.reaping:
+            return
         job_dir = self._job_dir(job.job_id)
         if supervisor_alive(job_dir) is not None:
             self._watch(job)
@@ -374,13 +510,110 @@ class SupervisorHub:
             self._report_from_disk(job, job_dir)
 
     def _report_from_disk(self, job: _Job, job_dir: Path) -> None:
-        """The supervisor is gone: its result.json, or a result that says it was lost."""
+        """The supervisor is gone: its result.json, or (it died before the job ended) stop
+        what is left of the job, then report a result that says so."""
         result = read_json_durable(job_dir / RESULT_FILE)
-        if result is None:
-            now = time.time()
-            result = {"job_id": job.job_id, "end_state": "failed", "exit_code": None}
-            result.update(signal=None, started_at=now, ended_at=now, peak_mem=0)
-            result.update(leftovers_killed=0, reason="supervisor lost before the job ended")
+        if result is not None:
+            self._report_end(job, result)
+        elif not job.reaping:
+            job.reaping = True
+            task = asyncio.get_running_loop().create_task(self._stop_orphans(job, job_dir))
+            self._reapers.add(task)
+            task.add_done_callback(self._reapers.discard)
+
+    async def _exit_told(self, pid: int) -> None:
+        while pid not in self.exits:
+            await asyncio.sleep(0.01)
+
+    def _how_it_died(self, job: _Job) -> str:
+        """ " (killed by signal 9)" when the fork server told how the supervisor ended."""
+        status = self.exits.pop(job.pid, None) if job.pid is not None else None
+        if status is None:
+            return ""
+        if os.WIFSIGNALED(status):
+            return f" (killed by signal {os.WTERMSIG(status)})"
+        return f" (exit code {os.waitstatus_to_exitcode(status)})"
+
+    async def _stop_orphans(self, job: _Job, job_dir: Path) -> None:
+        """SIGTERM to the job's process group and cgroup, SIGKILL after its kill grace (as a
+        stop would: a job may save its work), and the end reported once nothing is left, so
+        that its GPUs are freed only then."""
+        try:
+            stopped = await asyncio.to_thread(stop_job_processes, job_dir, job.job_id)
+            if job.pid is not None and self.forks_ready.is_set():
+                # how it died comes from the fork server (its parent), perhaps a moment later;
+                # a supervisor of an earlier fork server has another parent: no word comes
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._exit_told(job.pid), EXIT_WAIT)
+        except Exception as error:  # never leave the job unreported
+            log.exception("stopping the processes of job %d", job.job_id)
+            reason = f"supervisor lost before the job ended; stopping its processes failed: {error}"
+        else:
+            left = f"{_count(stopped)} stopped" if stopped else "no process of it was left"
+            reason = f"supervisor lost before the job ended{self._how_it_died(job)}; {left}"
+        log.warning("job %d: %s", job.job_id, reason)
+        now = time.time()
+        result: Message = {"job_id": job.job_id, "end_state": "failed", "exit_code": None}
+        result.update(signal=None, started_at=now, ended_at=now, peak_mem=0)
+        result.update(leftovers_killed=0, reason=reason)
+        with contextlib.suppress(OSError):
+            write_json_atomic(job_dir / RESULT_FILE, result)
+        job.reaping = False
+        if self.jobs.get(job.job_id) is job:
+            self._report_end(job, result)
+
+
+def _count(processes: int) -> str:
+    return f"its {processes} processes were" if processes != 1 else "its process was"
+
+
+def stop_job_processes(job_dir: Path, job_id: int) -> int:
+    """Stop every process of a job whose supervisor is gone; how many it had when this began.
+
+    Found by job.pid (the process group and cgroup the supervisor recorded) and by the job's
+    environment (GPUQ_JOB_ID and GPUQ_NODE, for processes that left the group of a job without
+    a cgroup). Blocking: run it in a thread."""
+    spec = read_json_durable(job_dir / SPEC_FILE) or {}
+    env = spec.get("env") or {}
+    grace = float(spec.get("kill_grace") or 0.0)
+    pgid, cgroup = None, None
+    try:
+        head, _, tail = (job_dir / JOB_PID_FILE).read_text().partition("\n")
+        pid_text, start_text = head.split()
+        pgid = int(pid_text)
+        cgroup = tail.strip() or None
+        if pgid <= 1 or not _group_is_the_jobs(pgid, int(start_text)):
+            pgid = None
+    except (OSError, ValueError):
+        pass
+    marker = (str(env["GPUQ_JOB_ID"]), str(env["GPUQ_NODE"])) if "GPUQ_NODE" in env else None
+    count: int | None = None
+    termed: set[int] = set()  # SIGTERM goes once to each: a job's trap must not run again
+    term_until = time.monotonic() + grace
+    give_up = term_until + ORPHAN_GIVE_UP
+    while True:
+        pids = proctree.processes_of_job(pgid, cgroup, marker)
+        if count is None:
+            count = len(pids)
+        if not pids:
+            return count
+        killing = time.monotonic() >= term_until
+        sig = signal.SIGKILL if killing else signal.SIGTERM
+        if pgid is not None and (killing or not termed):
             with contextlib.suppress(OSError):
-                write_json_atomic(job_dir / RESULT_FILE, result)
-        self._report_end(job, result)
+                os.killpg(pgid, sig)
+        for pid in pids if killing else pids - termed:
+            with contextlib.suppress(OSError):
+                os.kill(pid, sig)
+        termed |= pids
+        if time.monotonic() > give_up:
+            log.error("job %d: processes %s outlive SIGKILL", job_id, sorted(pids))
+            return count
+        time.sleep(ORPHAN_POLL)
+
+
+def _group_is_the_jobs(pgid: int, start: int) -> bool:
+    """The recorded group still names the job's: its leader is the job's main process, or it
+    is gone (the number stays taken while any member of its group lives)."""
+    now = proctree.start_time(pgid)
+    return now is None or now == start

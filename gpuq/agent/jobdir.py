@@ -3,8 +3,9 @@
 server).
 
 The hub writes spec.json (a LaunchSpec) and asks the fork server for a supervisor; the supervisor
-writes the script, supervisor.pid ("<pid> <start time>") and, when the job has ended,
-result.json, and deletes the folder once the hub acks the end. The two talk over
+writes the script, supervisor.pid ("<pid> <start time>"), job.pid (the job's main process, also
+its process group, and its cgroup folder) and, when the job has ended, result.json, and deletes
+the folder once the hub acks the end. The two talk over
 `<state>/agent.sock` in newline-delimited JSON:
   supervisor -> hub  {"type": "hello", "job_id", "pid", "job_pid", "started_at",
                       "status": "running"}  (or "status": "ended" with "result")
@@ -28,6 +29,7 @@ ACK_WAIT_DEFAULT = 600.0  # seconds an ended supervisor waits for the agent's ac
 
 SPEC_FILE = "spec.json"
 PID_FILE = "supervisor.pid"
+JOB_PID_FILE = "job.pid"  # "<job pid> <start time>\n<cgroup folder or empty>\n"
 RESULT_FILE = "result.json"
 SOCKET_NAME = "agent.sock"
 

@@ -68,3 +68,38 @@ def start_time(pid: int) -> int | None:
         return None
     fields = stat[stat.rfind(b")") + 2 :].split()
     return int(fields[19])  # field 22 of stat; fields[0] here is field 3
+
+
+def processes_of_job(
+    pgid: int | None, cgroup: str | None, marker: tuple[str, str] | None
+) -> set[int]:
+    """The live processes of a job whose supervisor is gone: members of its process group
+    `pgid`, of its `cgroup` folder, and (`marker`: job id and node) those whose environment
+    has GPUQ_JOB_ID and GPUQ_NODE set to them. Never this process."""
+    found: set[int] = set()
+    if cgroup:
+        found.update(int(word) for word in read_proc(f"{cgroup}/cgroup.procs").split())
+    wanted = (
+        {b"GPUQ_JOB_ID=" + marker[0].encode(), b"GPUQ_NODE=" + marker[1].encode()}
+        if marker is not None
+        else None
+    )
+    for name in os.listdir("/proc"):
+        if not name.isdigit():
+            continue
+        pid = int(name)
+        if pid in found:
+            continue
+        stat = read_proc(f"/proc/{pid}/stat")
+        if not stat:
+            continue
+        fields = stat[stat.rfind(b")") + 2 :].split()
+        in_group = pgid is not None and int(fields[2]) == pgid
+        if in_group or (wanted is not None and wanted <= _environment(pid)):
+            found.add(pid)
+    found.discard(os.getpid())
+    return {pid for pid in found if not has_exited(pid)}
+
+
+def _environment(pid: int) -> set[bytes]:
+    return set(read_proc(f"/proc/{pid}/environ").split(b"\0"))

@@ -17,12 +17,19 @@ from gpuq.config import CoordinatorSettings
 from gpuq.coordinator.arrays import Arrays
 from gpuq.coordinator.cluster import ClusterState, NodeEntry
 from gpuq.coordinator.scheduling import SchedulingState
-from gpuq.coordinator.writer import StoreWriter
+from gpuq.coordinator.writer import RETRY_FIRST, RETRY_MOST, StoreWriter, is_storage_error
 from gpuq.domain.dependencies import parse_job_ref
 from gpuq.domain.model import Job, JobEvent, JobResult, JobSpec, Node, NodeState
 from gpuq.domain.states import JobState
 from gpuq.domain.units import format_duration
-from gpuq.errors import InvalidInput, NotFound, PermissionDenied, Unsatisfiable
+from gpuq.errors import (
+    GpuqError,
+    InvalidInput,
+    NotFound,
+    PermissionDenied,
+    StorageUnavailable,
+    Unsatisfiable,
+)
 from gpuq.scheduler.placement import never_fits
 from gpuq.store.api import JobQuery, NewJob, StateChange, Store, StoreTx
 
@@ -33,6 +40,12 @@ LIVE = frozenset({JobState.PENDING, JobState.HELD, JobState.RUNNING})
 # under load whatever arrived meanwhile (submissions, job ends) shares one pass and one commit
 PASS_GAP = 0.005
 WATCH_GAP = 0.003  # seconds between two batches of events to one watcher under load
+# idempotent submission: a request key is kept (in the store) this long, and purged about
+# hourly; the most recent keys are remembered, so a retry is answered from memory
+KEY_TTL = 24 * 3600.0
+KEY_PURGE_EVERY = 3600.0
+KEYS_REMEMBERED = 10_000
+MAX_REQUEST_KEY = 64
 
 
 @dataclass(frozen=True, slots=True)
@@ -88,6 +101,9 @@ class Coordinator:
         self._tasks: list[asyncio.Task[None]] = []
         self.passes = 0
         self.arrays = Arrays(self)
+        # request keys of recent submissions -> (ids, when); then when to purge stored keys
+        self._keys: dict[tuple[str, str], tuple[list[int], float]] = {}
+        self._keys_purge_at = 0.0
         # set by the agent module (gpuq.coordinator.agents) to tell agents what to do
         self.send_stops: Callable[[Sequence[StopOrder]], None] = lambda orders: None
         self.send_starts: Callable[[Sequence[Job]], None] = lambda jobs: None
@@ -170,11 +186,53 @@ class Coordinator:
             raise InvalidInput("--after", missing[0], "no such job or array task")
         return qos, tier.priority - spec.nice
 
-    async def submit(self, spec: JobSpec, user: str) -> list[int]:
-        qos, priority = await self.check_submission(spec, user)
-        new = NewJob(spec, user, qos, priority)
+    async def submit(self, spec: JobSpec, user: str, key: str | None = None) -> list[int]:
+        """The new job's ids; with a request key `key` that `user` gave before (within
+        KEY_TTL), the first submission's ids, and nothing is created.
+
+        A repeat is found in memory, or else by the store when the job is inserted (the key's
+        primary key decides, also between two racing repeats): a new key costs no extra read."""
+        if key is not None:
+            check_request_key(key)
+            known = self._keys.get((user, key))
+            if known is not None and known[1] > self.clock() - KEY_TTL:
+                return list(known[0])
+        try:
+            qos, priority = await self.check_submission(spec, user)
+        except GpuqError:
+            # the first request's own job may be why its retry no longer passes (a full queue)
+            if key is not None:
+                found = await self.writer.read(lambda s: s.submitted(user, key))
+                if found is not None:
+                    return found
+            raise
+        new = NewJob(spec, user, qos, priority, key)
         now = self.clock()
-        [ids] = await self.writer.write(lambda tx: tx.add_jobs([new], now))
+        purge = now >= self._keys_purge_at
+        if purge:
+            self._keys_purge_at = now + KEY_PURGE_EVERY
+
+        def write(tx: StoreTx) -> tuple[list[int], bool]:
+            if purge:
+                tx.purge_submission_keys(now - KEY_TTL)
+            return tx.add_job(new, now)
+
+        ids, created = await self.writer.write(write)
+        if key is not None:
+            if len(self._keys) >= KEYS_REMEMBERED:  # forget the older half (insertion order)
+                for old in list(self._keys)[: KEYS_REMEMBERED // 2]:
+                    del self._keys[old]
+            self._keys[(user, key)] = (ids, now)
+        if not created:
+            # the first request's job; memory lacks it only if that write was committed but
+            # reported lost (and so tried again): then memory takes it now
+            first = ids[0]
+            if not self._is_live(first):
+                job = await self.writer.read(lambda s: s.get_job(first))
+                if job.state.is_live and not self._is_live(first):
+                    self.cluster.put(job)
+                    self.wake()
+            return ids
         state = JobState.HELD if spec.hold else JobState.PENDING
         [job_id] = ids
         tasks = spec.array.indices if spec.array else ()
@@ -233,6 +291,10 @@ class Coordinator:
                 results = await asyncio.gather(
                     *(action(job) for job in jobs), return_exceptions=True
                 )
+            for result in results:  # the whole call fails (UNAVAILABLE): the user retries
+                if isinstance(result, StorageUnavailable):
+                    self.wake()
+                    raise result
             for job, result in zip(jobs, results, strict=True):
                 if isinstance(result, BaseException):
                     outcomes.append(Outcome(job.display_id, False, str(result)))
@@ -266,7 +328,7 @@ class Coordinator:
                 tx.transition([StateChange(job.id, JobState.CANCELLED, reason)], self.clock())
             return state
 
-        state = await self.writer.write(write)
+        state = await self.writer.write(write, fail_fast=True)  # the user may retry
         if state is JobState.RUNNING:
             self._stop_requested(job.id, JobState.CANCELLED, reason)
             self.send_stops([StopOrder(job.id, JobState.CANCELLED, reason, grace)])
@@ -282,7 +344,7 @@ class Coordinator:
             tx.transition([StateChange(job.id, to_state, reason)], self.clock())
             return state
 
-        before = await self.writer.write(write)
+        before = await self.writer.write(write, fail_fast=True)  # the user may retry
         self._moved(job.id, before, to_state, reason)
         return to_state.value
 
@@ -390,6 +452,7 @@ class Coordinator:
         it said --no-requeue) and charge the GPU time to its user's fair share, in one
         transaction (with the node marked down, when that is why)."""
         now = self.clock()
+        stale: list[tuple[int, JobState]] = []
 
         def write(
             tx: StoreTx,
@@ -397,12 +460,17 @@ class Coordinator:
             if node_down is not None:
                 tx.set_node_state(node_down, NodeState.DOWN, endings[0].reason if endings else "")
             states = tx.job_states([e.job_id for e in endings])
+            stale.clear()  # from an earlier try of this write
             changes: list[StateChange] = []
             moved: list[tuple[int, JobState, JobState, str]] = []
             charges: dict[str, float] = {}
             for end in endings:
                 job = self.cluster.jobs.get(end.job_id)
-                if states.get(end.job_id) is not JobState.RUNNING or job is None:
+                stored = states.get(end.job_id)
+                running = job is not None and job.state is JobState.RUNNING
+                if running and stored is not None and stored is not JobState.RUNNING:
+                    stale.append((end.job_id, stored))  # see _follow_store
+                if stored is not JobState.RUNNING or job is None:
                     continue  # already ended (node_fail, or a repeated report)
                 started = job.start_time or now
                 # a clock that disagrees cannot put the end before the start or in the future
@@ -442,7 +510,26 @@ class Coordinator:
                 self.publish(JobEvent(job_id, now, before, after, reason), job)
             else:
                 self._ended(job_id, before, after, reason)
+        self._follow_store(stale)
         self.wake()
+
+    def _follow_store(self, stale: Sequence[tuple[int, JobState]]) -> None:
+        """Jobs memory still shows running that the store has ended: a write whose commit
+        landed although its answer was lost (the store failed during the commit) and was tried
+        again. Memory follows the store, so they do not hold their node for good."""
+        for job_id, stored in stale:
+            job = self.cluster.jobs.get(job_id)
+            if job is None or job.state is not JobState.RUNNING:
+                continue  # followed meanwhile (an earlier write's answer)
+            log.warning("job %d ended in the store while memory had it running", job_id)
+            if stored.is_live:  # requeued after preemption
+                requeued = replace(job, state=stored, node=None, stop=None, reason="requeued")
+                self.cluster.put(replace(requeued, requeue_count=job.requeue_count + 1))
+                self.publish(
+                    JobEvent(job_id, self.clock(), JobState.RUNNING, stored, "requeued"), job
+                )
+            else:
+                self._ended(job_id, JobState.RUNNING, stored, stored.value)
 
     async def fail_node_jobs(self, node: str, reason: str) -> None:
         """The node is gone: mark it down and its running jobs node_fail, in one transaction."""
@@ -471,16 +558,43 @@ class Coordinator:
                 continue
             try:
                 await self.run_pass()
-            except Exception:
-                log.exception("scheduling pass failed; reloading live jobs from the store")
-                await self.reload_jobs()
+            except Exception as exc:
+                if is_storage_error(exc):
+                    log.warning("scheduling pass failed: the job store failed (%s)", exc)
+                else:
+                    log.exception("scheduling pass failed; reloading live jobs from the store")
+                await self._reload_until_done()
                 self.wake()
                 await asyncio.sleep(0.5)
+
+    async def _reload_until_done(self) -> None:
+        """Reload live jobs after a failed pass; while the store is down, wait for it (with
+        backoff) instead of ending the scheduler."""
+        delay = RETRY_FIRST
+        while True:
+            try:
+                await self.reload_jobs()
+                return
+            except Exception as exc:
+                if not is_storage_error(exc):
+                    raise
+                log.debug("reloading live jobs: the job store is still down (%s)", exc)
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, RETRY_MOST)
 
     async def reload_jobs(self) -> None:
         jobs = await self.writer.read(lambda s: s.list_jobs(JobQuery(states=LIVE)))
         self.cluster.reset(jobs)
         await self.arrays.load_outcomes({j.array_job_id for j in jobs} - {None})
+
+
+def check_request_key(key: str) -> None:
+    """A request key is 1 to MAX_REQUEST_KEY printable ASCII characters."""
+    if not key or len(key) > MAX_REQUEST_KEY or not (key.isascii() and key.isprintable()):
+        shown = key if len(key) <= MAX_REQUEST_KEY else key[:MAX_REQUEST_KEY] + "..."
+        raise InvalidInput(
+            "request key", shown, f"must be 1 to {MAX_REQUEST_KEY} printable ASCII characters"
+        )
 
 
 def _never_fits_message(spec: JobSpec, nodes: list[Node]) -> str:

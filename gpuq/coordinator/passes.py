@@ -12,6 +12,7 @@ from dataclasses import dataclass, replace
 
 from gpuq.coordinator.cluster import queue_key
 from gpuq.coordinator.core import Coordinator, StopOrder
+from gpuq.coordinator.writer import is_storage_error
 from gpuq.domain.model import Job, JobEvent
 from gpuq.domain.states import JobState
 from gpuq.scheduler.arrays import tasks_to_split
@@ -60,6 +61,8 @@ class Passes:
         try:
             decided = self._plan(now)
         except Exception as error:  # one job's data must not stop everyone's scheduling
+            if is_storage_error(error):
+                raise  # not a job's fault: the schedule loop reloads and tries again
             await self._set_aside(now, error)
             decided = self._plan(now)
         self._explained_at = -1.0  # what blocks whom may have changed
@@ -90,6 +93,8 @@ class Passes:
                 pending = co.sched.pending(job, co.cluster)
                 plan(views, running, [pending], co.sched.policy, now, explain=True)
             except Exception as exc:
+                if is_storage_error(exc):
+                    raise
                 culprits[job.id] = f"held: scheduling failed on this job ({exc}); fix or cancel it"
         if not culprits:
             raise error
@@ -123,7 +128,9 @@ class Passes:
                     count = self._split_count(current, views, now)
                     if count:
                         await co.arrays.split(current.id, current.tasks[:count])
-            except Exception:
+            except Exception as exc:
+                if is_storage_error(exc):
+                    raise  # the store's fault, not the array's: the whole pass is tried again
                 log.exception("splitting tasks off array %d failed", record.id)
 
     def _split_count(self, record: Job, views: list[NodeView], now: float) -> int:
@@ -158,6 +165,17 @@ class Passes:
                 if states.get(s.job_id) is JobState.PENDING
             ]
             tx.start_jobs(starts, now)
+            # starts an earlier try of this write committed although its answer was lost (the
+            # store failed during the commit): only passes start jobs, one pass at a time, so a
+            # job running in the store and pending in memory is this pass's own start
+            memory = self.co.cluster.jobs
+            landed = [
+                JobStart(s.job_id, s.node, s.gpus)
+                for s in decided.starts
+                if states.get(s.job_id) is JobState.RUNNING
+                and (job := memory.get(s.job_id)) is not None
+                and job.state is JobState.PENDING
+            ]
             cancels = [c for c in decided.cancellations if states.get(c.job_id) is JobState.PENDING]
             tx.transition(
                 [StateChange(c.job_id, JobState.CANCELLED, c.reason) for c in cancels], now
@@ -176,7 +194,7 @@ class Passes:
             )
             ended = [(c.job_id, JobState.PENDING, c.reason) for c in cancels]
             ended += [(r, record_states[r], records[r]) for r in ended_records]
-            return starts, ended, stopping
+            return starts + landed, ended, stopping
 
         starts, cancelled, stopping = await self.co.writer.write(write)
         self._started(starts, now)

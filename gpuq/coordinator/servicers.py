@@ -177,7 +177,8 @@ class QueueServicer(queue_pb2_grpc.QueueServicer):  # type: ignore[misc]
     async def _submit_one(self, request: queue_pb2.SubmitRequest) -> queue_pb2.SubmitResult:
         """The ids, or the error with the status code a call would have ended with."""
         try:
-            ids = await self.co.submit(spec_from_proto(request.spec), self.co.user)
+            key = request.request_key or None  # empty: no key
+            ids = await self.co.submit(spec_from_proto(request.spec), self.co.user, key)
         except Exception as error:
             code, message = error_status(error)
             return queue_pb2.SubmitResult(code=code.value[0], message=message)

@@ -14,7 +14,8 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import Engine, Row, and_, bindparam, func, insert, select, update
+from sqlalchemy import Engine, Row, and_, bindparam, delete, func, insert, select, update
+from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.engine import Connection
 from sqlalchemy.exc import IntegrityError
 
@@ -35,7 +36,15 @@ from gpuq.domain.states import JobState, check_transition
 from gpuq.errors import DoubleBooking, NotFound
 from gpuq.store import migrate
 from gpuq.store.engine import WRITE, make_engine
-from gpuq.store.tables import allocations, cron_entries, job_events, jobs, nodes, usage
+from gpuq.store.tables import (
+    allocations,
+    cron_entries,
+    job_events,
+    jobs,
+    nodes,
+    submission_keys,
+    usage,
+)
 
 SUBMITTED = "submitted"
 _INSERT_JOB = insert(jobs).returning(jobs.c.id)
@@ -50,6 +59,8 @@ class NewJob:
     user: str
     qos: str
     priority: int
+    # the client's request key: a repeat of (user, key) adds nothing (StoreTx.add_job)
+    key: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -221,6 +232,13 @@ class Store:
             rows = conn.execute(select(usage)).all()
         return {row.user: (row.gpu_seconds, row.updated_at) for row in rows}
 
+    def submitted(self, user: str, key: str) -> list[int] | None:
+        """The ids of the submission `user` made with request key `key`; None if none (or its
+        key has been purged)."""
+        with self.engine.connect() as conn:
+            job_id = conn.execute(_KEY_OWNER, {"user": user, "key": key}).scalar()
+        return None if job_id is None else [job_id]
+
     def cron_entries(self) -> list[CronEntry]:
         with self.engine.connect() as conn:
             rows = conn.execute(select(cron_entries).order_by(cron_entries.c.id)).all()
@@ -247,8 +265,34 @@ class StoreTx:
         self._rows: dict[int, dict[str, Any]] = {}
 
     def add_jobs(self, new_jobs: Sequence[NewJob], now: float) -> list[list[int]]:
-        """Insert submissions (an array becomes one row per task); ids per submission."""
-        return [self._add_one(new, now) for new in new_jobs]
+        """Insert submissions; ids per submission (a repeated request key: the first's)."""
+        return [self.add_job(new, now)[0] for new in new_jobs]
+
+    def add_job(self, new: NewJob, now: float) -> tuple[list[int], bool]:
+        """Insert a submission; its ids, and False when its request key was used before by
+        the same user (nothing is added then: the ids are those of that first submission).
+
+        The key is kept in this same transaction, and its primary key decides a race: of two
+        requests with one key, whichever commits second gets the first's ids."""
+        ids = self._add_one(new, now)
+        if new.key is None:
+            return ids, True
+        [job_id] = ids
+        row = {"user": new.user, "key": new.key, "job_id": job_id, "created_at": now}
+        owner = self.conn.execute(_CLAIM_KEY[self.conn.dialect.name], row).scalar_one()
+        if owner == job_id:
+            return ids, True
+        # a repeat (rare: the coordinator remembers recent keys): take this job back out
+        self.conn.execute(delete(job_events).where(job_events.c.job_id == job_id))
+        self.conn.execute(delete(jobs).where(jobs.c.id == job_id))
+        return [owner], False
+
+    def purge_submission_keys(self, before: float) -> int:
+        """Forget request keys first used before `before` (their jobs stay); how many."""
+        result = self.conn.execute(
+            delete(submission_keys).where(submission_keys.c.created_at < before)
+        )
+        return int(result.rowcount)
 
     def _add_one(self, new: NewJob, now: float) -> list[int]:
         """One row per submission: an array's row is its record, standing for every task
@@ -531,6 +575,25 @@ _RELEASE = (
     .values(live=False, released_at=bindparam("now"))
 )
 _INSERT_ALLOCATION = insert(allocations)
+
+
+def _claim_key(dialect: Any) -> Any:
+    """Insert a request key, or (when (user, key) is taken) leave the row as it is; either
+    way the job id the key now names, in one statement."""
+    stmt = dialect.insert(submission_keys)
+    return stmt.on_conflict_do_update(
+        index_elements=[submission_keys.c.user, submission_keys.c.key],
+        set_={"job_id": submission_keys.c.job_id},
+    ).returning(submission_keys.c.job_id)
+
+
+_CLAIM_KEY = {"postgresql": _claim_key(postgresql), "sqlite": _claim_key(sqlite)}
+_KEY_OWNER = select(submission_keys.c.job_id).where(
+    and_(
+        submission_keys.c.user == bindparam("user"),
+        submission_keys.c.key == bindparam("key"),
+    )
+)
 _LIVE_UNITS = select(allocations.c.unit, allocations.c.job_id).where(
     and_(allocations.c.live, allocations.c.unit.in_(bindparam("units", expanding=True)))
 )

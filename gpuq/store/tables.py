@@ -145,3 +145,16 @@ cron_entries = Table(
     Column("created_at", Float, nullable=False),
     Column("last_fire", Float, nullable=True),  # the scheduled time of the last fire handled
 )
+
+# idempotent submission: a client's request key -> the job its first request created, written
+# in the job's own transaction (gpuq.store.api.StoreTx.add_jobs); the primary key makes a repeat
+# of (user, key) unable to create a second job. Rows older than a day are purged.
+submission_keys = Table(
+    "submission_keys",
+    metadata,
+    Column("user", String(64), primary_key=True),
+    Column("key", String(64), primary_key=True),
+    Column("job_id", Id, ForeignKey("jobs.id"), nullable=False),
+    Column("created_at", Float, nullable=False),
+)
+Index("ix_submission_keys_created_at", submission_keys.c.created_at)

@@ -7,12 +7,17 @@
  *
  * Protocol on the control socket (JSON lines): the hub sends {"spawn": job_dir}, the server
  * answers {"job_dir": job_dir, "pid": N} or {"job_dir": job_dir, "error": text}, in order.
+ * A supervisor that ends other than with exit code 0 (killed by a signal, say) is told, at any
+ * time between replies: {"exited": pid, "status": N} (N as waitpid gives it), so that the hub
+ * can say how a job's supervisor died.
  * At EOF (the agent is gone) serve() returns; supervisors are in their own sessions and go on. */
 #define PY_SSIZE_T_CLEAN
 #define _GNU_SOURCE
 #include <Python.h>
 
 #include <errno.h>
+#include <fcntl.h>
+#include <poll.h>
 #include <signal.h>
 #include <string.h>
 #include <sys/socket.h>
@@ -22,12 +27,35 @@
 
 #include "supervise.h"
 
+/* abnormal supervisor exits, from the SIGCHLD handler (the only writer of exits_head) to the
+ * loop (the only writer of exits_tail); when full, further ones go untold */
+#define EXITS_MAX 1024
+static pid_t exit_pids[EXITS_MAX];
+static int exit_statuses[EXITS_MAX];
+static volatile sig_atomic_t exits_head;
+static volatile sig_atomic_t exits_tail;
+static int exits_wake = -1;
+
 static void reap_supervisors(int signum) {
     (void)signum;
-    int saved = errno;
-    while (waitpid(-1, NULL, WNOHANG) > 0) {
+    int saved = errno, status;
+    pid_t pid;
+    while ((pid = waitpid(-1, &status, WNOHANG)) > 0) {
+        if (status == 0 || exits_head - exits_tail >= EXITS_MAX) continue;
+        exit_pids[exits_head % EXITS_MAX] = pid;
+        exit_statuses[exits_head % EXITS_MAX] = status;
+        exits_head = exits_head + 1;
     }
+    if (exits_wake >= 0) (void)!write(exits_wake, "", 1);
     errno = saved;
+}
+
+static void tell_exits(buf *out) {
+    while (exits_tail != exits_head) {
+        int i = exits_tail % EXITS_MAX;
+        buf_addf(out, "{\"exited\":%d,\"status\":%d}\n", exit_pids[i], exit_statuses[i]);
+        exits_tail = exits_tail + 1;
+    }
 }
 
 static void close_from(int lowest) {
@@ -48,6 +76,7 @@ static void answer(int control, const char *line, size_t len, double ack_wait, b
     }
     pid_t pid = fork();
     if (pid == 0) {
+        signal(SIGCHLD, SIG_DFL); /* the supervisor installs its own */
         close(control);
         close_from(3);
         setsid();
@@ -83,6 +112,9 @@ static PyObject *serve(PyObject *module, PyObject *args) {
     int control;
     double ack_wait;
     if (!PyArg_ParseTuple(args, "id", &control, &ack_wait)) return NULL;
+    int wake[2];
+    if (pipe2(wake, O_CLOEXEC | O_NONBLOCK) != 0) wake[0] = wake[1] = -1;
+    exits_wake = wake[1];
     struct sigaction reap = {.sa_handler = reap_supervisors, .sa_flags = SA_RESTART | SA_NOCLDSTOP};
     sigaction(SIGCHLD, &reap, NULL);
     signal(SIGINT, SIG_IGN); /* a Ctrl-C meant for `gpuq serve` is not for supervisors */
@@ -90,11 +122,22 @@ static PyObject *serve(PyObject *module, PyObject *args) {
     buf pending = {0}, replies = {0};
     char chunk[65536];
     for (;;) {
-        ssize_t n = recv(control, chunk, sizeof chunk, 0);
-        if (n < 0 && errno == EINTR) continue;
-        if (n <= 0) break;
-        buf_add(&pending, chunk, (size_t)n);
+        struct pollfd fds[2] = {{control, POLLIN, 0}, {wake[0], POLLIN, 0}};
+        if (poll(fds, wake[0] >= 0 ? 2 : 1, -1) < 0 && errno != EINTR) break;
         replies.len = 0;
+        if (wake[0] >= 0 && fds[1].revents) {
+            while (read(wake[0], chunk, sizeof chunk) > 0) {
+            }
+        }
+        tell_exits(&replies);
+        if (!(fds[0].revents & (POLLIN | POLLHUP | POLLERR))) {
+            if (replies.len && send_all(control, &replies) != 0) break;
+            continue;
+        }
+        ssize_t n = recv(control, chunk, sizeof chunk, 0);
+        if (n < 0 && errno == EINTR) n = 0;
+        else if (n <= 0) break;
+        buf_add(&pending, chunk, (size_t)n);
         char *newline;
         while ((newline = memchr(pending.data, '\n', pending.len)) != NULL) {
             size_t len = (size_t)(newline - pending.data);
@@ -104,6 +147,11 @@ static PyObject *serve(PyObject *module, PyObject *args) {
             buf_consume(&pending, len + 1);
         }
         if (replies.len && send_all(control, &replies) != 0) break;
+    }
+    exits_wake = -1;
+    if (wake[0] >= 0) {
+        close(wake[0]);
+        close(wake[1]);
     }
     free(pending.data);
     free(replies.data);

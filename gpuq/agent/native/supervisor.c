@@ -15,7 +15,8 @@
  *                      {"type":"signal","signal"}, {"type":"ack"}: the end is recorded; delete
  *                      the folder and exit.
  * The folder: spec.json (from the hub), script, supervisor.pid ("<pid> <start time>"),
- * result.json (written with temp + fsync + rename; a reader falls back to result.json.tmp). */
+ * job.pid ("<job pid> <start time>", and the job's cgroup folder on the next line), result.json
+ * (written with temp + fsync + rename; a reader falls back to result.json.tmp). */
 #define _GNU_SOURCE
 #include <dirent.h>
 #include <errno.h>
@@ -717,6 +718,16 @@ static int prepare(supervisor *s, char *script, size_t script_size, char *proble
     return 0;
 }
 
+/* job.pid: "<job pid> <its start time>\n<cgroup folder or nothing>\n", for the hub: when this
+ * supervisor dies (even by SIGKILL) the hub stops the job's process group and cgroup itself, so
+ * that nothing of the job outlives its supervisor (gpuq/agent/hub.py, _stop_orphans). */
+static void record_job(supervisor *s) {
+    char path[4200], text[4200 + 64];
+    snprintf(path, sizeof path, "%s/job.pid", s->job_dir);
+    int n = snprintf(text, sizeof text, "%d %lld\n%s\n", s->job_pid, start_time(s->job_pid), s->group.version ? s->group.path : "");
+    if (n > 0 && n < (int)sizeof text) (void)write_file(path, text, (size_t)n, 0600, 0, 0, 0);
+}
+
 static void start(supervisor *s, const char *script) {
     const launch_spec *spec = &s->spec;
     if (spec->has_mem_limit) {
@@ -736,6 +747,7 @@ static void start(supervisor *s, const char *script) {
         s->main_gone = 1;
         return;
     }
+    record_job(s);
     double now = monotonic();
     if (spec->has_time_limit) {
         /* --signal SIG@S: SIG S seconds before the limit, or soon after start when S is not

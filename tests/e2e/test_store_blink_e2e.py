@@ -1,0 +1,177 @@
+"""The store may blink: PostgreSQL restarted while jobs run and end. The coordinator waits out
+the outage (writes lost to it are tried again until they land), and every job completes
+without a coordinator restart; none stays running after its processes exited.
+
+Runs on a private PostgreSQL cluster of its own (initdb into a temporary folder, a free port),
+since restarting the shared server would break other tests. Needs root (PostgreSQL runs as the
+`postgres` user, through runuser) and the server binaries; skipped otherwise.
+"""
+
+from __future__ import annotations
+
+import glob
+import os
+import pwd
+import shutil
+import subprocess
+import tempfile
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from e2e_cluster import Cluster, free_port, wait_for
+
+from gpuq.domain.states import JobState
+
+JOBS = 24
+GPUS = 4
+
+
+def _pg_bin() -> Path | None:
+    found = sorted(
+        glob.glob("/usr/lib/postgresql/*/bin"), key=lambda p: int(Path(p).parent.name or 0)
+    )
+    for path in reversed(found):
+        if (Path(path) / "initdb").exists() and (Path(path) / "pg_ctl").exists():
+            return Path(path)
+    return None
+
+
+class PrivatePostgres:
+    """A PostgreSQL cluster in `root`, on 127.0.0.1:`port`, run as the postgres user."""
+
+    def __init__(self, bin_dir: Path, root: Path) -> None:
+        self.bin = bin_dir
+        self.root = root
+        self.data = root / "data"
+        self.port = free_port()
+        self.url = f"postgresql://postgres@127.0.0.1:{self.port}/postgres"
+
+    def _run(self, *args: str, timeout: float = 60) -> None:
+        subprocess.run(
+            ["runuser", "-u", "postgres", "--", *args],
+            check=True,
+            capture_output=True,
+            timeout=timeout,
+            cwd=self.root,
+        )
+
+    def _pg_ctl(self, *args: str) -> None:
+        options = (
+            f"-c listen_addresses=127.0.0.1 -c port={self.port} "
+            f"-c unix_socket_directories={self.root} -c fsync=off"
+        )
+        self._run(
+            str(self.bin / "pg_ctl"), "-D", str(self.data), "-l", str(self.root / "pg.log"),
+            "-w", "-t", "30", "-o", options, *args,
+        )  # fmt: skip
+
+    def start(self) -> None:
+        self._run(
+            str(self.bin / "initdb"), "-D", str(self.data), "-U", "postgres",
+            "--auth=trust", "-E", "UTF8", "--no-sync",
+        )  # fmt: skip
+        self._pg_ctl("start")
+
+    def restart(self) -> None:
+        self._pg_ctl("-m", "fast", "restart")
+
+    def stop_fast(self) -> None:
+        self._pg_ctl("-m", "fast", "stop")
+
+    def start_again(self) -> None:
+        self._pg_ctl("start")
+
+    def stop(self) -> None:
+        if (self.data / "postmaster.pid").exists():
+            self._pg_ctl("-m", "immediate", "stop")
+
+
+@pytest.fixture
+def private_postgres() -> Iterator[PrivatePostgres]:
+    bin_dir = _pg_bin()
+    if bin_dir is None:
+        pytest.skip("the PostgreSQL server binaries (/usr/lib/postgresql/*/bin) are missing")
+    if os.geteuid() != 0 or shutil.which("runuser") is None:
+        pytest.skip("needs root and runuser, to run PostgreSQL as the postgres user")
+    try:
+        owner = pwd.getpwnam("postgres")
+    except KeyError:
+        pytest.skip("no postgres user")
+    root = Path(tempfile.mkdtemp(prefix="gpuq-pg-"))
+    os.chown(root, owner.pw_uid, owner.pw_gid)
+    root.chmod(0o755)
+    server = PrivatePostgres(bin_dir, root)
+    try:
+        server.start()
+        yield server
+    finally:
+        try:
+            server.stop()
+        finally:
+            shutil.rmtree(root, ignore_errors=True)
+
+
+def test_jobs_complete_through_postgres_restarts(
+    tmp_path: Path, private_postgres: PrivatePostgres
+) -> None:
+    cluster = Cluster(tmp_path, f'database_url = "{private_postgres.url}"\n')
+    try:
+        cluster.start_coordinator()
+        coordinator = cluster.coordinator
+        assert coordinator is not None
+        cluster.start_agent("a", f"{GPUS}xA100-80GB")
+        ended = tmp_path / "ended"  # each job leaves a file here as its last act
+        ended.mkdir()
+        ids = [cluster.submit(f"sleep 0.3; mktemp -p {ended}", gpus=1) for _ in range(JOBS)]
+
+        def done() -> int:
+            finished = cluster.client().list(finished=True, job_ids=ids)
+            return sum(j.state is JobState.COMPLETED for j in finished)
+
+        # restart while jobs run and end: once early in the stream, once later. The server
+        # stays down until jobs have ended meanwhile, so their ends' writes meet the outage.
+        for stage in (GPUS, JOBS // 2):
+            wait_for(lambda s=stage: done() >= s, 30, f"{stage} jobs to complete")  # type: ignore[misc]
+            assert cluster.client().list(states=["running"]), "jobs must be running meanwhile"
+            before = len(list(ended.iterdir()))
+            private_postgres.stop_fast()
+            wait_for(lambda b=before: len(list(ended.iterdir())) >= b + 2, 10, "jobs to end")  # type: ignore[misc]
+            time.sleep(0.2)  # (an outage has a length) the agent reports the ends meanwhile
+            private_postgres.start_again()
+
+        # a job that needs every GPU: nothing may still hold one
+        last = wait_for(lambda: cluster.submit("true", gpus=GPUS), 20, "a submission")
+        ids.append(last)
+        wait_for(lambda: done() == len(ids), 40, "every job to complete")
+        # memory agrees with the store: nothing live is left, nothing stays running
+        wait_for(lambda: not cluster.client().list(), 10, "no live jobs")
+        assert coordinator.poll() is None, "the coordinator must not have exited"
+        assert cluster.coordinator is coordinator
+        log = (tmp_path / "coordinator.log").read_text()
+        assert "handling agent reports failed" not in log
+        # each outage met writes that waited it out, and is logged once, not once per try
+        assert log.count("the job store failed (") == 2
+        assert log.count("the job store is back after") == 2
+    finally:
+        cluster.close()
+
+
+def test_restart_with_idle_coordinator_then_work(
+    tmp_path: Path, private_postgres: PrivatePostgres
+) -> None:
+    """The pool's connections died with the server: the next calls reconnect."""
+    cluster = Cluster(tmp_path, f'database_url = "{private_postgres.url}"\n')
+    try:
+        cluster.start_coordinator()
+        cluster.start_agent("a", "2xA100-80GB")
+        first = cluster.submit("true", gpus=1)
+        cluster.wait_state(first, "completed")
+        private_postgres.restart()
+        started = time.monotonic()
+        second = wait_for(lambda: cluster.submit("true", gpus=2), 20, "a submission")
+        assert cluster.wait_state(second, "completed", "failed").state is JobState.COMPLETED
+        assert time.monotonic() - started < 20
+    finally:
+        cluster.close()
