@@ -8,6 +8,11 @@
 
 Errors come back as the exceptions the coordinator raised (InvalidInput, NotFound, ...); a
 coordinator that cannot be reached raises ServerUnavailable saying how to start one.
+
+The address may name several coordinators, comma-separated (a leader and its standbys on one
+PostgreSQL store): a call goes to the one that answered last (at first, the first one), and
+one that finds it unreachable (UNAVAILABLE) tries the next, so a standby that took over is
+found without a restart.
 """
 
 from __future__ import annotations
@@ -25,7 +30,7 @@ from typing import TYPE_CHECKING, Any
 import grpc
 
 from gpuq.auth import bearer, read_token
-from gpuq.config import Settings, load_settings
+from gpuq.config import Settings, load_settings, split_addresses
 from gpuq.domain.dependencies import parse_job_ref
 from gpuq.domain.states import JobState, parse_states
 from gpuq.errors import (
@@ -62,14 +67,15 @@ class Client:
         timeout: float = 30.0,
     ) -> None:
         settings = settings or load_settings()
-        self.address = address or settings.coordinator_address
+        self.addresses = split_addresses(address or settings.coordinator_address)
+        self._current = 0  # the address that answered last
         self._token = token
         self._token_path = settings.token_path
         self.timeout = timeout
-        self._channel = grpc.insecure_channel(
-            self.address, options=[("grpc.max_receive_message_length", 256 << 20)]
-        )
-        self._stub = queue_pb2_grpc.QueueStub(self._channel)
+        self._channels: builtins.list[grpc.Channel | None] = [None] * len(self.addresses)
+        self._stubs: builtins.list[queue_pb2_grpc.QueueStub | None] = [None] * len(self.addresses)
+        self._channels_lock = threading.Lock()
+        self._stub_at(0)
         self._streams = threading.local()  # each thread's open Submit stream
         # every thread's, to close with the client; weak: a thread's stream ends with the thread
         self._open: weakref.WeakSet[_SubmitStream] = weakref.WeakSet()
@@ -80,7 +86,40 @@ class Client:
             streams, self._open = list(self._open), weakref.WeakSet()
         for stream in streams:
             stream.close()
-        self._channel.close()
+        with self._channels_lock:
+            for channel in self._channels:
+                if channel is not None:
+                    channel.close()
+
+    @property
+    def address(self) -> str:
+        """The coordinator address in use (the one that answered last)."""
+        return self.addresses[self._current]
+
+    @property
+    def _where(self) -> str:
+        """All the addresses, for messages."""
+        return ", ".join(self.addresses)
+
+    def _stub_at(self, index: int) -> queue_pb2_grpc.QueueStub:
+        stub = self._stubs[index]
+        if stub is None:
+            with self._channels_lock:
+                stub = self._stubs[index]
+                if stub is None:
+                    channel = grpc.insecure_channel(
+                        self.addresses[index],
+                        options=[("grpc.max_receive_message_length", 256 << 20)],
+                    )
+                    self._channels[index] = channel
+                    stub = self._stubs[index] = queue_pb2_grpc.QueueStub(channel)
+        return stub
+
+    def _unreachable_at(self, index: int) -> None:
+        """The address `index` did not answer: the next call starts at the one after it
+        (unless another thread has moved on already)."""
+        if self._current == index:
+            self._current = (index + 1) % len(self.addresses)
 
     def __enter__(self) -> Client:
         return self
@@ -131,15 +170,24 @@ class Client:
 
     def _submit_until_answered(self, request: queue_pb2.SubmitRequest) -> queue_pb2.SubmitResult:
         """The coordinator's answer; the request is sent again (on a new stream) while none
-        comes, after each of SUBMIT_RETRY_DELAYS. An answer, an error included, is final."""
-        for delay in (*SUBMIT_RETRY_DELAYS, None):
+        comes, after each of SUBMIT_RETRY_DELAYS. An answer, an error included, is final.
+        With several addresses, an unreachable one passes the request to the next at once;
+        the pause comes when each has been tried."""
+        delays = iter((*SUBMIT_RETRY_DELAYS, None))
+        delay = next(delays)
+        others = len(self.addresses) - 1  # to try before the next pause
+        while True:
             stream = self._submit_stream()
             try:
                 result = stream.submit(request)
             except grpc.RpcError as error:
                 self._drop(stream)
                 if not _transient(error):
-                    raise _translate(error, self.address) from None
+                    raise _translate(error, self._where) from None
+                if others and _unreachable(error):
+                    others -= 1
+                    self._unreachable_at(stream.index)
+                    continue
                 if delay is None:
                     code = error.code()
                     if code == grpc.StatusCode.DEADLINE_EXCEEDED:
@@ -148,9 +196,12 @@ class Client:
                             f"submission in {self.timeout:g} s ({len(SUBMIT_RETRY_DELAYS) + 1} "
                             "tries)"
                         ) from None
-                    raise _translate(error, self.address) from None
+                    raise _translate(error, self._where) from None
+                if _unreachable(error):
+                    self._unreachable_at(stream.index)  # the next round starts at the next
             else:
                 if result is not None:
+                    self._current = stream.index
                     return result
                 self._drop(stream)
                 if delay is None:
@@ -159,7 +210,8 @@ class Client:
                         f"without an answer ({len(SUBMIT_RETRY_DELAYS) + 1} tries)"
                     )
             time.sleep(delay)
-        raise AssertionError("unreachable")  # pragma: no cover
+            delay = next(delays)
+            others = len(self.addresses) - 1
 
     def _submit_stream(self) -> _SubmitStream:
         stream: _SubmitStream | None = getattr(self._streams, "current", None)
@@ -167,7 +219,9 @@ class Client:
             self._drop(stream)
             stream = None
         if stream is None:
-            stream = _SubmitStream(self._stub, (self._auth(),), self.timeout)
+            index = self._current
+            stream = _SubmitStream(self._stub_at(index), (self._auth(),), self.timeout)
+            stream.index = index
             self._streams.current = stream
             with self._open_lock:
                 self._open.add(stream)
@@ -278,19 +332,30 @@ class Client:
         """Job events as they happen; ends when every watched job has finished."""
         from gpuq.convert import event_from_proto
 
-        stream = self._stub.Watch(
-            queue_pb2.WatchRequest(job_ids=list(job_ids)),
-            metadata=(self._auth(),),
-            timeout=timeout,
-        )
-        try:
-            for batch in stream:
-                for event in batch.events:
-                    yield event_from_proto(event)
-        except grpc.RpcError as error:
-            if error.code() != grpc.StatusCode.DEADLINE_EXCEEDED:
-                raise _translate(error, self.address) from None
-            raise TimeoutError(f"jobs {list(job_ids)} did not finish in time") from None
+        job_ids = list(job_ids)
+        start, count = self._current, len(self.addresses)
+        for attempt in range(count):
+            index = (start + attempt) % count
+            stream = self._stub_at(index).Watch(
+                queue_pb2.WatchRequest(job_ids=job_ids),
+                metadata=(self._auth(),),
+                timeout=timeout,
+            )
+            answered = False
+            try:
+                for batch in stream:
+                    if not answered:
+                        answered, self._current = True, index
+                    for event in batch.events:
+                        yield event_from_proto(event)
+                return
+            except grpc.RpcError as error:
+                if not answered and attempt + 1 < count and _unreachable(error):
+                    self._unreachable_at(index)
+                    continue
+                if error.code() != grpc.StatusCode.DEADLINE_EXCEEDED:
+                    raise _translate(error, self._where) from None
+                raise TimeoutError(f"jobs {job_ids} did not finish in time") from None
 
     def wait(self, job_id: int | str, timeout: float | None = None) -> Job:
         """Block until the job (every task, for an array id) has finished; the job (for an
@@ -341,12 +406,24 @@ class Client:
         return bearer(self._token)
 
     def _call(self, method: str, request: Any) -> Any:
-        try:
-            return getattr(self._stub, method)(
-                request, metadata=(self._auth(),), timeout=self.timeout
-            )
-        except grpc.RpcError as error:
-            raise _translate(error, self.address) from None
+        """The reply from the address that answered last, or else from the first of the
+        others that answers (each tried once)."""
+        start, count = self._current, len(self.addresses)
+        for attempt in range(count):
+            index = (start + attempt) % count
+            try:
+                reply = getattr(self._stub_at(index), method)(
+                    request, metadata=(self._auth(),), timeout=self.timeout
+                )
+            except grpc.RpcError as error:
+                if attempt + 1 < count and _unreachable(error):
+                    self._unreachable_at(index)
+                    continue
+                raise _translate(error, self._where) from None
+            if index != start:
+                self._current = index
+            return reply
+        raise AssertionError("unreachable")  # pragma: no cover
 
 
 class _SubmitStream:
@@ -354,6 +431,8 @@ class _SubmitStream:
 
     The call has a deadline of `timeout` and is replaced once half of that has passed, so a
     submission on it has between timeout/2 and timeout to finish, as a call of its own would."""
+
+    index = 0  # which of the client's addresses it goes to
 
     def __init__(
         self, stub: queue_pb2_grpc.QueueStub, metadata: tuple[Any, ...], timeout: float | None
@@ -398,6 +477,12 @@ def _transient(error: grpc.RpcError) -> bool:
     key is safe. A storage error is an answer (the coordinator said it, and saved nothing)."""
     details = error.details() or ""
     return error.code() in _TRANSIENT and not details.startswith(STORAGE_PREFIX)
+
+
+def _unreachable(error: grpc.RpcError) -> bool:
+    """No coordinator answered at that address (down, or a standby not leading yet)."""
+    details = error.details() or ""
+    return error.code() == grpc.StatusCode.UNAVAILABLE and not details.startswith(STORAGE_PREFIX)
 
 
 def _translate(error: grpc.RpcError, address: str) -> GpuqError:

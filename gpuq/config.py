@@ -52,6 +52,8 @@ class QosTier:
     max_submitted_jobs: int | None = None  # per user, pending + running
     default_time: int | None = None  # seconds; for jobs without --time
     max_time: int | None = None  # seconds; longer requests are refused at submit
+    # how many times a job lost with its node (node_fail) goes back to the queue; 0: never
+    requeue_on_node_fail: int = 1
 
 
 DAY = 86400
@@ -87,12 +89,17 @@ class CoordinatorSettings:
     listen: str | None = f"127.0.0.1:{DEFAULT_TCP_PORT}"  # TCP; None: Unix socket only
     sqlite_synchronous: str = "NORMAL"
     heartbeat_interval: float = 5.0
-    heartbeat_timeout: float = 30.0
+    # a node silent this long is marked down and its jobs node_fail (SLURM's SlurmdTimeout
+    # is of this order: an agent restart or a short network cut costs no job)
+    heartbeat_timeout: float = 300.0
     kill_grace: float = 30.0
     # a user's queued and running jobs, an array counting every task not yet ended: what
     # one person may keep in the coordinator's memory (about 76 bytes a waiting array task)
     max_queued_per_user: int = 1_000_000
     default_qos: str = "normal"
+    # PostgreSQL only: wait while another coordinator holds the store, and take over when it
+    # goes (instead of exiting with code 3)
+    standby: bool = False
     qos: dict[str, QosTier] = field(default_factory=default_qos_tiers)
     scheduler: SchedulerSettings = field(default_factory=SchedulerSettings)
 
@@ -100,7 +107,9 @@ class CoordinatorSettings:
 @dataclass(frozen=True, slots=True)
 class AgentSettings:
     node_name: str = field(default_factory=lambda: socket.gethostname().split(".")[0])
-    coordinator: str | None = None  # "unix:PATH" or "HOST:PORT"; None: this home's socket
+    # "unix:PATH" or "HOST:PORT", or several comma-separated (a leader and its standbys, tried
+    # in order); None: this home's socket
+    coordinator: str | None = None
     run_dir: str | None = None  # job folders (<run_dir>/<node>); None: see Settings.agent_run_root
     fake_gpus: str | None = None
     cpus: int | None = None  # CPUs offered to jobs; None: every CPU of the machine
@@ -109,6 +118,10 @@ class AgentSettings:
     cgroup_parent: str = "gpuq"
     visible_devices: str = "uuid"  # uuid | index: how CUDA_VISIBLE_DEVICES names GPUs
     job_env: dict[str, str] = field(default_factory=lambda: dict(DEFAULT_JOB_ENV))
+    # an agent that cannot reach the coordinator this long stops its jobs itself (they end
+    # node_fail), so that a job the coordinator requeues never runs in two places; shorter than
+    # the coordinator's heartbeat_timeout, by more than the jobs' kill grace
+    fence_time: float = 240.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -150,8 +163,15 @@ class Settings:
 
     @property
     def coordinator_address(self) -> str:
-        """Where clients and a local agent reach the coordinator."""
+        """Where clients and a local agent reach the coordinator (several addresses are
+        separated by commas: see split_addresses)."""
         return self.agent.coordinator or f"unix:{self.socket_path}"
+
+
+def split_addresses(address: str) -> list[str]:
+    """The addresses in a coordinator address: a leader and its standbys, comma-separated, in
+    the order they are tried. A single address is a list of one."""
+    return [part.strip() for part in address.split(",") if part.strip()] or [address]
 
 
 def find_config_file(explicit: Path | None, home: Path) -> Path | None:
@@ -193,7 +213,22 @@ def load_settings(config: Path | None = None, home: Path | None = None) -> Setti
         ),
         agent=_section(AgentSettings, data.get("agent", {}), "agent", source),
     )
+    _check_fence(settings, data.get("agent", {}), source)
     return _apply_env(settings)
+
+
+def _check_fence(settings: Settings, raw: dict[str, Any], source: str) -> None:
+    """An agent's fence_time set in the file must be shorter than the node timeout (the
+    file's, else the default): an agent that fences later than the coordinator gives its jobs
+    up would let a requeued job run twice."""
+    timeout = settings.coordinator.heartbeat_timeout
+    if "fence_time" in raw and settings.agent.fence_time >= timeout:
+        raise ConfigError(
+            source,
+            "[agent] fence_time",
+            raw["fence_time"],
+            f"must be shorter than [coordinator] heartbeat_timeout ({timeout:g} s)",
+        )
 
 
 def check_setting(section: str, key: str, value: Any, source: str, label: str = "") -> Any:
@@ -320,16 +355,27 @@ def _listen(value: Any, source: str, key: str) -> str | None:
     return _host_port(text, source, key, any_port=True) if text else None
 
 
+MAX_ADDRESSES = 16  # a leader and its standbys
+
+
 def _coordinator_address(value: Any, source: str, key: str) -> str:
+    """unix:PATH or HOST:PORT, or several of them separated by commas (a leader and its
+    standbys, tried in that order); normalised to no spaces around the commas."""
     text = _string(value, source, key)
-    if text.startswith("unix:"):
-        if len(text) > len("unix:"):
-            return text
-        raise ConfigError(source, key, value, "expected unix:PATH or HOST:PORT")
-    try:
-        return _host_port(text, source, key, any_port=False)
-    except ConfigError:
-        raise ConfigError(source, key, value, "expected unix:PATH or HOST:PORT") from None
+    parts = [part.strip() for part in text.split(",")] if "," in text else [text]
+    what = "expected unix:PATH or HOST:PORT, or several separated by commas"
+    if len(parts) > MAX_ADDRESSES:
+        raise ConfigError(source, key, value, f"{what} (at most {MAX_ADDRESSES})")
+    for part in parts:
+        if part.startswith("unix:"):
+            if len(part) > len("unix:"):
+                continue
+            raise ConfigError(source, key, value, what)
+        try:
+            _host_port(part, source, key, any_port=False)
+        except ConfigError:
+            raise ConfigError(source, key, value, what) from None
+    return ",".join(parts)
 
 
 def redact_url(url: str) -> str:
@@ -426,6 +472,7 @@ RULES: dict[str, dict[str, Check]] = {
         "kill_grace": _seconds(0, DAY),
         "max_queued_per_user": _integer(1, 100_000_000),
         "default_qos": _pattern(_TIER_NAME, "the name of a [qos.NAME] tier"),
+        "standby": _boolean,
     },
     "scheduler": {
         "weight_age": _number(0, MAX_WEIGHT),
@@ -444,6 +491,7 @@ RULES: dict[str, dict[str, Check]] = {
         "max_submitted_jobs": _integer(0, MAX_COUNT),
         "default_time": _integer(1, MAX_TIME_LIMIT, "seconds"),
         "max_time": _integer(1, MAX_TIME_LIMIT, "seconds"),
+        "requeue_on_node_fail": _integer(0, 1000),
     },
     "agent": {
         "node_name": _pattern(
@@ -458,6 +506,7 @@ RULES: dict[str, dict[str, Check]] = {
         "cgroup_parent": _cgroup_parent,
         "visible_devices": _choice("uuid", "index"),
         "job_env": _job_env,
+        "fence_time": _seconds(0.1, DAY),
     },
 }
 # the sections' names for RULES (a [qos.NAME] section has the rules of "qos")

@@ -14,6 +14,8 @@ import os
 import signal
 import stat
 import sys
+import threading
+from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -25,6 +27,7 @@ from gpuq.errors import GpuqError, InvalidInput
 if TYPE_CHECKING:
     from gpuq.agent.agent import Agent
     from gpuq.agent.forkserver import ForkServer
+    from gpuq.coordinator.server import RunningCoordinator
 
 log = logging.getLogger("gpuq")
 
@@ -64,8 +67,6 @@ def _start_fork_server() -> ForkServer:
 async def _main(settings: Settings, *, coordinator: bool, fork_server: ForkServer | None) -> None:
     """Run until SIGINT or SIGTERM; a coordinator that must stop on its own (it lost its store
     to another one) stops the same way, then raises what stopped it."""
-    from gpuq.coordinator.server import start_coordinator
-
     stopped = asyncio.Event()
     fatal: list[GpuqError] = []
 
@@ -76,7 +77,10 @@ async def _main(settings: Settings, *, coordinator: bool, fork_server: ForkServe
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stopped.set)
-    running = await start_coordinator(settings, on_fatal=stop_for) if coordinator else None
+    running = await _start_coordinator(settings, stopped, stop_for) if coordinator else None
+    if coordinator and running is None:
+        log.info("stopped while standing by")
+        return
     agent_task = None
     try:
         if fork_server is not None:
@@ -97,6 +101,34 @@ async def _main(settings: Settings, *, coordinator: bool, fork_server: ForkServe
             await running.stop()
     if fatal:
         raise fatal[0]
+
+
+async def _start_coordinator(
+    settings: Settings, stopped: asyncio.Event, on_fatal: Callable[[GpuqError], None]
+) -> RunningCoordinator | None:
+    """The coordinator, started; None when `stopped` is set first (a standby can wait long
+    for its turn, and SIGTERM must still end it)."""
+    from gpuq.coordinator.server import StandbyStopped, start_coordinator
+
+    if not settings.coordinator.standby:
+        return await start_coordinator(settings, on_fatal=on_fatal)
+    stop = threading.Event()
+    starting = asyncio.create_task(start_coordinator(settings, on_fatal=on_fatal, stop=stop))
+    stopping = asyncio.create_task(stopped.wait())
+    try:
+        await asyncio.wait({starting, stopping}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        stopping.cancel()
+    if stopped.is_set():
+        stop.set()  # the waiting thread sees it within a poll
+    try:
+        running = await starting
+    except StandbyStopped:
+        return None
+    if stopped.is_set():  # it took over just as it was told to stop
+        await running.stop()
+        return None
+    return running
 
 
 def _make_agent(settings: Settings, fork_server: ForkServer) -> Agent:

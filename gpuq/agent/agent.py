@@ -25,7 +25,7 @@ from gpuq.agent.gpus import GpuBackend, GpuInventory
 from gpuq.agent.hub import LaunchRefused, SupervisorHub, SupervisorReport
 from gpuq.agent.launch import LaunchOrder, NodePolicy, build_launch
 from gpuq.auth import bearer
-from gpuq.config import AgentSettings
+from gpuq.config import AgentSettings, split_addresses
 from gpuq.convert import spec_from_proto, unit_to_proto
 from gpuq.domain.units import parse_size
 from gpuq.v1 import agent_pb2 as apb
@@ -39,6 +39,10 @@ BEAT_SLACK = 0.01  # seconds early a heartbeat may go (timers can fire a little 
 # a launch this node cannot start (its fork server is down) is reported this much later, so that
 # a coordinator that sends it straight back here does not spin
 REFUSE_HOLD = 5.0
+# a fenced job gets this long between SIGTERM and SIGKILL (fence_time plus this must stay
+# under the coordinator's node timeout: 240 + 10 < 300 by default)
+FENCE_GRACE = 10.0
+FENCE_CHECK_MAX = 1.0  # seconds between two looks at how long the coordinator has been away
 
 
 @dataclass(frozen=True, slots=True)
@@ -61,7 +65,9 @@ class Agent:
         self._outgoing: list[apb.JobReport] = []
         self._flush = asyncio.Event()
         self.refused: dict[int, asyncio.TimerHandle] = {}  # not started, to be handed back
+        self.refused_attempts: dict[int, int] = {}  # their attempts
         self.connected = asyncio.Event()
+        self.fenced: set[int] = set()  # jobs stopped because the coordinator was away too long
 
     def _policy(self) -> NodePolicy:
         extra: dict[str, str] = {}
@@ -82,6 +88,7 @@ class Agent:
     async def run(self) -> None:
         """Serve until cancelled; supervisors and jobs outlive the agent."""
         await self.hub.start()
+        fence = asyncio.create_task(self._fence(), name="fence")
         delay = 0.05
         try:
             while True:
@@ -100,22 +107,64 @@ class Agent:
                 await asyncio.sleep(delay)
                 delay = min(RECONNECT_MAX, delay * 2)
         finally:
+            fence.cancel()
+            await asyncio.gather(fence, return_exceptions=True)
             await self.hub.close()
             self.backend.close()
 
+    async def _fence(self) -> None:
+        """Stop this node's jobs once no coordinator has been connected for fence_time: by
+        then the coordinator may be about to give them up (node timeout) and requeue them,
+        and a job must never run in two places. They end node_fail, which is reported when a
+        coordinator is back (and requeued as the job's QOS allows)."""
+        loop = asyncio.get_running_loop()
+        limit = self.options.settings.fence_time
+        last_connected = loop.time()  # a new agent gives the coordinator the whole fence_time
+        while True:
+            await asyncio.sleep(min(FENCE_CHECK_MAX, limit / 10))
+            if self.connected.is_set():
+                last_connected = loop.time()
+                self.fenced.clear()
+                continue
+            if loop.time() - last_connected < limit:
+                continue
+            reason = f"fenced: no word from the coordinator for {limit:g} s"
+            for job_id in self.hub.running_jobs():
+                if job_id in self.fenced:
+                    continue
+                self.fenced.add(job_id)
+                log.warning("job %d: %s; stopping it", job_id, reason)
+                await self.hub.stop(job_id, "node_fail", reason, 0, FENCE_GRACE)
+
     async def _session(self) -> None:
+        """One session with the first coordinator that accepts this agent's stream: the
+        configured addresses (a leader and its standbys, comma-separated) are tried in order,
+        an unreachable one passing to the next; the run loop starts over after a session."""
+        addresses = split_addresses(self.options.address)
+        for number, address in enumerate(addresses, 1):
+            try:
+                if await self._session_at(address):
+                    return
+            except grpc.aio.AioRpcError as error:
+                last = number == len(addresses)
+                if self.connected.is_set() or last or error.code() != grpc.StatusCode.UNAVAILABLE:
+                    raise
+                log.debug("no coordinator at %s (%s); trying the next", address, error.code().name)
+
+    async def _session_at(self, address: str) -> bool:
+        """A session with the coordinator at `address`; False if it did not register us."""
         metadata = (bearer(self.options.token),)
-        async with grpc.aio.insecure_channel(self.options.address) as channel:
+        async with grpc.aio.insecure_channel(address) as channel:
             stub = agent_pb2_grpc.AgentLinkStub(channel)
             call = stub.Connect(metadata=metadata)
             self._outgoing.clear()  # what was unsent is rebuilt into the registration
             await call.write(apb.AgentMessage(register=self._registration()))
             first = await call.read()
             if first is grpc.aio.EOF or not first.HasField("registered"):
-                return
+                return False
             interval = first.registered.heartbeat_interval or self.options.heartbeat_interval
             self.connected.set()
-            log.info("registered with the coordinator at %s", self.options.address)
+            log.info("registered with the coordinator at %s", address)
             sender = asyncio.create_task(self._send(call, interval))
             try:
                 await self._handle(first)
@@ -124,17 +173,25 @@ class Agent:
             finally:
                 sender.cancel()
                 await asyncio.gather(sender, return_exceptions=True)
+        return True
 
     def _registration(self) -> apb.Register:
         s = self.options.settings
         jobs = [
-            apb.JobReport(job_id=job_id, kind=apb.JobReport.RUNNING)
+            apb.JobReport(
+                job_id=job_id, kind=apb.JobReport.RUNNING, attempt=self.hub.attempt_of(job_id)
+            )
             for job_id in self.hub.running_jobs()
             if job_id not in self.unacked
         ]
         # held before they go back to the queue: to the coordinator they still run here
         jobs += [
-            apb.JobReport(job_id=job_id, kind=apb.JobReport.RUNNING) for job_id in self.refused
+            apb.JobReport(
+                job_id=job_id,
+                kind=apb.JobReport.RUNNING,
+                attempt=self.refused_attempts.get(job_id, 0),
+            )
+            for job_id in self.refused
         ]
         jobs += [_report_message(r) for r in self.unacked.values()]
         cpus = s.cpus or os.cpu_count() or 1
@@ -157,25 +214,52 @@ class Agent:
     # ---- what the coordinator says ---------------------------------------------------------
 
     async def _handle(self, message: apb.CoordinatorMessage) -> None:
+        if message.HasField("registered"):
+            timeout = message.registered.node_timeout
+            fence = self.options.settings.fence_time
+            if timeout and fence >= timeout:
+                log.warning(
+                    "[agent] fence_time (%g s) is not shorter than the coordinator's "
+                    "heartbeat_timeout (%g s): a job it gives up on may still run here",
+                    fence,
+                    timeout,
+                )
         for job_id in message.ack:
             self.unacked.pop(job_id, None)
             await self.hub.ack(job_id)
         for launch in message.start:
             await self._launch(launch)
         for stop in message.stop:
+            if not self._stop_is_current(stop):
+                log.info("ignoring a stop of job %d's start %d", stop.job_id, stop.attempt)
+                continue
             if (held := self.refused.pop(stop.job_id, None)) is not None:
                 held.cancel()  # it never started: it ends as the stop says
-                self._report_gone(stop.job_id, stop.end_state)
+                self.refused_attempts.pop(stop.job_id, None)
+                self._report_gone(stop.job_id, stop.end_state, stop.attempt)
                 continue
             known = await self.hub.stop(
                 stop.job_id, stop.end_state, stop.reason, stop.signal, stop.grace
             )
             if not known and stop.job_id not in self.unacked:
-                self._report_gone(stop.job_id, stop.end_state)
+                self._report_gone(stop.job_id, stop.end_state, stop.attempt)
         for sig in message.signal:
             await self.hub.signal(sig.job_id, sig.signal)
 
+    def _stop_is_current(self, stop: apb.StopJob) -> bool:
+        """The stop is meant for the start of the job this node has (0: either side cannot
+        tell, taken as meant for it)."""
+        if stop.job_id in self.refused:
+            mine = self.refused_attempts.get(stop.job_id, 0)
+        else:
+            mine = self.hub.attempt_of(stop.job_id)
+        return stop.attempt == 0 or mine == 0 or stop.attempt == mine
+
     async def _launch(self, launch: apb.JobLaunch) -> None:
+        if launch.job_id in self.hub.running_jobs() or launch.job_id in self.unacked:
+            # an earlier start of the job is still ending here (it was stopped as a stray)
+            self._hand_back(launch.job_id, "an earlier start of the job is ending", launch.attempt)
+            return
         try:
             order = LaunchOrder(
                 job_id=launch.job_id,
@@ -187,11 +271,12 @@ class Agent:
                 array_job_id=launch.array_job_id if launch.HasField("array_job_id") else None,
                 array_task_id=launch.array_task_id if launch.HasField("array_task_id") else None,
                 requeue_count=launch.requeue_count,
+                attempt=launch.attempt,
             )
             await self.hub.launch(build_launch(order, self.policy))
         except LaunchRefused as error:
             log.error("job %d not started: %s", launch.job_id, error)
-            self._hand_back(launch.job_id, str(error))
+            self._hand_back(launch.job_id, str(error), launch.attempt)
         except Exception as error:  # a launch that cannot even begin ends the job as failed
             log.exception("cannot launch job %d", launch.job_id)
             self._on_report(
@@ -200,22 +285,27 @@ class Agent:
                     "ended",
                     "failed",
                     reason=f"launch failed on {self.policy.node}: {error}",
+                    attempt=launch.attempt,
                 )
             )
 
-    def _hand_back(self, job_id: int, problem: str) -> None:
-        """The job did not start here: after REFUSE_HOLD, report it preempted, the one ending
-        the protocol has that sends a job back to the queue (unless it said --no-requeue)."""
+    def _hand_back(self, job_id: int, problem: str, attempt: int = 0) -> None:
+        """The job did not start here: after REFUSE_HOLD, report it NOT_STARTED, which sends
+        it back to the queue as it was (it never ran: not a requeue, not preempted)."""
 
         def report() -> None:
             if self.refused.pop(job_id, None) is not None:
+                self.refused_attempts.pop(job_id, None)
                 reason = f"not started: {self.policy.node} cannot start jobs ({problem})"
-                self._on_report(SupervisorReport(job_id, "ended", "preempted", reason=reason))
+                self._on_report(
+                    SupervisorReport(job_id, "not_started", None, reason=reason, attempt=attempt)
+                )
 
         if job_id not in self.refused:
             self.refused[job_id] = asyncio.get_running_loop().call_later(REFUSE_HOLD, report)
+            self.refused_attempts[job_id] = attempt
 
-    def _report_gone(self, job_id: int, end_state: str) -> None:
+    def _report_gone(self, job_id: int, end_state: str, attempt: int = 0) -> None:
         """The coordinator stops a job this node does not run: say it has ended."""
         self._on_report(
             SupervisorReport(
@@ -223,6 +313,7 @@ class Agent:
                 "ended",
                 end_state or "cancelled",
                 reason=f"not running on {self.policy.node}",
+                attempt=attempt,
             )
         )
 
@@ -231,7 +322,7 @@ class Agent:
     def _on_report(self, report: SupervisorReport) -> None:
         """Ends go to the coordinator (and stay until acknowledged); a start needs no message:
         the coordinator already counts the job as running."""
-        if report.kind == "ended":
+        if report.kind in ("ended", "not_started"):
             self.unacked[report.job_id] = report
             self._outgoing.append(_report_message(report))
             self._flush.set()
@@ -294,9 +385,20 @@ def jobs_of(pids: Iterable[int]) -> set[int]:
 
 def _report_message(report: SupervisorReport) -> apb.JobReport:
     if report.kind == "running":
-        return apb.JobReport(job_id=report.job_id, kind=apb.JobReport.RUNNING, at=report.at)
+        return apb.JobReport(
+            job_id=report.job_id, kind=apb.JobReport.RUNNING, at=report.at, attempt=report.attempt
+        )
+    if report.kind == "not_started":
+        return apb.JobReport(
+            job_id=report.job_id,
+            kind=apb.JobReport.NOT_STARTED,
+            result=pb.JobResult(reason=report.reason),
+            at=report.at,
+            attempt=report.attempt,
+        )
     return apb.JobReport(
         job_id=report.job_id,
+        attempt=report.attempt,
         kind=apb.JobReport.ENDED,
         end_state=report.end_state or "failed",
         result=pb.JobResult(exit_code=report.exit_code, signal=report.signal, reason=report.reason),

@@ -52,6 +52,9 @@ RESTART_DELAY_MAX = 5.0
 EXITS_KEPT = 1000  # abnormal supervisor exits remembered, newest
 EXIT_WAIT = 0.5  # seconds to wait for the fork server's word on how a supervisor died
 LAUNCH_WAIT = 2.0  # seconds a launch waits for a fork server that is being restarted
+# seconds a launch waits for an earlier start of the same job to leave its folder (its
+# supervisor removes it when told its end is recorded, perhaps just before this start came)
+EARLIER_START_WAIT = 5.0
 
 
 class LaunchRefused(Exception):
@@ -63,7 +66,8 @@ class SupervisorReport:
     """What a supervisor said about its job: it runs, or it ended (with the result)."""
 
     job_id: int
-    kind: Literal["running", "ended"]
+    # not_started: the agent's own, for a launch it handed back (no supervisor ran it)
+    kind: Literal["running", "ended", "not_started"]
     end_state: str | None  # a JobState value for "ended", None for "running"
     exit_code: int | None = None
     signal: int | None = None
@@ -71,10 +75,12 @@ class SupervisorReport:
     at: float = 0.0  # started_at for "running", ended_at for "ended"
     peak_mem: int = 0
     leftovers_killed: int = 0
+    attempt: int = 0  # which start of the job (the launch spec's attempt; 0: unknown)
 
     @classmethod
-    def ended(cls, result: Message) -> SupervisorReport:
+    def ended(cls, result: Message, attempt: int = 0) -> SupervisorReport:
         return cls(
+            attempt=attempt,
             job_id=int(result["job_id"]),
             kind="ended",
             end_state=str(result["end_state"]),
@@ -90,6 +96,7 @@ class SupervisorReport:
 @dataclass(slots=True)
 class _Job:
     job_id: int
+    attempt: int = 0  # the launch spec's: which start of the job this is
     conn: _SupervisorConn | None = None
     pid: int | None = None  # the supervisor's
     queued: list[Message] = field(default_factory=list)  # stop/signal/ack before it connects
@@ -322,7 +329,7 @@ class SupervisorHub:
             if not entry.name.isdigit() or int(entry.name) in self.jobs:
                 continue
             job_dir = Path(entry.path)
-            job = _Job(int(entry.name), pid=supervisor_alive(job_dir))
+            job = _Job(int(entry.name), _attempt_in(job_dir), pid=supervisor_alive(job_dir))
             self.jobs[job.job_id] = job
             if job.pid is not None:
                 self._watch(job)  # it will reconnect; notice if it dies before that
@@ -340,7 +347,8 @@ class SupervisorHub:
             raise RuntimeError("SupervisorHub.start() first")
         job_dir = self._job_dir(spec.job_id)
         text = json.dumps(spec.to_dict()).encode()
-        job = self.jobs[spec.job_id] = _Job(spec.job_id)
+        await self._earlier_start_gone(job_dir)
+        job = self.jobs[spec.job_id] = _Job(spec.job_id, spec.attempt)
         try:
             pid = await self._spawn(job_dir, text)
         except BaseException:
@@ -352,6 +360,22 @@ class SupervisorHub:
         if job.conn is None:
             self._watch(job)
         return pid
+
+    async def _earlier_start_gone(self, job_dir: Path) -> None:
+        """Wait until an earlier start of the job has left its folder (its supervisor removes
+        it once the end is acknowledged); a folder whose supervisor is gone is removed here.
+        LaunchRefused when it stays (the job goes back to the queue)."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + EARLIER_START_WAIT
+        while job_dir.exists():
+            if supervisor_alive(job_dir) is None:
+                with contextlib.suppress(OSError):
+                    remove_job_dir(job_dir)
+                if not job_dir.exists():
+                    return
+            if loop.time() > deadline:
+                raise LaunchRefused("an earlier start of the job has not left its folder yet")
+            await asyncio.sleep(0.01)
 
     async def _spawn(self, job_dir: Path, spec_text: bytes) -> int:
         """Ask the fork server for a supervisor; retried once on a restarted fork server.
@@ -433,6 +457,11 @@ class SupervisorHub:
         """Jobs launched or adopted whose end has not been reported."""
         return sorted(job_id for job_id, job in self.jobs.items() if not job.ended)
 
+    def attempt_of(self, job_id: int) -> int:
+        """Which start of the job this node runs (its launch spec's attempt; 0: unknown)."""
+        job = self.jobs.get(job_id)
+        return job.attempt if job is not None else 0
+
     def _command(self, job_id: int, message: Message) -> bool:
         job = self.jobs.get(job_id)
         if job is None or job.ended:
@@ -450,7 +479,8 @@ class SupervisorHub:
         if kind == "hello":
             job = self.jobs.get(int(message["job_id"]))
             if job is None:
-                job = self.jobs[int(message["job_id"])] = _Job(int(message["job_id"]))
+                job_id = int(message["job_id"])
+                job = self.jobs[job_id] = _Job(job_id, _attempt_in(self._job_dir(job_id)))
             job.conn, job.pid, conn.job = conn, int(message["pid"]), job
             for queued in job.queued:
                 conn.send(queued)
@@ -462,7 +492,8 @@ class SupervisorHub:
             elif not job.running_reported and not job.ended:
                 job.running_reported = True
                 at = float(message.get("started_at") or time.time())
-                self._report(SupervisorReport(job.job_id, "running", None, at=at))
+                report = SupervisorReport(job.job_id, "running", None, at=at, attempt=job.attempt)
+                self._report(report)
         elif kind == "ended" and conn.job is not None:
             self._report_end(conn.job, message["result"])
 
@@ -478,7 +509,7 @@ class SupervisorHub:
     def _report_end(self, job: _Job, result: Message) -> None:
         if not job.ended:
             job.ended = True
-            self._report(SupervisorReport.ended(result))
+            self._report(SupervisorReport.ended(result, job.attempt))
 
     def _report(self, report: SupervisorReport) -> None:
         try:
@@ -561,6 +592,15 @@ class SupervisorHub:
         job.reaping = False
         if self.jobs.get(job.job_id) is job:
             self._report_end(job, result)
+
+
+def _attempt_in(job_dir: Path) -> int:
+    """The attempt in a job folder's launch spec (0: none recorded, or no spec)."""
+    try:
+        spec = read_json_durable(job_dir / SPEC_FILE) or {}
+        return int(spec.get("attempt") or 0)
+    except (OSError, ValueError, TypeError):
+        return 0
 
 
 def _count(processes: int) -> str:

@@ -42,6 +42,7 @@ class LaunchSpec:
     umask: int | None = None
     uid: int | None = None  # None: keep the supervisor's user (until user identity lands)
     gid: int | None = None
+    attempt: int = 0  # the coordinator's start count for this start (0: unknown)
     extra: dict[str, Any] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
@@ -67,6 +68,7 @@ class LaunchOrder:
     array_job_id: int | None = None
     array_task_id: int | None = None
     requeue_count: int = 0
+    attempt: int = 0  # the job's start count: which start of the job this is
 
 
 @dataclass(frozen=True, slots=True)
@@ -121,6 +123,7 @@ def build_launch(order: LaunchOrder, policy: NodePolicy) -> LaunchSpec:
         warning_signal=warning.signal if warning else 15,
         warning_seconds=float(warning.seconds) if warning else 0.0,
         umask=spec.umask,
+        attempt=order.attempt,
     )
 
 

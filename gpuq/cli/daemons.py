@@ -82,9 +82,15 @@ def serve(obj: Any, /, listen: str | None, log_level: str, **agent: Any) -> None
 
 @click.command()
 @click.option("--listen", metavar="HOST:PORT", help="TCP address (default 127.0.0.1:7817)")
+@click.option(
+    "--standby",
+    is_flag=True,
+    default=None,
+    help="PostgreSQL store: wait while another coordinator serves it, then take over",
+)
 @log_option
 @click.pass_obj
-def coordinator(obj: Any, /, listen: str | None, log_level: str) -> None:
+def coordinator(obj: Any, /, listen: str | None, standby: bool | None, log_level: str) -> None:
     """Run the coordinator alone (a lab server runs it as gpuq-coordinator.service)."""
     from gpuq.daemons import run_coordinator, setup_logging
 
@@ -93,6 +99,8 @@ def coordinator(obj: Any, /, listen: str | None, log_level: str) -> None:
         settings = replace(
             settings, coordinator=replace(settings.coordinator, listen=_listen(listen))
         )
+    if standby:
+        settings = replace(settings, coordinator=replace(settings.coordinator, standby=True))
     setup_logging(log_level)
     run_coordinator(settings)
 
@@ -101,7 +109,8 @@ def coordinator(obj: Any, /, listen: str | None, log_level: str) -> None:
 @click.option(
     "--coordinator",
     metavar="ADDR",
-    help="unix:PATH or HOST:PORT (default: this GPUQ_HOME's socket)",
+    help="unix:PATH or HOST:PORT, or several separated by commas, tried in order "
+    "(default: this GPUQ_HOME's socket)",
 )
 @agent_options
 @log_option

@@ -15,7 +15,7 @@ from typing import Any
 from gpuq.convert import result_from_proto, spec_to_proto, unit_from_proto
 from gpuq.coordinator.cluster import AgentSession, NodeEntry
 from gpuq.coordinator.core import Coordinator, Ending, StopOrder
-from gpuq.domain.model import Job, JobResult, Node, NodeState
+from gpuq.domain.model import Job, Node, NodeState
 from gpuq.domain.states import TRANSITIONS, JobState
 from gpuq.errors import Conflict, IllegalTransition, NotFound
 from gpuq.store.api import StoreTx
@@ -23,9 +23,14 @@ from gpuq.v1 import agent_pb2 as apb
 
 log = logging.getLogger(__name__)
 
-# how a job's processes can end, as an agent sees it (node_fail is the coordinator's verdict)
-AGENT_ENDINGS = TRANSITIONS[JobState.RUNNING] - {JobState.NODE_FAIL}
+# how a job's processes can end, as an agent sees it (node_fail: an agent cut off from the
+# coordinator stopped it, "fenced"; back to pending is a start that never reached the agent,
+# reported as NOT_STARTED, not an ending)
+AGENT_ENDINGS = TRANSITIONS[JobState.RUNNING] - {JobState.PENDING}
 TIME_LIMIT_SLACK = 10.0  # seconds past limit + grace before the coordinator steps in
+NOT_RECEIVED = "requeued: the agent never received the start"
+# what an agent reports about a job that is over on its side (ended, or handed back unstarted)
+_OVER = (apb.JobReport.ENDED, apb.JobReport.NOT_STARTED)
 
 
 class AgentLink:
@@ -54,9 +59,19 @@ class AgentLink:
             topology=tuple(sorted((t.a, t.b, t.distance) for t in message.topology)),
             last_seen=now,
         )
+        # what it runs that the coordinator does not (found before the node is offered again)
+        strays = [r.job_id for r in self._strays(name, message.jobs)]
+        held = await co.writer.read(lambda s: s.units_used_on(name, strays)) if strays else {}
         await co.save_node(node)
-        session.registered(co.settings.heartbeat_interval)
-        co.cluster.nodes[name] = NodeEntry(node, last_seen=now, session=session)
+        session.registered(co.settings.heartbeat_interval, co.settings.heartbeat_timeout)
+        co.cluster.nodes[name] = NodeEntry(node, last_seen=now, session=session, held=held)
+        if held:
+            log.warning(
+                "node %s still runs jobs %s the coordinator gave up on: stopping them; their "
+                "GPUs are offered once they are gone",
+                name,
+                sorted(held),
+            )
         try:
             await self._reconcile(name, message.jobs, session)
         except BaseException:
@@ -86,9 +101,32 @@ class AgentLink:
         entry = self.co.cluster.nodes.get(node)
         if entry is not None:
             entry.last_seen = self.co.clock()
-        ends = [r for r in reports if r.kind == apb.JobReport.ENDED]
+        ends = [r for r in reports if r.kind in _OVER]
         if ends:
+            if entry is not None and entry.held:
+                gone = [r.job_id for r in ends if entry.held.pop(r.job_id, None) is not None]
+                if gone:
+                    log.info("node %s: stopped jobs %s are gone; their GPUs are free", node, gone)
+                    self.co.wake()
             self._spawn(self._record_ends(node, ends))
+
+    def _strays(self, node: str, reports: Sequence[apb.JobReport]) -> list[apb.JobReport]:
+        """Jobs the agent says run there that the coordinator does not run there (not at
+        all, or another start of them): they are to be stopped."""
+        ours = {j.id for j in self.co.cluster.running_on(node)}
+        return [
+            r
+            for r in reports
+            if r.kind == apb.JobReport.RUNNING and (r.job_id not in ours or not self._current(r))
+        ]
+
+    def _current(self, report: apb.JobReport) -> bool:
+        """The report is about the job's current start (or it cannot tell: attempt 0, or a
+        job that is no longer running, which the store decides on)."""
+        job = self.co.cluster.jobs.get(report.job_id)
+        if report.attempt == 0 or job is None or job.state is not JobState.RUNNING:
+            return True
+        return report.attempt == job.start_count
 
     # ---- reconciliation --------------------------------------------------------------------
 
@@ -97,36 +135,64 @@ class AgentLink:
     ) -> None:
         """Make the agent's jobs and the store's agree after a (re)connection."""
         co = self.co
-        reported = {r.job_id for r in reports}
         ours = {j.id: j for j in co.cluster.running_on(node)}
-        lost = [job_id for job_id in ours if job_id not in reported]
-        if lost:
-            await self._fail_lost(lost)
-        strays = [
-            r.job_id for r in reports if r.kind == apb.JobReport.RUNNING and r.job_id not in ours
-        ]
+        # a report of another start of a job counts as a report of a job the coordinator
+        # does not run here (attempt 0: an agent that cannot tell, taken as the current one)
+        current = [r for r in reports if r.job_id in ours and self._current(r)]
+        reported = {r.job_id for r in current}
+        # a start the agent does not know of never reached it (the coordinator stopped before
+        # the message left, or the agent lost its run folder): the job never ran here
+        unknown = [job_id for job_id in ours if job_id not in reported]
+        strays = self._strays(node, reports)
+        if unknown:
+            await self._requeue_not_received(unknown)
         stops = [
             StopOrder(j.id, j.stop[0], j.stop[1], co.settings.kill_grace)
             for j in ours.values()
             if j.stop is not None and j.id in reported
         ]
         stops += [
-            StopOrder(i, JobState.CANCELLED, "the coordinator no longer runs this job", 5.0)
-            for i in strays
+            StopOrder(
+                r.job_id,
+                JobState.CANCELLED,
+                "the coordinator no longer runs this job",
+                5.0,
+                attempt=r.attempt,
+            )
+            for r in strays
         ]
         if stops:
             self._send_stop_message(session, stops)
-        ends = [r for r in reports if r.kind == apb.JobReport.ENDED]
+        ends = [r for r in reports if r.kind in _OVER]
         if ends:
             await self._record_ends(node, ends)
 
-    async def _fail_lost(self, job_ids: list[int]) -> None:
-        reason = "lost: the agent came back without the job"
-        await self.co.end_jobs([Ending(i, JobState.NODE_FAIL, reason) for i in job_ids])
+    async def _requeue_not_received(self, job_ids: list[int]) -> None:
+        jobs = self.co.cluster.jobs
+        await self.co.end_jobs(
+            [
+                Ending(i, JobState.PENDING, NOT_RECEIVED, attempt=jobs[i].start_count)
+                for i in job_ids
+            ]
+        )
 
     async def _record_ends(self, node: str, reports: Sequence[apb.JobReport]) -> None:
-        ends: list[tuple[int, JobState, JobResult, float | None]] = []
+        ends: list[Ending] = []
         for report in reports:
+            if not self._current(report):
+                log.info(
+                    "node %s: ignoring a report on job %d's start %d (it is at start %d)",
+                    node,
+                    report.job_id,
+                    report.attempt,
+                    self.co.cluster.jobs[report.job_id].start_count,
+                )
+                continue  # an earlier start's end: acknowledged below, and forgotten
+            if report.kind == apb.JobReport.NOT_STARTED:
+                why = report.result.reason
+                reason = f"requeued: {why}" if why else NOT_RECEIVED
+                ends.append(Ending(report.job_id, JobState.PENDING, reason, attempt=report.attempt))
+                continue
             try:
                 state = JobState(report.end_state)
             except ValueError:
@@ -134,8 +200,11 @@ class AgentLink:
             if state not in AGENT_ENDINGS:
                 state = JobState.FAILED
             at = report.at if math.isfinite(report.at) and report.at > 0 else None
-            ends.append((report.job_id, state, result_from_proto(report.result), at))
-        await self.co.record_ends(node, ends)
+            result = result_from_proto(report.result)
+            reason = result.reason or state.value
+            ends.append(Ending(report.job_id, state, reason, result, at, report.attempt))
+        if ends:
+            await self.co.end_jobs(ends)
         session = self._session(node)
         if session is not None:
             session.ack(r.job_id for r in reports)
@@ -167,6 +236,7 @@ class AgentLink:
             time_limit=self.co.effective_time_limit(job) or 0,
             kill_grace=self.co.settings.kill_grace,
             requeue_count=job.requeue_count,
+            attempt=job.start_count,
         )
 
     def send_stops(self, orders: Sequence[StopOrder]) -> None:
@@ -189,9 +259,14 @@ class AgentLink:
                 reason=o.reason,
                 grace=o.grace,
                 signal=o.signal,
+                attempt=o.attempt or self._attempt(o.job_id),
             )
             for o in orders
         )
+
+    def _attempt(self, job_id: int) -> int:
+        job = self.co.cluster.jobs.get(job_id)
+        return job.start_count if job is not None else 0
 
     def _session(self, node: str) -> AgentSession | None:
         entry = self.co.cluster.nodes.get(node)

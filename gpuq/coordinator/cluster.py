@@ -39,8 +39,9 @@ class AgentSession:
         self._ready = asyncio.Event()
         self._ack_timer: asyncio.TimerHandle | None = None
 
-    def registered(self, heartbeat_interval: float) -> None:
+    def registered(self, heartbeat_interval: float, node_timeout: float = 0.0) -> None:
         self._pending.registered.heartbeat_interval = heartbeat_interval
+        self._pending.registered.node_timeout = node_timeout
         self._ready.set()
 
     def start(self, launches: Iterable[agent_pb2.JobLaunch]) -> None:
@@ -84,6 +85,10 @@ class NodeEntry:
     session: AgentSession | None = None
     usage: tuple[pb.GpuUsage, ...] = ()
     distances: dict[tuple[str, str], int] = field(default_factory=dict)
+    # jobs the node still runs that the coordinator gave up on (it reported them when it came
+    # back; they are being stopped): their units are not offered until the agent says they
+    # are gone, so a GPU is never held by two jobs
+    held: dict[int, frozenset[str]] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         self.distances = {(a, b): d for a, b, d in self.node.topology}
@@ -222,6 +227,9 @@ class ClusterState:
         used_units: dict[str, set[str]] = {name: set() for name in self.nodes}
         used_cpus = dict.fromkeys(self.nodes, 0)
         used_mem = dict.fromkeys(self.nodes, 0)
+        for name, entry in self.nodes.items():
+            for units in entry.held.values():
+                used_units[name].update(units)
         for job in self.in_state(JobState.RUNNING):
             if job.node in used_units:
                 used_units[job.node].update(job.gpus)

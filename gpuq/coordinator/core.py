@@ -66,6 +66,8 @@ class Ending:
     reason: str
     result: JobResult | None = None
     at: float | None = None  # when the supervisor saw it end; None: now
+    # the start it is about (JobLaunch.attempt): an end of another start is ignored; 0: any
+    attempt: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -75,6 +77,7 @@ class StopOrder:
     reason: str
     grace: float
     signal: int = 15
+    attempt: int = 0  # the start it stops; 0: the job's current one
 
 
 class Coordinator:
@@ -449,7 +452,9 @@ class Coordinator:
 
     async def end_jobs(self, endings: Sequence[Ending], node_down: str | None = None) -> None:
         """Running jobs ended: record each end (a preempted job goes back to the queue unless
-        it said --no-requeue) and charge the GPU time to its user's fair share, in one
+        it said --no-requeue, a node_fail one as often as its QOS's requeue_on_node_fail
+        allows; an Ending to pending is a start its agent never received) and
+        charge the GPU time to its user's fair share, in one
         transaction (with the node marked down, when that is why)."""
         now = self.clock()
         stale: list[tuple[int, JobState]] = []
@@ -460,6 +465,9 @@ class Coordinator:
             if node_down is not None:
                 tx.set_node_state(node_down, NodeState.DOWN, endings[0].reason if endings else "")
             states = tx.job_states([e.job_id for e in endings])
+            starts = tx.start_counts([e.job_id for e in endings if e.attempt])
+            lost = [e.job_id for e in endings if e.state is JobState.NODE_FAIL]
+            node_fail_requeues = tx.requeues_from(lost, JobState.NODE_FAIL)
             stale.clear()  # from an earlier try of this write
             changes: list[StateChange] = []
             moved: list[tuple[int, JobState, JobState, str]] = []
@@ -472,6 +480,14 @@ class Coordinator:
                     stale.append((end.job_id, stored))  # see _follow_store
                 if stored is not JobState.RUNNING or job is None:
                     continue  # already ended (node_fail, or a repeated report)
+                if end.attempt and starts.get(end.job_id) != end.attempt:
+                    continue  # about another start of the job (decided here, by the store)
+                if end.state is JobState.PENDING:
+                    # the agent never received this start: the job never ran there, so it
+                    # goes back to the queue as it was (no requeue counted, nothing charged)
+                    changes.append(StateChange(end.job_id, JobState.PENDING, end.reason))
+                    moved.append((end.job_id, JobState.RUNNING, JobState.PENDING, end.reason))
+                    continue
                 started = job.start_time or now
                 # a clock that disagrees cannot put the end before the start or in the future
                 ended = now if end.at is None else min(now, max(started, end.at))
@@ -480,6 +496,17 @@ class Coordinator:
                 if end.state is JobState.PREEMPTED and job.spec.requeue:
                     changes.append(StateChange(end.job_id, JobState.PENDING, "requeued"))
                     moved.append((end.job_id, JobState.PREEMPTED, JobState.PENDING, "requeued"))
+                elif end.state is JobState.NODE_FAIL and job.spec.requeue:
+                    tier = self.settings.qos.get(job.qos)
+                    allowed = tier.requeue_on_node_fail if tier is not None else 0
+                    done = node_fail_requeues.get(end.job_id, 0)
+                    if done < allowed:
+                        why = (
+                            f"requeued after node_fail ({done + 1} of {allowed} allowed by "
+                            f"qos {job.qos})"
+                        )
+                        changes.append(StateChange(end.job_id, JobState.PENDING, why))
+                        moved.append((end.job_id, JobState.NODE_FAIL, JobState.PENDING, why))
                 seconds = len(job.gpus) * max(0.0, ended - started)
                 charges[job.user] = charges.get(job.user, 0.0) + seconds
             tx.transition(changes, now)
@@ -494,6 +521,7 @@ class Coordinator:
         for job_id, before, after, reason in moved:
             if after is JobState.PENDING:
                 job = self.cluster.jobs[job_id]
+                requeues = job.requeue_count + (before is not JobState.RUNNING)
                 self.cluster.put(
                     replace(
                         job,
@@ -501,7 +529,7 @@ class Coordinator:
                         node=None,
                         stop=None,
                         reason=reason,
-                        requeue_count=job.requeue_count + 1,
+                        requeue_count=requeues,
                     )
                 )
                 self.publish(JobEvent(job_id, now, before, after, reason), job)
@@ -522,7 +550,7 @@ class Coordinator:
             if job is None or job.state is not JobState.RUNNING:
                 continue  # followed meanwhile (an earlier write's answer)
             log.warning("job %d ended in the store while memory had it running", job_id)
-            if stored.is_live:  # requeued after preemption
+            if stored.is_live:  # requeued (after preemption or a start never received)
                 requeued = replace(job, state=stored, node=None, stop=None, reason="requeued")
                 self.cluster.put(replace(requeued, requeue_count=job.requeue_count + 1))
                 self.publish(
@@ -532,8 +560,12 @@ class Coordinator:
                 self._ended(job_id, JobState.RUNNING, stored, stored.value)
 
     async def fail_node_jobs(self, node: str, reason: str) -> None:
-        """The node is gone: mark it down and its running jobs node_fail, in one transaction."""
-        lost = [Ending(j.id, JobState.NODE_FAIL, reason) for j in self.cluster.running_on(node)]
+        """The node is gone: mark it down and its running jobs node_fail (requeued as their
+        QOS allows), in one transaction."""
+        lost = [
+            Ending(j.id, JobState.NODE_FAIL, reason, attempt=j.start_count)
+            for j in self.cluster.running_on(node)
+        ]
         await self.end_jobs(lost, node_down=node)
         entry = self.cluster.nodes[node]
         entry.node = replace(entry.node, state=NodeState.DOWN, reason=reason)

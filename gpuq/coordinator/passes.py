@@ -236,8 +236,10 @@ class Passes:
         co = self.co
         started: list[Job] = []
         for start in starts:
+            before = co.cluster.jobs[start.job_id]
             job = replace(
-                co.cluster.jobs[start.job_id],
+                before,
+                start_count=before.start_count + 1,  # as start_jobs counted it in the store
                 state=JobState.RUNNING,
                 node=start.node,
                 gpus=start.gpus,

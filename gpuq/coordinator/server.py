@@ -6,9 +6,11 @@ reaches it; TCP binds to loopback unless configured otherwise; every call needs 
 One coordinator per GPUQ_HOME and per store: before it binds or opens anything it takes an
 flock on GPUQ_HOME/coordinator.lock, and a lock on the store (a PostgreSQL advisory lock, or an
 flock beside an SQLite file outside GPUQ_HOME). A second coordinator is refused with the first
-one's pid and addresses. The socket is bound under a private name and renamed into place, and
-removed at exit only if it is still the file this coordinator made: grpc itself unlinks an
-existing socket when it binds and unlinks its path when it stops, whoever's file is there.
+one's pid and addresses; a standby (`gpuq coordinator --standby`, PostgreSQL only) waits
+instead, listening nowhere, until the store lock is free, then starts as any coordinator does.
+The socket is bound under a private name and renamed into place, and removed at exit only if
+it is still the file this coordinator made: grpc itself unlinks an existing socket when it
+binds and unlinks its path when it stops, whoever's file is there.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ import logging
 import os
 import pwd
 import socket
+import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -48,6 +51,11 @@ LOCK_FILE = "coordinator.lock"
 PERIODIC_PASS = 2.0  # seconds between passes when nothing happens (begin times, aging)
 LOCK_CHECK = 5.0  # seconds between checks that a PostgreSQL lock is still held
 UNIX_PATH_MAX = 107  # bytes in sockaddr_un.sun_path, less the NUL
+STANDBY_POLL = 1.0  # seconds between a standby's tries for the store lock
+
+
+class StandbyStopped(Exception):
+    """A standby was told to stop before it took over."""
 
 
 @dataclass(slots=True)
@@ -108,9 +116,12 @@ def remove_if_same(path: Path, ident: tuple[int, int]) -> None:
             path.unlink()
 
 
-def take_locks(settings: Settings) -> Locks:
+def take_locks(settings: Settings, stop: threading.Event | None = None) -> Locks:
     """The home lock, then the store lock (StoreInUse naming the holder when taken). Blocking:
-    a PostgreSQL store is connected to here (StorageUnavailable when it cannot be)."""
+    a PostgreSQL store is connected to here (StorageUnavailable when it cannot be). A standby
+    waits for the store lock instead of being refused; StandbyStopped when `stop` is set
+    first."""
+    standby = settings.coordinator.standby
     ensure_private_dir(settings.home)
     info: dict[str, Any] = {
         "pid": os.getpid(),
@@ -121,10 +132,29 @@ def take_locks(settings: Settings) -> Locks:
     }
     url = settings.database_url
     parsed = parse_database_url(url)  # a bad URL fails before anything is locked
+    postgres = parsed.get_backend_name() == "postgresql"
+    if standby and not postgres:
+        raise GpuqError(
+            "a standby coordinator needs a PostgreSQL store ([coordinator] database_url = "
+            "postgresql://...); on SQLite only one coordinator can serve the queue"
+        )
     home = FileLock.acquire(settings.home / LOCK_FILE, f"GPUQ_HOME {settings.home}", info)
     locks = Locks(info, home)
     try:
-        if parsed.get_backend_name() == "postgresql":
+        if postgres and standby:
+            # this home's lock is ours: an address file here is a dead coordinator's
+            (settings.home / ADDRESS_FILE).unlink(missing_ok=True)
+            locks.store = PgLock.wait(
+                url,
+                info,
+                stop or threading.Event(),
+                lambda line: log.info("standing by: %s; taking over when it stops", line),
+                poll=STANDBY_POLL,
+            )
+            if locks.store is None:
+                raise StandbyStopped
+            log.info("took the store lock: this standby is now the coordinator")
+        elif postgres:
             locks.store = PgLock.acquire(url, info)
         elif settings.coordinator.database_url is not None and parsed.database:
             # an SQLite file outside this home: other homes may name it too
@@ -140,11 +170,17 @@ def take_locks(settings: Settings) -> Locks:
 
 
 async def start_coordinator(
-    settings: Settings, on_fatal: Callable[[GpuqError], None] | None = None
+    settings: Settings,
+    on_fatal: Callable[[GpuqError], None] | None = None,
+    stop: threading.Event | None = None,
 ) -> RunningCoordinator:
     """Everything up and listening; returns once clients can connect. `on_fatal` is called
-    when the coordinator must stop on its own (it lost its store lock to another one)."""
-    locks = await asyncio.to_thread(take_locks, settings)
+    when the coordinator must stop on its own (it lost its store lock to another one). A
+    standby ([coordinator] standby) returns only once it leads, or raises StandbyStopped
+    when `stop` is set before."""
+    if settings.coordinator.standby and settings.coordinator.listen:
+        check_listen(settings.coordinator.listen)  # a wrong address is said now, not at takeover
+    locks = await asyncio.to_thread(take_locks, settings, stop)
     try:
         return await _start(settings, locks, on_fatal)
     except BaseException:

@@ -224,6 +224,7 @@ class Job:
     gpus: tuple[str, ...] = ()  # unit UUIDs of the current or last allocation
     result: JobResult | None = None
     requeue_count: int = 0
+    start_count: int = 0  # starts so far: the current start's attempt number (JobLaunch.attempt)
     array_job_id: int | None = None
     array_task_id: int | None = None
     reason: str = ""  # why the last state change happened (or the pending reason)

@@ -47,19 +47,25 @@ TRANSITIONS: dict[JobState, frozenset[JobState]] = {
     # never be met); it fails only when its launch is refused before it ever ran
     JobState.PENDING: frozenset({JobState.RUNNING, JobState.HELD, JobState.CANCELLED}),
     JobState.HELD: frozenset({JobState.PENDING, JobState.CANCELLED}),
-    JobState.RUNNING: _ENDINGS,
+    # a running job ends; or it goes back to pending when its agent never received the start
+    # (the agent registers without it, or hands it back unstarted): it never ran, so that is
+    # neither an ending nor a requeue (its GPUs are released, nothing is charged)
+    JobState.RUNNING: _ENDINGS | {JobState.PENDING},
     # a preempted job goes back to the queue unless it was submitted with --no-requeue
     JobState.PREEMPTED: frozenset({JobState.PENDING}),
     JobState.COMPLETED: frozenset(),
     JobState.FAILED: frozenset(),
     JobState.CANCELLED: frozenset(),
     JobState.TIMEOUT: frozenset(),
-    JobState.NODE_FAIL: frozenset(),
+    # a job lost with its node goes back to the queue as often as its QOS allows
+    # (requeue_on_node_fail), unless it was submitted with --no-requeue
+    JobState.NODE_FAIL: frozenset({JobState.PENDING}),
     JobState.OUT_OF_MEMORY: frozenset(),
 }
 
-# A requeued job passes through preempted and back to pending in one transaction, so a job is
-# seen resting in preempted only when it was submitted with --no-requeue: then it has ended.
+# A requeued job passes through preempted (or node_fail) and back to pending in one
+# transaction, so a job is seen resting in either only when it was not requeued: then it has
+# ended.
 LIVE_STATES = frozenset({JobState.PENDING, JobState.HELD, JobState.RUNNING})
 
 

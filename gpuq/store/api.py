@@ -33,7 +33,7 @@ from gpuq.domain.model import (
     NodeState,
 )
 from gpuq.domain.states import JobState, check_transition
-from gpuq.errors import DoubleBooking, NotFound
+from gpuq.errors import DoubleBooking, IllegalTransition, NotFound
 from gpuq.store import migrate
 from gpuq.store.engine import WRITE, make_engine
 from gpuq.store.tables import (
@@ -220,6 +220,21 @@ class Store:
             for job_id, node, unit in conn.execute(stmt):
                 grouped.setdefault(job_id, (node, []))[1].append(unit)
         return [Allocation(job_id, node, tuple(units)) for job_id, (node, units) in grouped.items()]
+
+    def units_used_on(self, node: str, job_ids: Iterable[int]) -> dict[int, frozenset[str]]:
+        """Every unit each job was ever given on `node` (released or not): what a job that
+        still runs there, unknown to the coordinator, may hold."""
+        wanted = sorted(set(job_ids))
+        found: dict[int, set[str]] = {}
+        if not wanted:
+            return {}
+        stmt = select(allocations.c.job_id, allocations.c.unit).where(
+            and_(allocations.c.node == node, allocations.c.job_id.in_(wanted))
+        )
+        with self.engine.connect() as conn:
+            for job_id, unit in conn.execute(stmt):
+                found.setdefault(int(job_id), set()).add(unit)
+        return {job_id: frozenset(units) for job_id, units in found.items()}
 
     def list_nodes(self) -> list[Node]:
         with self.engine.connect() as conn:
@@ -424,6 +439,7 @@ class StoreTx:
         self._check_units_free([u for s in starts for u in s.gpus])
         for start in starts:
             rows[start.job_id].update(
+                start_count=(rows[start.job_id]["start_count"] or 0) + 1,
                 state=JobState.RUNNING.value,
                 node=start.node,
                 start_time=now,
@@ -456,6 +472,30 @@ class StoreTx:
             ],
         )
 
+    def start_counts(self, job_ids: Iterable[int]) -> dict[int, int]:
+        """How many times each job was started (its current start's attempt number), read
+        under the transaction's lock."""
+        return {i: row["start_count"] or 0 for i, row in self._lock_jobs(job_ids).items()}
+
+    def requeues_from(self, job_ids: Iterable[int], state: JobState) -> dict[int, int]:
+        """How many times each job went from `state` back to pending (jobs with none are left
+        out): e.g. how often a job lost with its node was requeued."""
+        wanted = sorted(set(job_ids))
+        if not wanted:
+            return {}
+        stmt = (
+            select(job_events.c.job_id, func.count())
+            .where(
+                and_(
+                    job_events.c.job_id.in_(wanted),
+                    job_events.c.from_state == state.value,
+                    job_events.c.to_state == JobState.PENDING.value,
+                )
+            )
+            .group_by(job_events.c.job_id)
+        )
+        return {int(job_id): int(count) for job_id, count in self.conn.execute(stmt)}
+
     def job_states(self, job_ids: Iterable[int]) -> dict[int, JobState]:
         """Current states, read under the transaction's lock (the truth a write decides on)."""
         return {i: JobState(row["state"]) for i, row in self._lock_jobs(job_ids).items()}
@@ -464,6 +504,8 @@ class StoreTx:
         """Record that a running job was asked to stop and what it then becomes (its state
         changes when the agent reports it gone)."""
         check_transition(job_id, JobState.RUNNING, end_state)
+        if end_state.is_live:  # a stop ends the job (back to pending is no stop)
+            raise IllegalTransition(job_id, JobState.RUNNING.value, end_state.value)
         row = self._lock_jobs([job_id]).get(job_id)
         if row is None or row["state"] != JobState.RUNNING.value:
             raise NotFound(f"no running job {job_id}")
@@ -555,6 +597,7 @@ _MUTABLE = (
     "stop_state",
     "stop_reason",
     "requeue_count",
+    "start_count",
     "node",
     "start_time",
 )
@@ -612,10 +655,15 @@ _INSERT_USAGE = insert(usage).values(
 def _apply_change(row: dict[str, Any], current: JobState, change: StateChange, now: float) -> None:
     row["state"] = change.to_state.value
     row["reason"] = change.reason
-    if current is JobState.PREEMPTED and change.to_state is JobState.PENDING:
+    if current in (JobState.PREEMPTED, JobState.NODE_FAIL) and change.to_state is JobState.PENDING:
         row["requeue_count"] += 1
         row["node"] = None
         row["end_time"] = None
+    elif current is JobState.RUNNING and change.to_state is JobState.PENDING:
+        # the agent never received the start: not a requeue, the job never ran
+        row["node"] = None
+        row["stop_state"] = None
+        row["stop_reason"] = None
     elif not change.to_state.is_live:
         row["end_time"] = now if change.at is None else change.at
         row["stop_state"] = None
@@ -718,6 +766,7 @@ def _job_from_row(row: Row[Any], units: tuple[str, ...], specs: dict[int, JobSpe
             else None
         ),
         requeue_count=row.requeue_count,
+        start_count=row.start_count or 0,
         array_job_id=row.array_job_id,
         array_task_id=row.array_task_id,
         reason=row.reason,

@@ -17,8 +17,10 @@ import contextlib
 import fcntl
 import json
 import os
+import threading
 import time
 import zlib
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -205,7 +207,8 @@ def pg_label(info: dict[str, Any]) -> str:
     """The lock connection's application_name: how a refused coordinator learns who holds
     the lock (from pg_stat_activity), and what an admin sees there."""
     addresses = " ".join(str(info[k]) for k in ("tcp", "unix") if info.get(k))
-    label = f"gpuq pid={info.get('pid')} host={info.get('host')} {addresses}"
+    role = "gpuq standby" if info.get("standby") else "gpuq"
+    label = f"{role} pid={info.get('pid')} host={info.get('host')} {addresses}"
     return label[:PG_APPLICATION_NAME_MAX]
 
 
@@ -229,6 +232,76 @@ class PgLock:
 
     @classmethod
     def acquire(cls, url: str, info: dict[str, Any]) -> PgLock:
+        engine, conn = cls._connect(url, info)
+        try:
+            got, schema, key, holder = cls._try(conn, url)
+            if not got:
+                raise StoreInUse(
+                    f"another gpuq coordinator already uses {_pg_where(url, schema)}: {holder}; "
+                    "stop that one first"
+                )
+        except BaseException:
+            conn.close()
+            engine.dispose()
+            raise
+        return cls(engine, conn, key, url)
+
+    @classmethod
+    def wait(
+        cls,
+        url: str,
+        info: dict[str, Any],
+        stop: threading.Event,
+        on_wait: Callable[[str], None],
+        poll: float = 1.0,
+    ) -> PgLock | None:
+        """The lock, once this session gets it: while another session holds it, ask again
+        every `poll` seconds on one connection, calling on_wait(a line naming the store and
+        the holder) whenever the holder changes; None when `stop` is set first. A database
+        that cannot be reached at the first try raises StorageUnavailable; a connection lost
+        later is made again (on_wait says so once)."""
+        waiting = {**info, "standby": True}
+        said = None
+        connected = False
+        while not stop.is_set():
+            try:
+                engine, conn = cls._connect(url, waiting)
+            except StorageUnavailable as exc:
+                if not connected:
+                    raise
+                if said != str(exc):
+                    said = str(exc)
+                    on_wait(said)
+                stop.wait(poll)
+                continue
+            connected = True
+            try:
+                while not stop.is_set():
+                    got, schema, key, holder = cls._try(conn, url)
+                    if got:
+                        lock = cls(engine, conn, key, url)
+                        lock.update(info)  # no longer "standby" in pg_stat_activity
+                        return lock
+                    line = f"{_pg_where(url, schema)} is in use by {holder}"
+                    if said != line:
+                        said = line
+                        on_wait(line)
+                    stop.wait(poll)
+            except StorageUnavailable as exc:  # the connection was lost: make a new one
+                if said != str(exc):
+                    said = str(exc)
+                    on_wait(said)
+                stop.wait(poll)
+            except BaseException:
+                conn.close()
+                engine.dispose()
+                raise
+            conn.close()
+            engine.dispose()
+        return None
+
+    @staticmethod
+    def _connect(url: str, info: dict[str, Any]) -> tuple[Engine, Connection]:
         parsed = parse_database_url(url)
         engine = create_engine(
             _psycopg_url(parsed),
@@ -240,18 +313,13 @@ class PgLock:
         except DBAPIError as exc:
             engine.dispose()
             raise storage_unavailable(url, exc) from None
-        try:
-            lock = cls._take(engine, conn, url)
-        except BaseException:
-            conn.close()
-            engine.dispose()
-            raise
-        return lock
+        return engine, conn
 
-    @classmethod
-    def _take(cls, engine: Engine, conn: Connection, url: str) -> PgLock:
+    @staticmethod
+    def _try(conn: Connection, url: str) -> tuple[bool, str, int, str | None]:
+        """(got the lock, the schema, the lock's key, who holds it when not got)."""
         try:
-            schema = conn.exec_driver_sql("SELECT current_schema()").scalar() or "public"
+            schema = str(conn.exec_driver_sql("SELECT current_schema()").scalar() or "public")
             for setting, value in (
                 ("tcp_keepalives_idle", 10),
                 ("tcp_keepalives_interval", 5),
@@ -260,21 +328,16 @@ class PgLock:
             ):
                 with contextlib.suppress(DBAPIError):  # an older server lacks one: fine
                     conn.exec_driver_sql(f"SET {setting} = {value}")
-            key = pg_lock_key(str(schema))
-            got = conn.execute(
-                text("SELECT pg_try_advisory_lock(:c, :k)"), {"c": PG_LOCK_CLASS, "k": key}
-            ).scalar()
+            key = pg_lock_key(schema)
+            got = bool(
+                conn.execute(
+                    text("SELECT pg_try_advisory_lock(:c, :k)"), {"c": PG_LOCK_CLASS, "k": key}
+                ).scalar()
+            )
             holder = None if got else _pg_holder(conn, key)
         except DBAPIError as exc:
             raise storage_unavailable(url, exc) from None
-        if not got:
-            parsed = make_url(url)
-            where = f"{parsed.host or 'localhost'}{f':{parsed.port}' if parsed.port else ''}"
-            raise StoreInUse(
-                f"another gpuq coordinator already uses the PostgreSQL database "
-                f"{parsed.database} at {where} (schema {schema}): {holder}; stop that one first"
-            )
-        return cls(engine, conn, key, url)
+        return got, schema, key, holder
 
     def update(self, info: dict[str, Any]) -> None:
         """Tell pg_stat_activity the addresses now bound."""
@@ -305,6 +368,12 @@ class PgLock:
             self._conn.close()  # the session ends, and the lock with it
         with contextlib.suppress(SQLAlchemyError):
             self._engine.dispose()
+
+
+def _pg_where(url: str, schema: str) -> str:
+    parsed = make_url(url)
+    where = f"{parsed.host or 'localhost'}{f':{parsed.port}' if parsed.port else ''}"
+    return f"the PostgreSQL database {parsed.database} at {where} (schema {schema})"
 
 
 def _pg_holder(conn: Connection, key: int) -> str:

@@ -72,6 +72,9 @@ jobs = Table(
     # an array's record: its tasks not yet split off to run on their own, as compact text
     # ("3-99", "1,3,5-7"; gpuq.domain.arrays.format_indices); NULL for a job or a single task
     Column("array_tasks", Text, nullable=True),
+    # how many times the job was started (NULL: none, or a row from before 0005): a start's
+    # attempt number, which tells its reports and stops from those of an earlier start
+    Column("start_count", Integer, nullable=True),
     CheckConstraint(f"state IN ({_STATE_VALUES})", name="state"),
 )
 # "top N pending by priority" is an index range scan, not a sort of the queue

@@ -47,15 +47,17 @@ class Heartbeat(_message.Message):
     def __init__(self, at: _Optional[float] = ..., usage: _Optional[_Iterable[_Union[_types_pb2.GpuUsage, _Mapping]]] = ...) -> None: ...
 
 class JobReport(_message.Message):
-    __slots__ = ("job_id", "kind", "end_state", "result", "at", "peak_mem", "peak_gpu_mem")
+    __slots__ = ("job_id", "kind", "end_state", "result", "at", "peak_mem", "peak_gpu_mem", "attempt")
     class Kind(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
         __slots__ = ()
         KIND_UNSPECIFIED: _ClassVar[JobReport.Kind]
         RUNNING: _ClassVar[JobReport.Kind]
         ENDED: _ClassVar[JobReport.Kind]
+        NOT_STARTED: _ClassVar[JobReport.Kind]
     KIND_UNSPECIFIED: JobReport.Kind
     RUNNING: JobReport.Kind
     ENDED: JobReport.Kind
+    NOT_STARTED: JobReport.Kind
     JOB_ID_FIELD_NUMBER: _ClassVar[int]
     KIND_FIELD_NUMBER: _ClassVar[int]
     END_STATE_FIELD_NUMBER: _ClassVar[int]
@@ -63,6 +65,7 @@ class JobReport(_message.Message):
     AT_FIELD_NUMBER: _ClassVar[int]
     PEAK_MEM_FIELD_NUMBER: _ClassVar[int]
     PEAK_GPU_MEM_FIELD_NUMBER: _ClassVar[int]
+    ATTEMPT_FIELD_NUMBER: _ClassVar[int]
     job_id: int
     kind: JobReport.Kind
     end_state: str
@@ -70,7 +73,8 @@ class JobReport(_message.Message):
     at: float
     peak_mem: int
     peak_gpu_mem: int
-    def __init__(self, job_id: _Optional[int] = ..., kind: _Optional[_Union[JobReport.Kind, str]] = ..., end_state: _Optional[str] = ..., result: _Optional[_Union[_types_pb2.JobResult, _Mapping]] = ..., at: _Optional[float] = ..., peak_mem: _Optional[int] = ..., peak_gpu_mem: _Optional[int] = ...) -> None: ...
+    attempt: int
+    def __init__(self, job_id: _Optional[int] = ..., kind: _Optional[_Union[JobReport.Kind, str]] = ..., end_state: _Optional[str] = ..., result: _Optional[_Union[_types_pb2.JobResult, _Mapping]] = ..., at: _Optional[float] = ..., peak_mem: _Optional[int] = ..., peak_gpu_mem: _Optional[int] = ..., attempt: _Optional[int] = ...) -> None: ...
 
 class CoordinatorMessage(_message.Message):
     __slots__ = ("registered", "start", "stop", "signal", "ack")
@@ -87,13 +91,15 @@ class CoordinatorMessage(_message.Message):
     def __init__(self, registered: _Optional[_Union[Registered, _Mapping]] = ..., start: _Optional[_Iterable[_Union[JobLaunch, _Mapping]]] = ..., stop: _Optional[_Iterable[_Union[StopJob, _Mapping]]] = ..., signal: _Optional[_Iterable[_Union[SignalJob, _Mapping]]] = ..., ack: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class Registered(_message.Message):
-    __slots__ = ("heartbeat_interval",)
+    __slots__ = ("heartbeat_interval", "node_timeout")
     HEARTBEAT_INTERVAL_FIELD_NUMBER: _ClassVar[int]
+    NODE_TIMEOUT_FIELD_NUMBER: _ClassVar[int]
     heartbeat_interval: float
-    def __init__(self, heartbeat_interval: _Optional[float] = ...) -> None: ...
+    node_timeout: float
+    def __init__(self, heartbeat_interval: _Optional[float] = ..., node_timeout: _Optional[float] = ...) -> None: ...
 
 class JobLaunch(_message.Message):
-    __slots__ = ("job_id", "spec", "gpus", "user", "array_job_id", "array_task_id", "time_limit", "kill_grace", "requeue_count")
+    __slots__ = ("job_id", "spec", "gpus", "user", "array_job_id", "array_task_id", "time_limit", "kill_grace", "requeue_count", "attempt")
     JOB_ID_FIELD_NUMBER: _ClassVar[int]
     SPEC_FIELD_NUMBER: _ClassVar[int]
     GPUS_FIELD_NUMBER: _ClassVar[int]
@@ -103,6 +109,7 @@ class JobLaunch(_message.Message):
     TIME_LIMIT_FIELD_NUMBER: _ClassVar[int]
     KILL_GRACE_FIELD_NUMBER: _ClassVar[int]
     REQUEUE_COUNT_FIELD_NUMBER: _ClassVar[int]
+    ATTEMPT_FIELD_NUMBER: _ClassVar[int]
     job_id: int
     spec: _types_pb2.JobSpec
     gpus: _containers.RepeatedScalarFieldContainer[str]
@@ -112,21 +119,24 @@ class JobLaunch(_message.Message):
     time_limit: int
     kill_grace: float
     requeue_count: int
-    def __init__(self, job_id: _Optional[int] = ..., spec: _Optional[_Union[_types_pb2.JobSpec, _Mapping]] = ..., gpus: _Optional[_Iterable[str]] = ..., user: _Optional[str] = ..., array_job_id: _Optional[int] = ..., array_task_id: _Optional[int] = ..., time_limit: _Optional[int] = ..., kill_grace: _Optional[float] = ..., requeue_count: _Optional[int] = ...) -> None: ...
+    attempt: int
+    def __init__(self, job_id: _Optional[int] = ..., spec: _Optional[_Union[_types_pb2.JobSpec, _Mapping]] = ..., gpus: _Optional[_Iterable[str]] = ..., user: _Optional[str] = ..., array_job_id: _Optional[int] = ..., array_task_id: _Optional[int] = ..., time_limit: _Optional[int] = ..., kill_grace: _Optional[float] = ..., requeue_count: _Optional[int] = ..., attempt: _Optional[int] = ...) -> None: ...
 
 class StopJob(_message.Message):
-    __slots__ = ("job_id", "end_state", "reason", "grace", "signal")
+    __slots__ = ("job_id", "end_state", "reason", "grace", "signal", "attempt")
     JOB_ID_FIELD_NUMBER: _ClassVar[int]
     END_STATE_FIELD_NUMBER: _ClassVar[int]
     REASON_FIELD_NUMBER: _ClassVar[int]
     GRACE_FIELD_NUMBER: _ClassVar[int]
     SIGNAL_FIELD_NUMBER: _ClassVar[int]
+    ATTEMPT_FIELD_NUMBER: _ClassVar[int]
     job_id: int
     end_state: str
     reason: str
     grace: float
     signal: int
-    def __init__(self, job_id: _Optional[int] = ..., end_state: _Optional[str] = ..., reason: _Optional[str] = ..., grace: _Optional[float] = ..., signal: _Optional[int] = ...) -> None: ...
+    attempt: int
+    def __init__(self, job_id: _Optional[int] = ..., end_state: _Optional[str] = ..., reason: _Optional[str] = ..., grace: _Optional[float] = ..., signal: _Optional[int] = ..., attempt: _Optional[int] = ...) -> None: ...
 
 class SignalJob(_message.Message):
     __slots__ = ("job_id", "signal")

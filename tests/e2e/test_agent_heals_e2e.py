@@ -168,8 +168,9 @@ def test_hub_stops_the_job_of_a_dead_supervisor_after_its_grace(tmp_path: Path) 
 def test_agent_hands_a_refused_launch_back_to_the_queue(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """A launch the hub refuses is reported `preempted` (back to the queue) after a hold, not
-    `failed`; a stop that comes during the hold ends it as the stop says instead."""
+    """A launch the hub refuses is reported NOT_STARTED (back to the queue) after a hold, not
+    `failed`, with its attempt; a stop that comes during the hold ends it as the stop says
+    instead, and a stop of another start of the job is ignored."""
     monkeypatch.setattr(agent_module, "REFUSE_HOLD", 0.2)
 
     class RefusingHub:
@@ -182,24 +183,34 @@ def test_agent_hands_a_refused_launch_back_to_the_queue(
         def running_jobs(self) -> list[int]:
             return []
 
+        def attempt_of(self, job_id: int) -> int:
+            return 0
+
     async def scenario() -> None:
         agent = agent_module.Agent.__new__(agent_module.Agent)
         agent.hub = RefusingHub()  # type: ignore[assignment]
         agent.policy = NodePolicy(node="n1", units={})
         agent.unacked, agent._outgoing, agent._flush = {}, [], asyncio.Event()
-        agent.refused = {}
+        agent.refused, agent.refused_attempts = {}, {}
         spec = JobSpec(name="j", script="#!/bin/sh\ntrue\n", workdir=str(tmp_path))
         for job_id in (1, 2):
-            await agent._launch(apb.JobLaunch(job_id=job_id, spec=spec_to_proto(spec)))
+            launch = apb.JobLaunch(job_id=job_id, spec=spec_to_proto(spec), attempt=3)
+            await agent._launch(launch)
         assert agent.unacked == {} and sorted(agent.refused) == [1, 2]
+        stale = apb.StopJob(job_id=1, end_state="cancelled", attempt=2)
         await agent._handle(
-            apb.CoordinatorMessage(stop=[apb.StopJob(job_id=2, end_state="cancelled")])
+            apb.CoordinatorMessage(
+                stop=[stale, apb.StopJob(job_id=2, end_state="cancelled", attempt=3)]
+            )
         )
+        assert 1 in agent.refused  # the stop of start 2 was not for it
         await await_until(lambda: 1 in agent.unacked, 5)
         held, stopped = agent.unacked[1], agent.unacked[2]
-        assert held.end_state == "preempted" and "not started" in held.reason
-        assert "cannot be restarted" in held.reason
+        assert held.kind == "not_started" and "not started" in held.reason
+        assert "cannot be restarted" in held.reason and held.attempt == 3
+        message = agent_module._report_message(held)
+        assert message.kind == apb.JobReport.NOT_STARTED and message.attempt == 3
         assert stopped.end_state == "cancelled"
-        assert agent.refused == {}
+        assert agent.refused == {} and agent.refused_attempts == {}
 
     asyncio.run(scenario())

@@ -4,19 +4,22 @@ every accepted job."""
 from __future__ import annotations
 
 import time
+from typing import Any
 
 from e2e_cluster import Cluster, pid_alive, wait_for
 
 from gpuq.domain.states import JobState
 
 
-def running_job(cluster: Cluster, node: str, gate_name: str) -> tuple[int, int]:
+def running_job(cluster: Cluster, node: str, gate_name: str, **options: Any) -> tuple[int, int]:
     """A job on `node` that runs until its gate file appears; (job id, its shell's pid)."""
     gate = cluster.root / gate_name
     pid_file = cluster.root / f"{gate_name}.pid"
     gpus = 4 if node == "a" else 2
     job_id = cluster.submit(
-        f"echo $$ > {pid_file}; while [ ! -e {gate} ]; do sleep 0.05; done; echo done", gpus=gpus
+        f"echo $$ > {pid_file}; while [ ! -e {gate} ]; do sleep 0.05; done; echo done",
+        gpus=gpus,
+        **options,
     )
     job = cluster.wait_state(job_id, "running")
     assert job.node == node
@@ -55,7 +58,8 @@ def test_job_that_ends_while_its_agent_is_down_is_reported_on_return(cluster: Cl
 
 
 def test_agent_that_stays_down_fails_its_jobs_after_the_timeout(cluster: Cluster) -> None:
-    job_id, _ = running_job(cluster, "b", "gate")
+    # --no-requeue: it stays node_fail (requeueing is test_faults_e2e's)
+    job_id, _ = running_job(cluster, "b", "gate", no_requeue=True)
     cluster.kill(cluster.agents["b"])
     job = cluster.wait_state(job_id, "node_fail", timeout=15)
     assert "no word from its agent" in job.reason

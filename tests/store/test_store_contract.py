@@ -201,6 +201,25 @@ def test_request_stop_marks_a_running_job_only(store: Store) -> None:
     assert store.get_job(running).stop is None
 
 
+def test_a_start_never_received_goes_back_to_pending_and_frees_its_units(store: Store) -> None:
+    [job] = submit(store, ("a", 1))
+    with store.transaction() as tx:
+        tx.start_jobs([JobStart(job, "n1", ("GPU-a",))], 1.0)
+    assert store.get_job(job).start_count == 1
+    with store.transaction() as tx:
+        tx.request_stop(job, JobState.CANCELLED, "x")
+        reason = "requeued: the agent never received the start"
+        tx.transition([StateChange(job, JobState.PENDING, reason)], 2.0)
+    back = store.get_job(job)
+    assert back.state is JobState.PENDING and back.node is None and back.stop is None
+    assert back.requeue_count == 0 and back.start_count == 1
+    assert store.live_allocations() == []
+    with store.transaction() as tx:  # the unit is free again; the next start is attempt 2
+        tx.start_jobs([JobStart(job, "n2", ("GPU-a",))], 3.0)
+    assert store.get_job(job).start_count == 2
+    assert [e.to_state for e in store.events(job)][-2:] == [JobState.PENDING, JobState.RUNNING]
+
+
 def test_list_jobs_filters(store: Store) -> None:
     ids = submit(store, ("a", 0), ("b", 0), ("c", 0))
     with store.transaction() as tx:

@@ -137,6 +137,25 @@ BAD = [
     ),
     ("[qos.high]\nmax_tme = 100", "[qos.high] max_tme", "100", "did you mean max_time"),
     ("[qos]\nhigh = 5", "[qos.high]", "5", "expected a table"),
+    (
+        "[qos.high]\nrequeue_on_node_fail = -1",
+        "[qos.high] requeue_on_node_fail",
+        "-1",
+        "from 0 to 1000",
+    ),
+    ("[agent]\nfence_time = 0", "[agent] fence_time", "0", "from 0.1"),
+    (
+        "[agent]\nfence_time = 300",  # the default node timeout
+        "[agent] fence_time",
+        "300",
+        "shorter than [coordinator] heartbeat_timeout (300 s)",
+    ),
+    (
+        "[coordinator]\nheartbeat_timeout = 60\n[agent]\nfence_time = 90",
+        "[agent] fence_time",
+        "90",
+        "shorter than [coordinator] heartbeat_timeout (60 s)",
+    ),
     ("[scheduler]\nweight_age = -1", "[scheduler] weight_age", "-1", "from 0"),
     ("[scheduler]\npriority_interval = 0", "[scheduler] priority_interval", "0", "from 0.1"),
     (
@@ -190,10 +209,12 @@ def test_good_values_are_normalised(tmp_path: Path) -> None:
         "cpus = 64\n"
         'coordinator = "head:7817"\n'
         'cgroup_parent = "/system.slice/gpuq"\n'
+        "fence_time = 100\n"
         "[agent.job_env]\n"
         'PYTORCH_CUDA_ALLOC_CONF = "expandable_segments:True"\n'
         "[qos.only]\n"
         "priority = -5\n"
+        "requeue_on_node_fail = 0\n"
         "max_running_gpus = 0\n"
         "default_time = 3600.0\n"  # a whole number written as a float
         "[scheduler]\n"
@@ -206,9 +227,10 @@ def test_good_values_are_normalised(tmp_path: Path) -> None:
     assert coordinator.listen is None
     tier = coordinator.qos["only"]
     assert (tier.priority, tier.max_running_gpus, tier.default_time) == (-5, 0, 3600)
+    assert tier.requeue_on_node_fail == 0
     assert coordinator.scheduler.explain_limit == 10
     agent = settings.agent
-    assert agent.mem == "200G" and agent.cpus == 64
+    assert agent.mem == "200G" and agent.cpus == 64 and agent.fence_time == 100.0
     assert agent.job_env == {"PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True"}
 
 
@@ -222,6 +244,11 @@ def test_default_qos_must_name_a_configured_tier(tmp_path: Path) -> None:
 def test_defaults_need_no_file(tmp_path: Path) -> None:
     settings = load_settings(home=tmp_path / "home")
     assert settings.coordinator.heartbeat_interval == 5.0
+    # SLURM's order of magnitude: an agent restart or a short network cut costs no job; an
+    # agent cut off fences its jobs before the coordinator gives them up
+    assert settings.coordinator.heartbeat_timeout == 300.0
+    assert settings.agent.fence_time == 240.0
+    assert all(t.requeue_on_node_fail == 1 for t in settings.coordinator.qos.values())
 
 
 @pytest.mark.parametrize(

@@ -12,11 +12,12 @@ def test_every_state_has_a_row() -> None:
     assert set(TRANSITIONS) == set(JobState)
 
 
-def test_ended_states_go_nowhere_except_preempted_back_to_the_queue() -> None:
+def test_ended_states_go_nowhere_except_preempted_and_node_fail_back_to_the_queue() -> None:
     for state in JobState:
         if state in LIVE_STATES:
             continue
-        expected = {JobState.PENDING} if state is JobState.PREEMPTED else set()
+        requeued = (JobState.PREEMPTED, JobState.NODE_FAIL)
+        expected = {JobState.PENDING} if state in requeued else set()
         assert set(TRANSITIONS[state]) == expected, state
 
 
@@ -37,6 +38,11 @@ def test_only_pending_jobs_start() -> None:
 def test_illegal_transitions_raise(from_state: JobState, to_state: JobState) -> None:
     with pytest.raises(IllegalTransition, match=f"job 7: cannot go from {from_state}"):
         check_transition(7, from_state, to_state)
+
+
+def test_a_start_the_agent_never_received_goes_back_to_pending() -> None:
+    check_transition(1, JobState.RUNNING, JobState.PENDING)
+    assert JobState.PENDING not in TRANSITIONS[JobState.HELD] - {JobState.PENDING}
 
 
 def test_running_ends_every_way() -> None:

@@ -535,7 +535,9 @@ static void on_mem(supervisor *s) {
 static void on_stop(supervisor *s, const jval *message) {
     if (s->result != NULL) return;
     const char *state = json_str(message, "end_state", "");
-    if (strcmp(state, "cancelled") != 0 && strcmp(state, "preempted") != 0 && strcmp(state, "timeout") != 0)
+    /* node_fail: the agent fenced the job (it lost the coordinator for too long) */
+    if (strcmp(state, "cancelled") != 0 && strcmp(state, "preempted") != 0 && strcmp(state, "timeout") != 0
+        && strcmp(state, "node_fail") != 0)
         state = "cancelled";
     const char *reason = json_str(message, "reason", "");
     char fallback[64];

@@ -1,0 +1,177 @@
+"""Delivery is acknowledged: each start has an attempt number; a start the agent never
+received (it registers without the job, or hands it back NOT_STARTED) goes back to pending,
+never node_fail; reports and stops for another attempt are ignored. Through the coordinator
+and its agent link, on a real store (SQLite and PostgreSQL), with a stand-in agent stream."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable
+
+from helpers import make_spec
+
+from gpuq.config import CoordinatorSettings, QosTier
+from gpuq.coordinator.agents import NOT_RECEIVED, AgentLink
+from gpuq.coordinator.cluster import AgentSession
+from gpuq.coordinator.core import Coordinator
+from gpuq.coordinator.passes import Passes
+from gpuq.domain.states import JobState
+from gpuq.store.api import Store
+from gpuq.v1 import agent_pb2 as apb
+from gpuq.v1 import types_pb2 as pb
+
+GPU = pb.GpuUnit(uuid="GPU-1", index=0, name="fake", memory=1 << 30, pci_bus_id="0:1")
+
+
+def register(jobs: list[apb.JobReport] | None = None) -> apb.Register:
+    return apb.Register(node="n1", gpus=[GPU], cpus=4, mem=1 << 34, fake=True, jobs=jobs or [])
+
+
+def run(
+    store: Store,
+    body: Callable[[Coordinator, AgentLink], Awaitable[None]],
+    settings: CoordinatorSettings | None = None,
+) -> None:
+    async def main() -> None:
+        co = Coordinator(store, settings or CoordinatorSettings(), "alice")
+        link = AgentLink(co)
+        Passes(co)
+        await co.start()
+        try:
+            await body(co, link)
+        finally:
+            await co.close()
+
+    asyncio.run(main())
+
+
+async def until(condition: Callable[[], object], timeout: float = 10.0) -> None:
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout
+    while not condition():
+        assert loop.time() < deadline, "timed out"
+        await asyncio.sleep(0.01)
+
+
+async def message_with(session: AgentSession, field: str) -> apb.CoordinatorMessage:
+    """The next message to the agent that carries `field` (start, stop, ack)."""
+    while True:
+        message = await asyncio.wait_for(session.next_message(), 10)
+        assert message is not None
+        if getattr(message, field):
+            return message
+
+
+async def launched(session: AgentSession) -> list[apb.JobLaunch]:
+    return list((await message_with(session, "start")).start)
+
+
+def test_starts_carry_attempts_and_unreceived_starts_go_back_to_pending(store: Store) -> None:
+    async def body(co: Coordinator, link: AgentLink) -> None:
+        session = AgentSession("n1")
+        await link.register(register(), session)
+        [job_id] = await co.submit(make_spec(gpus=1), "alice")
+        [first] = await launched(session)
+        assert (first.job_id, first.attempt) == (job_id, 1)
+
+        # an end reported for another start is ignored (and acknowledged)
+        stale = apb.JobReport(job_id=job_id, kind=apb.JobReport.ENDED, end_state="failed")
+        stale.attempt = 7
+        link.reports("n1", [stale])
+        message = await message_with(session, "ack")
+        assert list(message.ack) == [job_id]
+        assert co.cluster.jobs[job_id].state is JobState.RUNNING
+
+        # handed back unstarted: pending again, then started once more as attempt 2
+        back = apb.JobReport(job_id=job_id, kind=apb.JobReport.NOT_STARTED, attempt=1)
+        back.result.reason = "not started: n1 cannot start jobs (test)"
+        link.reports("n1", [back])
+        second = await launched(session)
+        assert (second[0].job_id, second[0].attempt) == (job_id, 2)
+
+        # the agent comes back without it: pending again (not node_fail), then attempt 3
+        link.disconnected("n1", session)
+        session = AgentSession("n1")
+        await link.register(register(), session)
+        third = await launched(session)
+        assert (third[0].job_id, third[0].attempt) == (job_id, 3)
+
+        # a re-registration that reports an older start: that one is stopped, this one
+        # (attempt 3, never received) is queued again; the node's only GPU, which the older
+        # start holds, is offered again only once it is reported gone
+        link.disconnected("n1", session)
+        session = AgentSession("n1")
+        old = apb.JobReport(job_id=job_id, kind=apb.JobReport.RUNNING, attempt=2)
+        await link.register(register([old]), session)
+        message = await message_with(session, "stop")
+        stops = [(s.job_id, s.attempt) for s in message.stop]
+        assert stops == [(job_id, 2)]
+        await until(lambda: co.cluster.jobs[job_id].state is JobState.PENDING)
+        await asyncio.sleep(0.2)  # passes run meanwhile: the GPU is held
+        assert co.cluster.jobs[job_id].start_count == 3
+        gone = apb.JobReport(job_id=job_id, kind=apb.JobReport.ENDED, end_state="cancelled")
+        gone.attempt = 2
+        link.reports("n1", [gone])
+        await until(lambda: co.cluster.jobs[job_id].start_count == 4)
+
+        # it ends for real
+        done = apb.JobReport(job_id=job_id, kind=apb.JobReport.ENDED, end_state="completed")
+        done.attempt = 4
+        link.reports("n1", [done])
+        await until(lambda: job_id not in co.cluster.jobs)
+
+    run(store, body)
+    job = store.get_job(job_id_of(store))
+    assert job.state is JobState.COMPLETED and job.requeue_count == 0 and job.start_count == 4
+    history = store.events(job.id)
+    to_states = [e.to_state for e in history]
+    assert JobState.NODE_FAIL not in to_states and JobState.PREEMPTED not in to_states
+    reasons = [e.reason for e in history if e.to_state is JobState.PENDING]
+    assert reasons[1:] == [
+        "requeued: not started: n1 cannot start jobs (test)",
+        NOT_RECEIVED,
+        NOT_RECEIVED,
+    ]
+    assert store.live_allocations() == []
+    assert store.usage().get("alice", (0.0, 0.0))[0] > 0  # only the real run is charged
+
+
+def job_id_of(store: Store) -> int:
+    from gpuq.store.api import JobQuery
+
+    [job] = store.list_jobs(JobQuery())
+    return job.id
+
+
+def test_a_job_lost_with_its_node_is_requeued_as_often_as_its_qos_allows(store: Store) -> None:
+    tiers = {"normal": QosTier("normal"), "never": QosTier("never", requeue_on_node_fail=0)}
+    ids: dict[str, int] = {}
+
+    async def body(co: Coordinator, link: AgentLink) -> None:
+        session = AgentSession("n1")
+        two = apb.Register(node="n1", gpus=[GPU, pb.GpuUnit(uuid="GPU-2", index=1)], cpus=4)
+        two.mem = 1 << 34
+        await link.register(two, session)
+        ids["once"] = (await co.submit(make_spec("once", gpus=1), "alice"))[0]
+        ids["never"] = (await co.submit(make_spec("never", gpus=1, qos="never"), "alice"))[0]
+        await until(lambda: all(co.cluster.jobs[i].state is JobState.RUNNING for i in ids.values()))
+        await co.fail_node_jobs("n1", "no word from its agent for 300 s")
+        assert co.cluster.jobs[ids["once"]].state is JobState.PENDING
+        assert co.cluster.jobs[ids["once"]].requeue_count == 1
+        assert ids["never"] not in co.cluster.jobs  # ended node_fail
+        link.disconnected("n1", session)
+        session = AgentSession("n1")
+        await link.register(two, session)  # the node is back: the job starts again
+        await until(lambda: co.cluster.jobs[ids["once"]].state is JobState.RUNNING)
+        await co.fail_node_jobs("n1", "no word from its agent for 300 s")
+        assert ids["once"] not in co.cluster.jobs  # its one requeue is spent
+
+    run(store, body, CoordinatorSettings(qos=tiers))
+    once, never = store.get_job(ids["once"]), store.get_job(ids["never"])
+    assert once.state is JobState.NODE_FAIL and once.requeue_count == 1
+    assert never.state is JobState.NODE_FAIL and never.requeue_count == 0
+    assert [(e.to_state, e.reason) for e in store.events(once.id)][2:4] == [
+        (JobState.NODE_FAIL, "no word from its agent for 300 s"),
+        (JobState.PENDING, "requeued after node_fail (1 of 1 allowed by qos normal)"),
+    ]
+    assert store.live_allocations() == []
