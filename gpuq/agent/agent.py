@@ -43,6 +43,12 @@ REFUSE_HOLD = 5.0
 # under the coordinator's node timeout: 240 + 10 < 300 by default)
 FENCE_GRACE = 10.0
 FENCE_CHECK_MAX = 1.0  # seconds between two looks at how long the coordinator has been away
+# gRPC keepalive on the agent's channel: the coordinator sends nothing on its own, so a silent
+# cut (packets dropped, no reset) is noticed only by pings left unanswered. An agent pings
+# every fence_time / 4 (1 to 5 s) and gives the connection up after as long without an answer;
+# the coordinator lets agents ping every KEEPALIVE_MIN / 2 (server.py).
+KEEPALIVE_MIN = 1.0
+KEEPALIVE_MAX = 5.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -59,15 +65,23 @@ class Agent:
         self.options = options
         self.backend = backend
         self.inventory: GpuInventory = backend.inventory()
-        self.hub = SupervisorHub(options.run_dir, self._on_report, fork_server=fork_server)
+        self.hub = SupervisorHub(
+            options.run_dir, self._on_report, fork_server=fork_server, on_health=self._beat_now
+        )
         self.policy = self._policy()
         self.unacked: dict[int, SupervisorReport] = {}  # ended, not yet recorded by the coordinator
         self._outgoing: list[apb.JobReport] = []
         self._flush = asyncio.Event()
+        self._beat_due = False  # a heartbeat goes with the next message, due or not
+        self._not_accepting: str | None = None  # as the last heartbeat said
         self.refused: dict[int, asyncio.TimerHandle] = {}  # not started, to be handed back
         self.refused_attempts: dict[int, int] = {}  # their attempts
         self.connected = asyncio.Event()
         self.fenced: set[int] = set()  # jobs stopped because the coordinator was away too long
+        # the last moment (monotonic) this agent knew a coordinator was there: while connected,
+        # now; once a connection is lost, its last sign of life (see _lost)
+        self.last_contact = time.monotonic()  # a new agent gives it the whole fence_time
+        self._last_heard = self.last_contact  # the last message from the coordinator
 
     def _policy(self) -> NodePolicy:
         extra: dict[str, str] = {}
@@ -95,14 +109,22 @@ class Agent:
                 try:
                     await self._session()
                     delay = 0.05
+                    if self.connected.is_set():
+                        self._lost(None)
                 except grpc.aio.AioRpcError as error:
+                    if self.connected.is_set():
+                        self._lost(error)
                     if error.code() in (
                         grpc.StatusCode.UNAUTHENTICATED,
                         grpc.StatusCode.ALREADY_EXISTS,
                     ):
                         log.error("coordinator refused this agent: %s", error.details())
                     else:
-                        log.info("coordinator unreachable (%s); retrying", error.code().name)
+                        log.info(
+                            "coordinator unreachable (%s: %s); retrying",
+                            error.code().name,
+                            error.details(),
+                        )
                 self.connected.clear()
                 await asyncio.sleep(delay)
                 delay = min(RECONNECT_MAX, delay * 2)
@@ -112,21 +134,50 @@ class Agent:
             await self.hub.close()
             self.backend.close()
 
+    def _keepalive(self) -> tuple[float, float]:
+        """(seconds between keepalive pings, seconds a ping may go unanswered)."""
+        every = min(KEEPALIVE_MAX, max(KEEPALIVE_MIN, self.options.settings.fence_time / 4))
+        return every, every
+
+    def _channel_options(self) -> list[tuple[str, int]]:
+        every, timeout = self._keepalive()
+        return [
+            ("grpc.keepalive_time_ms", int(every * 1000)),
+            ("grpc.keepalive_timeout_ms", int(timeout * 1000)),
+            # grpc 1.85 times a keepalive ping out by this (default 60 s), not keepalive_timeout
+            ("grpc.http2.ping_timeout_ms", int(timeout * 1000)),
+            ("grpc.keepalive_permit_without_calls", 1),
+            ("grpc.http2.max_pings_without_data", 0),
+        ]
+
+    def _lost(self, error: grpc.aio.AioRpcError | None) -> None:
+        """The connection is gone: note when the coordinator was last known to be there.
+
+        A connection the coordinator's side closed or reset (its process ended, it closed the
+        stream) was there until now. One given up by keepalive (a silent cut) was last known to
+        work when a ping was last answered, up to a ping interval plus its timeout ago; so is
+        one that failed in a way this agent cannot tell (the fence rather early than late)."""
+        now = time.monotonic()
+        details = "" if error is None else (error.details() or "").lower()
+        silent = "ping timeout" in details or "keepalive" in details
+        if error is not None and (silent or not any(s in details for s in _PEER_CLOSED)):
+            every, timeout = self._keepalive()
+            now -= every + timeout
+        self.last_contact = max(self._last_heard, now)
+
     async def _fence(self) -> None:
-        """Stop this node's jobs once no coordinator has been connected for fence_time: by
-        then the coordinator may be about to give them up (node timeout) and requeue them,
-        and a job must never run in two places. They end node_fail, which is reported when a
-        coordinator is back (and requeued as the job's QOS allows)."""
-        loop = asyncio.get_running_loop()
+        """Stop this node's jobs once no coordinator has been known to be there for
+        fence_time: by then the coordinator may be about to give them up (node timeout) and
+        requeue them, and a job must never run in two places. The time counts from the last
+        sign of life (see _lost), not from when the loss surfaced. They end node_fail, which
+        is reported when a coordinator is back (and requeued as the job's QOS allows)."""
         limit = self.options.settings.fence_time
-        last_connected = loop.time()  # a new agent gives the coordinator the whole fence_time
         while True:
             await asyncio.sleep(min(FENCE_CHECK_MAX, limit / 10))
             if self.connected.is_set():
-                last_connected = loop.time()
                 self.fenced.clear()
                 continue
-            if loop.time() - last_connected < limit:
+            if time.monotonic() - self.last_contact < limit:
                 continue
             reason = f"fenced: no word from the coordinator for {limit:g} s"
             for job_id in self.hub.running_jobs():
@@ -154,7 +205,7 @@ class Agent:
     async def _session_at(self, address: str) -> bool:
         """A session with the coordinator at `address`; False if it did not register us."""
         metadata = (bearer(self.options.token),)
-        async with grpc.aio.insecure_channel(address) as channel:
+        async with grpc.aio.insecure_channel(address, options=self._channel_options()) as channel:
             stub = agent_pb2_grpc.AgentLinkStub(channel)
             call = stub.Connect(metadata=metadata)
             self._outgoing.clear()  # what was unsent is rebuilt into the registration
@@ -163,12 +214,14 @@ class Agent:
             if first is grpc.aio.EOF or not first.HasField("registered"):
                 return False
             interval = first.registered.heartbeat_interval or self.options.heartbeat_interval
+            self._last_heard = time.monotonic()
             self.connected.set()
             log.info("registered with the coordinator at %s", address)
             sender = asyncio.create_task(self._send(call, interval))
             try:
                 await self._handle(first)
                 while (message := await call.read()) is not grpc.aio.EOF:
+                    self._last_heard = time.monotonic()
                     await self._handle(message)
             finally:
                 sender.cancel()
@@ -347,9 +400,11 @@ class Agent:
                 if self._outgoing:
                     message.reports.extend(self._outgoing)
                     self._outgoing.clear()
-                if loop.time() + BEAT_SLACK >= next_beat:
+                if self._beat_due or loop.time() + BEAT_SLACK >= next_beat:
+                    self._beat_due = False
                     usage = await asyncio.to_thread(self._usage)
-                    message.heartbeat.CopyFrom(apb.Heartbeat(at=time.time(), usage=usage))
+                    message.heartbeat.CopyFrom(self._heartbeat(usage))
+                    beat.cancel()
                     next_beat = loop.time() + interval
                     beat = loop.call_at(next_beat, self._flush.set)
                 if message.reports or message.HasField("heartbeat"):
@@ -357,6 +412,28 @@ class Agent:
                     last_sent = loop.time()
         finally:
             beat.cancel()
+
+    def _beat_now(self) -> None:
+        """Whether this node can start jobs may have changed: tell the coordinator at once."""
+        self._beat_due = True
+        self._flush.set()
+
+    def _heartbeat(self, usage: list[pb.GpuUsage]) -> apb.Heartbeat:
+        """A heartbeat, which says whether this node takes work (the coordinator sends none to
+        a node that does not, and shows why)."""
+        problem = self.hub.not_accepting()
+        if problem != self._not_accepting:
+            if problem is not None:
+                log.error("this node takes no work until it can start jobs again: %s", problem)
+            else:
+                log.warning("this node can start jobs again; it takes work")
+            self._not_accepting = problem
+        return apb.Heartbeat(
+            at=time.time(),
+            usage=usage,
+            not_accepting=problem is not None,
+            not_accepting_reason=problem or "",
+        )
 
     def _usage(self) -> list[pb.GpuUsage]:
         samples = self.backend.usage()
@@ -369,6 +446,10 @@ class Agent:
             )
             for s in samples
         ]
+
+
+# how grpc words a connection the other side closed or reset (a sign of life up to that moment)
+_PEER_CLOSED = ("socket closed", "connection reset", "broken pipe", "goaway received")
 
 
 def jobs_of(pids: Iterable[int]) -> set[int]:

@@ -10,6 +10,14 @@ Nothing a job started outlives it: when a supervisor dies without a result (even
 the hub stops the job's process group and cgroup (recorded in the folder's job.pid) itself and
 only then reports the end. The hub also heals its fork server: one that dies is restarted with
 backoff; while none runs, a launch raises LaunchRefused (the job did not start).
+
+`not_accepting()` says why the node should be given no work: no fork server runs and a restart
+failed, or LAUNCH_FAILURES_DRAIN launches in a row were refused (for DRAIN_RETRY seconds after
+the last, then it is tried again). `on_health` is called when that may have changed.
+
+Test hook: when the environment variable GPUQ_TEST_FORK_SERVER_BLOCK names a file that exists,
+restarting the fork server fails (as it would if it could not be started); removing the file
+lets the next attempt succeed. It is read only when a restart is attempted.
 """
 
 from __future__ import annotations
@@ -55,6 +63,9 @@ LAUNCH_WAIT = 2.0  # seconds a launch waits for a fork server that is being rest
 # seconds a launch waits for an earlier start of the same job to leave its folder (its
 # supervisor removes it when told its end is recorded, perhaps just before this start came)
 EARLIER_START_WAIT = 5.0
+LAUNCH_FAILURES_DRAIN = 3  # launches refused in a row after which the node takes no work
+DRAIN_RETRY = 30.0  # seconds after the last of them until the node takes work again, to try
+TEST_BLOCK_ENV = "GPUQ_TEST_FORK_SERVER_BLOCK"  # see the module's docstring
 
 
 class LaunchRefused(Exception):
@@ -209,6 +220,7 @@ class SupervisorHub:
         *,
         fork_server: ForkServer | None = None,
         ack_wait: float = ACK_WAIT_DEFAULT,
+        on_health: Callable[[], None] | None = None,
     ) -> None:
         self.state_dir = Path(state_dir).absolute()  # supervisors chdir away from their cwd
         self.jobs_dir = self.state_dir / "jobs"
@@ -225,6 +237,10 @@ class SupervisorHub:
         self._restarter: asyncio.Task[None] | None = None
         self._reapers: set[asyncio.Task[None]] = set()
         self.exits: dict[int, int] = {}  # wait status of supervisors that ended abnormally
+        self.on_health = on_health  # not_accepting() may have changed
+        self.failed_launches = 0  # refused in a row
+        self._last_failure = ""  # why the last of them was refused
+        self._last_failure_at = 0.0  # time.monotonic()
 
     # ---- life cycle ----
 
@@ -253,7 +269,32 @@ class SupervisorHub:
         await loop.create_unix_connection(lambda: forks, sock=self.fork_server.sock)
         self.forks = forks
         self.forks_ready.set()
-        self.refusing = None
+        self.failed_launches = 0  # a new fork server: launches get a fresh chance
+        self._set_refusing(None)
+
+    def _set_refusing(self, problem: str | None) -> None:
+        changed = problem != self.refusing
+        self.refusing = problem
+        if changed:
+            self._health_changed()
+
+    def _health_changed(self) -> None:
+        if self.on_health is not None:
+            try:
+                self.on_health()
+            except Exception:
+                log.exception("on_health failed")
+
+    def not_accepting(self) -> str | None:
+        """Why this node cannot start jobs now (None: it can)."""
+        if self.refusing is not None:
+            return self.refusing
+        if (
+            self.failed_launches >= LAUNCH_FAILURES_DRAIN
+            and time.monotonic() - self._last_failure_at < DRAIN_RETRY
+        ):
+            return f"launches keep failing (the last: {self._last_failure})"
+        return None
 
     def _supervisor_exited(self, pid: int, status: int) -> None:
         self.exits[pid] = status
@@ -286,11 +327,13 @@ class SupervisorHub:
             attempt += 1
             await asyncio.sleep(delay)
             try:
+                if (block := os.environ.get(TEST_BLOCK_ENV)) and os.path.exists(block):
+                    raise OSError(f"blocked by {TEST_BLOCK_ENV} (a test hook)")
                 self.fork_server = ForkServer.start(self.ack_wait)
                 await self._connect_forks()
             except Exception as error:
                 self.fork_server = None
-                self.refusing = f"the fork server cannot be restarted: {error}"
+                self._set_refusing(f"the fork server cannot be restarted: {error}")
                 log.error("%s (attempt %d)", self.refusing, attempt)
                 continue
             self.restarts += 1
@@ -351,15 +394,30 @@ class SupervisorHub:
         job = self.jobs[spec.job_id] = _Job(spec.job_id, spec.attempt)
         try:
             pid = await self._spawn(job_dir, text)
-        except BaseException:
+        except BaseException as error:
             if self.jobs.get(spec.job_id) is job:
                 del self.jobs[spec.job_id]
+            if isinstance(error, LaunchRefused):
+                self._launch_failed(str(error))
             raise
+        if self.failed_launches:
+            drained = self.not_accepting() is not None
+            self.failed_launches = 0
+            if drained:
+                self._health_changed()
         if job.pid is None:
             job.pid = pid
         if job.conn is None:
             self._watch(job)
         return pid
+
+    def _launch_failed(self, problem: str) -> None:
+        """A launch was refused for want of a supervisor (not for the job's own sake)."""
+        before = self.not_accepting()
+        self.failed_launches += 1
+        self._last_failure, self._last_failure_at = problem, time.monotonic()
+        if (self.not_accepting() is None) != (before is None):
+            self._health_changed()
 
     async def _earlier_start_gone(self, job_dir: Path) -> None:
         """Wait until an earlier start of the job has left its folder (its supervisor removes
@@ -636,6 +694,8 @@ def stop_job_processes(job_dir: Path, job_id: int) -> int:
         if count is None:
             count = len(pids)
         if not pids:
+            if cgroup is not None:
+                _remove_cgroup(cgroup)
             return count
         killing = time.monotonic() >= term_until
         sig = signal.SIGKILL if killing else signal.SIGTERM
@@ -650,6 +710,23 @@ def stop_job_processes(job_dir: Path, job_id: int) -> int:
             log.error("job %d: processes %s outlive SIGKILL", job_id, sorted(pids))
             return count
         time.sleep(ORPHAN_POLL)
+
+
+def _remove_cgroup(path: str) -> None:
+    """Remove the dead supervisor's job cgroup once it is empty (the kernel may need a moment
+    to see its last process gone); a cgroup that stays busy is left, and logged."""
+    deadline = time.monotonic() + 1.0
+    while True:
+        try:
+            os.rmdir(path)
+            return
+        except FileNotFoundError:
+            return
+        except OSError as exc:
+            if time.monotonic() > deadline:
+                log.warning("could not remove the job cgroup %s: %s", path, exc)
+                return
+            time.sleep(ORPHAN_POLL)
 
 
 def _group_is_the_jobs(pgid: int, start: int) -> bool:

@@ -30,7 +30,10 @@ class LaunchSpec:
     time_limit: float | None = None  # seconds from start; then state timeout
     mem_limit: int | None = None  # bytes of host memory for the whole tree
     mem_enforcement: MemEnforcement = "auto"  # auto: a cgroup when possible, else poll
-    cgroup_parent: str | None = None  # cgroup folder (relative to the hierarchy) for job groups
+    # the folder (relative to the memory controller's hierarchy) for the jobs' groups: every job
+    # gets one (job_<id>) where the supervisor may make it, --mem or not, so that nothing the
+    # job starts outlives it; without --mem it sets no limit
+    cgroup_parent: str | None = None
     kill_grace: float = 30.0  # seconds between SIGTERM (or a stop's signal) and SIGKILL
     # --signal SIG@S: SIG goes warning_seconds before the time limit (at start when that is not
     # shorter than the limit; never when 0); the limit itself sends SIGTERM, then SIGKILL after

@@ -95,6 +95,17 @@ class AgentLink:
         if entry is not None:
             entry.last_seen = self.co.clock()
             entry.usage = tuple(message.usage)
+            # an agent that cannot start jobs (its fork server cannot be restarted, launches
+            # keep failing) is sent none until it says it can again; its running jobs stay
+            drained = (message.not_accepting_reason or "it cannot start jobs").strip()
+            drained = drained if message.not_accepting else ""
+            if drained != entry.drained:
+                if drained and not entry.drained:
+                    log.warning("node %s takes no work: its agent says %s", node, drained)
+                elif not drained:
+                    log.info("node %s takes work again: its agent can start jobs", node)
+                entry.drained = drained
+                self.co.wake()
 
     def reports(self, node: str, reports: Sequence[apb.JobReport]) -> None:
         """Handle reports without holding up the stream: ends commit in the writer's batches."""

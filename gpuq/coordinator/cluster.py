@@ -89,6 +89,8 @@ class NodeEntry:
     # back; they are being stopped): their units are not offered until the agent says they
     # are gone, so a GPU is never held by two jobs
     held: dict[int, frozenset[str]] = field(default_factory=dict)
+    # why its agent says it cannot start jobs ("": it can): it is given no work meanwhile
+    drained: str = ""
 
     def __post_init__(self) -> None:
         self.distances = {(a, b): d for a, b, d in self.node.topology}
@@ -96,6 +98,22 @@ class NodeEntry:
     @property
     def connected(self) -> bool:
         return self.session is not None and not self.session.closed
+
+    @property
+    def drained_by_agent(self) -> bool:
+        """Up and connected, but its agent says it cannot start jobs."""
+        return self.node.state is NodeState.UP and self.connected and bool(self.drained)
+
+    @property
+    def down_reason(self) -> str | None:
+        """Why the node takes no work now (None: it takes work)."""
+        if self.node.state is not NodeState.UP:
+            return "is down"
+        if not self.connected:
+            return "has no agent connected"
+        if self.drained:
+            return f"drained by its agent: {self.drained}"
+        return None
 
 
 QueueKey = tuple[int, int, int, int]
@@ -238,10 +256,8 @@ class ClusterState:
         return [
             NodeView(
                 name=name,
-                up=entry.node.state is NodeState.UP and entry.connected,
-                down_reason="is down"
-                if entry.node.state is not NodeState.UP
-                else "has no agent connected",
+                up=entry.down_reason is None,
+                down_reason=entry.down_reason or "is down",
                 units=entry.node.units,
                 free_units=frozenset(u.uuid for u in entry.node.units) - used_units[name],
                 cpus=entry.node.cpus,

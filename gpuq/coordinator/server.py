@@ -217,7 +217,9 @@ async def _start(
         options=[
             ("grpc.max_receive_message_length", 64 << 20),
             ("grpc.keepalive_time_ms", 20_000),
-            ("grpc.http2.min_ping_interval_without_data_ms", 5_000),
+            # agents ping every 1 to 5 s (fence_time / 4: gpuq.agent.agent.KEEPALIVE_MIN/MAX)
+            # to notice a silent cut; pings closer than this would get the connection closed
+            ("grpc.http2.min_ping_interval_without_data_ms", 500),
             ("grpc.keepalive_permit_without_calls", 1),
             # never share a TCP port with another coordinator (grpc's default would, and the
             # kernel would then spread connections over both)

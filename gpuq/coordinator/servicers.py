@@ -302,17 +302,20 @@ class QueueServicer(queue_pb2_grpc.QueueServicer):  # type: ignore[misc]
         infos = []
         for name, entry in sorted(self.co.cluster.nodes.items()):
             node, view = entry.node, views[name]
+            drained = entry.drained_by_agent
             infos.append(
                 queue_pb2.NodeInfo(
                     name=name,
-                    state=node.state.value,
+                    # "drained": up, running its jobs, but its agent takes no new ones
+                    state="drained" if drained else node.state.value,
                     cpus=node.cpus,
                     mem=node.mem,
                     gpus=[_unit(u) for u in node.units],
                     fake=node.fake,
                     last_seen=entry.last_seen,
                     reason=node.reason
-                    or ("" if entry.session is not None else "agent not connected"),
+                    or ("" if entry.session is not None else "agent not connected")
+                    or (f"drained by its agent: {entry.drained}" if drained else ""),
                     usage=list(entry.usage),
                     running_jobs=[j.id for j in self.co.cluster.running_on(name)],
                     cpus_used=node.cpus - view.cpus_free,

@@ -205,7 +205,13 @@ class _Pass:
         if key not in self.unfit:
             free_now = [_free_view(n) for n in self.nodes.values()]
             if not any(n.up and not never_fits(n, job.need) for n in self.views):
-                reason = "no node that is up can ever run it"
+                # name the nodes that could run it but take no work now (down, drained)
+                down = [
+                    f"node {n.name} {n.down_reason}"
+                    for n in self.views
+                    if not n.up and not never_fits(n, job.need)
+                ]
+                reason = "; ".join(down[:3]) if down else "no node that is up can ever run it"
             elif self.top is not None and any(misfit(v, job.need) is None for v in free_now):
                 when = _clock(self.top.start)
                 reason = f"resources reserved for job {self.top.job_id} (it starts by {when})"

@@ -39,12 +39,16 @@ class Register(_message.Message):
     def __init__(self, node: _Optional[str] = ..., gpus: _Optional[_Iterable[_Union[_types_pb2.GpuUnit, _Mapping]]] = ..., topology: _Optional[_Iterable[_Union[_types_pb2.TopologyLink, _Mapping]]] = ..., cpus: _Optional[int] = ..., mem: _Optional[int] = ..., fake: _Optional[bool] = ..., version: _Optional[str] = ..., jobs: _Optional[_Iterable[_Union[JobReport, _Mapping]]] = ...) -> None: ...
 
 class Heartbeat(_message.Message):
-    __slots__ = ("at", "usage")
+    __slots__ = ("at", "usage", "not_accepting", "not_accepting_reason")
     AT_FIELD_NUMBER: _ClassVar[int]
     USAGE_FIELD_NUMBER: _ClassVar[int]
+    NOT_ACCEPTING_FIELD_NUMBER: _ClassVar[int]
+    NOT_ACCEPTING_REASON_FIELD_NUMBER: _ClassVar[int]
     at: float
     usage: _containers.RepeatedCompositeFieldContainer[_types_pb2.GpuUsage]
-    def __init__(self, at: _Optional[float] = ..., usage: _Optional[_Iterable[_Union[_types_pb2.GpuUsage, _Mapping]]] = ...) -> None: ...
+    not_accepting: bool
+    not_accepting_reason: str
+    def __init__(self, at: _Optional[float] = ..., usage: _Optional[_Iterable[_Union[_types_pb2.GpuUsage, _Mapping]]] = ..., not_accepting: _Optional[bool] = ..., not_accepting_reason: _Optional[str] = ...) -> None: ...
 
 class JobReport(_message.Message):
     __slots__ = ("job_id", "kind", "end_state", "result", "at", "peak_mem", "peak_gpu_mem", "attempt")

@@ -82,7 +82,7 @@ def test_never_fits_now_and_down_nodes() -> None:
     assert [s.job_id for s in decided.starts] == [1]
     nodes = views({"a": 8}, down=["a"])
     decided = decide(nodes, [], [wait(3)])
-    assert decided.waiting[3].reasons == ("no node that is up can ever run it",)
+    assert decided.waiting[3].reasons == ("node a is down",)
 
 
 def test_preemption_frees_the_least_work() -> None:

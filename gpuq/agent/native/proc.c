@@ -1,4 +1,4 @@
-/* The job's processes (found below the supervisor, which is a child subreaper) and its memory
+/* The job's processes (found below the supervisor, which is a child subreaper) and its own
  * cgroup (v2 or v1). These mirror what SLURM's proctrack and task/cgroup plugins do, for one job.
  *
  * Walking /proc/<pid>/task/<tid>/children from the supervisor finds the whole job, even
@@ -173,7 +173,7 @@ void signal_name(int sig, char *out, size_t size) {
     else snprintf(out, size, "signal %d", sig);
 }
 
-/* ---- the memory cgroup ---- */
+/* ---- the job's cgroup (in the memory controller's hierarchy) ---- */
 
 static char hierarchy[4096];
 static int hierarchy_version;
@@ -242,16 +242,21 @@ static int mkdirs(const char *path) {
 }
 
 int cgroup_create(cgroup *group, long long job_id, const char *parent, long long limit) {
-    /* <hierarchy>/<parent or gpuq>/job_<id> limited to `limit` bytes; -1: poll instead */
+    /* <hierarchy>/<parent or gpuq>/job_<id>, limited to `limit` bytes (limit < 0: no limit, the
+     * group only holds the job's processes so that none escapes the end); -1: none made */
     char parent_path[4096], limit_text[32];
     if (geteuid() != 0 || hierarchy_version == 0) return -1;
     const char *rel = parent && parent[0] ? parent : "gpuq";
     while (*rel == '/') rel++;
-    if (snprintf(parent_path, sizeof parent_path, "%s/%s", hierarchy, rel) >= (int)sizeof parent_path - 16)
+    if (snprintf(parent_path, sizeof parent_path, "%s/%s", hierarchy, rel) >= (int)sizeof parent_path - 48)
         return -1;
     size_t len = strlen(parent_path);
     while (len > 0 && parent_path[len - 1] == '/') parent_path[--len] = '\0';
-    if (mkdirs(parent_path) != 0) return -1;
+    snprintf(group->path, sizeof group->path, "%s/job_%lld", parent_path, job_id);
+    /* v1, the parent there (every job but the first): straight to the job's group, which saves
+     * the parent's mkdir calls (v2 turns the memory controller on down to the parent first) */
+    int made = hierarchy_version == 1 && mkdir(group->path, 0755) == 0;
+    if (!made && mkdirs(parent_path) != 0) return -1;
     if (hierarchy_version == 2) {
         /* turn the memory controller on for the children of every level down to the parent */
         char level[4096];
@@ -265,10 +270,17 @@ int cgroup_create(cgroup *group, long long job_id, const char *parent, long long
         }
         write_text(parent_path, "cgroup.subtree_control", "+memory");
     }
-    snprintf(group->path, sizeof group->path, "%s/job_%lld", parent_path, job_id);
+    if (!made) rmdir(group->path); /* an empty leftover of an earlier run of this job */
+    if (!made && mkdir(group->path, 0755) != 0) {
+        /* still busy (an earlier start of this job not yet gone, or another agent's job with
+         * this id): never share it, its end would kill this job; a name of this start's own */
+        if (errno != EEXIST) return -1;
+        snprintf(group->path, sizeof group->path, "%s/job_%lld.%d", parent_path, job_id, (int)getpid());
+        rmdir(group->path);
+        if (mkdir(group->path, 0755) != 0) return -1;
+    }
     group->version = hierarchy_version;
-    rmdir(group->path); /* an empty leftover of an earlier run of this job */
-    if (mkdir(group->path, 0755) != 0 && errno != EEXIST) return -1;
+    if (limit < 0) return 0; /* a new group is unlimited: memory.max "max", v1 no limit */
     snprintf(limit_text, sizeof limit_text, "%lld", limit);
     int failed;
     if (group->version == 2) {

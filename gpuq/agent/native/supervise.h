@@ -50,7 +50,7 @@ void buf_addf(buf *b, const char *format, ...) __attribute__((format(printf, 2, 
 void buf_str(buf *b, const char *text); /* a JSON string literal; invalid UTF-8 -> U+FFFD */
 void buf_consume(buf *b, size_t count); /* drop the first `count` bytes */
 
-/* ---- proc.c: the job's processes and its memory cgroup ---- */
+/* ---- proc.c: the job's processes and its cgroup ---- */
 
 typedef struct {
     pid_t *pids;

@@ -83,7 +83,8 @@ typedef struct {
     double tree_signalled;
     char launch_error[8400];
     char decided_state[32], decided_reason[512];
-    cgroup group;
+    cgroup group; /* the job's own group (version 0: none could be made) */
+    int group_limited; /* the group enforces --mem */
     int polling;
     long long peak;
     double started_at;
@@ -302,7 +303,7 @@ static void __attribute__((noreturn)) child_fail(int fd, int step) {
 typedef struct {
     const launch_spec *spec;
     const char *script;
-    int cgroup_fd, ngroups, err_fd;
+    int cgroup_fd, cgroup_required, ngroups, err_fd;
     gid_t *groups;
 } child_args;
 
@@ -314,7 +315,8 @@ static void __attribute__((noreturn)) child(const child_args *a) {
     int flags = O_WRONLY | O_CREAT | O_CLOEXEC | (spec->append ? O_APPEND : O_TRUNC);
     int target = -1;
     if (setpgid(0, 0) != 0) child_fail(err_fd, STEP_GROUP);
-    if (cgroup_fd >= 0 && write(cgroup_fd, "0", 1) != 1) child_fail(err_fd, STEP_CGROUP); /* "0": me */
+    /* "0": me; a group that only gathers the job's processes is worth no failed start */
+    if (cgroup_fd >= 0 && write(cgroup_fd, "0", 1) != 1 && a->cgroup_required) child_fail(err_fd, STEP_CGROUP);
     if (groups != NULL || spec->has_gid) {
         if (groups != NULL) {
             /* the job folder is root's: exec the script through an fd opened as root */
@@ -378,7 +380,7 @@ static gid_t *groups_for(const launch_spec *spec, int *count) {
 }
 
 static void spawn_job(supervisor *s, const char *script, int cgroup_fd) {
-    static const char *const steps[] = {"create a process group", "join the memory cgroup", "switch user", "chdir to ", "open ", "open ", "execute "};
+    static const char *const steps[] = {"create a process group", "join the job's cgroup", "switch user", "chdir to ", "open ", "open ", "execute "};
     const launch_spec *spec = &s->spec;
     int ngroups = 0;
     gid_t *groups = groups_for(spec, &ngroups);
@@ -390,7 +392,7 @@ static void spawn_job(supervisor *s, const char *script, int cgroup_fd) {
     sigset_t all, old;
     sigfillset(&all);
     sigprocmask(SIG_SETMASK, &all, &old); /* no handler of ours may run in the vfork child */
-    child_args args = {spec, script, cgroup_fd, ngroups, pipe_fds[1], groups};
+    child_args args = {spec, script, cgroup_fd, s->group_limited, ngroups, pipe_fds[1], groups};
     pid_t pid = vfork_child(&args);
     int fork_errno = errno;
     sigprocmask(SIG_SETMASK, &old, NULL);
@@ -635,7 +637,7 @@ static void finish(supervisor *s) {
     } else if (s->decided_state[0]) {
         snprintf(state, sizeof state, "%s", s->decided_state);
         snprintf(reason, sizeof reason, "%s", s->decided_reason);
-    } else if (s->group.version && cgroup_oom_kills(&s->group) > 0) {
+    } else if (s->group_limited && cgroup_oom_kills(&s->group) > 0) {
         snprintf(state, sizeof state, "out_of_memory");
         mem_reason(s, reason, sizeof reason);
     } else if (code == 0) {
@@ -732,10 +734,13 @@ static void record_job(supervisor *s) {
 
 static void start(supervisor *s, const char *script) {
     const launch_spec *spec = &s->spec;
-    if (spec->has_mem_limit) {
-        if (!spec->mem_poll_only) cgroup_create(&s->group, spec->job_id, spec->cgroup_parent, spec->mem_limit);
-        s->polling = s->group.version == 0;
-    }
+    /* every job gets a group of its own where one can be made, so that the end (or the hub,
+     * when this supervisor is gone) finds every process of the job, even one that escaped with
+     * setsid; it enforces --mem unless the admin asked for polling or no limit could be set */
+    if (spec->has_mem_limit && !spec->mem_poll_only)
+        s->group_limited = cgroup_create(&s->group, spec->job_id, spec->cgroup_parent, spec->mem_limit) == 0;
+    if (s->group.version == 0) cgroup_create(&s->group, spec->job_id, spec->cgroup_parent, -1);
+    s->polling = spec->has_mem_limit && !s->group_limited;
     int cgroup_fd = s->group.version ? cgroup_open_procs(&s->group) : -1;
     s->started_at = wall_time();
     spawn_job(s, script, cgroup_fd);

@@ -1,0 +1,161 @@
+"""Every job gets a cgroup of its own, --mem or not (issue 9): nothing a job started outlives it.
+
+Real fork server, real supervisors, real processes; skipped where this test cannot make a
+cgroup (not root, or no hierarchy with the memory controller).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import signal
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from supervisor_helpers import alive, await_until, cleanup, make_spec, running_hub
+
+pytestmark = pytest.mark.timeout(60)
+
+# the main process double-forks a `setsid sleep 300` (its own session and group, re-parented)
+ESCAPE = """sh -c 'setsid sleep 300 & echo $! > escaped.pid' &
+wait
+while [ ! -s escaped.pid ]; do :; done
+echo $$ > main.pid
+"""
+
+
+def memory_hierarchy() -> Path | None:
+    """The mount point of the hierarchy the supervisor uses: cgroup v2 with the memory
+    controller, else cgroup v1's memory controller."""
+    v1 = None
+    for line in Path("/proc/self/mounts").read_text().splitlines():
+        _, point, fstype, options, *_ = line.split()
+        if fstype == "cgroup2":
+            with contextlib.suppress(OSError):
+                if "memory" in (Path(point) / "cgroup.controllers").read_text().split():
+                    return Path(point)
+        if fstype == "cgroup" and "memory" in options.split(","):
+            v1 = Path(point)
+    return v1
+
+
+def usable_hierarchy() -> Path:
+    root = memory_hierarchy()
+    if os.geteuid() != 0 or root is None:
+        pytest.skip("needs root and a cgroup hierarchy with the memory controller")
+    probe = root / f"gpuq-probe-{os.getpid()}"
+    try:
+        probe.mkdir()
+    except OSError as error:
+        pytest.skip(f"cannot make a cgroup here: {error}")
+    probe.rmdir()
+    return root
+
+
+def recorded_group(job_dir: Path) -> str:
+    """The cgroup folder the supervisor recorded in job.pid ('' for none)."""
+    text = (job_dir / "job.pid").read_text()
+    return text.partition("\n")[2].strip()
+
+
+def pid_in(path: Path) -> int:
+    return int(path.read_text().split()[0])
+
+
+@pytest.fixture
+def group_parent() -> Iterator[tuple[Path, str]]:
+    root = usable_hierarchy()
+    parent = f"gpuq-test-{os.getpid()}"
+    yield root, parent
+    with contextlib.suppress(OSError):
+        (root / parent).rmdir()
+
+
+def test_job_without_mem_leaves_nothing_after_its_main_process_exits(
+    tmp_path: Path, group_parent: tuple[Path, str]
+) -> None:
+    root, parent = group_parent
+    state = tmp_path / "state"
+    script = "cat /proc/self/cgroup > cgroup.txt\n" + ESCAPE + "exit 3\n"
+    spec = make_spec(tmp_path, 1, script, cgroup_parent=parent)
+
+    async def scenario() -> None:
+        async with running_hub(state) as (hub, reports):
+            await hub.launch(spec)
+            end = await reports.wait(1, "ended", timeout=20)
+            assert end.end_state == "failed" and end.exit_code == 3
+            assert end.reason == "exit code 3; 1 leftover process killed"
+            escaped = pid_in(tmp_path / "escaped.pid")
+            await await_until(lambda: not alive(escaped), 10, "the escaped sleep gone")
+            await hub.ack(1)
+
+    with cleanup(state, tmp_path / "escaped.pid"):
+        asyncio.run(scenario())
+    group = root / parent / "job_1"
+    assert f"{parent}/job_1" in (tmp_path / "cgroup.txt").read_text()
+    assert not group.exists()
+
+
+def test_cancelled_job_without_mem_leaves_nothing(
+    tmp_path: Path, group_parent: tuple[Path, str]
+) -> None:
+    root, parent = group_parent
+    state = tmp_path / "state"
+    spec = make_spec(tmp_path, 2, ESCAPE + "sleep 300\n", cgroup_parent=parent, kill_grace=5.0)
+    job_dir = state / "jobs" / "2"
+
+    async def scenario() -> None:
+        async with running_hub(state) as (hub, reports):
+            await hub.launch(spec)
+            await reports.wait(2, "running", timeout=20)
+            await await_until(lambda: (tmp_path / "main.pid").exists(), 10, "main.pid")
+            main, escaped = pid_in(tmp_path / "main.pid"), pid_in(tmp_path / "escaped.pid")
+            group = Path(recorded_group(job_dir))
+            assert group == root / parent / "job_2"
+            members = {int(p) for p in (group / "cgroup.procs").read_text().split()}
+            assert {main, escaped} <= members
+            assert await hub.stop(2, "cancelled", "cancelled by alice", signal.SIGTERM, 5.0)
+            end = await reports.wait(2, "ended", timeout=20)
+            assert end.end_state == "cancelled"
+            await await_until(lambda: not alive(main) and not alive(escaped), 10, "the tree gone")
+            await await_until(lambda: not group.exists(), 10, "the job's cgroup removed")
+            await hub.ack(2)
+
+    with cleanup(state, tmp_path / "main.pid", tmp_path / "escaped.pid"):
+        asyncio.run(scenario())
+    assert not (root / parent / "job_2").exists()
+
+
+def test_hub_stops_an_escaped_process_by_cgroup_when_the_supervisor_dies(
+    tmp_path: Path, group_parent: tuple[Path, str]
+) -> None:
+    """No GPUQ_NODE in the job's environment, so no marker: only the cgroup finds the escaped
+    `setsid sleep`, which left the job's process group."""
+    root, parent = group_parent
+    state = tmp_path / "state"
+    spec = make_spec(tmp_path, 3, ESCAPE + "sleep 300\n", cgroup_parent=parent, kill_grace=1.0)
+    job_dir = state / "jobs" / "3"
+    group = root / parent / "job_3"
+
+    async def scenario() -> None:
+        async with running_hub(state) as (hub, reports):
+            await hub.launch(spec)
+            await reports.wait(3, "running", timeout=20)
+            await await_until(lambda: (tmp_path / "main.pid").exists(), 10, "main.pid")
+            main, escaped = pid_in(tmp_path / "main.pid"), pid_in(tmp_path / "escaped.pid")
+            assert recorded_group(job_dir) == str(group)
+            os.kill(pid_in(job_dir / "supervisor.pid"), signal.SIGKILL)
+            end = await reports.wait(3, "ended", timeout=30)
+            assert end.end_state == "failed"
+            assert end.reason.startswith("supervisor lost before the job ended"), end.reason
+            assert not alive(main) and not alive(escaped)
+            assert not group.exists(), "the hub removes the dead supervisor's job cgroup"
+
+    try:
+        with cleanup(state, tmp_path / "main.pid", tmp_path / "escaped.pid"):
+            asyncio.run(scenario())
+    finally:
+        with contextlib.suppress(OSError):
+            group.rmdir()  # when the assertion above failed
