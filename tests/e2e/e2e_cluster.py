@@ -129,9 +129,13 @@ class Cluster:
                 with contextlib.suppress(subprocess.TimeoutExpired):
                     process.wait(5)
                 self.kill(process)
-        kill_marked(self.marker)
+        run_root = load_settings(home=self.home).agent_run_root
+        # jobs do not inherit the marker (an agent drops GPUQ_* variables a user sets): a job
+        # whose supervisor was killed is found by its folder (cwd under root, its script in
+        # the agent's run folder)
+        kill_marked(self.marker, (self.root, run_root))
         # job folders of agents that were killed (the default run folder is outside root)
-        shutil.rmtree(load_settings(home=self.home).agent_run_root, ignore_errors=True)
+        shutil.rmtree(run_root, ignore_errors=True)
 
     # ---- client side -----------------------------------------------------------------------
 
@@ -174,9 +178,11 @@ def free_port() -> int:
         return int(probe.getsockname()[1])
 
 
-def kill_marked(marker: str) -> None:
-    """SIGKILL every process whose environment carries this test's marker."""
+def kill_marked(marker: str, folders: tuple[Path, ...] = ()) -> None:
+    """SIGKILL every process whose environment carries this test's marker, or whose working
+    folder or command line lies in one of `folders` (a test's own jobs)."""
     needle = f"{MARKER}={marker}".encode()
+    places = tuple(str(f.resolve()) + "/" for f in folders)
     for _ in range(3):
         found = False
         for entry in os.scandir("/proc"):
@@ -184,9 +190,14 @@ def kill_marked(marker: str) -> None:
                 continue
             try:
                 environ = Path(entry.path, "environ").read_bytes()
+                ours = needle in environ.split(b"\0")
+                if not ours and places:
+                    cwd = os.readlink(Path(entry.path, "cwd")) + "/"
+                    command = Path(entry.path, "cmdline").read_bytes().decode(errors="replace")
+                    ours = cwd.startswith(places) or any(p in command for p in places)
             except OSError:
                 continue
-            if needle in environ.split(b"\0"):
+            if ours:
                 found = True
                 with contextlib.suppress(ProcessLookupError):
                     os.kill(int(entry.name), signal.SIGKILL)
