@@ -307,6 +307,26 @@ class Client:
     def nodes(self) -> builtins.list[queue_pb2.NodeInfo]:
         return list(self._call("ListNodes", queue_pb2.ListNodesRequest()).nodes)
 
+    # ---- admins ----------------------------------------------------------------------------
+
+    def drain(self, target: str, reason: str) -> queue_pb2.DrainReply:
+        """Take `NODE` or `NODE:GPU` (an index as `gpuq nodes` shows it, or a GPU or MIG
+        UUID) out of service: no new work goes there, running jobs continue. NotFound for
+        an unknown node or GPU."""
+        node, gpu = split_target(target)
+        request = queue_pb2.DrainRequest(node=node, gpu=gpu, reason=reason)
+        reply: queue_pb2.DrainReply = self._call("Drain", request)
+        return reply
+
+    def resume(self, target: str) -> queue_pb2.DrainReply:
+        """Undo a drain of `NODE` or `NODE:GPU`; the reply's message says when a GPU stays
+        out of service because its agent reports it unhealthy or dirty."""
+        node, gpu = split_target(target)
+        reply: queue_pb2.DrainReply = self._call(
+            "Resume", queue_pb2.DrainRequest(node=node, gpu=gpu)
+        )
+        return reply
+
     # ---- acting ----------------------------------------------------------------------------
 
     def cancel(
@@ -470,6 +490,14 @@ _ERRORS: dict[grpc.StatusCode, type[GpuqError]] = {
     grpc.StatusCode.UNAUTHENTICATED: PermissionDenied,
     grpc.StatusCode.ALREADY_EXISTS: Conflict,
 }
+
+
+def split_target(target: str) -> tuple[str, str]:
+    """`NODE` or `NODE:GPU` -> (node, gpu or "")."""
+    node, _, gpu = str(target).strip().partition(":")
+    if not node or (":" in str(target) and not gpu):
+        raise InvalidInput("NODE[:GPU]", target, "expected a node, or NODE:GPU (index or UUID)")
+    return node, gpu
 
 
 def _transient(error: grpc.RpcError) -> bool:

@@ -34,6 +34,10 @@ DEFAULT_JOB_ENV = {
 }
 
 
+# PyTorch's allocator setting under its old and its new name: one setting (gpuq.agent.launch)
+ALLOCATOR_NAMES = ("PYTORCH_CUDA_ALLOC_CONF", "PYTORCH_ALLOC_CONF")
+
+
 def default_home() -> Path:
     if env := os.environ.get("GPUQ_HOME"):
         return Path(env).expanduser().absolute()
@@ -122,6 +126,15 @@ class AgentSettings:
     # node_fail), so that a job the coordinator requeues never runs in two places; shorter than
     # the coordinator's heartbeat_timeout, by more than the jobs' kill grace
     fence_time: float = 240.0
+    # seconds between two reads of the GPU inventory (a MIG change, a reset GPU); it is also
+    # read again at once after NVML errors
+    gpu_rescan: float = 60.0
+    # seconds a job's processes may stay in NVML's process list after the job ended before its
+    # units are marked dirty (not given out) until they clear
+    handover_timeout: float = 10.0
+    # a process on a GPU that belongs to no job holding it: "report" (flag it in gpuq nodes and
+    # the log; a free unit is not given out while it is there) or "kill" (SIGKILL it too)
+    foreign_processes: str = "report"
 
 
 @dataclass(frozen=True, slots=True)
@@ -453,7 +466,15 @@ def _job_env(value: Any, source: str, key: str) -> dict[str, str]:
             raise ConfigError(source, where, text, "not an environment variable name")
         if len(_string(text, source, where)) > 4096:
             raise ConfigError(source, where, text, "longer than 4096 characters")
-    return dict(table)
+    # merged over the defaults: an admin adds or changes one variable without restating the
+    # rest; an empty value removes a default
+    merged = {**DEFAULT_JOB_ENV, **table}
+    # PyTorch's old and new names for the allocator settings are one setting
+    given = [table[name] for name in ALLOCATOR_NAMES if name in table]
+    for name in ALLOCATOR_NAMES:
+        if given and name not in table:
+            merged[name] = given[0]
+    return {name: text for name, text in merged.items() if text != ""}
 
 
 def _table(value: Any, source: str, key: str) -> dict[str, Any]:
@@ -507,6 +528,9 @@ RULES: dict[str, dict[str, Check]] = {
         "visible_devices": _choice("uuid", "index"),
         "job_env": _job_env,
         "fence_time": _seconds(0.1, DAY),
+        "gpu_rescan": _seconds(1, DAY),
+        "handover_timeout": _seconds(0.1, 3600),
+        "foreign_processes": _choice("report", "kill"),
     },
 }
 # the sections' names for RULES (a [qos.NAME] section has the rules of "qos")

@@ -29,6 +29,7 @@ def spec_to_proto(spec: JobSpec) -> pb.JobSpec:
             cpus=res.cpus,
             mem=res.mem,
             time_limit=res.time_limit,
+            mig=res.mig or "",
         ),
         qos=spec.qos or "",
         nice=spec.nice,
@@ -76,6 +77,7 @@ def _spec_dict(message: pb.JobSpec) -> dict[str, Any]:
             "cpus": res.cpus or 1,
             "mem": res.mem if res.HasField("mem") else None,
             "time_limit": res.time_limit if res.HasField("time_limit") else None,
+            "mig": res.mig or None,
         },
         "qos": message.qos or None,
         "nice": message.nice,
@@ -141,6 +143,7 @@ def job_to_proto(job: Job, stdout_path: str = "", stderr_path: str = "") -> pb.J
         stop_reason=job.stop[1] if job.stop else "",
         stop_state=job.stop[0].value if job.stop else "",
         array_tasks=format_indices(job.tasks),
+        start_count=job.start_count,
     )
     if job.result is not None:
         message.result.CopyFrom(result_to_proto(job.result))
@@ -149,7 +152,10 @@ def job_to_proto(job: Job, stdout_path: str = "", stderr_path: str = "") -> pb.J
 
 def job_from_proto(message: pb.Job) -> Job:
     """A job as the coordinator sent it: its spec is not checked again (see spec_from_dict),
-    so a client can read every job the coordinator can."""
+    so a client can read every job the coordinator can. A pending job's reason is why it
+    waits (every reason, as `gpuq show` lists them), where the coordinator said."""
+    waiting = message.state == JobState.PENDING.value and message.HasField("pending")
+    reasons = list(message.pending.reasons) if waiting else []
     return Job(
         id=message.id,
         spec=spec_from_dict(_spec_dict(message.spec), checked=False),
@@ -166,9 +172,10 @@ def job_from_proto(message: pb.Job) -> Job:
         requeue_count=message.requeue_count,
         array_job_id=message.array_job_id if message.HasField("array_job_id") else None,
         array_task_id=message.array_task_id if message.HasField("array_task_id") else None,
-        reason=message.reason,
+        reason="; ".join(reasons) if reasons else message.reason,
         stop=(JobState(message.stop_state), message.stop_reason) if message.stop_state else None,
         tasks=parse_indices(message.array_tasks),
+        start_count=message.start_count,
     )
 
 
@@ -201,6 +208,7 @@ def unit_to_proto(unit: GpuUnit) -> pb.GpuUnit:
         pci_bus_id=unit.pci_bus_id,
         parent_uuid=unit.parent_uuid or "",
         mig_profile=unit.mig_profile or "",
+        gpu_instance=unit.gpu_instance or "",
     )
 
 
@@ -213,4 +221,5 @@ def unit_from_proto(message: pb.GpuUnit) -> GpuUnit:
         pci_bus_id=message.pci_bus_id,
         parent_uuid=message.parent_uuid or None,
         mig_profile=message.mig_profile or None,
+        gpu_instance=message.gpu_instance or None,
     )

@@ -84,7 +84,7 @@ async def _main(settings: Settings, *, coordinator: bool, fork_server: ForkServe
     agent_task = None
     try:
         if fork_server is not None:
-            agent = _make_agent(settings, fork_server)
+            agent = _make_agent(settings, fork_server, embedded=coordinator)
             agent_task = asyncio.create_task(agent.run(), name="agent")
             agent_task.add_done_callback(lambda _: stopped.set())
         await stopped.wait()
@@ -131,15 +131,30 @@ async def _start_coordinator(
     return running
 
 
-def _make_agent(settings: Settings, fork_server: ForkServer) -> Agent:
+SERVE_FAKE_SPEC = "4"  # what `gpuq serve` offers on a machine without an NVIDIA driver
+
+
+def _make_agent(settings: Settings, fork_server: ForkServer, *, embedded: bool) -> Agent:
+    """The agent with its GPU backend: NVML, or the fakes --fake-gpus asks for. Only the
+    embedded agent of `gpuq serve` (a laptop, a CI box, a first try) falls back to fakes where
+    there is no driver, and says so; `gpuq agent` then offers no GPUs and says why, so a GPU
+    server whose driver is broken never schedules real jobs onto imaginary GPUs."""
     from gpuq.agent.agent import Agent, AgentOptions
-    from gpuq.agent.gpus import select_backend
+    from gpuq.agent.gpus import FakeGpuBackend, select_backend
 
     state_dir = settings.agent_state_dir
     state_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
-    backend, warning = select_backend(
-        settings.agent.fake_gpus, settings.agent.node_name, state_dir=state_dir / "fake-gpus"
-    )
+    fake_dir = state_dir / "fake-gpus"
+    node = settings.agent.node_name
+    backend, warning = select_backend(settings.agent.fake_gpus, node, state_dir=fake_dir)
+    problem = backend.inventory().problem
+    if embedded and settings.agent.fake_gpus is None and problem:
+        backend.close()
+        backend = FakeGpuBackend(SERVE_FAKE_SPEC, node, state_dir=fake_dir)
+        warning = (
+            f"{problem}. gpuq serve offers {SERVE_FAKE_SPEC} FAKE GPUs instead: jobs will not "
+            f"run on real GPUs. Start it with --fake-gpus SPEC to choose them and silence this."
+        )
     if warning:
         log.warning("%s", warning)
     options = AgentOptions(

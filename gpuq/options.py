@@ -22,7 +22,18 @@ class Option:
 
 OPTIONS: tuple[Option, ...] = (
     Option("gpus", ("--gpus", "-G"), "whole GPUs for the job", "N"),
-    Option("gpu_mem", ("--gpu-mem",), "least memory each GPU must have, e.g. 40G", "SIZE"),
+    Option(
+        "gpu_mem",
+        ("--gpu-mem",),
+        "least memory each GPU must have, e.g. 40G; a card's marketed size fits it (80G: H100)",
+        "SIZE",
+    ),
+    Option(
+        "mig",
+        ("--mig",),
+        "one MIG slice of this profile instead of whole GPUs, e.g. 3g.71gb",
+        "PROFILE",
+    ),
     Option("cpus", ("--cpus", "-c"), "CPU cores (sets OMP_NUM_THREADS)", "N"),
     Option("mem", ("--mem",), "host memory for the whole job, e.g. 40G (bare number: MB)", "SIZE"),
     Option("time", ("--time", "-t"), "time limit: MM, HH:MM:SS, D-HH[:MM[:SS]]", "TIME"),

@@ -129,6 +129,7 @@ def _spec(
             cpus=_int(merged, "cpus", "--cpus", 1),
             mem=_size(merged, "mem", "--mem"),
             time_limit=_duration(merged, "time", "--time"),
+            mig=_text(merged, "mig"),
         ),
         qos=_text(merged, "qos"),
         nice=_int(merged, "nice", "--nice", 0),

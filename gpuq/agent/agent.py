@@ -9,11 +9,10 @@ Reports go out batched: everything that happened since the last send leaves in o
 from __future__ import annotations
 
 import asyncio
-import contextlib
+import dataclasses
 import logging
 import os
 import time
-from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -21,7 +20,8 @@ import grpc
 
 from gpuq import __version__
 from gpuq.agent.forkserver import ForkServer
-from gpuq.agent.gpus import GpuBackend, GpuInventory
+from gpuq.agent.gpu_care import GpuCare
+from gpuq.agent.gpus import GpuBackend
 from gpuq.agent.hub import LaunchRefused, SupervisorHub, SupervisorReport
 from gpuq.agent.launch import LaunchOrder, NodePolicy, build_launch
 from gpuq.auth import bearer
@@ -64,15 +64,25 @@ class Agent:
     def __init__(self, options: AgentOptions, backend: GpuBackend, fork_server: ForkServer) -> None:
         self.options = options
         self.backend = backend
-        self.inventory: GpuInventory = backend.inventory()
         self.hub = SupervisorHub(
             options.run_dir, self._on_report, fork_server=fork_server, on_health=self._beat_now
         )
+        self.gpus = GpuCare(
+            backend,
+            options.settings,
+            self.hub,
+            beat_now=self._beat_now,
+            units_changed=self._units_changed,
+            stop_job=self._stop_for_gpu,
+        )
         self.policy = self._policy()
+        self._session_task: asyncio.Task[None] | None = None
+        self._reregistering = False  # the session is being ended to register anew
         self.unacked: dict[int, SupervisorReport] = {}  # ended, not yet recorded by the coordinator
         self._outgoing: list[apb.JobReport] = []
         self._flush = asyncio.Event()
         self._beat_due = False  # a heartbeat goes with the next message, due or not
+        self._last_usage: list[pb.GpuUsage] = []
         self._not_accepting: str | None = None  # as the last heartbeat said
         self.refused: dict[int, asyncio.TimerHandle] = {}  # not started, to be handed back
         self.refused_attempts: dict[int, int] = {}  # their attempts
@@ -86,28 +96,31 @@ class Agent:
     def _policy(self) -> NodePolicy:
         extra: dict[str, str] = {}
         state_dir = getattr(self.backend, "state_dir", None)
-        if self.inventory.fake and state_dir is not None:
+        if self.gpus.inventory.fake and state_dir is not None:
             extra["GPUQ_FAKE_GPU_DIR"] = str(state_dir)
         s = self.options.settings
         return NodePolicy(
             node=s.node_name,
-            units={u.uuid: u for u in self.inventory.units},
+            units=dict(self.gpus.units),
             visible_devices="index" if s.visible_devices == "index" else "uuid",
             job_env=dict(s.job_env),
             mem_enforcement=s.mem_enforcement,  # type: ignore[arg-type]
             cgroup_parent=s.cgroup_parent,
             extra_env=extra,
+            devices=dict(self.gpus.device_numbers),
         )
 
     async def run(self) -> None:
         """Serve until cancelled; supervisors and jobs outlive the agent."""
         await self.hub.start()
         fence = asyncio.create_task(self._fence(), name="fence")
+        gpu_care = asyncio.create_task(self.gpus.run(), name="gpu-care")
         delay = 0.05
         try:
             while True:
                 try:
-                    await self._session()
+                    if not await self._run_session():
+                        continue  # the GPUs changed: register them at once
                     delay = 0.05
                     if self.connected.is_set():
                         self._lost(None)
@@ -130,9 +143,37 @@ class Agent:
                 delay = min(RECONNECT_MAX, delay * 2)
         finally:
             fence.cancel()
-            await asyncio.gather(fence, return_exceptions=True)
+            gpu_care.cancel()
+            await asyncio.gather(fence, gpu_care, return_exceptions=True)
             await self.hub.close()
-            self.backend.close()
+            await asyncio.to_thread(self.backend.close)
+
+    async def _run_session(self) -> bool:
+        """One session in a task of its own, so that a change of GPUs can end it (to register
+        again) without cancelling the agent; False when it ended that way."""
+        self._session_task = asyncio.create_task(self._session(), name="session")
+        try:
+            await self._session_task
+        except asyncio.CancelledError:
+            if not self._reregistering:
+                raise
+            self._reregistering = False
+            self.connected.clear()
+            return False
+        finally:
+            self._session_task = None
+        return True
+
+    def _units_changed(self) -> None:
+        """The backend found other GPUs (a MIG change, a GPU reset): register them."""
+        self.policy = self._policy()
+        if self._session_task is not None and not self._session_task.done():
+            self._reregistering = True
+            self._session_task.cancel()
+
+    async def _stop_for_gpu(self, job_id: int, end_state: str, reason: str, grace: float) -> None:
+        """End a job whose GPU failed (a hardware XID); its QOS decides on a requeue."""
+        await self.hub.stop(job_id, end_state, reason, 0, grace)
 
     def _keepalive(self) -> tuple[float, float]:
         """(seconds between keepalive pings, seconds a ping may go unanswered)."""
@@ -253,15 +294,19 @@ class Agent:
             if s.mem
             else os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
         )
+        inventory = self.gpus.inventory
         return apb.Register(
             node=s.node_name,
-            gpus=[unit_to_proto(u) for u in self.inventory.units],
-            topology=[pb.TopologyLink(a=a, b=b, distance=d) for a, b, d in self.inventory.topology],
+            gpus=[unit_to_proto(u) for u in inventory.units],
+            topology=[pb.TopologyLink(a=a, b=b, distance=d) for a, b, d in inventory.topology],
             cpus=cpus,
             mem=mem,
-            fake=self.inventory.fake,
+            fake=inventory.fake,
             version=__version__,
             jobs=jobs,
+            gpu_problem=inventory.problem,
+            isolation=self.gpus.isolation(),
+            driver=inventory.driver,
         )
 
     # ---- what the coordinator says ---------------------------------------------------------
@@ -326,11 +371,20 @@ class Agent:
                 requeue_count=launch.requeue_count,
                 attempt=launch.attempt,
             )
-            await self.hub.launch(build_launch(order, self.policy))
+            unknown = [uuid for uuid in order.gpus if uuid not in self.gpus.units]
+            if unknown:
+                raise LaunchRefused(f"it has no GPU {unknown[0]} (its GPUs changed)")
+            cpus = self.gpus.place(order.job_id, order.gpus, order.spec.resources.cpus)
+            spec = build_launch(order, self.policy, cpus=cpus)
+            # the units go with the spec, for an agent that restarts and adopts the job
+            spec = dataclasses.replace(spec, extra={**spec.extra, "gpus": list(order.gpus)})
+            await self.hub.launch(spec)
         except LaunchRefused as error:
+            self.gpus.launch_failed(launch.job_id)
             log.error("job %d not started: %s", launch.job_id, error)
             self._hand_back(launch.job_id, str(error), launch.attempt)
         except Exception as error:  # a launch that cannot even begin ends the job as failed
+            self.gpus.launch_failed(launch.job_id)
             log.exception("cannot launch job %d", launch.job_id)
             self._on_report(
                 SupervisorReport(
@@ -376,6 +430,13 @@ class Agent:
         """Ends go to the coordinator (and stay until acknowledged); a start needs no message:
         the coordinator already counts the job as running."""
         if report.kind in ("ended", "not_started"):
+            if report.kind == "ended" and (notes := self.gpus.end_notes(report.job_id)):
+                reason = f"{report.reason}; {notes}" if report.reason else notes
+                report = dataclasses.replace(report, reason=reason)
+            if self.gpus.job_ended(report.job_id):
+                # its units are checked in the heartbeat that leaves with this report, so the
+                # coordinator never frees a unit that still has the job's processes on it
+                self._beat_due = True
             self.unacked[report.job_id] = report
             self._outgoing.append(_report_message(report))
             self._flush.set()
@@ -403,6 +464,8 @@ class Agent:
                 if self._beat_due or loop.time() + BEAT_SLACK >= next_beat:
                     self._beat_due = False
                     usage = await asyncio.to_thread(self._usage)
+                    if usage is None:
+                        usage = self._last_usage
                     message.heartbeat.CopyFrom(self._heartbeat(usage))
                     beat.cancel()
                     next_beat = loop.time() + interval
@@ -435,33 +498,20 @@ class Agent:
             not_accepting_reason=problem or "",
         )
 
-    def _usage(self) -> list[pb.GpuUsage]:
-        samples = self.backend.usage()
-        return [
-            pb.GpuUsage(
-                uuid=s.uuid,
-                memory_used=s.memory_used,
-                utilization=s.utilization or 0,
-                job_ids=sorted(jobs_of(pid for pid, _ in s.processes)),
-            )
-            for s in samples
-        ]
+    def _usage(self) -> list[pb.GpuUsage] | None:
+        """The units' figures and health; None (the last ones are sent again) when reading
+        them failed in a way the backend did not catch: a heartbeat must never die of it."""
+        try:
+            usage = self.gpus.usage()
+        except Exception:
+            log.exception("reading GPU usage failed; sending the last figures")
+            return None
+        self._last_usage = usage
+        return usage
 
 
 # how grpc words a connection the other side closed or reset (a sign of life up to that moment)
 _PEER_CLOSED = ("socket closed", "connection reset", "broken pipe", "goaway received")
-
-
-def jobs_of(pids: Iterable[int]) -> set[int]:
-    """The gpuq jobs these processes belong to (from GPUQ_JOB_ID in their environment)."""
-    found: set[int] = set()
-    for pid in pids:
-        with contextlib.suppress(OSError):
-            for item in Path(f"/proc/{pid}/environ").read_bytes().split(b"\0"):
-                if item.startswith(b"GPUQ_JOB_ID="):
-                    found.add(int(item[12:] or 0))
-                    break
-    return found
 
 
 def _report_message(report: SupervisorReport) -> apb.JobReport:

@@ -1,11 +1,12 @@
 """GPU discovery for the agent: what a node offers, and how busy it is right now.
 
 An agent registers a GpuInventory (the allocatable units and how far apart they are) and sends
-UnitUsage in its heartbeats. Two backends produce them behind one Protocol:
+UnitUsage in its heartbeats. One backend produces them behind one Protocol:
 
 - gpus_nvml.NvmlGpuBackend talks to the NVIDIA driver through nvidia-ml-py (`pynvml`);
-- gpus_fake.FakeGpuBackend pretends, from a spec such as `2xH100-80GB,2xL4-24GB`, so that tests and
-  machines without a driver run the whole system. The fake is the only fake in gpuq (DESIGN.md).
+- gpus_fake.FakeGpuBackend is that same backend over a fake NVML library (nvml_fake), built from
+  a spec such as `2xH100-80GB,2xL4-24GB` and driven by fault files, so that tests and `gpuq
+  serve` run the whole system. Fakes only when asked for (`--fake-gpus`): never as a fallback.
 
 An allocatable unit is a whole GPU, or, when a GPU is in MIG mode, each of its MIG slices instead
 of the GPU: CUDA cannot run work on a MIG-mode GPU except inside a slice, so offering both would
@@ -19,9 +20,9 @@ the import graph free of cycles; `from gpuq.agent.gpus import FakeGpuBackend` st
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, Literal, Protocol
 
 from gpuq.domain.model import (
     DISTANCE_HOST_BRIDGE,
@@ -31,21 +32,19 @@ from gpuq.domain.model import (
     DISTANCE_SYSTEM,
     GpuUnit,
 )
-from gpuq.errors import GpuqError
 
 if TYPE_CHECKING:
     from gpuq.agent.gpus_fake import FakeGpuBackend as FakeGpuBackend
     from gpuq.agent.gpus_fake import claim_fake_vram as claim_fake_vram
     from gpuq.agent.gpus_fake import fake_state_dir as fake_state_dir
     from gpuq.agent.gpus_fake import parse_fake_spec as parse_fake_spec
+    from gpuq.agent.gpus_fake import set_fake_utilization as set_fake_utilization
     from gpuq.agent.gpus_nvml import NvmlGpuBackend as NvmlGpuBackend
 
 __all__ = [
-    "DEFAULT_FAKE_SPEC",
     "FakeGpuBackend",
     "GpuBackend",
     "GpuInventory",
-    "NoNvidiaDriver",
     "NvmlGpuBackend",
     "Topology",
     "UnitUsage",
@@ -54,12 +53,11 @@ __all__ = [
     "fake_state_dir",
     "parse_fake_spec",
     "select_backend",
+    "set_fake_utilization",
     "unit_topology",
 ]
 
 Topology = tuple[tuple[str, str, int], ...]  # (uuid a, uuid b, distance), a < b, one per pair
-
-DEFAULT_FAKE_SPEC = "4"  # what an agent without a driver offers when nobody asked for fakes
 
 # nvmlGpuTopologyLevel_t -> distance, as documented next to the DISTANCE_* constants. Both backends
 # go through this table (the fake models its box in NVML levels) so that they rank pairs alike.
@@ -78,44 +76,103 @@ _EXPORTS = {
     "fake_state_dir": "gpuq.agent.gpus_fake",
     "parse_fake_spec": "gpuq.agent.gpus_fake",
     "NvmlGpuBackend": "gpuq.agent.gpus_nvml",
+    "set_fake_utilization": "gpuq.agent.gpus_fake",
+    "FAKE_GPU_DIR_ENV": "gpuq.agent.gpus_fake",
 }
 
 
 @dataclass(frozen=True, slots=True)
 class GpuInventory:
-    """What an agent registers: its allocatable units and their pairwise distances."""
+    """What an agent registers: its allocatable units and their pairwise distances.
+
+    devices and local_cpus stay on the node (they are not sent): what the agent needs to
+    enforce a job's units (device cgroup rules) and to bind its CPUs near them.
+    """
 
     units: tuple[GpuUnit, ...]
     topology: Topology
     fake: bool
     driver: str  # the NVIDIA driver version, or "fake (SPEC)"
+    # unit uuid -> the device nodes a job given that unit must be able to open: /dev/nvidiaN
+    # for a GPU; for a MIG slice its parent's /dev/nvidiaN and its GPU- and compute-instance
+    # access nodes under /dev/nvidia-caps. Every node listed for some unit and not for a
+    # job's units is denied to that job. Missing entries: the node cannot isolate that unit.
+    devices: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
+    # unit uuid -> the CPUs close to it (NVML CPU affinity or sysfs local_cpulist); empty or
+    # missing: unknown
+    local_cpus: Mapping[str, tuple[int, ...]] = field(default_factory=dict)
+    # why there are no GPUs although the agent looked for them (e.g. no NVIDIA driver); ""
+    problem: str = ""
+
+
+HEALTH_OK = "ok"
+HEALTH_UNHEALTHY = "unhealthy"
+HEALTH_DIRTY = "dirty"  # the agent's (processes left on a unit); backends report ok/unhealthy
+HEALTH_DRAINED = "drained"  # the coordinator's (an admin's drain)
+
+ProcessKind = Literal["compute", "graphics", "mps"]
+
+
+@dataclass(frozen=True, slots=True)
+class GpuProcess:
+    """A process NVML lists on a unit."""
+
+    pid: int
+    used: int  # bytes of VRAM; 0 where the driver cannot tell
+    kind: ProcessKind = "compute"
 
 
 @dataclass(frozen=True, slots=True)
 class UnitUsage:
-    """One allocatable unit right now, as NVML reports it; sizes in bytes."""
+    """One allocatable unit right now, as NVML reports it; sizes in bytes.
+
+    A backend never raises from usage(): a unit it cannot read comes back with health
+    "unhealthy" and the reason (the NVML error, a lost GPU, an XID, ECC or row remapping).
+    """
 
     uuid: str
     memory_used: int
-    utilization: int | None  # percent; None where NVML cannot say (MIG slices)
-    processes: tuple[tuple[int, int], ...]  # (pid, used bytes), sorted by pid
+    utilization: int | None  # percent; None where NVML cannot say (MIG slices): never 0
+    processes: tuple[GpuProcess, ...]  # sorted by pid
+    health: str = HEALTH_OK  # HEALTH_OK or HEALTH_UNHEALTHY
+    reason: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class GpuEvent:
+    """An XID (or other critical event) NVML delivered for a unit.
+
+    hardware: the unit is unhealthy from now on and the job holding it must end; otherwise
+    (application XIDs: 13, 31, 43, 45, 68, 109) only the job that caused it is told.
+    """
+
+    uuid: str  # the allocatable unit (for a whole-GPU event on a MIG GPU: every slice's)
+    xid: int
+    hardware: bool
+    text: str  # one line, e.g. "XID 79 (GPU has fallen off the bus)"
 
 
 class GpuBackend(Protocol):
-    """Where the agent's GPU facts come from; one instance per agent process."""
+    """Where the agent's GPU facts come from; one instance per agent process.
+
+    No method raises for NVML trouble: errors become a unit's health, the backend
+    re-initialises NVML after library errors and re-reads the inventory on refresh().
+    usage() and refresh() run on one thread; wait_events() on another (the event thread).
+    """
 
     def inventory(self) -> GpuInventory: ...
 
     def usage(self) -> list[UnitUsage]: ...
 
+    def refresh(self) -> bool:
+        """Read the inventory again (MIG changes, a reset GPU); True when the units changed."""
+        ...
+
+    def wait_events(self, timeout: float) -> list[GpuEvent]:
+        """Block up to timeout seconds for critical events; [] on timeout or when unsupported."""
+        ...
+
     def close(self) -> None: ...
-
-
-class NoNvidiaDriver(GpuqError):
-    """NVML cannot be used because no NVIDIA driver (or no libnvidia-ml) is installed.
-
-    Distinct from a broken driver: that one raises pynvml's own error, which must reach the admin.
-    """
 
 
 def distance_for_nvml_level(level: int) -> int:
@@ -153,32 +210,19 @@ def select_backend(
 ) -> tuple[GpuBackend, str | None]:
     """The backend an agent should use, and a warning to show the admin (or None).
 
-    With fake_spec the admin asked for fakes: no warning. Otherwise NVML; when the machine has no
-    NVIDIA driver at all the agent still starts, with DEFAULT_FAKE_SPEC fakes, and says loudly
-    that its GPUs are FAKE, so a laptop or CI box runs gpuq while a real server cannot silently
-    schedule onto imaginary GPUs. Any other NVML failure (a broken or mismatched driver)
-    propagates: an admin must see it, not get fakes.
+    With fake_spec the admin asked for fakes (`--fake-gpus`, `gpuq serve`): fake GPUs in
+    state_dir, no warning. Otherwise always NVML, never fakes: where NVML cannot be used (no
+    driver, library not found, driver not loaded, any init failure) the backend has no units,
+    its inventory().problem says why, and that text is the warning. The node then runs CPU jobs
+    only; the backend tries NVML again on refresh() (a driver loaded later brings its GPUs).
     """
     from gpuq.agent.gpus_fake import FakeGpuBackend
     from gpuq.agent.gpus_nvml import NvmlGpuBackend
 
     if fake_spec is not None:
         return FakeGpuBackend(fake_spec, node_name, state_dir=state_dir), None
-    try:
-        return NvmlGpuBackend(), None
-    except NoNvidiaDriver as missing:
-        fake = FakeGpuBackend(DEFAULT_FAKE_SPEC, node_name, state_dir=state_dir)
-        return fake, _no_driver_warning(fake, missing)
-
-
-def _no_driver_warning(fake: FakeGpuBackend, missing: NoNvidiaDriver) -> str:
-    units = fake.inventory().units
-    models = ", ".join(sorted({unit.name for unit in units}))
-    return (
-        f"no NVIDIA driver found ({missing}); this agent offers {len(units)} FAKE GPUs "
-        f"({models}) and jobs will not run on real GPUs. To ask for fake GPUs explicitly and "
-        f"silence this warning, start the agent with --fake-gpus N."
-    )
+    backend = NvmlGpuBackend()
+    return backend, backend.inventory().problem or None
 
 
 def __getattr__(name: str) -> object:

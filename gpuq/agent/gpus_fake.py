@@ -1,30 +1,65 @@
-"""Fake GPUs that behave like NVML, for tests and for machines without an NVIDIA driver.
+"""Fake GPUs: a fake NVML library under the real NVML backend, for tests and `--fake-gpus`.
+
+FakeGpuBackend is the NVML backend (gpus_nvml.NvmlGpuBackend) over a FakeNvmlLibrary (nvml_fake),
+so fakes and real GPUs share every line of backend code: error handling, MIG, health, events.
 
 Spec grammar (`--fake-gpus`), case-insensitive, no spaces:
 
     spec    := group ("," group)*                     at most 64 GPUs in all
     group   := COUNT ["x" MODEL] (":" option)*        COUNT 1..64; no MODEL: A100-80GB
     MODEL   := NAME "-" MEM "GB"                      MEM in GiB, 1..1024
-    option  := "mig=" PROFILE ("+" PROFILE)*          every GPU of the group in MIG mode
+    option  := "mig=" GI ("+" GI)*                    every GPU of the group in MIG mode
              | "nvlink=" ("yes" | "no")               default: yes for SXM models (A100, H100...)
-    PROFILE := G "g." M "gb"                          at most 7 slices, sum(G) <= 7, sum(M) <= MEM
+    GI      := G "g." M "gb"                          a GPU instance with one compute instance
+             | CI ("/" CI)*                           compute instances sharing a GPU instance
+    CI      := C "c." G "g." M "gb"                   C of the instance's G compute slices
 
-    "4"  "8xA100-80GB"  "2xH100-80GB,2xL4-24GB"  "1xA100-80GB:mig=3g.40gb+3g.40gb"
+    "4"  "8xA100-80GB"  "2xH100-80GB,2xL4-24GB"  "1xH200-141GB:mig=3g.71gb+2g.35gb+1g.18gb"
+    "1xA100-80GB:mig=1c.3g.40gb/2c.3g.40gb+3g.40gb"   (two CIs share the first GPU instance)
+
+Sizes are NVML's, not marketed ones: known models have their real NVML totals (H100-80GB
+81,559 MiB, H200-141GB 143,771 MiB, L4-24GB 23,034 MiB, ...); other models MEM GiB. A GPU has
+7 compute slices and 8 memory slices; G is 1, 2, 3, 4 or 7 and takes 1, 2, 4, 4 or 8 memory
+slices; a GPU instance's total is its memory slices x (GPU total // 8), rounded down to a MiB,
+and M must be that size in GiB rounded down or up (H200: 1g.18gb, 2g.35gb, 3g.71gb). Within a
+GPU: sum(G) <= 7, sum(memory slices) <= 8, sum(C) <= G per instance. Every compute instance
+is a unit named by NVML as "<GPU name> MIG <profile>", e.g. "NVIDIA H200 MIG 1c.3g.71gb".
 
 Known models get NVML's product name ("A100-80GB" -> "NVIDIA A100-SXM4-80GB"); others "NVIDIA NAME".
-GPU indices run over the groups in order. UUIDs are uuid5 hashes of (node, index), so an agent
-that restarts offers the same UUIDs, and two nodes never share one. PCI bus ids grow with index.
+GPU indices run over the groups in order. UUIDs are uuid5 hashes of (node, index) (and slot for
+MIG slices), so an agent that restarts offers the same UUIDs, and two nodes never share one. PCI
+bus ids grow with index; minor numbers equal indices.
 
 The box (NVML levels, mapped by gpus.distance_for_nvml_level): GPUs 2k and 2k+1 sit behind one
 two-level PCIe switch tree (PXB -> DISTANCE_PCIE_SWITCH); the switches are split between two
 CPU sockets, the first half on socket 0 (NODE -> DISTANCE_NUMA_NODE within a socket, SYSTEM ->
 DISTANCE_SYSTEM across). NVLink-capable GPUs of the same model are all connected through an
 NVSwitch, as in a DGX/HGX box (DISTANCE_NVLINK). MIG slices of one GPU are DISTANCE_SAME_BOARD.
+CPU affinity: this machine's online CPUs, in order, split in two halves, socket 0 the first
+(a one-CPU machine gives both sockets its CPU).
 
-VRAM use: a file `<state_dir>/<uuid>/<pid>` holding a byte count says that process pid uses that
-much on that unit, as a CUDA process would show in NVML; claim_fake_vram writes it. usage()
-counts live pids only and deletes the files of dead ones (NVML forgets a process that exited).
-`<state_dir>/<uuid>/utilization` (a percent) sets the unit's utilisation.
+State folder (`state_dir`, or GPUQ_FAKE_GPU_DIR), read at call time; UUID is a unit's (GPU-...
+or MIG-...); a GPU's UUID also covers its MIG slices where noted:
+
+    UUID/PID              a process using VRAM: "BYTES [compute|graphics|mps] [stuck]"; listed
+                          while PID lives (a dead PID's file is deleted), or until the file is
+                          removed when "stuck" (a context the driver has not torn down)
+    UUID/utilization      a percent (whole GPUs; MIG slices report NotSupported -> unknown)
+    nodriver              nvmlInit raises DriverNotLoaded
+    GPU-UUID/lost         every call on that GPU and its slices raises GpuIsLost
+    errors                lines "FUNCTION ERROR [UUID]": that NVML call raises NVMLError_ERROR
+                          (Unknown, GpuIsLost, NotSupported, Timeout, FunctionNotFound, ... or
+                          LibraryMismatch for NVMLLibraryMismatchError), only for calls on that
+                          unit (or GPU and its slices) when UUID is given. The memory call with
+                          a version is named nvmlDeviceGetMemoryInfo_v2.
+    UUID/xid              one XID per line; each line is delivered once by the event set (for a
+                          slice's UUID: on its GPU, with the slice's GPU/compute instance ids)
+    GPU-UUID/ecc          volatile uncorrected ECC error count
+    GPU-UUID/remap        "pending" or "failure" (nvmlDeviceGetRemappedRows)
+    GPU-UUID/fabric       an NVML error name: NVSwitch fabric registration completed with it
+    GPU-UUID/mig          a new MIG layout for that GPU (the mig= value; "off": no MIG)
+    dev/, mig-minors      written by the library: when root, device nodes dev/nvidiaN
+                          (195:N) and dev/nvidia-caps/nvidia-capN (237:N) for MIG slices
 """
 
 from __future__ import annotations
@@ -34,38 +69,43 @@ import os
 import re
 import uuid as uuid_module
 from dataclasses import dataclass
-from itertools import combinations
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from gpuq.agent.gpus import (
-    GpuInventory,
-    UnitUsage,
-    distance_for_nvml_level,
-    unit_topology,
-)
-from gpuq.domain.model import DISTANCE_NVLINK, GpuUnit
+from gpuq.agent.gpus import GpuInventory
 from gpuq.errors import InvalidInput
+
+if TYPE_CHECKING:
+    from gpuq.agent.nvml_fake import FakeNvmlLibrary
+
+from gpuq.agent.gpus_nvml import NvmlGpuBackend
 
 FAKE_GPU_DIR_ENV = "GPUQ_FAKE_GPU_DIR"
 MAX_FAKE_GPUS = 64
 GIB = 1024**3
+MIB = 1024**2
+COMPUTE_SLICES = 7
+MEMORY_SLICES = 8
+# compute slices of a GPU instance -> its memory slices
+MEMORY_SLICES_FOR: dict[int, int] = {1: 1, 2: 2, 3: 4, 4: 4, 7: 8}
 
 # Never change: fake UUIDs are stored in job records and must survive an upgrade.
 _FAKE_NAMESPACE = uuid_module.uuid5(uuid_module.NAMESPACE_URL, "gpuq:fake-gpu")
 _DEFAULT_MODEL = "A100-80GB"
-_KNOWN_MODELS: dict[str, tuple[str, bool]] = {  # spec model -> (NVML name, NVLink by default)
-    "A100-80GB": ("NVIDIA A100-SXM4-80GB", True),
-    "A100-40GB": ("NVIDIA A100-SXM4-40GB", True),
-    "H100-80GB": ("NVIDIA H100 80GB HBM3", True),
-    "H200-141GB": ("NVIDIA H200", True),
-    "L4-24GB": ("NVIDIA L4", False),
-    "L40S-48GB": ("NVIDIA L40S", False),
-    "A10-24GB": ("NVIDIA A10", False),
-    "RTX4090-24GB": ("NVIDIA GeForce RTX 4090", False),
+# spec model -> (NVML name, NVLink by default, NVML total in MiB, MIG-capable, ECC)
+_KNOWN_MODELS: dict[str, tuple[str, bool, int, bool, bool]] = {
+    "A100-80GB": ("NVIDIA A100-SXM4-80GB", True, 81_920, True, True),
+    "A100-40GB": ("NVIDIA A100-SXM4-40GB", True, 40_960, True, True),
+    "H100-80GB": ("NVIDIA H100 80GB HBM3", True, 81_559, True, True),
+    "H200-141GB": ("NVIDIA H200", True, 143_771, True, True),
+    "L4-24GB": ("NVIDIA L4", False, 23_034, False, True),
+    "L40S-48GB": ("NVIDIA L40S", False, 46_068, False, True),
+    "A10-24GB": ("NVIDIA A10", False, 23_028, False, True),
+    "RTX4090-24GB": ("NVIDIA GeForce RTX 4090", False, 24_564, False, False),
 }
 _GROUP_RE = re.compile(r"^(\d+)(?:x(.+))?$", re.IGNORECASE)
 _MODEL_RE = re.compile(r"^([A-Z0-9][A-Z0-9.]*(?:-[A-Z0-9.]+)*)-(\d+)GB$", re.IGNORECASE)
-_PROFILE_RE = re.compile(r"^(\d)g\.(\d+)gb$", re.IGNORECASE)
+_PROFILE_RE = re.compile(r"^(?:(\d)c\.)?(\d)g\.(\d+)gb$", re.IGNORECASE)
 _SAFE_UUID_RE = re.compile(r"^[A-Za-z0-9-]+$")
 _HELP = "expected e.g. 4, 8xA100-80GB, 2xH100-80GB,2xL4-24GB or 1xA100-80GB:mig=3g.40gb+3g.40gb"
 
@@ -75,25 +115,60 @@ class _BadSpec(Exception):
 
 
 @dataclass(frozen=True, slots=True)
-class _FakeGpu:
+class FakeGpuInstance:
+    """A MIG GPU instance: G compute slices, its memory, and its compute instances' slices."""
+
+    slices: int
+    gib: int  # M of the profile name
+    memory: int  # bytes, NVML's total for the instance
+    cis: tuple[int, ...]  # compute slices per compute instance; (G,) for a plain slice
+
+    @property
+    def profile(self) -> str:
+        return f"{self.slices}g.{self.gib}gb"
+
+    def unit_profiles(self) -> list[str]:
+        """NVML's profile per compute instance: "3g.40gb", or "1c.3g.40gb" when it is partial."""
+        if self.cis == (self.slices,):
+            return [self.profile]
+        return [f"{c}c.{self.profile}" for c in self.cis]
+
+
+@dataclass(frozen=True, slots=True)
+class FakeGpuModel:
+    """One fake GPU as the spec describes it."""
+
     name: str
-    memory: int  # bytes
+    memory: int  # bytes, NVML's total
     nvlink: bool
-    mig: tuple[str, ...]  # MIG profiles; empty: not in MIG mode
+    mig: tuple[FakeGpuInstance, ...]  # empty: not in MIG mode
+    mig_capable: bool
+    ecc: bool
+    mig_text: str = ""  # the mig= value as given (lowercase), for UUIDs of other layouts
 
 
-def parse_fake_spec(text: str, node_name: str) -> GpuInventory:
-    """The inventory a FakeGpuBackend on node_name offers for spec text (grammar above)."""
+def parse_fake_models(text: str) -> list[FakeGpuModel]:
+    """The GPUs a spec describes (grammar above); InvalidInput naming --fake-gpus if malformed."""
     try:
         gpus = [gpu for group in text.strip().split(",") for gpu in _parse_group(group)]
     except _BadSpec as problem:
         raise InvalidInput("--fake-gpus", text, f"{problem}; {_HELP}") from None
     if len(gpus) > MAX_FAKE_GPUS:
         raise InvalidInput("--fake-gpus", text, f"more than {MAX_FAKE_GPUS} GPUs")
-    return _build_inventory(gpus, node_name, f"fake ({text.strip()})")
+    return gpus
 
 
-def _parse_group(group: str) -> list[_FakeGpu]:
+def parse_fake_spec(text: str, node_name: str) -> GpuInventory:
+    """The inventory a FakeGpuBackend on node_name offers for spec text (grammar above)."""
+    parse_fake_models(text)  # the spec's own error before any backend exists
+    backend = FakeGpuBackend(text, node_name, state_dir=None, use_environment=False)
+    try:
+        return backend.inventory()
+    finally:
+        backend.close()
+
+
+def _parse_group(group: str) -> list[FakeGpuModel]:
     head, *options = group.split(":")
     match = _GROUP_RE.match(head)
     if match is None:
@@ -101,8 +176,7 @@ def _parse_group(group: str) -> list[_FakeGpu]:
     count = int(match.group(1))
     if not 1 <= count <= MAX_FAKE_GPUS:
         raise _BadSpec(f"{group!r}: the count must be 1 to {MAX_FAKE_GPUS}")
-    name, memory, nvlink = _parse_model(match.group(2) or _DEFAULT_MODEL)
-    mig: tuple[str, ...] = ()
+    model = _parse_model(match.group(2) or _DEFAULT_MODEL)
     seen: set[str] = set()
     for option in options:
         key, _, value = option.partition("=")
@@ -111,16 +185,22 @@ def _parse_group(group: str) -> list[_FakeGpu]:
             raise _BadSpec(f"{group!r} repeats {key}")
         seen.add(key)
         if key == "mig":
-            mig = _parse_mig(value, memory)
+            mig = parse_mig_layout(value, model.memory)
+            model = _replace(model, mig=mig, mig_text=value.lower())
         elif key == "nvlink" and value.lower() in ("yes", "no"):
-            nvlink = value.lower() == "yes"
+            model = _replace(model, nvlink=value.lower() == "yes")
         else:
             raise _BadSpec(f"{group!r}: unknown option {option!r} (mig=... or nvlink=yes|no)")
-    return [_FakeGpu(name, memory, nvlink, mig) for _ in range(count)]
+    return [model] * count
 
 
-def _parse_model(model: str) -> tuple[str, int, bool]:
-    """(NVML product name, memory in bytes, NVLink by default) for a spec model."""
+def _replace(model: FakeGpuModel, **changes: object) -> FakeGpuModel:
+    from dataclasses import replace
+
+    return replace(model, **changes)  # type: ignore[arg-type]
+
+
+def _parse_model(model: str) -> FakeGpuModel:
     match = _MODEL_RE.match(model)
     if match is None:
         raise _BadSpec(f"{model!r} is not a model like A100-80GB (name, then memory in GB)")
@@ -129,107 +209,83 @@ def _parse_model(model: str) -> tuple[str, int, bool]:
         raise _BadSpec(f"{model!r}: memory must be 1 to 1024 GB")
     known = _KNOWN_MODELS.get(model.upper())
     if known is not None:
-        return known[0], gib * GIB, known[1]
-    return f"NVIDIA {match.group(1)}", gib * GIB, "SXM" in model.upper()
+        name, nvlink, mib, mig_capable, ecc = known
+        return FakeGpuModel(name, mib * MIB, nvlink, (), mig_capable, ecc)
+    sxm = "SXM" in model.upper()
+    return FakeGpuModel(f"NVIDIA {match.group(1)}", gib * GIB, sxm, (), sxm, True)
 
 
-def _parse_mig(value: str, gpu_memory: int) -> tuple[str, ...]:
-    """MIG profiles, checked against what one GPU has: 7 compute slices and its memory."""
-    profiles = [p.lower() for p in value.split("+")]
-    matches = [_PROFILE_RE.match(p) for p in profiles]
-    if not value or any(m is None or int(m.group(1)) == 0 for m in matches):
-        raise _BadSpec(f"mig={value!r}: expected profiles like 3g.40gb joined by +")
-    slices = sum(int(m.group(1)) for m in matches if m is not None)
-    memory = sum(int(m.group(2)) * GIB for m in matches if m is not None)
-    if len(profiles) > 7 or slices > 7:
+def instance_memory(gpu_memory: int, slices: int) -> int:
+    """NVML's total for a GPU instance of `slices` compute slices, in bytes (whole MiB)."""
+    return MEMORY_SLICES_FOR[slices] * (gpu_memory // MEMORY_SLICES) // MIB * MIB
+
+
+def parse_mig_layout(value: str, gpu_memory: int) -> tuple[FakeGpuInstance, ...]:
+    """GPU instances for a mig= value, checked against 7 compute and 8 memory slices."""
+    instances: list[FakeGpuInstance] = []
+    for part in value.lower().split("+") if value else [""]:
+        instances.append(_parse_instance(part, value, gpu_memory))
+    slices = sum(gi.slices for gi in instances)
+    if slices > COMPUTE_SLICES:
         raise _BadSpec(f"mig={value!r}: a GPU has 7 compute slices, this asks for {slices}")
-    if memory > gpu_memory or any(m is not None and int(m.group(2)) == 0 for m in matches):
-        raise _BadSpec(f"mig={value!r}: slice memory must fit in {gpu_memory // GIB} GB")
-    return tuple(profiles)
+    memory = sum(MEMORY_SLICES_FOR[gi.slices] for gi in instances)
+    if memory > MEMORY_SLICES:
+        raise _BadSpec(f"mig={value!r}: a GPU has 8 memory slices, this asks for {memory}")
+    return tuple(instances)
 
 
-def _fake_uuid(prefix: str, node_name: str, path: str) -> str:
+def _parse_instance(part: str, value: str, gpu_memory: int) -> FakeGpuInstance:
+    matches = [_PROFILE_RE.match(ci) for ci in part.split("/")]
+    if not part or any(m is None for m in matches):
+        raise _BadSpec(f"mig={value!r}: expected profiles like 3g.40gb joined by +")
+    shapes = {(int(m.group(2)), int(m.group(3))) for m in matches if m is not None}
+    if len(shapes) != 1:
+        raise _BadSpec(f"mig={value!r}: compute instances joined by / share one GPU instance")
+    ((slices, gib),) = shapes
+    if slices not in MEMORY_SLICES_FOR:
+        raise _BadSpec(f"mig={value!r}: a GPU instance has 1, 2, 3, 4 or 7 compute slices")
+    cis = tuple(int(m.group(1) or slices) for m in matches if m is not None)
+    if any(c == 0 for c in cis) or sum(cis) > slices or (len(cis) > 1 and slices in cis):
+        raise _BadSpec(f"mig={value!r}: compute instances must fit in {slices}g")
+    memory = instance_memory(gpu_memory, slices)
+    low, high = memory // GIB, math.ceil(memory / GIB)
+    if not low <= gib <= high or gib == 0:
+        size = f"{low}" if low == high else f"{low} or {high}"
+        raise _BadSpec(f"mig={value!r}: {slices}g on this GPU has {memory // MIB} MiB: {size} GB")
+    return FakeGpuInstance(slices, gib, memory, cis)
+
+
+def fake_uuid(prefix: str, node_name: str, path: str) -> str:
     """An NVML-looking UUID (GPU-xxxxxxxx-xxxx-...), fixed for a node and a place in it."""
     return f"{prefix}-{uuid_module.uuid5(_FAKE_NAMESPACE, f'{node_name}/{path}')}"
 
 
-def _pci_bus_id(index: int) -> str:
-    """00000000:1B:00.0 for GPU 0, then 3 buses apart: distinct and growing up to GPU 63."""
-    return f"00000000:{0x1B + 3 * index:02X}:00.0"
+class FakeGpuBackend(NvmlGpuBackend):
+    """The NVML backend over a FakeNvmlLibrary built from a spec; files in state_dir drive it."""
 
-
-def _build_inventory(gpus: list[_FakeGpu], node_name: str, driver: str) -> GpuInventory:
-    units: list[GpuUnit] = []
-    gpu_uuids = [_fake_uuid("GPU", node_name, f"gpu/{index}") for index in range(len(gpus))]
-    for index, (gpu, gpu_uuid) in enumerate(zip(gpus, gpu_uuids, strict=True)):
-        bus = _pci_bus_id(index)
-        if not gpu.mig:
-            units.append(GpuUnit(gpu_uuid, index, gpu.name, gpu.memory, bus))
-        for slot, profile in enumerate(gpu.mig):
-            mig_uuid = _fake_uuid("MIG", node_name, f"gpu/{index}/mig/{slot}")
-            memory = int(profile.split(".")[1].removesuffix("gb")) * GIB
-            name = f"{gpu.name} MIG {profile}"
-            units.append(GpuUnit(mig_uuid, index, name, memory, bus, gpu_uuid, profile))
-    distances: dict[tuple[str, str], int] = {}
-    for i, j in combinations(range(len(gpus)), 2):
-        pair = sorted((gpu_uuids[i], gpu_uuids[j]))
-        distances[(pair[0], pair[1])] = _gpu_distance(gpus, i, j)
-    return GpuInventory(tuple(units), unit_topology(units, distances), True, driver)
-
-
-def _gpu_distance(gpus: list[_FakeGpu], i: int, j: int) -> int:
-    """Distance between fake GPUs i and j in the box described in the module docstring."""
-    if gpus[i].nvlink and gpus[j].nvlink and gpus[i].name == gpus[j].name:
-        return DISTANCE_NVLINK
-    switches = math.ceil(len(gpus) / 2)
-    per_socket = math.ceil(switches / 2)
-    switch_i, switch_j = i // 2, j // 2
-    if switch_i == switch_j:
-        return distance_for_nvml_level(20)  # NVML_TOPOLOGY_MULTIPLE (PXB)
-    if switch_i // per_socket == switch_j // per_socket:
-        return distance_for_nvml_level(40)  # NVML_TOPOLOGY_NODE
-    return distance_for_nvml_level(50)  # NVML_TOPOLOGY_SYSTEM
-
-
-class FakeGpuBackend:
-    """A GpuBackend over fake GPUs; per-process VRAM comes from files in state_dir."""
-
-    def __init__(self, spec: str, node_name: str, state_dir: Path | None = None) -> None:
+    def __init__(
+        self,
+        spec: str,
+        node_name: str,
+        state_dir: Path | None = None,
+        *,
+        use_environment: bool = True,
+        health_every: int = 10,
+        reinit_interval: float = 30.0,
+    ) -> None:
         """state_dir None: the folder GPUQ_FAKE_GPU_DIR names; neither: no process uses VRAM.
 
         The agent should hand state_dir to fake jobs (as GPUQ_FAKE_GPU_DIR) so they can claim.
         """
-        self._inventory = parse_fake_spec(spec, node_name)
-        self.state_dir = state_dir if state_dir is not None else fake_state_dir()
+        from gpuq.agent.nvml_fake import FakeNvmlLibrary
 
-    def inventory(self) -> GpuInventory:
-        return self._inventory
-
-    def usage(self) -> list[UnitUsage]:
-        return [self._unit_usage(unit.uuid) for unit in self._inventory.units]
-
-    def close(self) -> None:
-        """Nothing to release; present because NVML needs it."""
-
-    def _unit_usage(self, unit_uuid: str) -> UnitUsage:
-        if self.state_dir is None or not (self.state_dir / unit_uuid).is_dir():
-            return UnitUsage(unit_uuid, 0, 0, ())
-        folder = self.state_dir / unit_uuid
-        processes: list[tuple[int, int]] = []
-        for entry in folder.iterdir():
-            if not entry.name.isdigit():
-                continue  # the utilization file, or a claim being written
-            pid = int(entry.name)
-            if not _pid_alive(pid):
-                entry.unlink(missing_ok=True)
-                continue
-            used = _read_int(entry)
-            if used is not None and used >= 0:
-                processes.append((pid, used))
-        processes.sort()
-        utilization = min(max(_read_int(folder / "utilization") or 0, 0), 100)
-        memory_used = sum(used for _, used in processes)
-        return UnitUsage(unit_uuid, memory_used, utilization, tuple(processes))
+        if state_dir is None and use_environment:
+            state_dir = fake_state_dir()
+        self.state_dir = state_dir
+        self.library: FakeNvmlLibrary = FakeNvmlLibrary(
+            parse_fake_models(spec), node_name, state_dir, spec.strip()
+        )
+        super().__init__(self.library, health_every=health_every, reinit_interval=reinit_interval)
 
 
 def fake_state_dir() -> Path | None:
@@ -239,24 +295,35 @@ def fake_state_dir() -> Path | None:
 
 
 def claim_fake_vram(
-    uuid: str, nbytes: int, pid: int | None = None, state_dir: Path | None = None
+    uuid: str,
+    nbytes: int,
+    pid: int | None = None,
+    state_dir: Path | None = None,
+    *,
+    kind: str = "compute",
+    stuck: bool = False,
 ) -> Path:
     """Say that pid (default: this process) uses nbytes of VRAM on fake unit uuid; 0 releases.
 
-    What a fake job calls where a real one would allocate CUDA memory. The file appears whole
-    (written aside, then renamed), so usage() never reads half a number. Returns the file.
+    What a fake job calls where a real one would allocate CUDA memory. kind: "compute",
+    "graphics" or "mps" (the NVML list it shows in); stuck: listed even after pid died, until
+    released (a straggler that will not die). The file appears whole (written aside, then
+    renamed), so the library never reads half a line. Returns the file.
     """
     folder = _unit_dir(uuid, state_dir)
     owner = os.getpid() if pid is None else pid
     if isinstance(nbytes, bool) or not isinstance(nbytes, int) or nbytes < 0:
         raise InvalidInput("nbytes", nbytes, "must be a whole number of bytes, 0 or more")
+    if kind not in ("compute", "graphics", "mps"):
+        raise InvalidInput("kind", kind, "must be compute, graphics or mps")
     path = folder / str(owner)
     if nbytes == 0:
         path.unlink(missing_ok=True)
         return path
     folder.mkdir(parents=True, exist_ok=True)
+    words = [str(nbytes)] + ([kind] if kind != "compute" else []) + (["stuck"] if stuck else [])
     partial = folder / f".{owner}.{os.getpid()}.partial"
-    partial.write_text(f"{nbytes}\n")
+    partial.write_text(" ".join(words) + "\n")
     os.replace(partial, path)
     return path
 
@@ -277,34 +344,3 @@ def _unit_dir(uuid: str, state_dir: Path | None) -> Path:
     if not _SAFE_UUID_RE.match(uuid):
         raise InvalidInput("uuid", uuid, "expected a fake GPU or MIG UUID")
     return base / uuid
-
-
-def _read_int(path: Path) -> int | None:
-    try:
-        return int(path.read_text().strip())
-    except (OSError, ValueError):
-        return None
-
-
-def _pid_alive(pid: int) -> bool:
-    """Whether pid runs; a zombie does not (its CUDA context, and NVML entry, are gone)."""
-    if pid <= 0:
-        return False
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        pass  # another user's process: it exists
-    return not _gone_or_zombie(pid)
-
-
-def _gone_or_zombie(pid: int) -> bool:
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except FileNotFoundError:
-        return Path("/proc/self/stat").exists()  # exited just now, unless there is no /proc
-    except OSError:
-        return False
-    state = stat.rpartition(")")[2].split()[:1]
-    return state in (["Z"], ["X"])

@@ -97,11 +97,20 @@ class SupervisorReport:
             end_state=str(result["end_state"]),
             exit_code=result.get("exit_code"),
             signal=result.get("signal"),
-            reason=str(result.get("reason", "")),
+            reason=_with_isolation(str(result.get("reason", "")), result.get("isolation")),
             at=float(result.get("ended_at") or time.time()),
             peak_mem=int(result.get("peak_mem") or 0),
             leftovers_killed=int(result.get("leftovers_killed") or 0),
         )
+
+
+def _with_isolation(reason: str, isolation: object) -> str:
+    """The end reason, with the isolation the job had when it was not enforced (its device
+    rules could not be applied): a job's record never hides that."""
+    if not isinstance(isolation, str) or not isolation.startswith("advisory"):
+        return reason
+    note = f"GPU isolation {isolation}"
+    return f"{reason}; {note}" if reason else note
 
 
 @dataclass(slots=True)
@@ -520,6 +529,23 @@ class SupervisorHub:
         job = self.jobs.get(job_id)
         return job.attempt if job is not None else 0
 
+    def supervisor_pids(self) -> dict[int, int]:
+        """Supervisor pid -> job id, for the jobs still running (where no cgroup tells)."""
+        return {
+            job.pid: job_id
+            for job_id, job in self.jobs.items()
+            if job.pid is not None and not job.ended
+        }
+
+    def launch_spec_of(self, job_id: int) -> LaunchSpec | None:
+        """The launch spec of a job this node runs, from its folder (None: gone/unreadable);
+        what an agent that restarted knows of the jobs it adopted."""
+        try:
+            data = json.loads((self._job_dir(job_id) / "spec.json").read_bytes())
+            return LaunchSpec.from_dict(data)
+        except (OSError, ValueError, TypeError):
+            return None
+
     def _command(self, job_id: int, message: Message) -> bool:
         job = self.jobs.get(job_id)
         if job is None or job.ended:
@@ -668,18 +694,19 @@ def _count(processes: int) -> str:
 def stop_job_processes(job_dir: Path, job_id: int) -> int:
     """Stop every process of a job whose supervisor is gone; how many it had when this began.
 
-    Found by job.pid (the process group and cgroup the supervisor recorded) and by the job's
+    Found by job.pid (the process group and cgroups the supervisor recorded) and by the job's
     environment (GPUQ_JOB_ID and GPUQ_NODE, for processes that left the group of a job without
     a cgroup). Blocking: run it in a thread."""
     spec = read_json_durable(job_dir / SPEC_FILE) or {}
     env = spec.get("env") or {}
     grace = float(spec.get("kill_grace") or 0.0)
-    pgid, cgroup = None, None
+    pgid, cgroups = None, []
     try:
         head, _, tail = (job_dir / JOB_PID_FILE).read_text().partition("\n")
+        # one folder a line: the job's groups in each cgroup hierarchy (memory first)
+        cgroups = [line.strip() for line in tail.splitlines() if line.strip()]
         pid_text, start_text = head.split()
         pgid = int(pid_text)
-        cgroup = tail.strip() or None
         if pgid <= 1 or not _group_is_the_jobs(pgid, int(start_text)):
             pgid = None
     except (OSError, ValueError):
@@ -690,11 +717,11 @@ def stop_job_processes(job_dir: Path, job_id: int) -> int:
     term_until = time.monotonic() + grace
     give_up = term_until + ORPHAN_GIVE_UP
     while True:
-        pids = proctree.processes_of_job(pgid, cgroup, marker)
+        pids = _processes_of_job(pgid, cgroups, marker)
         if count is None:
             count = len(pids)
         if not pids:
-            if cgroup is not None:
+            for cgroup in cgroups:
                 _remove_cgroup(cgroup)
             return count
         killing = time.monotonic() >= term_until
@@ -710,6 +737,20 @@ def stop_job_processes(job_dir: Path, job_id: int) -> int:
             log.error("job %d: processes %s outlive SIGKILL", job_id, sorted(pids))
             return count
         time.sleep(ORPHAN_POLL)
+
+
+def _processes_of_job(
+    pgid: int | None, cgroups: list[str], marker: tuple[str, str] | None
+) -> set[int]:
+    """The job's live processes: by its process group, marker and first cgroup (which holds
+    the whole job), plus any member of its other groups (a process that joined only one)."""
+    pids = proctree.processes_of_job(pgid, cgroups[0] if cgroups else None, marker)
+    for cgroup in cgroups[1:]:
+        with contextlib.suppress(OSError, ValueError):
+            members = proctree.read_proc(f"{cgroup}/cgroup.procs").split()
+            pids.update(pid for pid in map(int, members) if not proctree.has_exited(pid))
+    pids.discard(os.getpid())
+    return pids
 
 
 def _remove_cgroup(path: str) -> None:

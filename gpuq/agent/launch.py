@@ -7,10 +7,12 @@ supervisor only carries it out. Keeping this pure means the job environment cont
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from gpuq.agent.isolation import DeviceNumber, device_rules, format_cpulist
+from gpuq.config import ALLOCATOR_NAMES
 from gpuq.domain.model import GpuUnit, JobSpec, output_paths
 
 MemEnforcement = Literal["auto", "cgroup", "poll"]
@@ -46,6 +48,16 @@ class LaunchSpec:
     uid: int | None = None  # None: keep the supervisor's user (until user identity lands)
     gid: int | None = None
     attempt: int = 0  # the coordinator's start count for this start (0: unknown)
+    # device rules ("c 195:1": type, major, minor; "*" for any) the job's devices cgroup
+    # denies before it starts: the GPU nodes of the node's units it was not given (computed by
+    # the agent, gpuq.agent.isolation.device_rules). Empty: no rule, the job sees every device.
+    # Where the machine cannot enforce them the job still runs and its result says
+    # isolation "advisory: <why>".
+    device_deny: tuple[str, ...] = ()
+    # the job's CPUs and memory nodes as cpulists ("0-3,8"), bound by its cpuset cgroup, else by
+    # sched_setaffinity (which cannot bind memory nodes); None: not bound
+    cpuset: str | None = None
+    mems: str | None = None
     extra: dict[str, Any] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
@@ -55,6 +67,7 @@ class LaunchSpec:
     def from_dict(cls, data: dict[str, Any]) -> LaunchSpec:
         values = dict(data)
         values["args"] = tuple(values.get("args", ()))
+        values["device_deny"] = tuple(values.get("device_deny", ()))
         return cls(**values)
 
 
@@ -81,10 +94,16 @@ class NodePolicy:
     node: str
     units: Mapping[str, GpuUnit]  # by UUID
     visible_devices: VisibleDevices = "uuid"
-    job_env: Mapping[str, str] = field(default_factory=dict)  # allocator defaults; user wins
+    # the admin's defaults (allocator settings), the full map (config merges [agent.job_env]
+    # over the built-in defaults); a value the user set wins
+    job_env: Mapping[str, str] = field(default_factory=dict)
     mem_enforcement: MemEnforcement = "auto"
     cgroup_parent: str | None = "gpuq"
     extra_env: Mapping[str, str] = field(default_factory=dict)  # e.g. GPUQ_FAKE_GPU_DIR
+    # each unit's device nodes as (type, major, minor), by UUID (gpuq.agent.isolation.
+    # device_numbers): what the job's device rules deny of the units it was not given. Empty:
+    # no device rules (e.g. fake GPUs, which have no device nodes)
+    devices: Mapping[str, tuple[DeviceNumber, ...]] = field(default_factory=dict)
 
 
 # inherited variables that would contradict the allocation if carried over
@@ -100,7 +119,15 @@ _DROPPED = frozenset(
 )
 
 
-def build_launch(order: LaunchOrder, policy: NodePolicy) -> LaunchSpec:
+def build_launch(
+    order: LaunchOrder,
+    policy: NodePolicy,
+    *,
+    cpus: Sequence[int] = (),
+    mems: Sequence[int] = (),
+) -> LaunchSpec:
+    """`cpus`, `mems`: the CPUs and memory nodes the agent chose for the job
+    (gpuq.agent.isolation.choose_cpus); empty: not bound."""
     spec = order.spec
     array = (
         (order.array_job_id, order.array_task_id)
@@ -127,6 +154,9 @@ def build_launch(order: LaunchOrder, policy: NodePolicy) -> LaunchSpec:
         warning_seconds=float(warning.seconds) if warning else 0.0,
         umask=spec.umask,
         attempt=order.attempt,
+        device_deny=device_rules(policy.devices, order.gpus),
+        cpuset=format_cpulist(cpus) or None,
+        mems=format_cpulist(mems) or None,
     )
 
 
@@ -139,8 +169,7 @@ def job_environment(order: LaunchOrder, policy: NodePolicy) -> dict[str, str]:
         for key, value in spec.env.items()
         if key not in _DROPPED and not key.startswith(_DROPPED_PREFIXES)
     }
-    for key, value in policy.job_env.items():
-        env.setdefault(key, value)
+    _allocator_settings(env, policy.job_env)
     env.update(policy.extra_env)
     devices = visible_devices(order.gpus, policy)
     env.update(
@@ -162,6 +191,25 @@ def job_environment(order: LaunchOrder, policy: NodePolicy) -> dict[str, str]:
         env["GPUQ_ARRAY_JOB_ID"] = str(order.array_job_id)
         env["GPUQ_ARRAY_TASK_ID"] = str(order.array_task_id)
     return env
+
+
+def _allocator_settings(env: dict[str, str], defaults: Mapping[str, str]) -> None:
+    """The admin's defaults where the user set nothing, in place. The allocator names count as
+    one setting: a value the user gave under either name is copied to the other (both given:
+    each kept as given), and the admin's default (under either name) applies to both names only
+    when the user set neither."""
+    user_set_allocator = any(name in env for name in ALLOCATOR_NAMES)
+    for key, value in defaults.items():
+        if key not in ALLOCATOR_NAMES or not user_set_allocator:
+            env.setdefault(key, value)
+    _one_setting(env)
+
+
+def _one_setting(env: dict[str, str]) -> None:
+    given = [env[name] for name in ALLOCATOR_NAMES if name in env]
+    if given:
+        for name in ALLOCATOR_NAMES:
+            env.setdefault(name, given[0])
 
 
 def visible_devices(gpus: tuple[str, ...], policy: NodePolicy) -> str:

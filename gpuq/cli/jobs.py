@@ -167,7 +167,8 @@ def _resources(res: Any) -> str:
     gpu_mem = f" with >= {render.size(res.gpu_mem)}" if res.HasField("gpu_mem") else ""
     mem = render.size(res.mem) if res.HasField("mem") else "-"
     limit = format_duration(res.time_limit) if res.HasField("time_limit") else "qos default"
-    return f"{res.gpus} GPUs{gpu_mem}, {res.cpus} CPUs, mem {mem}, time {limit}"
+    gpus = f"1 MIG {res.mig} slice" if res.mig else f"{res.gpus} GPUs"
+    return f"{gpus}{gpu_mem}, {res.cpus} CPUs, mem {mem}, time {limit}"
 
 
 def _describe(job: Any, events: list[Any], array_states: dict[str, int]) -> str:

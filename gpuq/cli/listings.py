@@ -49,7 +49,7 @@ def queue(
             j.user,
             render.SHORT_STATE[j.state],
             render.elapsed(j, now),
-            j.spec.resources.gpus,
+            f"1 ({j.spec.resources.mig})" if j.spec.resources.mig else j.spec.resources.gpus,
             j.qos,
         ]
         if long_:
@@ -99,8 +99,30 @@ def history(obj: Any, /, user: str | None, limit: int, as_json: bool) -> int:
     return 0
 
 
+def _health(node: Any) -> dict[str, Any]:
+    return {h.uuid: h for h in node.health}
+
+
+def _utilization(usage: Any) -> int | None:
+    """Percent, or None when unknown (never 0 for unknown)."""
+    return usage.utilization if usage is not None and usage.HasField("utilization") else None
+
+
+def _vram(gpus: Any) -> int:
+    """GPU memory of these units, each MIG GPU instance counted once."""
+    from gpuq.convert import unit_from_proto
+    from gpuq.domain.model import gpu_memory_total
+
+    return gpu_memory_total(unit_from_proto(g) for g in gpus)
+
+
+def _kind(gpu: Any) -> str:
+    return f"MIG {gpu.mig_profile}" if gpu.mig_profile or gpu.parent_uuid else "GPU"
+
+
 def node_dict(node: Any) -> dict[str, Any]:
     usage = {u.uuid: u for u in node.usage}
+    health = _health(node)
     return {
         "name": node.name,
         "state": node.state,
@@ -110,16 +132,38 @@ def node_dict(node: Any) -> dict[str, Any]:
         "cpus_used": node.cpus_used,
         "mem": node.mem,
         "mem_used": node.mem_used,
+        "gpu_memory": _vram(node.gpus),
+        "isolation": node.isolation or None,
+        "isolation_advisory": node.isolation.startswith("advisory"),
+        "driver": node.driver or None,
+        "gpu_problem": node.gpu_problem or None,
+        "drain": (
+            {"reason": node.drain_reason, "by": node.drained_by, "at": node.drained_at}
+            if node.drain_reason
+            else None
+        ),
         "running_jobs": list(node.running_jobs),
         "gpus": [
             {
                 "uuid": g.uuid,
                 "index": g.index,
+                "kind": _kind(g),
+                "mig_profile": g.mig_profile or None,
+                "parent_uuid": g.parent_uuid or None,
                 "name": g.name,
                 "memory": g.memory,
                 "allocated": g.uuid in node.gpus_used,
                 "memory_used": usage[g.uuid].memory_used if g.uuid in usage else None,
-                "utilization": usage[g.uuid].utilization if g.uuid in usage else None,
+                "utilization": _utilization(usage.get(g.uuid)),
+                "health": health[g.uuid].health if g.uuid in health else "ok",
+                "health_reason": health[g.uuid].reason if g.uuid in health else "",
+                "drained_by": health[g.uuid].drained_by or None if g.uuid in health else None,
+                "drained_at": (
+                    health[g.uuid].drained_at
+                    if g.uuid in health and health[g.uuid].HasField("drained_at")
+                    else None
+                ),
+                "notes": list(usage[g.uuid].notes) if g.uuid in usage else [],
                 "jobs": list(usage[g.uuid].job_ids) if g.uuid in usage else [],
             }
             for g in node.gpus
@@ -127,11 +171,72 @@ def node_dict(node: Any) -> dict[str, Any]:
     }
 
 
+def node_facts(node: Any) -> str:
+    """One line on what the node's agent said about its GPUs: driver, isolation, problems."""
+    facts = []
+    if node.gpu_problem:
+        facts.append(f"no GPUs: {node.gpu_problem}")
+    if node.driver:
+        facts.append(f"driver {node.driver}")
+    if node.isolation.startswith("advisory"):
+        why = node.isolation.partition(":")[2].strip()
+        facts.append(
+            "GPU isolation ADVISORY"
+            + (f" ({why})" if why else "")
+            + ": only CUDA_VISIBLE_DEVICES separates jobs"
+        )
+    elif node.isolation:
+        facts.append(f"GPU isolation: {node.isolation}")
+    if node.drain_reason:
+        facts.append(
+            f"drained by {node.drained_by or 'admin'} at "
+            f"{render.when(node.drained_at if node.HasField('drained_at') else None)}: "
+            f"{node.drain_reason}"
+        )
+    return ", ".join(facts)
+
+
+def unit_health_text(node: Any, gpu: Any) -> str:
+    """`ok`, or `drained by admin: fan (root, 2026-11-30 13:40:00)`, `dirty: pid 4242 ...`,
+    with the agent's notes (e.g. a foreign process) after them."""
+    found = _health(node).get(gpu.uuid)
+    text = found.reason if found is not None and found.health != "ok" else "ok"
+    if found is not None and found.drained_by:
+        at = render.when(found.drained_at if found.HasField("drained_at") else None)
+        text += f" ({found.drained_by}, {at})"
+    usage = next((u for u in node.usage if u.uuid == gpu.uuid), None)
+    if usage is not None and usage.notes:
+        text += "; notes: " + "; ".join(usage.notes)
+    return text
+
+
+def unit_rows(node: Any) -> list[tuple[object, ...]]:
+    usage = {u.uuid: u for u in node.usage}
+    rows: list[tuple[object, ...]] = []
+    for gpu in node.gpus:
+        used = usage.get(gpu.uuid)
+        util = _utilization(used)
+        rows.append(
+            (
+                gpu.index,
+                _kind(gpu),
+                gpu.name,
+                render.size(gpu.memory),
+                render.size(used.memory_used) if used is not None else "-",
+                "unknown" if util is None else f"{util}%",
+                "yes" if gpu.uuid in node.gpus_used else "no",
+                unit_health_text(node, gpu),
+            )
+        )
+    return rows
+
+
 @click.command()
 @json_option
 @click.pass_obj
 def nodes(obj: Any, /, as_json: bool) -> int:
-    """Nodes with their GPUs, CPUs and memory in use."""
+    """Nodes with their GPUs, CPUs and memory in use; then each node's units: index (as gpuq
+    drain takes it), kind (GPU or MIG profile), model, memory, use, health."""
     found = obj.client().nodes()
     if as_json:
         click.echo(render.dumps([node_dict(n) for n in found]))
@@ -143,12 +248,28 @@ def nodes(obj: Any, /, as_json: bool) -> int:
             f"{len(n.gpus_used)}/{len(n.gpus)}",
             f"{n.cpus_used}/{n.cpus}",
             f"{render.size(n.mem_used)}/{render.size(n.mem)}",
+            render.size(_vram(n.gpus)) if n.gpus else "-",
             ", ".join(sorted({g.name for g in n.gpus})) or "-",
             n.reason,
         )
         for n in found
     ]
-    click.echo(render.table(("NODE", "STATE", "GPUS", "CPUS", "MEM", "MODEL", "NOTE"), rows))
+    lines = [
+        render.table(("NODE", "STATE", "GPUS", "CPUS", "MEM", "GPU MEM", "MODEL", "NOTE"), rows)
+    ]
+    for n in found:
+        facts = node_facts(n)
+        if not n.gpus and not facts:
+            continue
+        lines.append("")
+        lines.append(f"{n.name}: {facts}" if facts else f"{n.name}:")
+        if n.gpus:
+            table = render.table(
+                ("GPU", "KIND", "MODEL", "MEMORY", "USED", "UTIL", "ALLOCATED", "HEALTH"),
+                unit_rows(n),
+            )
+            lines += ["  " + line for line in table.splitlines()]
+    click.echo("\n".join(lines))
     return 0
 
 
@@ -177,6 +298,8 @@ def status(obj: Any, /, as_json: bool) -> int:
             f"GPUs in use, {node.cpus_used}/{node.cpus} CPUs"
             + (f" - {node.reason}" if node.reason else "")
         )
+        if facts := node_facts(node):
+            lines.append(f"  {facts}")
         usage = {u.uuid: u for u in node.usage}
         for gpu in node.gpus:
             used = usage.get(gpu.uuid)
@@ -193,7 +316,10 @@ def status(obj: Any, /, as_json: bool) -> int:
                 if gpu.uuid in node.gpus_used
                 else "free"
             )
-            lines.append(f"  GPU {gpu.index}  {gpu.name:<28} {memory:>13}  {who}")
+            kind = "" if _kind(gpu) == "GPU" else f" {_kind(gpu)}"
+            health = unit_health_text(node, gpu)
+            shown = "" if health == "ok" else f"  [{health}]"
+            lines.append(f"  GPU {gpu.index}{kind}  {gpu.name:<28} {memory:>13}  {who}{shown}")
     if not found:
         lines.append("no nodes yet: start an agent (gpuq serve runs one)")
     counts: dict[str, int] = {}

@@ -71,6 +71,8 @@ COMMANDS = {
     "history": "gpuq.cli.listings",
     "nodes": "gpuq.cli.listings",
     "cron": "gpuq.cli.cron",
+    "drain": "gpuq.cli.admin",
+    "resume": "gpuq.cli.admin",
     "serve": "gpuq.cli.daemons",
     "coordinator": "gpuq.cli.daemons",
     "agent": "gpuq.cli.daemons",

@@ -60,6 +60,7 @@ def job_dict(job: Any) -> dict[str, Any]:
         "qos": job.qos,
         "priority": job.priority,
         "gpus": job.spec.resources.gpus,
+        "mig": job.spec.resources.mig or None,
         "cpus": job.spec.resources.cpus,
         "mem": job.spec.resources.mem if job.spec.resources.HasField("mem") else None,
         "time_limit": job.spec.resources.time_limit

@@ -15,7 +15,7 @@ from typing import Any
 from gpuq.convert import result_from_proto, spec_to_proto, unit_from_proto
 from gpuq.coordinator.cluster import AgentSession, NodeEntry
 from gpuq.coordinator.core import Coordinator, Ending, StopOrder
-from gpuq.domain.model import Job, Node, NodeState
+from gpuq.domain.model import Job, Node, NodeState, is_advisory
 from gpuq.domain.states import TRANSITIONS, JobState
 from gpuq.errors import Conflict, IllegalTransition, NotFound
 from gpuq.store.api import StoreTx
@@ -58,6 +58,9 @@ class AgentLink:
             fake=message.fake,
             topology=tuple(sorted((t.a, t.b, t.distance) for t in message.topology)),
             last_seen=now,
+            isolation=_line(message.isolation),
+            driver=_line(message.driver),
+            gpu_problem=_line(message.gpu_problem),
         )
         # what it runs that the coordinator does not (found before the node is offered again)
         strays = [r.job_id for r in self._strays(name, message.jobs)]
@@ -80,6 +83,10 @@ class AgentLink:
         log.info(
             "node %s registered: %d GPUs%s", name, len(node.units), " (FAKE)" if node.fake else ""
         )
+        if node.gpu_problem:
+            log.warning("node %s offers no GPUs: %s", name, node.gpu_problem)
+        if is_advisory(node.isolation):
+            log.warning("node %s: GPU isolation is %s", name, node.isolation)
         co.wake()
 
     def disconnected(self, node: str, session: AgentSession) -> None:
@@ -94,7 +101,18 @@ class AgentLink:
         entry = self.co.cluster.nodes.get(node)
         if entry is not None:
             entry.last_seen = self.co.clock()
+            # applied before the reports of the same message (the servicer's order): a unit
+            # its ended job left dirty is dirty before that job's end frees it, so the pass
+            # that follows the end never gives it out
+            before = entry.agent_health()
             entry.usage = tuple(message.usage)
+            after = entry.agent_health()
+            if after != before:
+                for uuid in sorted(after.keys() - before.keys()):
+                    log.warning("node %s: unit %s %s: %s", node, uuid, *after[uuid])
+                for uuid in sorted(before.keys() - after.keys()):
+                    log.info("node %s: unit %s is ok again", node, uuid)
+                self.co.wake()  # a unit that is ok again may start a job
             # an agent that cannot start jobs (its fork server cannot be restarted, launches
             # keep failing) is sent none until it says it can again; its running jobs stay
             drained = (message.not_accepting_reason or "it cannot start jobs").strip()
@@ -334,3 +352,11 @@ class AgentLink:
 
 def _request_stop(tx: StoreTx, order: StopOrder) -> None:
     tx.request_stop(order.job_id, order.end_state, order.reason)
+
+
+MAX_NODE_TEXT = 300  # characters of an agent's isolation, driver or GPU-problem text
+
+
+def _line(text: str) -> str:
+    """An agent's free text as one bounded line."""
+    return " ".join(text.split())[:MAX_NODE_TEXT]

@@ -13,7 +13,7 @@ from collections import Counter
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 
-from gpuq.domain.model import Job, Node, NodeState
+from gpuq.domain.model import Drain, Health, Job, Node, NodeState
 from gpuq.domain.states import JobState
 from gpuq.scheduler.placement import NodeView
 from gpuq.scheduler.plan import FitKey
@@ -104,16 +104,67 @@ class NodeEntry:
         """Up and connected, but its agent says it cannot start jobs."""
         return self.node.state is NodeState.UP and self.connected and bool(self.drained)
 
-    @property
-    def down_reason(self) -> str | None:
-        """Why the node takes no work now (None: it takes work)."""
+    def down_reason(self, admin: Drain | None = None) -> str | None:
+        """Why the node takes no work now (None: it takes work); `admin`: an admin's drain
+        of the whole node."""
         if self.node.state is not NodeState.UP:
             return "is down"
         if not self.connected:
             return "has no agent connected"
+        if admin is not None:
+            return drained_text(admin)
         if self.drained:
             return f"drained by its agent: {self.drained}"
         return None
+
+    def agent_health(self) -> dict[str, tuple[Health, str]]:
+        """Units its agent's last heartbeat said are not ok: uuid -> (health, reason)."""
+        found: dict[str, tuple[Health, str]] = {}
+        for usage in self.usage:
+            value = usage.health.strip().lower()
+            if value in ("", Health.OK):
+                continue
+            health = Health.DIRTY if value == Health.DIRTY else Health.UNHEALTHY
+            reason = " ".join(usage.health_reason.split())[:MAX_HEALTH_REASON]
+            found[usage.uuid] = (health, reason or health.value)
+        return found
+
+
+MAX_HEALTH_REASON = 500  # characters of an agent's health reason kept and shown
+
+
+def drained_text(drain: Drain) -> str:
+    """`drained by admin: fan` (who and when are shown apart, in gpuq nodes)."""
+    return f"drained by admin: {drain.reason}" if drain.reason else "drained by admin"
+
+
+@dataclass(frozen=True, slots=True)
+class UnitState:
+    """A unit's health as the coordinator sees it: an admin's drain first, then the agent's."""
+
+    health: Health
+    reason: str  # every reason that applies, joined by "; " ("" when ok)
+    drain: Drain | None = None
+
+
+def unit_states(entry: NodeEntry, drains: dict[tuple[str, str], Drain]) -> dict[str, UnitState]:
+    """Every unit of the node: ok, or drained / unhealthy / dirty with the reasons."""
+    agent = entry.agent_health()
+    states: dict[str, UnitState] = {}
+    for unit in entry.node.units:
+        drain = drains.get((entry.node.name, unit.uuid))
+        texts = [drained_text(drain)] if drain is not None else []
+        reported = agent.get(unit.uuid)
+        if reported is not None:
+            health, why = reported
+            texts.append(f"{health.value}: {why}" if why != health.value else health.value)
+        if drain is not None:
+            states[unit.uuid] = UnitState(Health.DRAINED, "; ".join(texts), drain)
+        elif reported is not None:
+            states[unit.uuid] = UnitState(reported[0], "; ".join(texts))
+        else:
+            states[unit.uuid] = UnitState(Health.OK, "")
+    return states
 
 
 QueueKey = tuple[int, int, int, int]
@@ -153,6 +204,8 @@ class ClusterState:
         self.array_running: Counter[int] = Counter()
         self.task_jobs: dict[tuple[int, int], int] = {}  # live (array, task) -> job id
         self.user_tasks: Counter[str] = Counter()  # live jobs per user, a record its tasks
+        # admins' drains (gpuq drain), as the store has them: (node, unit uuid or "") -> drain
+        self.drains: dict[tuple[str, str], Drain] = {}
 
     def put(self, job: Job) -> None:
         """Record a job's new version; finished jobs leave memory."""
@@ -253,21 +306,30 @@ class ClusterState:
                 used_units[job.node].update(job.gpus)
                 used_cpus[job.node] += job.spec.resources.cpus
                 used_mem[job.node] += job.spec.resources.mem or 0
-        return [
-            NodeView(
-                name=name,
-                up=entry.down_reason is None,
-                down_reason=entry.down_reason or "is down",
-                units=entry.node.units,
-                free_units=frozenset(u.uuid for u in entry.node.units) - used_units[name],
-                cpus=entry.node.cpus,
-                cpus_free=entry.node.cpus - used_cpus[name],
-                mem=entry.node.mem,
-                mem_free=entry.node.mem - used_mem[name],
-                distances=entry.distances,
+        views = []
+        for name, entry in sorted(self.nodes.items()):
+            down = entry.down_reason(self.drains.get((name, "")))
+            states = unit_states(entry, self.drains)
+            views.append(
+                NodeView(
+                    name=name,
+                    up=down is None,
+                    down_reason=down or "is down",
+                    units=entry.node.units,
+                    free_units=frozenset(u.uuid for u in entry.node.units) - used_units[name],
+                    cpus=entry.node.cpus,
+                    cpus_free=entry.node.cpus - used_cpus[name],
+                    mem=entry.node.mem,
+                    mem_free=entry.node.mem - used_mem[name],
+                    distances=entry.distances,
+                    unhealthy={
+                        uuid: state.reason
+                        for uuid, state in states.items()
+                        if state.health is not Health.OK
+                    },
+                )
             )
-            for name, entry in sorted(self.nodes.items())
-        ]
+        return views
 
 
 def _decrement(counter: Counter[int], key: int) -> None:

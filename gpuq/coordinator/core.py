@@ -19,7 +19,17 @@ from gpuq.coordinator.cluster import ClusterState, NodeEntry
 from gpuq.coordinator.scheduling import SchedulingState
 from gpuq.coordinator.writer import RETRY_FIRST, RETRY_MOST, StoreWriter, is_storage_error
 from gpuq.domain.dependencies import parse_job_ref
-from gpuq.domain.model import Job, JobEvent, JobResult, JobSpec, Node, NodeState
+from gpuq.domain.limits import brief, check_text
+from gpuq.domain.model import (
+    Drain,
+    GpuUnit,
+    Job,
+    JobEvent,
+    JobResult,
+    JobSpec,
+    Node,
+    NodeState,
+)
 from gpuq.domain.states import JobState
 from gpuq.domain.units import format_duration
 from gpuq.errors import (
@@ -30,7 +40,7 @@ from gpuq.errors import (
     StorageUnavailable,
     Unsatisfiable,
 )
-from gpuq.scheduler.placement import never_fits
+from gpuq.scheduler.placement import never_fits, never_fits_reason
 from gpuq.store.api import JobQuery, NewJob, StateChange, Store, StoreTx
 
 log = logging.getLogger(__name__)
@@ -46,6 +56,7 @@ KEY_TTL = 24 * 3600.0
 KEY_PURGE_EVERY = 3600.0
 KEYS_REMEMBERED = 10_000
 MAX_REQUEST_KEY = 64
+MAX_DRAIN_REASON = 500  # characters of an admin's drain reason
 
 
 @dataclass(frozen=True, slots=True)
@@ -127,6 +138,8 @@ class Coordinator:
         await self.arrays.load_dependencies(d for j in jobs for d in j.spec.dependencies)
         for node in nodes:
             self.cluster.nodes[node.name] = NodeEntry(node, last_seen=now)
+        drains = await self.writer.read(lambda s: s.drains())
+        self.cluster.drains = {(d.node, d.unit): d for d in drains}
         self.writer.start()
         self._tasks.append(asyncio.create_task(self._schedule_loop(), name="scheduler"))
         self.wake()
@@ -169,10 +182,9 @@ class Coordinator:
                 f"at most {self.settings.max_queued_per_user} queued or running jobs and array "
                 f"tasks per user; {user} has {queued} and this adds {adding}"
             )
-        nodes = [entry.node for entry in self.cluster.nodes.values()]
         views = self.cluster.node_views()
         if views and all(never_fits(v, spec.resources) for v in views):
-            raise Unsatisfiable(_never_fits_message(spec, nodes))
+            raise Unsatisfiable(never_fits_reason(views, spec.resources))
         if tier.max_submitted_jobs is not None:
             mine = sum(
                 len(j.tasks) or 1
@@ -350,6 +362,100 @@ class Coordinator:
         before = await self.writer.write(write, fail_fast=True)  # the user may retry
         self._moved(job.id, before, to_state, reason)
         return to_state.value
+
+    # ---- admins: drain and resume -------------------------------------------------------------
+
+    def drain_targets(self, node: str, gpu: str) -> tuple[NodeEntry, list[GpuUnit]]:
+        """The node and the units `gpu` names there: an index as `gpuq nodes` shows it (every
+        MIG slice of that GPU), a unit's UUID, or "" (the whole node: no units). NotFound
+        for an unknown node or GPU."""
+        entry = self.cluster.nodes.get(node)
+        if entry is None:
+            known = ", ".join(sorted(self.cluster.nodes)) or "none yet"
+            raise NotFound(f"no node {brief(node)} (known nodes: {brief(known)})")
+        if not gpu:
+            return entry, []
+        units = entry.node.units
+        if gpu.isascii() and gpu.isdigit():
+            found = [u for u in units if str(u.index) == gpu.lstrip("0").rjust(1, "0")]
+        else:
+            found = [u for u in units if u.uuid == gpu]
+        if not found:
+            indices = sorted({u.index for u in units})
+            have = f"GPUs {', '.join(map(str, indices))}" if indices else "no GPUs"
+            raise NotFound(
+                f"node {node} has no GPU {brief(gpu)} (it has {have}; give an index as "
+                "gpuq nodes shows it, or a GPU or MIG UUID)"
+            )
+        return entry, found
+
+    async def drain(self, node: str, gpu: str, reason: str, user: str) -> tuple[list[str], str]:
+        """An admin takes a node (gpu "") or a GPU out of service: no new work goes there,
+        running jobs continue. Kept in the store until resume. (units drained, message)"""
+        reason = " ".join(reason.split())
+        if not reason:
+            raise InvalidInput("--reason", "", "say why (it is shown in gpuq nodes)")
+        check_text("--reason", reason, MAX_DRAIN_REASON)
+        _, units = self.drain_targets(node, gpu)
+        now = self.clock()
+        drains = [Drain(node, u.uuid, reason, user, now) for u in units] or [
+            Drain(node, "", reason, user, now)
+        ]
+
+        def write(tx: StoreTx) -> None:
+            for drain in drains:
+                tx.set_drain(drain)
+
+        await self.writer.write(write, fail_fast=True)  # the admin may retry
+        for drain in drains:
+            self.cluster.drains[(drain.node, drain.unit)] = drain
+        what = _target_text(node, units)
+        running = [
+            j.id
+            for j in self.cluster.running_on(node)
+            if not units or set(j.gpus) & {u.uuid for u in units}
+        ]
+        log.warning("%s drained by %s: %s", what, user, reason)
+        self.wake()  # pending reasons change
+        message = f"{what} drained: {reason}"
+        if running:
+            jobs = ", ".join(map(str, running[:10])) + (", ..." if len(running) > 10 else "")
+            message += f" (running jobs continue: {jobs})"
+        return [u.uuid for u in units], message
+
+    async def resume(self, node: str, gpu: str, user: str) -> tuple[list[str], str]:
+        """Undo an admin's drain of a node or a GPU. A unit its agent reports unhealthy or
+        dirty stays out of service, and the message says so."""
+        entry, units = self.drain_targets(node, gpu)
+        keys = [(node, u.uuid) for u in units] or [(node, "")]
+
+        def write(tx: StoreTx) -> list[bool]:
+            return [tx.clear_drain(n, u) for n, u in keys]
+
+        cleared = await self.writer.write(write, fail_fast=True)
+        for key in keys:
+            self.cluster.drains.pop(key, None)
+        what = _target_text(node, units)
+        if any(cleared):
+            log.warning("%s resumed by %s", what, user)
+            message = f"{what} resumed"
+        else:
+            message = f"{what} was not drained"
+        notes: list[str] = []
+        agent = entry.agent_health()
+        for unit in units:
+            if unit.uuid in agent:
+                health, why = agent[unit.uuid]
+                notes.append(f"{unit.label} stays {health.value} per its agent: {why}")
+        if not units:
+            still = [u for u in entry.node.units if (node, u.uuid) in self.cluster.drains]
+            if still:
+                labels = ", ".join(sorted({u.label for u in still}))
+                notes.append(f"still drained: {labels} (gpuq resume {node}:{still[0].index})")
+            if entry.drained:
+                notes.append(f"its agent still takes no work: {entry.drained}")
+        self.wake()
+        return [u.uuid for u in units], "; ".join([message, *notes])
 
     # ---- reads -----------------------------------------------------------------------------
 
@@ -629,20 +735,8 @@ def check_request_key(key: str) -> None:
         )
 
 
-def _never_fits_message(spec: JobSpec, nodes: list[Node]) -> str:
-    need = spec.resources
-    largest = max(nodes, key=lambda n: (len(n.units), n.name))
-    if need.gpus > len(largest.units):
-        return (
-            f"--gpus {need.gpus} can never run: the largest node ({largest.name}) "
-            f"has {len(largest.units)} GPUs"
-        )
-    if need.gpu_mem is not None and all(u.memory < need.gpu_mem for n in nodes for u in n.units):
-        return "--gpu-mem can never be met: no GPU in the cluster has that much memory"
-    most_cpus = max(nodes, key=lambda n: n.cpus)
-    if need.cpus > most_cpus.cpus:
-        return (
-            f"--cpus {need.cpus} can never run: the largest node ({most_cpus.name}) "
-            f"has {most_cpus.cpus} CPUs"
-        )
-    return "the request can never run: no node has that combination of GPUs, CPUs and memory"
+def _target_text(node: str, units: Sequence[GpuUnit]) -> str:
+    """`node a`, `node a GPU 1`, `node m GPU 0 slice 3g.40gb, GPU 0 slice 3g.40gb`."""
+    if not units:
+        return f"node {node}"
+    return f"node {node} " + ", ".join(u.label for u in units)

@@ -13,7 +13,7 @@ from dataclasses import dataclass, replace
 from gpuq.coordinator.cluster import queue_key
 from gpuq.coordinator.core import Coordinator, StopOrder
 from gpuq.coordinator.writer import is_storage_error
-from gpuq.domain.model import Job, JobEvent
+from gpuq.domain.model import Job, JobEvent, is_advisory
 from gpuq.domain.states import JobState
 from gpuq.scheduler.arrays import tasks_to_split
 from gpuq.scheduler.eligibility import dependency_status
@@ -160,7 +160,7 @@ class Passes:
             ids += [c.job_id for c in decided.cancellations]
             states = tx.job_states(ids)
             starts = [
-                JobStart(s.job_id, s.node, s.gpus)
+                JobStart(s.job_id, s.node, s.gpus, self._start_reason(s.node))
                 for s in decided.starts
                 if states.get(s.job_id) is JobState.PENDING
             ]
@@ -170,7 +170,7 @@ class Passes:
             # job running in the store and pending in memory is this pass's own start
             memory = self.co.cluster.jobs
             landed = [
-                JobStart(s.job_id, s.node, s.gpus)
+                JobStart(s.job_id, s.node, s.gpus, self._start_reason(s.node))
                 for s in decided.starts
                 if states.get(s.job_id) is JobState.RUNNING
                 and (job := memory.get(s.job_id)) is not None
@@ -219,6 +219,13 @@ class Passes:
                 records.setdefault(array, self.co.cluster.jobs[job_id].reason)
         return records
 
+    def _start_reason(self, node: str) -> str:
+        """`started on a`, and where the node cannot enforce a job's GPUs, says so:
+        `started on a (GPU isolation advisory: not root)`."""
+        entry = self.co.cluster.nodes.get(node)
+        isolation = entry.node.isolation if entry is not None else ""
+        return started_reason(node, isolation)
+
     def _why_preempted(self, preemptor: int) -> str:
         job = self.co.cluster.jobs.get(preemptor)
         tier = f" (qos {job.qos})" if job is not None else ""
@@ -247,7 +254,7 @@ class Passes:
                 end_time=None,
                 result=None,
                 stop=None,
-                reason=f"started on {start.node}",
+                reason=start.why,
             )
             co.cluster.put(job)
             started.append(job)
@@ -285,3 +292,11 @@ class Passes:
         wanted = {(d.job_id, d.task) for j in co.cluster.jobs.values() for d in j.spec.dependencies}
         co.sched.finished = {k: v for k, v in co.sched.finished.items() if k in wanted}
         co.wake()
+
+
+def started_reason(node: str, isolation: str) -> str:
+    """A start event's reason: the node, and its GPU isolation when only advisory."""
+    if is_advisory(isolation):
+        why = isolation.partition(":")[2].strip() or "the node cannot enforce it"
+        return f"started on {node} (GPU isolation advisory: {why})"
+    return f"started on {node}"

@@ -20,12 +20,12 @@ from sqlalchemy.exc import InterfaceError, OperationalError
 from gpuq.auth import METADATA_KEY, token_matches
 from gpuq.convert import event_to_proto, job_to_proto, spec_from_proto, spec_to_proto
 from gpuq.coordinator.agents import AgentLink
-from gpuq.coordinator.cluster import AgentSession
+from gpuq.coordinator.cluster import AgentSession, UnitState, drained_text, unit_states
 from gpuq.coordinator.core import Coordinator
 from gpuq.coordinator.cron import CronService, next_fire
 from gpuq.coordinator.passes import Passes, PendingDetail
-from gpuq.domain.limits import MAX_JOB_ID
-from gpuq.domain.model import CronEntry, Job, output_paths
+from gpuq.domain.limits import MAX_JOB_ID, check_text
+from gpuq.domain.model import CronEntry, Job, NodeState, output_paths
 from gpuq.domain.states import JobState, parse_states
 from gpuq.errors import (
     Conflict,
@@ -297,16 +297,34 @@ class QueueServicer(queue_pb2_grpc.QueueServicer):  # type: ignore[misc]
             await self.guard.fail(context, error)
 
     @unary
+    async def Drain(self, request: queue_pb2.DrainRequest, context: Any) -> Any:
+        check_drain_request(request)
+        units, message = await self.co.drain(
+            request.node, request.gpu, request.reason, self.co.user
+        )
+        return queue_pb2.DrainReply(units=units, message=message)
+
+    @unary
+    async def Resume(self, request: queue_pb2.DrainRequest, context: Any) -> Any:
+        check_drain_request(request)
+        units, message = await self.co.resume(request.node, request.gpu, self.co.user)
+        return queue_pb2.DrainReply(units=units, message=message)
+
+    @unary
     async def ListNodes(self, request: queue_pb2.ListNodesRequest, context: Any) -> Any:
-        views = {v.name: v for v in self.co.cluster.node_views()}
+        cluster = self.co.cluster
+        views = {v.name: v for v in cluster.node_views()}
         infos = []
-        for name, entry in sorted(self.co.cluster.nodes.items()):
+        for name, entry in sorted(cluster.nodes.items()):
             node, view = entry.node, views[name]
-            drained = entry.drained_by_agent
+            admin = cluster.drains.get((name, ""))
+            drained = entry.drained_by_agent or (admin is not None and node.state is NodeState.UP)
+            states = unit_states(entry, cluster.drains)
             infos.append(
                 queue_pb2.NodeInfo(
                     name=name,
-                    # "drained": up, running its jobs, but its agent takes no new ones
+                    # "drained": up, running its jobs, but taking no new ones (an admin's
+                    # drain, or its agent cannot start jobs)
                     state="drained" if drained else node.state.value,
                     cpus=node.cpus,
                     mem=node.mem,
@@ -315,15 +333,49 @@ class QueueServicer(queue_pb2_grpc.QueueServicer):  # type: ignore[misc]
                     last_seen=entry.last_seen,
                     reason=node.reason
                     or ("" if entry.session is not None else "agent not connected")
-                    or (f"drained by its agent: {entry.drained}" if drained else ""),
+                    or (drained_text(admin) if admin is not None else "")
+                    or (f"drained by its agent: {entry.drained}" if entry.drained else ""),
                     usage=list(entry.usage),
                     running_jobs=[j.id for j in self.co.cluster.running_on(name)],
                     cpus_used=node.cpus - view.cpus_free,
                     mem_used=node.mem - view.mem_free,
                     gpus_used=sorted({u.uuid for u in node.units} - view.free_units),
+                    health=[_unit_health(u.uuid, states[u.uuid]) for u in node.units],
+                    isolation=node.isolation,
+                    driver=node.driver,
+                    gpu_problem=node.gpu_problem,
+                    drain_reason=admin.reason if admin is not None else "",
+                    drained_by=admin.by if admin is not None else "",
+                    drained_at=admin.at if admin is not None else None,
                 )
             )
         return queue_pb2.ListNodesReply(nodes=infos)
+
+
+def _unit_health(uuid: str, state: UnitState) -> queue_pb2.UnitHealth:
+    drain = state.drain
+    return queue_pb2.UnitHealth(
+        uuid=uuid,
+        health=state.health.value,
+        reason=state.reason,
+        drained_by=drain.by if drain is not None else "",
+        drained_at=drain.at if drain is not None else None,
+    )
+
+
+MAX_NODE_NAME = 128  # as the store keeps node names
+
+
+def check_drain_request(request: queue_pb2.DrainRequest) -> None:
+    """Bounded at the edge: a node name, a GPU index or UUID, a reason."""
+    if not request.node:
+        raise InvalidInput("node", "", "name a node, e.g. gpuq drain NODE[:GPU] --reason TEXT")
+    check_text("node", request.node, MAX_NODE_NAME)
+    check_text("GPU", request.gpu, 96)
+    if len(request.reason) > MAX_REASON:
+        raise InvalidInput(
+            "--reason", request.reason[:40] + "...", f"at most {MAX_REASON} characters"
+        )
 
 
 def check_count(what: str, count: int) -> None:
@@ -408,6 +460,9 @@ class AgentLinkServicer(agent_pb2_grpc.AgentLinkServicer):  # type: ignore[misc]
     ) -> None:
         try:
             async for message in messages:
+                # the heartbeat first: when a job ends, one message can carry its end and the
+                # heartbeat that marks its units dirty; applied in this order, the pass that
+                # the end wakes never gives a dirty unit out
                 if message.HasField("heartbeat"):
                     self.link.heartbeat(node, message.heartbeat)
                 if message.reports:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import re
 import signal as signal_module
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from enum import StrEnum
 
@@ -47,9 +48,20 @@ class Resources:
     cpus: int = 1
     mem: int | None = None  # host RAM for the whole job (SLURM's --mem)
     time_limit: int | None = None  # None: the QOS default applies
+    # one MIG slice of this profile (e.g. "3g.71gb") instead of whole GPUs; gpus is then 1
+    mig: str | None = None
 
     def __post_init__(self) -> None:
         check_range("--gpus", self.gpus, 0, 1024)
+        if self.mig is not None:
+            if not isinstance(self.mig, str) or not MIG_PROFILE_RE.fullmatch(self.mig):
+                raise InvalidInput(
+                    "--mig", shown(self.mig), "expected a MIG profile such as 1g.10gb or 3g.71gb"
+                )
+            if self.gpus == 0:
+                object.__setattr__(self, "gpus", 1)  # --mig implies one unit
+            elif self.gpus != 1:
+                raise InvalidInput("--mig", f"{self.mig} with --gpus {self.gpus}", ONE_MIG_SLICE)
         check_range("--cpus", self.cpus, 1, 65536)
         if self.gpu_mem is not None:
             check_range("--gpu-mem", self.gpu_mem, 1, MAX_GPU_MEM, "must be from 1 byte to 1P")
@@ -61,6 +73,28 @@ class Resources:
             check_range(
                 "--time", self.time_limit, 1, MAX_TIME_LIMIT, "must be from 1 second to 366 days"
             )
+
+
+# NVIDIA's MIG profile names: GPU instances "3g.71gb", "1g.10gb+me", compute instances "1c.3g.40gb"
+MIG_PROFILE_RE = re.compile(r"(?:[1-8]c\.)?[1-8]g\.[0-9]{1,4}gb(?:\+[a-z]{1,8}){0,3}")
+ONE_MIG_SLICE = (
+    "a job sees one MIG slice (CUDA enumerates one per process); "
+    "ask for --gpus N whole GPUs or one --mig slice"
+)
+
+# NVML reports less memory than a card's marketed size (the driver keeps some): H100 "80GB"
+# 81,559 MiB (-0.4 %), H200 "141GB" 143,771 MiB (-0.4 %), L4 "24GB" 23,034 MiB (-6.3 %),
+# L40S "48GB" 46,068 MiB (-6.3 %), A100 "40GB" 40,960 MiB. A unit fits `--gpu-mem X` when its
+# NVML total is at least X * (1 - GPU_MEM_TOLERANCE), so the marketed size fits its own card
+# (the largest gap is ~6.3 %, on 24 GB and 48 GB cards) and never a smaller card
+# (80G asks for at least 74.4 GiB: an A100 40GB does not fit).
+GPU_MEM_TOLERANCE = 0.07
+
+
+def gpu_mem_fits(total: int, asked: int | None) -> bool:
+    """Does a unit with `total` bytes (NVML's figure) meet `--gpu-mem asked`? The one
+    comparison for placement, never-fits checks, array splitting and shortage texts."""
+    return asked is None or total >= asked * (1 - GPU_MEM_TOLERANCE)
 
 
 @dataclass(frozen=True, slots=True)
@@ -276,6 +310,37 @@ class GpuUnit:
     pci_bus_id: str = ""
     parent_uuid: str | None = None
     mig_profile: str | None = None
+    # a MIG slice's GPU instance on its parent: compute instances of one GPU instance share
+    # its memory (each reports all of it), so totals count it once
+    gpu_instance: str | None = None
+
+    @property
+    def is_mig(self) -> bool:
+        return self.parent_uuid is not None or self.mig_profile is not None
+
+    @property
+    def kind(self) -> str:
+        """ "GPU" for a whole GPU, the profile (e.g. "MIG 3g.71gb") for a MIG slice."""
+        return f"MIG {self.mig_profile or '?'}" if self.is_mig else "GPU"
+
+    @property
+    def label(self) -> str:
+        """How reasons name it: "GPU 2", or "GPU 0 slice 3g.40gb" (a MIG slice of GPU 0)."""
+        if self.is_mig:
+            return f"GPU {self.index} slice {self.mig_profile or '?'}"
+        return f"GPU {self.index}"
+
+
+def gpu_memory_total(units: Iterable[GpuUnit]) -> int:
+    """The GPU memory of these units, each MIG GPU instance counted once."""
+    seen: dict[tuple[str, str], int] = {}
+    for unit in units:
+        if unit.is_mig and unit.gpu_instance:
+            key = (unit.parent_uuid or "", unit.gpu_instance)
+        else:
+            key = ("", unit.uuid)
+        seen[key] = max(seen.get(key, 0), unit.memory)
+    return sum(seen.values())
 
 
 # How far apart two GPUs are; lower is closer. NVLink beats any PCIe path. The PCIe levels
@@ -299,6 +364,36 @@ class Node:
     topology: tuple[tuple[str, str, int], ...] = ()  # (uuid a, uuid b, distance), a < b
     last_seen: float | None = None
     reason: str = ""
+    # as its agent registered (memory only): GPU isolation ("devices cgroup v1", "cgroup v2
+    # device program", "advisory: WHY"), the NVIDIA driver, why it offers no GPUs
+    isolation: str = ""
+    driver: str = ""
+    gpu_problem: str = ""
+
+
+class Health(StrEnum):
+    """A unit's health: ok, unhealthy or dirty as its agent last said, drained by an admin."""
+
+    OK = "ok"
+    UNHEALTHY = "unhealthy"  # NVML errors, a lost GPU, a hardware XID, ECC or row remapping
+    DIRTY = "dirty"  # processes of an ended job (or foreign ones) still hold it
+    DRAINED = "drained"  # an admin's drain (gpuq drain), kept in the store
+
+
+@dataclass(frozen=True, slots=True)
+class Drain:
+    """An admin's drain of a whole node (unit "") or of one unit (its UUID)."""
+
+    node: str
+    unit: str
+    reason: str
+    by: str
+    at: float
+
+
+def is_advisory(isolation: str) -> bool:
+    """The node cannot enforce a job's GPUs (only CUDA_VISIBLE_DEVICES stands between jobs)."""
+    return isolation.startswith("advisory")
 
 
 @dataclass(frozen=True, slots=True)

@@ -23,12 +23,7 @@ def room_for(need: Resources, views: Iterable[NodeView]) -> int:
         if need.mem:
             fits.append(view.mem_free // need.mem)
         if need.gpus:
-            usable = [
-                u
-                for u in view.units
-                if u.uuid in view.free_units and (need.gpu_mem is None or u.memory >= need.gpu_mem)
-            ]
-            fits.append(len(usable) // need.gpus)
+            fits.append(len(view.usable_units(need)) // need.gpus)
         total += max(0, min(fits))
         if total >= MAX_SPLIT:
             return MAX_SPLIT

@@ -2,15 +2,24 @@
 
 A fit check never answers just "no": it returns the named reasons, which the plan keeps so that
 `gpuq show` can say exactly what blocks a job.
+
+Which units a job may take (`kind_fits`), the rule CUDA imposes: a process sees whole GPUs or
+exactly one MIG slice. `--gpus N` takes whole GPUs only; `--mig PROFILE` one slice of that
+profile; `--gpus 1 --gpu-mem SIZE` on a node that has MIG slices only takes the smallest slice
+that fits. Memory is compared by gpuq.domain.model.gpu_mem_fits (a marketed size fits its card).
+A unit that is not ok (unhealthy, dirty, drained) is never given out, but still counts for
+"can never fit": it can come back.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from dataclasses import dataclass
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
 
-from gpuq.domain.model import DISTANCE_SYSTEM, GpuUnit, Resources
+from gpuq.domain.model import DISTANCE_SYSTEM, GpuUnit, Resources, gpu_mem_fits
 from gpuq.domain.units import format_size
+
+MAX_NAMED = 3  # units or nodes named in one reason; more are counted
 
 
 @dataclass(frozen=True, slots=True)
@@ -20,34 +29,81 @@ class NodeView:
     name: str
     up: bool
     units: tuple[GpuUnit, ...]
-    free_units: frozenset[str]
+    free_units: frozenset[str]  # not allocated to a job (health aside)
     cpus: int
     cpus_free: int
     mem: int
     mem_free: int
     distances: Mapping[tuple[str, str], int]  # (a, b) with a < b
     down_reason: str = "is down"  # why it takes no work when not up
+    # units that are not ok, with why: "dirty: pid 4242 (python) still holds 2.0 GiB after
+    # job 17", "drained by admin: fan", "unhealthy: XID 79 (GPU fell off the bus)"
+    unhealthy: Mapping[str, str] = field(default_factory=dict)
 
     def distance(self, a: str, b: str) -> int:
         return self.distances.get((a, b) if a < b else (b, a), DISTANCE_SYSTEM)
 
-    def usable_units(self, gpu_mem: int | None) -> list[GpuUnit]:
-        """Free units with enough memory, in PCI order."""
+    def eligible(self, need: Resources) -> list[GpuUnit]:
+        """Units of the kind and size `need` can use that are ok (free or not)."""
+        return [u for u in kind_fits(self.units, need) if u.uuid not in self.unhealthy]
+
+    def usable_units(self, need: Resources) -> list[GpuUnit]:
+        """Free, ok units `need` can use: in PCI order (MIG slices: smallest first)."""
+        return [u for u in self.eligible(need) if u.uuid in self.free_units]
+
+    def not_ok(self, need: Resources) -> list[str]:
+        """The units `need` could use that are not ok, as reasons name them."""
         return [
-            u
-            for u in self.units
-            if u.uuid in self.free_units and (gpu_mem is None or u.memory >= gpu_mem)
+            f"{u.label} {self.unhealthy[u.uuid]}"
+            for u in kind_fits(self.units, need)
+            if u.uuid in self.unhealthy
         ]
+
+
+def kind_fits(units: Sequence[GpuUnit], need: Resources) -> list[GpuUnit]:
+    """The units of a node with `units` that `need` may take, health and allocation aside:
+    whole GPUs with enough memory, or for one MIG slice the slices that fit (smallest first)."""
+    if not need.gpus:
+        return []
+    if need.mig is not None:
+        return [
+            u for u in units if u.mig_profile == need.mig and gpu_mem_fits(u.memory, need.gpu_mem)
+        ]
+    whole = [u for u in units if not u.is_mig]
+    if whole or need.gpus > 1 or need.gpu_mem is None:
+        return [u for u in whole if gpu_mem_fits(u.memory, need.gpu_mem)]
+    # --gpus 1 --gpu-mem SIZE on a node with MIG slices only: the smallest slice that fits
+    slices = [u for u in units if gpu_mem_fits(u.memory, need.gpu_mem)]
+    return sorted(slices, key=lambda u: u.memory)
+
+
+def kind_problem(name: str, units: Sequence[GpuUnit], need: Resources) -> str | None:
+    """Why node `name` can never offer `need` the kind of unit it asks for (None: it can)."""
+    if not need.gpus or len(kind_fits(units, need)) >= need.gpus:
+        return None
+    if need.mig is not None:
+        return f"node {name} has no MIG {need.mig} slice"
+    whole = [u for u in units if not u.is_mig]
+    if units and not whole:
+        gpus = "1 whole GPU" if need.gpus == 1 else f"{need.gpus} whole GPUs"
+        hint = " (ask for one slice with --mig PROFILE or --gpu-mem SIZE)" if need.gpus == 1 else ""
+        return f"needs {gpus} on one node; node {name} has MIG slices only{hint}"
+    return None
 
 
 def misfit(node: NodeView, need: Resources) -> str | None:
     """Why `need` does not fit on `node` now (None: it fits)."""
     if not node.up:
         return f"node {node.name} {node.down_reason}"
-    if need.gpus and len(node.usable_units(need.gpu_mem)) < need.gpus:
-        return (
-            f"node {node.name} has {len(node.usable_units(need.gpu_mem))} of {need.gpus} GPUs free"
-        )
+    if need.gpus:
+        usable = len(node.usable_units(need))
+        if usable < need.gpus:
+            kind = kind_problem(node.name, node.units, need)
+            if kind is not None:
+                return kind
+            unit = f"MIG {need.mig} slices" if need.mig else "GPUs"
+            text = f"node {node.name} has {usable} of {need.gpus} {unit} free"
+            return text + _named(node.not_ok(need))
     if need.cpus > node.cpus_free:
         return f"node {node.name} has {node.cpus_free} of {need.cpus} CPUs free"
     if need.mem is not None and need.mem > node.mem_free:
@@ -56,24 +112,69 @@ def misfit(node: NodeView, need: Resources) -> str | None:
 
 
 def never_fits(node: NodeView, need: Resources) -> bool:
-    """True when the node could not run the job even empty."""
-    units = [u for u in node.units if need.gpu_mem is None or u.memory >= need.gpu_mem]
+    """True when the node could not run the job even empty (every unit counts, healthy or not:
+    a drained or dirty unit can come back)."""
     return (
-        len(units) < need.gpus
+        len(kind_fits(node.units, need)) < need.gpus
         or need.cpus > node.cpus
         or (need.mem is not None and need.mem > node.mem)
     )
+
+
+def never_fits_reason(nodes: Sequence[NodeView], need: Resources) -> str:
+    """Why no node could ever run `need` (the caller checked that none can), in one line."""
+    with_units = [n for n in nodes if n.units]
+    if need.mig is not None and not any(u.mig_profile == need.mig for n in nodes for u in n.units):
+        return f"--mig {need.mig} can never run: no node has a MIG {need.mig} slice"
+    if (
+        need.mig is None
+        and need.gpus
+        and with_units
+        and all(all(u.is_mig for u in n.units) for n in with_units)
+    ) and (need.gpus > 1 or need.gpu_mem is None):
+        gpus = "1 whole GPU" if need.gpus == 1 else f"{need.gpus} whole GPUs"
+        names = ", ".join(n.name for n in with_units[:MAX_NAMED])
+        return (
+            f"--gpus {need.gpus} can never run: needs {gpus} on one node; "
+            f"MIG slices only on {names} (a job gets whole GPUs or one --mig slice)"
+        )
+    if need.gpu_mem is not None and not any(
+        gpu_mem_fits(u.memory, need.gpu_mem) for n in nodes for u in n.units
+    ):
+        most = max((u.memory for n in nodes for u in n.units), default=0)
+        return (
+            f"--gpu-mem {format_size(need.gpu_mem)} can never be met: no GPU in the cluster has "
+            f"that much memory (the largest has {format_size(most)})"
+        )
+    largest = max(nodes, key=lambda n: (len(kind_fits(n.units, need)), n.name))
+    fitting = len(kind_fits(largest.units, need))
+    if need.gpus > fitting:
+        kind = "whole GPUs" if need.mig is None else f"MIG {need.mig} slices"
+        return (
+            f"--gpus {need.gpus} can never run: the largest node ({largest.name}) "
+            f"has {fitting} {kind}" + (" that fit" if need.gpu_mem is not None else "")
+        )
+    most_cpus = max(nodes, key=lambda n: n.cpus)
+    if need.cpus > most_cpus.cpus:
+        return (
+            f"--cpus {need.cpus} can never run: the largest node ({most_cpus.name}) "
+            f"has {most_cpus.cpus} CPUs"
+        )
+    return "the request can never run: no node has that combination of GPUs, CPUs and memory"
 
 
 def choose_units(node: NodeView, need: Resources) -> tuple[str, ...]:
     """The `need.gpus` usable units closest to each other (least total pairwise distance).
 
     Greedy from every seed: exact for the common shapes (pairs, NVLink islands) and O(n^3) on
-    an 8-GPU node, which is nothing.
+    an 8-GPU node, which is nothing. One unit: the first usable one (for a MIG slice, the
+    smallest that fits).
     """
-    usable = node.usable_units(need.gpu_mem)
+    usable = node.usable_units(need)
     if need.gpus == 0:
         return ()
+    if need.gpus == 1 and usable:
+        return (usable[0].uuid,)
     if need.gpus == len(usable):
         return tuple(u.uuid for u in usable)
     best: tuple[int, list[str]] | None = None
@@ -101,15 +202,32 @@ def shortage(nodes: list[NodeView], need: Resources) -> str:
     if not up:
         return "no node is up"
     if need.gpus:
-        largest = max(up, key=lambda n: (len(n.usable_units(need.gpu_mem)), n.name))
-        free = len(largest.usable_units(need.gpu_mem))
+        kinds = [p for n in up if (p := kind_problem(n.name, n.units, need)) is not None]
+        if len(kinds) == len(up):  # no node that is up offers this kind of unit
+            if need.mig is not None:
+                return f"no node that is up has a MIG {need.mig} slice"
+            return "; ".join(kinds[:MAX_NAMED]) + ("; ..." if len(kinds) > MAX_NAMED else "")
+        largest = max(up, key=lambda n: (len(n.usable_units(need)), n.name))
+        free = len(largest.usable_units(need))
         if free < need.gpus:
-            kind = "GPU" if need.gpus == 1 else "GPUs"
-            if need.gpu_mem:
-                kind += f" with {format_size(need.gpu_mem)}"
+            if need.mig is not None:
+                kind = f"MIG {need.mig} slice" if need.gpus == 1 else f"MIG {need.mig} slices"
+            else:
+                kind = "GPU" if need.gpus == 1 else "GPUs"
+                if need.gpu_mem:
+                    kind += f" with {format_size(need.gpu_mem)}"
+            not_ok = [f"node {n.name}: {text}" for n in up for text in n.not_ok(need)]
             return (
                 f"needs {need.gpus} {kind} on one node; largest free block is {free} "
-                f"(node {largest.name})"
+                f"(node {largest.name})" + _named(not_ok)
             )
     reasons = [r for n in up if (r := misfit(n, need)) is not None]
     return "resources: " + "; ".join(reasons[:3]) + ("; ..." if len(reasons) > 3 else "")
+
+
+def _named(texts: list[str]) -> str:
+    """` (A; B; C; and 2 more)`, or "" for none."""
+    if not texts:
+        return ""
+    more = len(texts) - MAX_NAMED
+    return " (" + "; ".join(texts[:MAX_NAMED]) + (f"; and {more} more" if more > 0 else "") + ")"

@@ -13,11 +13,18 @@ from __future__ import annotations
 import datetime as dt
 import math
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from gpuq.domain.model import Resources
 from gpuq.scheduler.eligibility import Usage, blockers, never_met
-from gpuq.scheduler.placement import NodeView, choose_units, misfit, never_fits, shortage
+from gpuq.scheduler.placement import (
+    NodeView,
+    choose_units,
+    misfit,
+    never_fits,
+    never_fits_reason,
+    shortage,
+)
 from gpuq.scheduler.preempt import victims_on
 from gpuq.scheduler.reserve import FreeNode, Reservation, earliest, estimate_starts
 from gpuq.scheduler.snapshot import (
@@ -31,12 +38,13 @@ from gpuq.scheduler.snapshot import (
     Waiting,
 )
 
-FitKey = tuple[int, int | None, int, int | None, float | None, str]
+NEVER_ON_UP = "no node that is up can ever run it"
+FitKey = tuple[int, int | None, int, int | None, float | None, str, str | None]
 
 
 def fit_key(need: Resources, time_limit: float | None, qos: str) -> FitKey:
     """Jobs with the same key fit, or preempt, the same way during a pass."""
-    return (need.gpus, need.gpu_mem, need.cpus, need.mem, time_limit, qos)
+    return (need.gpus, need.gpu_mem, need.cpus, need.mem, time_limit, qos, need.mig)
 
 
 def plan(
@@ -85,8 +93,10 @@ class _Pass:
     blocked_order: list[tuple[int, Resources, float | None]] = field(default_factory=list)
 
     def __post_init__(self) -> None:
+        # a unit that is not ok (unhealthy, dirty, drained) is not free for this pass
         self.nodes = {
-            v.name: FreeNode(v, set(v.free_units), v.cpus_free, v.mem_free) for v in self.views
+            v.name: FreeNode(v, set(v.free_units - v.unhealthy.keys()), v.cpus_free, v.mem_free)
+            for v in self.views
         }
         for job in self.running:
             node = self.nodes.get(job.node)
@@ -211,7 +221,14 @@ class _Pass:
                     for n in self.views
                     if not n.up and not never_fits(n, job.need)
                 ]
-                reason = "; ".join(down[:3]) if down else "no node that is up can ever run it"
+                up = [n for n in self.views if n.up]
+                reason = (
+                    "; ".join(down[:3])
+                    if down
+                    else f"{NEVER_ON_UP} ({never_fits_reason(up, job.need)})"
+                    if up
+                    else "no node is up"
+                )
             elif self.top is not None and any(misfit(v, job.need) is None for v in free_now):
                 when = _clock(self.top.start)
                 reason = f"resources reserved for job {self.top.job_id} (it starts by {when})"
@@ -229,7 +246,7 @@ class _Pass:
         cpus = max((n.cpus for n in up), default=0)
         targets = {r.qos for r in self.running if r.job_id not in self.victims}
         for key in list(self.unsettled):
-            gpus, _, need_cpus, _, _, qos = key
+            gpus, _, need_cpus, _, _, qos, _ = key
             no_room = gpus > block or need_cpus > cpus
             if no_room and not any(self.policy.can_preempt(qos, t) for t in targets):
                 self.unsettled.discard(key)
@@ -307,7 +324,8 @@ class _Pass:
             return False
         _, _, name, chosen = best
         node = self.nodes[name]
-        freed = {u for v in chosen for u in v.gpus}
+        eligible = {u.uuid for u in node.view.eligible(job.need)}
+        freed = {u for v in chosen for u in v.gpus if u in eligible}
         units = tuple(u for u in node.usable(job.need) if u not in reserved)
         units = (units + tuple(u for u in _ordered(node, freed) if u not in units))[: job.need.gpus]
         claim = Reservation(
@@ -341,35 +359,13 @@ class _Pass:
 
 
 def _free_view(node: FreeNode) -> NodeView:
-    view = node.view
-    return NodeView(
-        view.name,
-        view.up,
-        view.units,
-        frozenset(node.units),
-        view.cpus,
-        node.cpus,
-        view.mem,
-        node.mem,
-        view.distances,
-        view.down_reason,
+    return replace(
+        node.view, free_units=frozenset(node.units), cpus_free=node.cpus, mem_free=node.mem
     )
 
 
 def _restricted(node: FreeNode, usable: list[str]) -> NodeView:
-    view = _free_view(node)
-    return NodeView(
-        view.name,
-        view.up,
-        view.units,
-        frozenset(usable),
-        view.cpus,
-        view.cpus_free,
-        view.mem,
-        view.mem_free,
-        view.distances,
-        view.down_reason,
-    )
+    return replace(_free_view(node), free_units=frozenset(usable))
 
 
 def _ordered(node: FreeNode, units: set[str]) -> list[str]:

@@ -22,7 +22,7 @@ def victims_on(
     excluded: frozenset[str],
 ) -> tuple[float, list[RunningJob]] | None:
     """(work lost, victims) freeing enough on this node; None if even all would not do."""
-    eligible = {u.uuid for u in node.view.units if need.gpu_mem is None or u.memory >= need.gpu_mem}
+    eligible = {u.uuid for u in node.view.eligible(need)}
     free = set(node.usable(need, excluded))
 
     def fits(subset: Sequence[RunningJob]) -> bool:

@@ -28,13 +28,12 @@ class FreeNode:
     def usable(
         self, need: Resources, excluded: set[str] | frozenset[str] = frozenset()
     ) -> list[str]:
-        """Free units with enough memory, outside `excluded`, in PCI order."""
+        """Free, ok units `need` can use, outside `excluded`, in the view's order (PCI order;
+        MIG slices smallest first)."""
         return [
             u.uuid
-            for u in self.view.units
-            if u.uuid in self.units
-            and u.uuid not in excluded
-            and (need.gpu_mem is None or u.memory >= need.gpu_mem)
+            for u in self.view.eligible(need)
+            if u.uuid in self.units and u.uuid not in excluded
         ]
 
 
@@ -65,7 +64,7 @@ def earliest(
     never does within the known ends (a job without a time limit never ends, for this)."""
     if not node.view.up:
         return None
-    eligible = {u.uuid for u in node.view.units if need.gpu_mem is None or u.memory >= need.gpu_mem}
+    eligible = {u.uuid for u in node.view.eligible(need)}
     free_now = node.usable(need, excluded)
     released: list[str] = []
     cpus, mem = node.cpus, node.mem
@@ -117,9 +116,7 @@ def estimate_starts(
                 continue
             times = free_at[node.view.name]
             eligible = sorted(
-                (times.get(u.uuid, math.inf), u.uuid)
-                for u in node.view.units
-                if need.gpu_mem is None or u.memory >= need.gpu_mem
+                (times.get(u.uuid, math.inf), u.uuid) for u in node.view.eligible(need)
             )
             if len(eligible) < need.gpus:
                 continue

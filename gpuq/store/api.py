@@ -24,6 +24,7 @@ from gpuq.domain.codec import spec_from_dict, spec_to_dict
 from gpuq.domain.model import (
     Allocation,
     CronEntry,
+    Drain,
     GpuUnit,
     Job,
     JobEvent,
@@ -39,6 +40,7 @@ from gpuq.store.engine import WRITE, make_engine
 from gpuq.store.tables import (
     allocations,
     cron_entries,
+    drains,
     job_events,
     jobs,
     nodes,
@@ -77,6 +79,11 @@ class JobStart:
     job_id: int
     node: str
     gpus: tuple[str, ...]
+    reason: str = ""  # the start event's reason; "": "started on NODE"
+
+    @property
+    def why(self) -> str:
+        return self.reason or f"started on {self.node}"
 
 
 @dataclass(frozen=True, slots=True)
@@ -253,6 +260,12 @@ class Store:
         with self.engine.connect() as conn:
             job_id = conn.execute(_KEY_OWNER, {"user": user, "key": key}).scalar()
         return None if job_id is None else [job_id]
+
+    def drains(self) -> list[Drain]:
+        """Every admin drain (gpuq drain), by node, the whole node's ("" unit) first."""
+        with self.engine.connect() as conn:
+            rows = conn.execute(select(drains).order_by(drains.c.node, drains.c.unit)).all()
+        return [Drain(row.node, row.unit, row.reason, row.by, row.at) for row in rows]
 
     def cron_entries(self) -> list[CronEntry]:
         with self.engine.connect() as conn:
@@ -448,7 +461,7 @@ class StoreTx:
                 signal=None,
                 stop_state=None,
                 stop_reason=None,
-                reason=f"started on {start.node}",
+                reason=start.why,
             )
         self.conn.execute(
             _UPDATE_MUTABLE,
@@ -466,10 +479,7 @@ class StoreTx:
                 raise DoubleBooking(f"a GPU unit was already allocated: {exc.orig}") from exc
         self.conn.execute(
             _INSERT_EVENT,
-            [
-                _event(s.job_id, now, states[s.job_id], JobState.RUNNING, f"started on {s.node}")
-                for s in starts
-            ],
+            [_event(s.job_id, now, states[s.job_id], JobState.RUNNING, s.why) for s in starts],
         )
 
     def start_counts(self, job_ids: Iterable[int]) -> dict[int, int]:
@@ -538,6 +548,18 @@ class StoreTx:
         self.conn.execute(
             update(cron_entries).where(cron_entries.c.id == entry_id).values(last_fire=at)
         )
+
+    def set_drain(self, drain: Drain) -> None:
+        """Drain a node (unit "") or a unit; a repeat replaces the reason, who and when."""
+        values = {"reason": drain.reason, "by": drain.by, "at": drain.at}
+        where = and_(drains.c.node == drain.node, drains.c.unit == drain.unit)
+        if self.conn.execute(update(drains).where(where).values(values)).rowcount == 0:
+            self.conn.execute(insert(drains).values(node=drain.node, unit=drain.unit, **values))
+
+    def clear_drain(self, node: str, unit: str) -> bool:
+        """Resume: False if there was no such drain."""
+        where = and_(drains.c.node == node, drains.c.unit == unit)
+        return bool(self.conn.execute(delete(drains).where(where)).rowcount)
 
     def save_node(self, node: Node) -> None:
         """Insert or replace a node's description and state."""
@@ -792,6 +814,7 @@ def _unit_to_dict(unit: GpuUnit) -> dict[str, Any]:
         "pci_bus_id": unit.pci_bus_id,
         "parent_uuid": unit.parent_uuid,
         "mig_profile": unit.mig_profile,
+        **({"gpu_instance": unit.gpu_instance} if unit.gpu_instance else {}),
     }
 
 

@@ -161,3 +161,15 @@ submission_keys = Table(
     Column("created_at", Float, nullable=False),
 )
 Index("ix_submission_keys_created_at", submission_keys.c.created_at)
+
+# `gpuq drain`: an admin's drain of a whole node (unit '') or of one GPU unit (its UUID), until
+# `gpuq resume`; no new work goes there, running jobs continue
+drains = Table(
+    "drains",
+    metadata,
+    Column("node", String(128), primary_key=True),
+    Column("unit", String(96), primary_key=True),
+    Column("reason", Text, nullable=False),
+    Column("by", String(64), nullable=False),
+    Column("at", Float, nullable=False),
+)

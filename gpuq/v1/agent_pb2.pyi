@@ -19,7 +19,7 @@ class AgentMessage(_message.Message):
     def __init__(self, register: _Optional[_Union[Register, _Mapping]] = ..., heartbeat: _Optional[_Union[Heartbeat, _Mapping]] = ..., reports: _Optional[_Iterable[_Union[JobReport, _Mapping]]] = ...) -> None: ...
 
 class Register(_message.Message):
-    __slots__ = ("node", "gpus", "topology", "cpus", "mem", "fake", "version", "jobs")
+    __slots__ = ("node", "gpus", "topology", "cpus", "mem", "fake", "version", "jobs", "gpu_problem", "isolation", "driver")
     NODE_FIELD_NUMBER: _ClassVar[int]
     GPUS_FIELD_NUMBER: _ClassVar[int]
     TOPOLOGY_FIELD_NUMBER: _ClassVar[int]
@@ -28,6 +28,9 @@ class Register(_message.Message):
     FAKE_FIELD_NUMBER: _ClassVar[int]
     VERSION_FIELD_NUMBER: _ClassVar[int]
     JOBS_FIELD_NUMBER: _ClassVar[int]
+    GPU_PROBLEM_FIELD_NUMBER: _ClassVar[int]
+    ISOLATION_FIELD_NUMBER: _ClassVar[int]
+    DRIVER_FIELD_NUMBER: _ClassVar[int]
     node: str
     gpus: _containers.RepeatedCompositeFieldContainer[_types_pb2.GpuUnit]
     topology: _containers.RepeatedCompositeFieldContainer[_types_pb2.TopologyLink]
@@ -36,7 +39,10 @@ class Register(_message.Message):
     fake: bool
     version: str
     jobs: _containers.RepeatedCompositeFieldContainer[JobReport]
-    def __init__(self, node: _Optional[str] = ..., gpus: _Optional[_Iterable[_Union[_types_pb2.GpuUnit, _Mapping]]] = ..., topology: _Optional[_Iterable[_Union[_types_pb2.TopologyLink, _Mapping]]] = ..., cpus: _Optional[int] = ..., mem: _Optional[int] = ..., fake: _Optional[bool] = ..., version: _Optional[str] = ..., jobs: _Optional[_Iterable[_Union[JobReport, _Mapping]]] = ...) -> None: ...
+    gpu_problem: str
+    isolation: str
+    driver: str
+    def __init__(self, node: _Optional[str] = ..., gpus: _Optional[_Iterable[_Union[_types_pb2.GpuUnit, _Mapping]]] = ..., topology: _Optional[_Iterable[_Union[_types_pb2.TopologyLink, _Mapping]]] = ..., cpus: _Optional[int] = ..., mem: _Optional[int] = ..., fake: _Optional[bool] = ..., version: _Optional[str] = ..., jobs: _Optional[_Iterable[_Union[JobReport, _Mapping]]] = ..., gpu_problem: _Optional[str] = ..., isolation: _Optional[str] = ..., driver: _Optional[str] = ...) -> None: ...
 
 class Heartbeat(_message.Message):
     __slots__ = ("at", "usage", "not_accepting", "not_accepting_reason")

@@ -7,6 +7,24 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 
 DESCRIPTOR: _descriptor.FileDescriptor
 
+class DrainRequest(_message.Message):
+    __slots__ = ("node", "gpu", "reason")
+    NODE_FIELD_NUMBER: _ClassVar[int]
+    GPU_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    node: str
+    gpu: str
+    reason: str
+    def __init__(self, node: _Optional[str] = ..., gpu: _Optional[str] = ..., reason: _Optional[str] = ...) -> None: ...
+
+class DrainReply(_message.Message):
+    __slots__ = ("units", "message")
+    UNITS_FIELD_NUMBER: _ClassVar[int]
+    MESSAGE_FIELD_NUMBER: _ClassVar[int]
+    units: _containers.RepeatedScalarFieldContainer[str]
+    message: str
+    def __init__(self, units: _Optional[_Iterable[str]] = ..., message: _Optional[str] = ...) -> None: ...
+
 class SubmitRequest(_message.Message):
     __slots__ = ("spec", "request_key")
     SPEC_FIELD_NUMBER: _ClassVar[int]
@@ -117,7 +135,7 @@ class ListNodesRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class NodeInfo(_message.Message):
-    __slots__ = ("name", "state", "cpus", "mem", "gpus", "fake", "last_seen", "reason", "usage", "running_jobs", "cpus_used", "mem_used", "gpus_used")
+    __slots__ = ("name", "state", "cpus", "mem", "gpus", "fake", "last_seen", "reason", "usage", "running_jobs", "cpus_used", "mem_used", "gpus_used", "health", "isolation", "driver", "gpu_problem", "drain_reason", "drained_by", "drained_at")
     NAME_FIELD_NUMBER: _ClassVar[int]
     STATE_FIELD_NUMBER: _ClassVar[int]
     CPUS_FIELD_NUMBER: _ClassVar[int]
@@ -131,6 +149,13 @@ class NodeInfo(_message.Message):
     CPUS_USED_FIELD_NUMBER: _ClassVar[int]
     MEM_USED_FIELD_NUMBER: _ClassVar[int]
     GPUS_USED_FIELD_NUMBER: _ClassVar[int]
+    HEALTH_FIELD_NUMBER: _ClassVar[int]
+    ISOLATION_FIELD_NUMBER: _ClassVar[int]
+    DRIVER_FIELD_NUMBER: _ClassVar[int]
+    GPU_PROBLEM_FIELD_NUMBER: _ClassVar[int]
+    DRAIN_REASON_FIELD_NUMBER: _ClassVar[int]
+    DRAINED_BY_FIELD_NUMBER: _ClassVar[int]
+    DRAINED_AT_FIELD_NUMBER: _ClassVar[int]
     name: str
     state: str
     cpus: int
@@ -144,7 +169,28 @@ class NodeInfo(_message.Message):
     cpus_used: int
     mem_used: int
     gpus_used: _containers.RepeatedScalarFieldContainer[str]
-    def __init__(self, name: _Optional[str] = ..., state: _Optional[str] = ..., cpus: _Optional[int] = ..., mem: _Optional[int] = ..., gpus: _Optional[_Iterable[_Union[_types_pb2.GpuUnit, _Mapping]]] = ..., fake: _Optional[bool] = ..., last_seen: _Optional[float] = ..., reason: _Optional[str] = ..., usage: _Optional[_Iterable[_Union[_types_pb2.GpuUsage, _Mapping]]] = ..., running_jobs: _Optional[_Iterable[int]] = ..., cpus_used: _Optional[int] = ..., mem_used: _Optional[int] = ..., gpus_used: _Optional[_Iterable[str]] = ...) -> None: ...
+    health: _containers.RepeatedCompositeFieldContainer[UnitHealth]
+    isolation: str
+    driver: str
+    gpu_problem: str
+    drain_reason: str
+    drained_by: str
+    drained_at: float
+    def __init__(self, name: _Optional[str] = ..., state: _Optional[str] = ..., cpus: _Optional[int] = ..., mem: _Optional[int] = ..., gpus: _Optional[_Iterable[_Union[_types_pb2.GpuUnit, _Mapping]]] = ..., fake: _Optional[bool] = ..., last_seen: _Optional[float] = ..., reason: _Optional[str] = ..., usage: _Optional[_Iterable[_Union[_types_pb2.GpuUsage, _Mapping]]] = ..., running_jobs: _Optional[_Iterable[int]] = ..., cpus_used: _Optional[int] = ..., mem_used: _Optional[int] = ..., gpus_used: _Optional[_Iterable[str]] = ..., health: _Optional[_Iterable[_Union[UnitHealth, _Mapping]]] = ..., isolation: _Optional[str] = ..., driver: _Optional[str] = ..., gpu_problem: _Optional[str] = ..., drain_reason: _Optional[str] = ..., drained_by: _Optional[str] = ..., drained_at: _Optional[float] = ...) -> None: ...
+
+class UnitHealth(_message.Message):
+    __slots__ = ("uuid", "health", "reason", "drained_by", "drained_at")
+    UUID_FIELD_NUMBER: _ClassVar[int]
+    HEALTH_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    DRAINED_BY_FIELD_NUMBER: _ClassVar[int]
+    DRAINED_AT_FIELD_NUMBER: _ClassVar[int]
+    uuid: str
+    health: str
+    reason: str
+    drained_by: str
+    drained_at: float
+    def __init__(self, uuid: _Optional[str] = ..., health: _Optional[str] = ..., reason: _Optional[str] = ..., drained_by: _Optional[str] = ..., drained_at: _Optional[float] = ...) -> None: ...
 
 class ListNodesReply(_message.Message):
     __slots__ = ("nodes",)

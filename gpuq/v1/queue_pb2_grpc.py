@@ -89,6 +89,16 @@ class QueueStub:
                 request_serializer=gpuq_dot_v1_dot_queue__pb2.RemoveCronRequest.SerializeToString,
                 response_deserializer=gpuq_dot_v1_dot_queue__pb2.CronEntry.FromString,
                 _registered_method=True)
+        self.Drain = channel.unary_unary(
+                '/gpuq.v1.Queue/Drain',
+                request_serializer=gpuq_dot_v1_dot_queue__pb2.DrainRequest.SerializeToString,
+                response_deserializer=gpuq_dot_v1_dot_queue__pb2.DrainReply.FromString,
+                _registered_method=True)
+        self.Resume = channel.unary_unary(
+                '/gpuq.v1.Queue/Resume',
+                request_serializer=gpuq_dot_v1_dot_queue__pb2.DrainRequest.SerializeToString,
+                response_deserializer=gpuq_dot_v1_dot_queue__pb2.DrainReply.FromString,
+                _registered_method=True)
 
 
 class QueueServicer:
@@ -166,6 +176,21 @@ class QueueServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def Drain(self, request, context):
+        """An admin takes a node, or one GPU of it, out of service (SLURM's drain): no new work goes
+        there, running jobs continue. Kept in the store (it survives a coordinator restart) until
+        Resume. NOT_FOUND for an unknown node or GPU.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def Resume(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_QueueServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -223,6 +248,16 @@ def add_QueueServicer_to_server(servicer, server):
                     servicer.RemoveCron,
                     request_deserializer=gpuq_dot_v1_dot_queue__pb2.RemoveCronRequest.FromString,
                     response_serializer=gpuq_dot_v1_dot_queue__pb2.CronEntry.SerializeToString,
+            ),
+            'Drain': grpc.unary_unary_rpc_method_handler(
+                    servicer.Drain,
+                    request_deserializer=gpuq_dot_v1_dot_queue__pb2.DrainRequest.FromString,
+                    response_serializer=gpuq_dot_v1_dot_queue__pb2.DrainReply.SerializeToString,
+            ),
+            'Resume': grpc.unary_unary_rpc_method_handler(
+                    servicer.Resume,
+                    request_deserializer=gpuq_dot_v1_dot_queue__pb2.DrainRequest.FromString,
+                    response_serializer=gpuq_dot_v1_dot_queue__pb2.DrainReply.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -522,6 +557,60 @@ class Queue:
             '/gpuq.v1.Queue/RemoveCron',
             gpuq_dot_v1_dot_queue__pb2.RemoveCronRequest.SerializeToString,
             gpuq_dot_v1_dot_queue__pb2.CronEntry.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Drain(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/gpuq.v1.Queue/Drain',
+            gpuq_dot_v1_dot_queue__pb2.DrainRequest.SerializeToString,
+            gpuq_dot_v1_dot_queue__pb2.DrainReply.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Resume(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/gpuq.v1.Queue/Resume',
+            gpuq_dot_v1_dot_queue__pb2.DrainRequest.SerializeToString,
+            gpuq_dot_v1_dot_queue__pb2.DrainReply.FromString,
             options,
             channel_credentials,
             insecure,

@@ -7,18 +7,20 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 DESCRIPTOR: _descriptor.FileDescriptor
 
 class Resources(_message.Message):
-    __slots__ = ("gpus", "gpu_mem", "cpus", "mem", "time_limit")
+    __slots__ = ("gpus", "gpu_mem", "cpus", "mem", "time_limit", "mig")
     GPUS_FIELD_NUMBER: _ClassVar[int]
     GPU_MEM_FIELD_NUMBER: _ClassVar[int]
     CPUS_FIELD_NUMBER: _ClassVar[int]
     MEM_FIELD_NUMBER: _ClassVar[int]
     TIME_LIMIT_FIELD_NUMBER: _ClassVar[int]
+    MIG_FIELD_NUMBER: _ClassVar[int]
     gpus: int
     gpu_mem: int
     cpus: int
     mem: int
     time_limit: int
-    def __init__(self, gpus: _Optional[int] = ..., gpu_mem: _Optional[int] = ..., cpus: _Optional[int] = ..., mem: _Optional[int] = ..., time_limit: _Optional[int] = ...) -> None: ...
+    mig: str
+    def __init__(self, gpus: _Optional[int] = ..., gpu_mem: _Optional[int] = ..., cpus: _Optional[int] = ..., mem: _Optional[int] = ..., time_limit: _Optional[int] = ..., mig: _Optional[str] = ...) -> None: ...
 
 class Dependency(_message.Message):
     __slots__ = ("job_id", "kind", "task")
@@ -126,7 +128,7 @@ class PendingInfo(_message.Message):
     def __init__(self, reasons: _Optional[_Iterable[str]] = ..., estimated_start: _Optional[float] = ..., priority: _Optional[float] = ..., factors: _Optional[_Iterable[_Union[PriorityFactor, _Mapping]]] = ...) -> None: ...
 
 class Job(_message.Message):
-    __slots__ = ("id", "spec", "user", "state", "submit_time", "start_time", "end_time", "node", "gpus", "result", "requeue_count", "array_job_id", "array_task_id", "reason", "pending", "stdout_path", "stderr_path", "priority", "qos", "stop_reason", "stop_state", "array_tasks")
+    __slots__ = ("id", "spec", "user", "state", "submit_time", "start_time", "end_time", "node", "gpus", "result", "requeue_count", "array_job_id", "array_task_id", "reason", "pending", "stdout_path", "stderr_path", "priority", "qos", "stop_reason", "stop_state", "array_tasks", "start_count")
     ID_FIELD_NUMBER: _ClassVar[int]
     SPEC_FIELD_NUMBER: _ClassVar[int]
     USER_FIELD_NUMBER: _ClassVar[int]
@@ -149,6 +151,7 @@ class Job(_message.Message):
     STOP_REASON_FIELD_NUMBER: _ClassVar[int]
     STOP_STATE_FIELD_NUMBER: _ClassVar[int]
     ARRAY_TASKS_FIELD_NUMBER: _ClassVar[int]
+    START_COUNT_FIELD_NUMBER: _ClassVar[int]
     id: int
     spec: JobSpec
     user: str
@@ -171,7 +174,8 @@ class Job(_message.Message):
     stop_reason: str
     stop_state: str
     array_tasks: str
-    def __init__(self, id: _Optional[int] = ..., spec: _Optional[_Union[JobSpec, _Mapping]] = ..., user: _Optional[str] = ..., state: _Optional[str] = ..., submit_time: _Optional[float] = ..., start_time: _Optional[float] = ..., end_time: _Optional[float] = ..., node: _Optional[str] = ..., gpus: _Optional[_Iterable[str]] = ..., result: _Optional[_Union[JobResult, _Mapping]] = ..., requeue_count: _Optional[int] = ..., array_job_id: _Optional[int] = ..., array_task_id: _Optional[int] = ..., reason: _Optional[str] = ..., pending: _Optional[_Union[PendingInfo, _Mapping]] = ..., stdout_path: _Optional[str] = ..., stderr_path: _Optional[str] = ..., priority: _Optional[int] = ..., qos: _Optional[str] = ..., stop_reason: _Optional[str] = ..., stop_state: _Optional[str] = ..., array_tasks: _Optional[str] = ...) -> None: ...
+    start_count: int
+    def __init__(self, id: _Optional[int] = ..., spec: _Optional[_Union[JobSpec, _Mapping]] = ..., user: _Optional[str] = ..., state: _Optional[str] = ..., submit_time: _Optional[float] = ..., start_time: _Optional[float] = ..., end_time: _Optional[float] = ..., node: _Optional[str] = ..., gpus: _Optional[_Iterable[str]] = ..., result: _Optional[_Union[JobResult, _Mapping]] = ..., requeue_count: _Optional[int] = ..., array_job_id: _Optional[int] = ..., array_task_id: _Optional[int] = ..., reason: _Optional[str] = ..., pending: _Optional[_Union[PendingInfo, _Mapping]] = ..., stdout_path: _Optional[str] = ..., stderr_path: _Optional[str] = ..., priority: _Optional[int] = ..., qos: _Optional[str] = ..., stop_reason: _Optional[str] = ..., stop_state: _Optional[str] = ..., array_tasks: _Optional[str] = ..., start_count: _Optional[int] = ...) -> None: ...
 
 class JobEvent(_message.Message):
     __slots__ = ("job_id", "at", "from_state", "to_state", "reason")
@@ -188,7 +192,7 @@ class JobEvent(_message.Message):
     def __init__(self, job_id: _Optional[int] = ..., at: _Optional[float] = ..., from_state: _Optional[str] = ..., to_state: _Optional[str] = ..., reason: _Optional[str] = ...) -> None: ...
 
 class GpuUnit(_message.Message):
-    __slots__ = ("uuid", "index", "name", "memory", "pci_bus_id", "parent_uuid", "mig_profile")
+    __slots__ = ("uuid", "index", "name", "memory", "pci_bus_id", "parent_uuid", "mig_profile", "gpu_instance")
     UUID_FIELD_NUMBER: _ClassVar[int]
     INDEX_FIELD_NUMBER: _ClassVar[int]
     NAME_FIELD_NUMBER: _ClassVar[int]
@@ -196,6 +200,7 @@ class GpuUnit(_message.Message):
     PCI_BUS_ID_FIELD_NUMBER: _ClassVar[int]
     PARENT_UUID_FIELD_NUMBER: _ClassVar[int]
     MIG_PROFILE_FIELD_NUMBER: _ClassVar[int]
+    GPU_INSTANCE_FIELD_NUMBER: _ClassVar[int]
     uuid: str
     index: int
     name: str
@@ -203,7 +208,8 @@ class GpuUnit(_message.Message):
     pci_bus_id: str
     parent_uuid: str
     mig_profile: str
-    def __init__(self, uuid: _Optional[str] = ..., index: _Optional[int] = ..., name: _Optional[str] = ..., memory: _Optional[int] = ..., pci_bus_id: _Optional[str] = ..., parent_uuid: _Optional[str] = ..., mig_profile: _Optional[str] = ...) -> None: ...
+    gpu_instance: str
+    def __init__(self, uuid: _Optional[str] = ..., index: _Optional[int] = ..., name: _Optional[str] = ..., memory: _Optional[int] = ..., pci_bus_id: _Optional[str] = ..., parent_uuid: _Optional[str] = ..., mig_profile: _Optional[str] = ..., gpu_instance: _Optional[str] = ...) -> None: ...
 
 class TopologyLink(_message.Message):
     __slots__ = ("a", "b", "distance")
@@ -216,13 +222,19 @@ class TopologyLink(_message.Message):
     def __init__(self, a: _Optional[str] = ..., b: _Optional[str] = ..., distance: _Optional[int] = ...) -> None: ...
 
 class GpuUsage(_message.Message):
-    __slots__ = ("uuid", "memory_used", "utilization", "job_ids")
+    __slots__ = ("uuid", "memory_used", "utilization", "job_ids", "health", "health_reason", "notes")
     UUID_FIELD_NUMBER: _ClassVar[int]
     MEMORY_USED_FIELD_NUMBER: _ClassVar[int]
     UTILIZATION_FIELD_NUMBER: _ClassVar[int]
     JOB_IDS_FIELD_NUMBER: _ClassVar[int]
+    HEALTH_FIELD_NUMBER: _ClassVar[int]
+    HEALTH_REASON_FIELD_NUMBER: _ClassVar[int]
+    NOTES_FIELD_NUMBER: _ClassVar[int]
     uuid: str
     memory_used: int
     utilization: int
     job_ids: _containers.RepeatedScalarFieldContainer[int]
-    def __init__(self, uuid: _Optional[str] = ..., memory_used: _Optional[int] = ..., utilization: _Optional[int] = ..., job_ids: _Optional[_Iterable[int]] = ...) -> None: ...
+    health: str
+    health_reason: str
+    notes: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, uuid: _Optional[str] = ..., memory_used: _Optional[int] = ..., utilization: _Optional[int] = ..., job_ids: _Optional[_Iterable[int]] = ..., health: _Optional[str] = ..., health_reason: _Optional[str] = ..., notes: _Optional[_Iterable[str]] = ...) -> None: ...

@@ -6,6 +6,7 @@ Everything waits on a condition with a deadline; nothing sleeps and hopes.
 from __future__ import annotations
 
 import asyncio
+import atexit
 import contextlib
 import os
 import signal
@@ -21,6 +22,36 @@ from gpuq.agent.launch import LaunchSpec
 
 PY = sys.executable
 TEST_ACK_WAIT = 20.0  # supervisors of a failed test do not linger for 10 minutes
+# the tests' jobs make their cgroups under this parent, removed when the tests end (in every
+# hierarchy), so that a test run leaves no gpuq group behind on the machine
+TEST_CGROUP_PARENT = f"gpuq-test-{os.getpid()}"
+
+
+def cgroup_mounts() -> list[Path]:
+    """Every cgroup hierarchy's mount point (v1 and v2)."""
+    mounts = []
+    for line in Path("/proc/self/mounts").read_text().splitlines():
+        _, point, fstype, *_ = line.split()
+        if fstype in ("cgroup", "cgroup2"):
+            mounts.append(Path(point))
+    return mounts
+
+
+def remove_cgroup_parent(parent: str = TEST_CGROUP_PARENT) -> None:
+    """Remove a tests' cgroup parent (and any empty job group left below it) everywhere."""
+    for mount in cgroup_mounts():
+        folder = mount / parent
+        if not folder.is_dir():
+            continue
+        for child in folder.iterdir():
+            if child.is_dir():
+                with contextlib.suppress(OSError):
+                    child.rmdir()
+        with contextlib.suppress(OSError):
+            folder.rmdir()
+
+
+atexit.register(remove_cgroup_parent)
 
 
 def make_spec(work: Path, job_id: int, script: str, **fields: Any) -> LaunchSpec:
@@ -34,6 +65,7 @@ def make_spec(work: Path, job_id: int, script: str, **fields: Any) -> LaunchSpec
         "cwd": str(work),
         "stdout_path": str(work / f"{job_id}.out"),
         "stderr_path": str(work / f"{job_id}.out"),
+        "cgroup_parent": TEST_CGROUP_PARENT,
     }
     values.update(fields)
     return LaunchSpec(**values)

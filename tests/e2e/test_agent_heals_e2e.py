@@ -17,9 +17,12 @@ from supervisor_helpers import alive, await_until, cleanup, make_spec, read_pid,
 from gpuq.agent import agent as agent_module
 from gpuq.agent import proctree
 from gpuq.agent.forkserver import ForkServer
+from gpuq.agent.gpu_care import GpuCare
+from gpuq.agent.gpus_fake import FakeGpuBackend
 from gpuq.agent.hub import LaunchRefused
 from gpuq.agent.jobdir import supervisor_alive
 from gpuq.agent.launch import NodePolicy
+from gpuq.config import AgentSettings
 from gpuq.convert import spec_to_proto
 from gpuq.domain.model import JobSpec
 from gpuq.domain.states import JobState
@@ -186,10 +189,25 @@ def test_agent_hands_a_refused_launch_back_to_the_queue(
         def attempt_of(self, job_id: int) -> int:
             return 0
 
+        def launch_spec_of(self, job_id: int) -> None:
+            return None
+
+    async def no_stop(*args: object) -> None:
+        return None
+
     async def scenario() -> None:
         agent = agent_module.Agent.__new__(agent_module.Agent)
         agent.hub = RefusingHub()  # type: ignore[assignment]
         agent.policy = NodePolicy(node="n1", units={})
+        agent.gpus = GpuCare(
+            FakeGpuBackend("1", "n1", state_dir=tmp_path / "fake-gpus"),
+            AgentSettings(node_name="n1"),
+            agent.hub,
+            beat_now=lambda: None,
+            units_changed=lambda: None,
+            stop_job=no_stop,
+        )
+        agent._beat_due = False
         agent.unacked, agent._outgoing, agent._flush = {}, [], asyncio.Event()
         agent.refused, agent.refused_attempts = {}, {}
         spec = JobSpec(name="j", script="#!/bin/sh\ntrue\n", workdir=str(tmp_path))

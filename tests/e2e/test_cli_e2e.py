@@ -192,7 +192,7 @@ def test_quick_start_serve_without_gpus(tmp_path: Path) -> None:
         job_id = submitted.stdout.split()[-1]
         assert (tmp_path / f"gpuq-{job_id}.out").read_text() == "hello from gpuq\n"
         assert "FAKE" in run("status").stdout
-        assert "no NVIDIA driver found" in (tmp_path / "serve.log").read_text()
+        assert "FAKE GPUs instead" in (tmp_path / "serve.log").read_text()
     finally:
         serve.send_signal(signal.SIGINT)
         assert serve.wait(15) == 0

@@ -1,4 +1,7 @@
-"""Every job gets a cgroup of its own, --mem or not (issue 9): nothing a job started outlives it.
+"""Every job gets cgroups of its own, --mem or not (issue 9): nothing a job started outlives it.
+
+One group per hierarchy gpuq uses (memory, devices, cpuset on cgroup v1; one group on v2), all
+at the same relative path; job.pid lists them all and every one is removed at the end.
 
 Real fork server, real supervisors, real processes; skipped where this test cannot make a
 cgroup (not root, or no hierarchy with the memory controller).
@@ -14,7 +17,15 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from supervisor_helpers import alive, await_until, cleanup, make_spec, running_hub
+from supervisor_helpers import (
+    alive,
+    await_until,
+    cgroup_mounts,
+    cleanup,
+    make_spec,
+    remove_cgroup_parent,
+    running_hub,
+)
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -54,10 +65,32 @@ def usable_hierarchy() -> Path:
     return root
 
 
-def recorded_group(job_dir: Path) -> str:
-    """The cgroup folder the supervisor recorded in job.pid ('' for none)."""
+def recorded_groups(job_dir: Path) -> list[Path]:
+    """The cgroup folders the supervisor recorded in job.pid, the memory group first."""
     text = (job_dir / "job.pid").read_text()
-    return text.partition("\n")[2].strip()
+    return [Path(line) for line in text.partition("\n")[2].splitlines() if line.strip()]
+
+
+def expected_groups(root: Path, parent: str, job: str) -> list[Path]:
+    """The job's groups: the memory group, then (v1) the devices and cpuset groups."""
+    groups = [root / parent / job]
+    for controller in ("devices", "cpuset"):
+        mount = controller_mount(controller)
+        if mount is not None and mount != root:
+            groups.append(mount / parent / job)
+    return groups
+
+
+def controller_mount(controller: str) -> Path | None:
+    for line in Path("/proc/self/mounts").read_text().splitlines():
+        _, point, fstype, options, *_ = line.split()
+        if fstype == "cgroup" and controller in options.split(","):
+            return Path(point)
+    return None
+
+
+def leftovers(parent: str, job: str) -> list[Path]:
+    return [mount / parent / job for mount in cgroup_mounts() if (mount / parent / job).exists()]
 
 
 def pid_in(path: Path) -> int:
@@ -69,8 +102,7 @@ def group_parent() -> Iterator[tuple[Path, str]]:
     root = usable_hierarchy()
     parent = f"gpuq-test-{os.getpid()}"
     yield root, parent
-    with contextlib.suppress(OSError):
-        (root / parent).rmdir()
+    remove_cgroup_parent(parent)
 
 
 def test_job_without_mem_leaves_nothing_after_its_main_process_exits(
@@ -93,9 +125,11 @@ def test_job_without_mem_leaves_nothing_after_its_main_process_exits(
 
     with cleanup(state, tmp_path / "escaped.pid"):
         asyncio.run(scenario())
-    group = root / parent / "job_1"
-    assert f"{parent}/job_1" in (tmp_path / "cgroup.txt").read_text()
-    assert not group.exists()
+    joined = (tmp_path / "cgroup.txt").read_text()
+    assert f"{parent}/job_1" in joined
+    for group in expected_groups(root, parent, "job_1")[1:]:  # v1: one line per controller
+        assert f"{group.parent.parent.name}:/{parent}/job_1" in joined
+    assert leftovers(parent, "job_1") == []
 
 
 def test_cancelled_job_without_mem_leaves_nothing(
@@ -112,20 +146,23 @@ def test_cancelled_job_without_mem_leaves_nothing(
             await reports.wait(2, "running", timeout=20)
             await await_until(lambda: (tmp_path / "main.pid").exists(), 10, "main.pid")
             main, escaped = pid_in(tmp_path / "main.pid"), pid_in(tmp_path / "escaped.pid")
-            group = Path(recorded_group(job_dir))
-            assert group == root / parent / "job_2"
-            members = {int(p) for p in (group / "cgroup.procs").read_text().split()}
-            assert {main, escaped} <= members
+            groups = recorded_groups(job_dir)
+            assert groups == expected_groups(root, parent, "job_2")
+            for group in groups:
+                members = {int(p) for p in (group / "cgroup.procs").read_text().split()}
+                assert {main, escaped} <= members, group
             assert await hub.stop(2, "cancelled", "cancelled by alice", signal.SIGTERM, 5.0)
             end = await reports.wait(2, "ended", timeout=20)
             assert end.end_state == "cancelled"
             await await_until(lambda: not alive(main) and not alive(escaped), 10, "the tree gone")
-            await await_until(lambda: not group.exists(), 10, "the job's cgroup removed")
+            await await_until(
+                lambda: not any(g.exists() for g in groups), 10, "the job's cgroups removed"
+            )
             await hub.ack(2)
 
     with cleanup(state, tmp_path / "main.pid", tmp_path / "escaped.pid"):
         asyncio.run(scenario())
-    assert not (root / parent / "job_2").exists()
+    assert leftovers(parent, "job_2") == []
 
 
 def test_hub_stops_an_escaped_process_by_cgroup_when_the_supervisor_dies(
@@ -137,7 +174,7 @@ def test_hub_stops_an_escaped_process_by_cgroup_when_the_supervisor_dies(
     state = tmp_path / "state"
     spec = make_spec(tmp_path, 3, ESCAPE + "sleep 300\n", cgroup_parent=parent, kill_grace=1.0)
     job_dir = state / "jobs" / "3"
-    group = root / parent / "job_3"
+    groups = expected_groups(root, parent, "job_3")
 
     async def scenario() -> None:
         async with running_hub(state) as (hub, reports):
@@ -145,17 +182,13 @@ def test_hub_stops_an_escaped_process_by_cgroup_when_the_supervisor_dies(
             await reports.wait(3, "running", timeout=20)
             await await_until(lambda: (tmp_path / "main.pid").exists(), 10, "main.pid")
             main, escaped = pid_in(tmp_path / "main.pid"), pid_in(tmp_path / "escaped.pid")
-            assert recorded_group(job_dir) == str(group)
+            assert recorded_groups(job_dir) == groups
             os.kill(pid_in(job_dir / "supervisor.pid"), signal.SIGKILL)
             end = await reports.wait(3, "ended", timeout=30)
             assert end.end_state == "failed"
             assert end.reason.startswith("supervisor lost before the job ended"), end.reason
             assert not alive(main) and not alive(escaped)
-            assert not group.exists(), "the hub removes the dead supervisor's job cgroup"
+            assert leftovers(parent, "job_3") == [], "the hub removes the dead job's cgroups"
 
-    try:
-        with cleanup(state, tmp_path / "main.pid", tmp_path / "escaped.pid"):
-            asyncio.run(scenario())
-    finally:
-        with contextlib.suppress(OSError):
-            group.rmdir()  # when the assertion above failed
+    with cleanup(state, tmp_path / "main.pid", tmp_path / "escaped.pid"):
+        asyncio.run(scenario())

@@ -7,6 +7,7 @@ import contextlib
 import importlib.util
 import json
 import os
+import pwd
 import shutil
 import signal
 import tempfile
@@ -350,6 +351,46 @@ def test_runs_as_another_user(tmp_path: Path) -> None:
         assert output.read_text() == "65534\n65534\n" and output.stat().st_uid == 65534
     finally:
         shutil.rmtree(shared)
+
+
+def test_a_uid_without_gid_runs_with_the_users_primary_group(tmp_path: Path) -> None:
+    """Never root's group 0: the passwd entry's group; a uid without an entry needs a gid."""
+    if os.geteuid() != 0:
+        pytest.skip("needs root")
+    nobody = pwd.getpwnam("nobody")
+    unknown = next(uid for uid in range(61000, 65000) if not _has_passwd_entry(uid))
+    state = tmp_path / "state"
+    shared = Path(tempfile.mkdtemp(prefix="gpuq-user-"))
+    shared.chmod(0o777)
+    env = {"PATH": "/usr/bin:/bin"}
+    spec = make_spec(shared, 1, "id -u; id -g; id -G\n", uid=nobody.pw_uid, env=env)
+    stranger = make_spec(shared, 2, "true\n", uid=unknown, env=env)
+
+    async def scenario() -> None:
+        async with running_hub(state) as (hub, reports):
+            await hub.launch(spec)
+            await hub.launch(stranger)
+            assert (await reports.wait(1, "ended")).end_state == "completed"
+            refused = await reports.wait(2, "ended")
+            assert refused.end_state == "failed"
+            assert "uid has no passwd entry and no gid was given" in refused.reason
+
+    try:
+        with cleanup(state):
+            asyncio.run(scenario())
+        uid, gid, groups = (shared / "1.out").read_text().splitlines()
+        assert (int(uid), int(gid)) == (nobody.pw_uid, nobody.pw_gid)
+        assert "0" not in groups.split()
+    finally:
+        shutil.rmtree(shared)
+
+
+def _has_passwd_entry(uid: int) -> bool:
+    try:
+        pwd.getpwuid(uid)
+    except KeyError:
+        return False
+    return True
 
 
 def test_fork_server_runs_the_c_loop_without_grpc() -> None:

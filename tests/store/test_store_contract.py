@@ -262,3 +262,52 @@ def test_nodes_are_saved_and_updated(store: Store) -> None:
     )
     with pytest.raises(NotFound), store.transaction() as tx:
         tx.set_node_state("nope", NodeState.DOWN, "")
+
+
+def test_drains_are_kept_replaced_and_cleared(store: Store) -> None:
+    from gpuq.domain.model import Drain
+
+    with store.transaction() as tx:
+        tx.set_drain(Drain("a", "", "rack work", "root", 10.0))
+        tx.set_drain(Drain("a", "GPU-a-1", "fan", "root", 11.0))
+        tx.set_drain(Drain("b", "MIG-b-0", "ECC", "alice", 12.0))
+    assert store.drains() == [
+        Drain("a", "", "rack work", "root", 10.0),
+        Drain("a", "GPU-a-1", "fan", "root", 11.0),
+        Drain("b", "MIG-b-0", "ECC", "alice", 12.0),
+    ]
+    with store.transaction() as tx:  # draining again replaces the reason, who and when
+        tx.set_drain(Drain("a", "GPU-a-1", "fan again", "bob", 20.0))
+    assert Drain("a", "GPU-a-1", "fan again", "bob", 20.0) in store.drains()
+    with store.transaction() as tx:
+        assert tx.clear_drain("a", "") is True
+        assert tx.clear_drain("a", "") is False  # resuming what is not drained
+        assert tx.clear_drain("nowhere", "GPU-x") is False
+    assert [(d.node, d.unit) for d in store.drains()] == [("a", "GPU-a-1"), ("b", "MIG-b-0")]
+
+
+def test_start_reason_and_mig_spec_read_back(store: Store) -> None:
+    from dataclasses import replace
+
+    from gpuq.domain.model import Resources
+
+    spec = replace(make_spec("slice"), resources=Resources(mig="3g.71gb", gpu_mem=70 << 30))
+    assert spec.resources.gpus == 1  # --mig implies one unit
+    with store.transaction() as tx:
+        [[job_id]] = tx.add_jobs([NewJob(spec, "alice", "normal", 0)], 1.0)
+        why = "started on n1 (GPU isolation advisory: not root)"
+        tx.start_jobs([JobStart(job_id, "n1", ("MIG-1",), why)], 2.0)
+    job = store.get_job(job_id)
+    assert job.spec.resources == spec.resources and job.reason == why
+    assert store.events(job_id)[-1].reason == why
+
+
+def test_a_node_keeps_its_mig_units(store: Store) -> None:
+    units = (
+        GpuUnit("MIG-1", 0, "A100 MIG 3g.40gb", 40 << 30, "0:1b", "GPU-0", "3g.40gb", "1"),
+        GpuUnit("MIG-2", 0, "A100 MIG 3g.40gb", 40 << 30, "0:1b", "GPU-0", "3g.40gb"),
+    )
+    with store.transaction() as tx:
+        tx.save_node(Node("m", units, 8, 1 << 30, NodeState.UP))
+    [node] = store.list_nodes()
+    assert node.units == units

@@ -211,7 +211,9 @@ def test_good_values_are_normalised(tmp_path: Path) -> None:
         'cgroup_parent = "/system.slice/gpuq"\n'
         "fence_time = 100\n"
         "[agent.job_env]\n"
-        'PYTORCH_CUDA_ALLOC_CONF = "expandable_segments:True"\n'
+        'PYTORCH_CUDA_ALLOC_CONF = "expandable_segments:False"\n'
+        'NCCL_DEBUG = "WARN"\n'
+        'TF_FORCE_GPU_ALLOW_GROWTH = ""\n'
         "[qos.only]\n"
         "priority = -5\n"
         "requeue_on_node_fail = 0\n"
@@ -231,7 +233,13 @@ def test_good_values_are_normalised(tmp_path: Path) -> None:
     assert coordinator.scheduler.explain_limit == 10
     agent = settings.agent
     assert agent.mem == "200G" and agent.cpus == 64 and agent.fence_time == 100.0
-    assert agent.job_env == {"PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True"}
+    # merged over the defaults: one changed, one added, one removed (empty), the rest kept
+    assert agent.job_env == {
+        "PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:False",
+        "PYTORCH_ALLOC_CONF": "expandable_segments:False",  # one setting under two names
+        "XLA_PYTHON_CLIENT_PREALLOCATE": "false",
+        "NCCL_DEBUG": "WARN",
+    }
 
 
 def test_default_qos_must_name_a_configured_tier(tmp_path: Path) -> None:

@@ -1,4 +1,5 @@
-"""The fake GPU backend: spec parsing, stable UUIDs, the modelled topology, fake VRAM claims."""
+"""The fake GPUs: spec parsing, NVML's real sizes, stable UUIDs, the modelled topology, fake VRAM
+claims. FakeGpuBackend is the NVML backend over the fake NVML library (fault files: test_gpu_*)."""
 
 from __future__ import annotations
 
@@ -13,10 +14,18 @@ from pathlib import Path
 
 import pytest
 
-from gpuq.agent.gpus import FakeGpuBackend, GpuInventory, UnitUsage, parse_fake_spec
+from gpuq.agent.gpus import (
+    FakeGpuBackend,
+    GpuInventory,
+    GpuProcess,
+    NvmlGpuBackend,
+    UnitUsage,
+    parse_fake_spec,
+)
 from gpuq.agent.gpus_fake import (
     FAKE_GPU_DIR_ENV,
     GIB,
+    MIB,
     claim_fake_vram,
     fake_state_dir,
     set_fake_utilization,
@@ -74,15 +83,58 @@ def test_count_and_model() -> None:
     assert {u.name for u in inventory.units} == {"NVIDIA A100-SXM4-80GB"}
 
 
-def test_mixed_models_keep_spec_order_and_memory_from_the_suffix() -> None:
+def test_mixed_models_keep_spec_order_and_nvml_sizes() -> None:
     inventory = parse_fake_spec("2xH100-80GB,2xL4-24GB,1xRTX6000-48GB", "node-a")
-    assert [(u.index, u.name, u.memory // GIB) for u in inventory.units] == [
-        (0, "NVIDIA H100 80GB HBM3", 80),
-        (1, "NVIDIA H100 80GB HBM3", 80),
-        (2, "NVIDIA L4", 24),
-        (3, "NVIDIA L4", 24),
-        (4, "NVIDIA RTX6000", 48),
+    assert [(u.index, u.name, u.memory) for u in inventory.units] == [
+        (0, "NVIDIA H100 80GB HBM3", 81_559 * MIB),
+        (1, "NVIDIA H100 80GB HBM3", 81_559 * MIB),
+        (2, "NVIDIA L4", 23_034 * MIB),
+        (3, "NVIDIA L4", 23_034 * MIB),
+        (4, "NVIDIA RTX6000", 48 * GIB),  # an unknown model: the spec's GiB
     ]
+
+
+@pytest.mark.parametrize(
+    ("model", "mib"),
+    [
+        ("H100-80GB", 81_559),
+        ("H200-141GB", 143_771),
+        ("L4-24GB", 23_034),
+        ("A100-80GB", 81_920),
+        ("A100-40GB", 40_960),
+        ("L40S-48GB", 46_068),
+        ("A10-24GB", 23_028),
+        ("RTX4090-24GB", 24_564),
+    ],
+)
+def test_known_models_have_nvmls_totals_not_marketed_sizes(model: str, mib: int) -> None:
+    (unit,) = parse_fake_spec(f"1x{model}", "node-a").units
+    assert unit.memory == mib * MIB
+
+
+def test_mig_slices_have_nvmls_sizes_from_eight_memory_slices() -> None:
+    spec = "1xH200-141GB:mig=3g.71gb+2g.35gb+1g.18gb,1xH100-80GB:mig=7g.80gb"
+    units = parse_fake_spec(spec, "node-a").units
+    eighth = 143_771 * MIB // 8
+    assert [(u.mig_profile, u.memory) for u in units] == [
+        ("3g.71gb", 4 * eighth // MIB * MIB),  # 71,885 MiB
+        ("2g.35gb", 2 * eighth // MIB * MIB),
+        ("1g.18gb", eighth // MIB * MIB),
+        ("7g.80gb", 81_559 * MIB),
+    ]
+    assert units[0].memory == 71_885 * MIB
+    assert units[0].name == "NVIDIA H200 MIG 3g.71gb"
+
+
+def test_compute_instances_sharing_a_gpu_instance_split_its_memory() -> None:
+    spec = "1xA100-80GB:mig=1c.3g.40gb/2c.3g.40gb+3g.40gb"
+    units = parse_fake_spec(spec, "node-a").units
+    assert [(u.mig_profile, u.memory) for u in units] == [
+        ("1c.3g.40gb", 20 * GIB),  # each compute instance an equal share of its GPU instance
+        ("2c.3g.40gb", 20 * GIB),
+        ("3g.40gb", 40 * GIB),
+    ]
+    assert sum(u.memory for u in units) == 80 * GIB  # the GPU instance is counted once
 
 
 def test_model_names_are_case_insensitive() -> None:
@@ -129,6 +181,13 @@ def test_mig_slices_replace_their_parent() -> None:
         "1xA100-80GB:mig=3g.40gb+3g.40gb+1g.10gb",
         "1xA100-80GB:mig=1g.0gb",
         "1xA100-80GB:mig=1g.10gb:mig=1g.10gb",
+        "1xA100-80GB:mig=1g.40gb",  # 1g is 10 GB on this GPU
+        "1xH200-141GB:mig=3g.80gb",
+        "1xA100-80GB:mig=5g.50gb",  # no 5g profile
+        "1xA100-80GB:mig=7g.80gb+1g.10gb",  # 8 compute slices
+        "1xA100-80GB:mig=2g.20gb+2g.20gb+2g.20gb+2g.20gb",  # 8 compute slices
+        "1xA100-80GB:mig=2c.3g.40gb/2c.3g.40gb",  # 4 of 3 compute slices
+        "1xA100-80GB:mig=1c.3g.40gb/1c.2g.20gb",  # two GPU instances joined by /
         "1xA100-80GB:bogus",
         "1xL4-24GB:nvlink=maybe",
         "2 x A100-80GB",
@@ -147,6 +206,10 @@ def test_the_spec_error_says_what_is_wrong() -> None:
         parse_fake_spec("1xA100-80GB:mig=4g.40gb+4g.40gb", "node-a")
     with pytest.raises(InvalidInput, match="not a model like A100-80GB"):
         parse_fake_spec("2xA100", "node-a")
+    with pytest.raises(InvalidInput, match="8 memory slices"):
+        parse_fake_spec("1xA100-80GB:mig=3g.40gb+3g.40gb+1g.10gb", "node-a")
+    with pytest.raises(InvalidInput, match="71885 MiB: 70 or 71 GB"):
+        parse_fake_spec("1xH200-141GB:mig=3g.80gb", "node-a")
 
 
 # --- identity --------------------------------------------------------------------------------
@@ -221,7 +284,7 @@ def test_nvlink_can_be_switched_off_and_joins_only_one_model() -> None:
 
 
 def test_mig_slices_inherit_their_parents_distance() -> None:
-    inventory = parse_fake_spec("2xL4-24GB:mig=1g.6gb+1g.6gb,2xL4-24GB", "node-a")
+    inventory = parse_fake_spec("2xL4-24GB:mig=1g.3gb+1g.3gb,2xL4-24GB", "node-a")
     s0, s1, t0, _t1, whole2, _whole3 = (u.uuid for u in inventory.units)
     assert distance(inventory, s0, s1) == DISTANCE_SAME_BOARD
     assert distance(inventory, s0, t0) == DISTANCE_PCIE_SWITCH  # GPUs 0 and 1 share a switch
@@ -253,13 +316,21 @@ def test_claims_of_live_processes_add_up(tmp_path: Path, sleeper: subprocess.Pop
     claim_fake_vram(first, 5 * GIB, pid=sleeper.pid, state_dir=tmp_path)
     set_fake_utilization(first, 87, state_dir=tmp_path)
     assert usage_of(backend, first) == UnitUsage(
-        first, 8 * GIB, 87, tuple(sorted([(os.getpid(), 3 * GIB), (sleeper.pid, 5 * GIB)]))
+        first,
+        8 * GIB,
+        87,
+        tuple(
+            sorted(
+                [GpuProcess(os.getpid(), 3 * GIB), GpuProcess(sleeper.pid, 5 * GIB)],
+                key=lambda p: p.pid,
+            )
+        ),
     )
     assert usage_of(backend, second) == UnitUsage(second, 0, 0, ())
     claim_fake_vram(first, 1 * GIB, state_dir=tmp_path)  # a later claim replaces the earlier one
     assert usage_of(backend, first).memory_used == 6 * GIB
     claim_fake_vram(first, 0, state_dir=tmp_path)  # zero releases
-    assert usage_of(backend, first).processes == ((sleeper.pid, 5 * GIB),)
+    assert usage_of(backend, first).processes == (GpuProcess(sleeper.pid, 5 * GIB),)
 
 
 def test_a_dead_process_drops_out_and_its_file_goes(
@@ -297,7 +368,7 @@ def test_a_job_process_claims_through_the_environment(
     job = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE)
     try:
         assert job.stdout is not None and job.stdout.readline() == b"claimed\n"
-        assert usage_of(backend, unit).processes == ((job.pid, 7 * GIB),)
+        assert usage_of(backend, unit).processes == (GpuProcess(job.pid, 7 * GIB),)
     finally:
         job.kill()
         job.wait()
@@ -312,6 +383,34 @@ def test_malformed_files_are_ignored(tmp_path: Path) -> None:
     (tmp_path / unit / ".123.partial").write_text("99\n")
     (tmp_path / unit / "utilization").write_text("250\n")
     assert usage_of(backend, unit) == UnitUsage(unit, 0, 100, ())
+
+
+def test_the_fake_backend_is_the_nvml_backend(tmp_path: Path) -> None:
+    backend = FakeGpuBackend("2", "node-a", state_dir=tmp_path)
+    assert isinstance(backend, NvmlGpuBackend)
+    assert backend.state_dir == tmp_path
+    assert backend.inventory().fake
+    assert backend.refresh() is False
+
+
+def test_claims_have_kinds_and_stuck_ones_outlive_their_process(
+    tmp_path: Path, sleeper: subprocess.Popen[bytes]
+) -> None:
+    backend = FakeGpuBackend("1", "node-a", state_dir=tmp_path)
+    unit = backend.inventory().units[0].uuid
+    claim_fake_vram(unit, 1 * GIB, pid=sleeper.pid, state_dir=tmp_path, kind="graphics")
+    claim_fake_vram(unit, 2 * GIB, state_dir=tmp_path, kind="mps")
+    stuck = claim_fake_vram(unit, 3 * GIB, pid=999_999_999, state_dir=tmp_path, stuck=True)
+    assert set(usage_of(backend, unit).processes) == {
+        GpuProcess(sleeper.pid, 1 * GIB, "graphics"),
+        GpuProcess(os.getpid(), 2 * GIB, "mps"),
+        GpuProcess(999_999_999, 3 * GIB, "compute"),  # its pid is gone: a straggler
+    }
+    assert usage_of(backend, unit).memory_used == 6 * GIB
+    stuck.unlink()
+    assert GpuProcess(999_999_999, 3 * GIB) not in usage_of(backend, unit).processes
+    with pytest.raises(InvalidInput, match="kind"):
+        claim_fake_vram(unit, 1, state_dir=tmp_path, kind="video")
 
 
 def test_claiming_needs_a_state_dir_and_a_plain_uuid(

@@ -1,10 +1,13 @@
-"""The NVML backend, driven through a small stateful fake of the NVML library.
+"""The NVML backend, driven through a small hand-written fake of an old NVML binding.
 
-There is no GPU here, so the pynvml module's functions are replaced by FakeNvml's. The fake
-behaves like NVML where the backend depends on it: opaque handles, calls before nvmlInit fail,
-NotSupported for features a board lacks, NotFound for empty MIG slots, InvalidArgument past the
-last NVLink, usedGpuMemory None, and bytes instead of str in old bindings. Errors are pynvml's
-own classes. The last tests use the real pynvml against this machine, which has no driver.
+There is no GPU here, so the pynvml module's functions are replaced by FakeNvml's, and every
+pynvml function FakeNvml lacks is removed: this is an old binding (no versioned calls, no
+`version` keyword), which the backend must cope with. The fake behaves like NVML where the
+backend depends on it: opaque handles, calls before nvmlInit fail, NotSupported for features a
+board lacks, NotFound for empty MIG slots, InvalidArgument past the last NVLink, usedGpuMemory
+None, and bytes instead of str in old bindings. Errors are pynvml's own classes. The richer fake
+library (nvml_fake, fault files) is tested in test_gpu_*.py. The last tests use the real pynvml
+against this machine, which has no driver.
 """
 
 from __future__ import annotations
@@ -20,7 +23,7 @@ import pytest
 from gpuq.agent.gpus import (
     FakeGpuBackend,
     GpuInventory,
-    NoNvidiaDriver,
+    GpuProcess,
     NvmlGpuBackend,
     UnitUsage,
     select_backend,
@@ -90,9 +93,11 @@ class FakeNvml:
         self.running = False
 
     def install(self, monkeypatch: pytest.MonkeyPatch) -> FakeNvml:
-        for name in dir(self):
-            if name.startswith("nvml"):
-                monkeypatch.setattr(pynvml, name, getattr(self, name))
+        """Replace pynvml's functions by ours, and remove the ones we lack (an old binding)."""
+        for name in dir(pynvml):
+            value = getattr(pynvml, name)
+            if name.startswith("nvml") and callable(value) and not isinstance(value, type):
+                monkeypatch.setattr(pynvml, name, getattr(self, name, None))
         return self
 
     def _string(self, text: str) -> str | bytes:
@@ -384,9 +389,9 @@ def test_usage_reports_memory_utilization_and_processes(monkeypatch: pytest.Monk
     ]
     FakeNvml(devices).install(monkeypatch)
     backend = NvmlGpuBackend()
-    assert backend.usage() == [  # usage() before inventory() finds the units itself
-        UnitUsage(slices[0].uuid, 5 * GIB, None, ((4242, 0),)),
-        UnitUsage(gpu(1).uuid, 12 * GIB, 93, ((12, 4 * GIB), (900, 8 * GIB))),
+    assert backend.usage() == [
+        UnitUsage(slices[0].uuid, 5 * GIB, None, (GpuProcess(4242, 0),)),
+        UnitUsage(gpu(1).uuid, 12 * GIB, 93, (GpuProcess(12, 4 * GIB), GpuProcess(900, 8 * GIB))),
     ]
     devices[1].used = 0
     devices[1].processes.clear()
@@ -402,12 +407,16 @@ def test_close_shuts_nvml_down_once(monkeypatch: pytest.MonkeyPatch) -> None:
     assert (nvml.inits, nvml.shutdowns, nvml.running) == (1, 1, False)
 
 
-def test_a_broken_driver_during_discovery_propagates(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_driver_gone_under_us_never_raises(monkeypatch: pytest.MonkeyPatch) -> None:
     nvml = FakeNvml([gpu(0)]).install(monkeypatch)
-    backend = NvmlGpuBackend()
+    backend = NvmlGpuBackend(reinit_interval=0)
     nvml.running = False  # e.g. the driver went away under us
-    with pytest.raises(pynvml.NVMLError_Uninitialized):
-        backend.inventory()
+    (usage,) = backend.usage()
+    assert usage.health == "unhealthy" and "Uninitialized" in usage.reason
+    assert backend.needs_refresh
+    assert backend.refresh() is False  # re-initialised: the same unit is back
+    assert nvml.inits == 2 and nvml.running
+    assert backend.usage()[0].health == "ok"
 
 
 # --- choosing a backend ----------------------------------------------------------------------
@@ -431,13 +440,15 @@ def test_a_working_driver_gives_nvml(monkeypatch: pytest.MonkeyPatch) -> None:
 @pytest.mark.parametrize(
     "code", [pynvml.NVML_ERROR_LIBRARY_NOT_FOUND, pynvml.NVML_ERROR_DRIVER_NOT_LOADED]
 )
-def test_no_driver_falls_back_to_fakes_loudly(monkeypatch: pytest.MonkeyPatch, code: int) -> None:
+def test_no_driver_gives_no_units_and_says_why(monkeypatch: pytest.MonkeyPatch, code: int) -> None:
     FakeNvml([], init_error=code).install(monkeypatch)
     backend, warning = select_backend(None, "node-a")
-    assert isinstance(backend, FakeGpuBackend)
-    assert len(backend.inventory().units) == 4 and backend.inventory().fake
-    assert warning is not None
-    assert "no NVIDIA driver" in warning and "FAKE" in warning and "--fake-gpus" in warning
+    assert isinstance(backend, NvmlGpuBackend) and not isinstance(backend, FakeGpuBackend)
+    inventory = backend.inventory()
+    assert inventory.units == () and not inventory.fake
+    assert warning == inventory.problem
+    assert "no NVIDIA driver" in warning and "CPU jobs only" in warning
+    assert backend.usage() == [] and backend.wait_events(0.01) == []
 
 
 @pytest.mark.parametrize(
@@ -448,19 +459,30 @@ def test_no_driver_falls_back_to_fakes_loudly(monkeypatch: pytest.MonkeyPatch, c
         pynvml.NVML_ERROR_LIB_RM_VERSION_MISMATCH,
     ],
 )
-def test_a_broken_driver_is_not_hidden_behind_fakes(
+def test_a_broken_driver_gives_no_units_and_names_the_error(
     monkeypatch: pytest.MonkeyPatch, code: int
 ) -> None:
     FakeNvml([], init_error=code).install(monkeypatch)
-    with pytest.raises(pynvml.NVMLError) as raised:
-        select_backend(None, "node-a")
-    assert raised.value.value == code
+    backend, warning = select_backend(None, "node-a")
+    assert backend.inventory().units == ()
+    assert warning is not None and warning.startswith("NVML cannot start: nvmlInit: ")
+    assert type(pynvml.NVMLError(code)).__name__.removeprefix("NVMLError_") in warning
 
 
-def test_without_the_binding_it_falls_back_too(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_driver_loaded_later_brings_its_gpus(monkeypatch: pytest.MonkeyPatch) -> None:
+    nvml = FakeNvml([gpu(0)], init_error=pynvml.NVML_ERROR_DRIVER_NOT_LOADED).install(monkeypatch)
+    backend = NvmlGpuBackend(reinit_interval=0)
+    assert backend.inventory().units == ()
+    nvml.init_error = None
+    assert backend.refresh() is True
+    assert [u.uuid for u in backend.inventory().units] == [gpu(0).uuid]
+    assert backend.inventory().problem == ""
+
+
+def test_without_the_binding_there_are_no_gpus(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setitem(sys.modules, "pynvml", None)  # `import pynvml` now raises ImportError
     backend, warning = select_backend(None, "node-a")
-    assert isinstance(backend, FakeGpuBackend)
+    assert backend.inventory().units == ()
     assert warning is not None and "nvidia-ml-py" in warning
 
 
@@ -474,11 +496,13 @@ def _driver_present() -> bool:
 
 
 @pytest.mark.skipif(_driver_present(), reason="this machine has an NVIDIA driver")
-def test_this_machine_without_a_driver_gets_fakes_and_a_warning() -> None:
-    with pytest.raises(NoNvidiaDriver) as raised:
-        NvmlGpuBackend()
-    missing = (pynvml.NVMLError_LibraryNotFound, pynvml.NVMLError_DriverNotLoaded)
-    assert isinstance(raised.value.__cause__, missing)
+def test_this_machine_without_a_driver_offers_no_gpus_and_no_fakes() -> None:
     backend, warning = select_backend(None, "node-a")
-    assert isinstance(backend, FakeGpuBackend)
-    assert warning is not None and "FAKE" in warning and "--fake-gpus N" in warning
+    assert not isinstance(backend, FakeGpuBackend)
+    inventory = backend.inventory()
+    assert inventory.units == () and not inventory.fake
+    assert warning is not None and warning.startswith("no NVIDIA driver: nvmlInit: ")
+    assert "CPU jobs only" in warning
+    assert backend.usage() == []
+    assert backend.refresh() is False
+    backend.close()

@@ -12,7 +12,7 @@ from gpuq.config import QosTier, default_qos_tiers
 from gpuq.domain.dependencies import DependencyKind
 from gpuq.domain.model import Resources
 from gpuq.domain.states import JobState
-from gpuq.scheduler.plan import plan
+from gpuq.scheduler.plan import fit_key, plan
 from gpuq.scheduler.snapshot import Dependency, PendingJob, Policy, RunningJob
 
 
@@ -219,7 +219,7 @@ def test_a_quiet_pass_stops_early() -> None:
             seen += 1
             yield job
 
-    key = (1, None, 1, None, 3600.0, "normal")
+    key = fit_key(Resources(gpus=1), 3600.0, "normal")
     decided = plan(nodes, live, counted(), POLICY, 0.0, shapes={key: len(queue)})  # type: ignore[arg-type]
     assert decided.starts == () and seen <= 3
 
@@ -231,4 +231,7 @@ def test_cpu_and_memory_fit() -> None:
     fine = PendingJob(3, "u", "normal", Resources(gpus=1, cpus=4, mem=8 << 30), 0.0, 0.0, 3600.0)
     decided = decide(nodes, [], [big, hungry, fine])
     assert [s.job_id for s in decided.starts] == [3]
-    assert decided.waiting[1].reasons == ("no node that is up can ever run it",)
+    assert decided.waiting[1].reasons == (
+        "no node that is up can ever run it (--cpus 8 can never run: the largest node (a) "
+        "has 4 CPUs)",
+    )

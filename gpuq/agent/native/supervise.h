@@ -69,18 +69,46 @@ void signal_tree(pid_t root, pid_t pgid, int sig, const pidlist *extra);
 long long tree_rss(const pidlist *pids);
 void signal_name(int sig, char *out, size_t size);
 
+/* The job's groups: one per cgroup hierarchy gpuq uses, at the same relative path in each.
+ * On cgroup v2 the roles share one group; on v1 each controller has its own hierarchy. */
+enum { CG_MEMORY, CG_DEVICES, CG_CPUSET, CG_ROLES };
+
 typedef struct {
-    char path[4096];
-    int version; /* 1 or 2; 0: none */
+    char path[4096]; /* the memory group (limits, OOM kills, peak); "" when none */
+    int version;     /* of the memory group: 1 or 2; 0: none */
+    char devices[4096], cpuset[4096]; /* "" when none; equal to `path` where they are one group */
+    int devices_version, cpuset_version;
 } cgroup;
+
+typedef struct {
+    char type;        /* 'c' or 'b' */
+    int major, minor; /* -1: any */
+} device_rule;
+
+#define MAX_DEVICE_RULES 256
 
 void cgroup_detect(void); /* once, in the fork server: supervisors inherit the answer */
 int cgroup_create(cgroup *group, long long job_id, const char *parent, long long limit);
-int cgroup_open_procs(const cgroup *group);
+/* The job's groups in the devices and cpuset hierarchies (where they differ from the memory
+ * group's); what could not be made stays "". */
+void cgroup_create_others(cgroup *group, long long job_id, const char *parent);
+/* The distinct folders of the job's groups, memory first; how many (at most CG_ROLES). */
+int cgroup_folders(const cgroup *group, const char *out[CG_ROLES]);
+int cgroup_open_procs(const char *folder);
 void cgroup_pids(const cgroup *group, pidlist *out);
 long long cgroup_oom_kills(const cgroup *group);
 long long cgroup_peak(const cgroup *group);
 void cgroup_remove(const cgroup *group);
+/* Deny `rules` to the job's devices group; 0, or -1 with `why` set (isolation is advisory). On
+ * success *how names the mechanism: "devices cgroup v1" or "cgroup v2 device program". */
+int cgroup_deny_devices(const cgroup *group, const device_rule *rules, size_t n, const char **how,
+                        char *why, size_t why_size);
+int parse_device_rule(const char *text, device_rule *out); /* "c 195:1" or "b 8:*": 0, or -1 */
+/* The BPF_PROG_TYPE_CGROUP_DEVICE program for `rules` (deny them, allow the rest); its length
+ * in instructions, written to insns (room for 6 + 5 * n). */
+size_t device_program(const device_rule *rules, size_t n, void *insns);
+/* Bind the job's cpuset group to `cpus` and `mems` (either NULL: the parent's); 0, or -1. */
+int cgroup_bind_cpus(const cgroup *group, const char *cpus, const char *mems);
 
 /* ---- supervisor.c ---- */
 

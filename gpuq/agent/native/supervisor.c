@@ -9,14 +9,21 @@
  * about the fork and exec of the job itself.
  *
  * Protocol with the hub, newline-delimited JSON on `<state>/agent.sock` (gpuq/agent/hub.py):
- *   supervisor -> hub  {"type":"hello","job_id","pid","job_pid","started_at","status":"running"}
- *                      (or "status":"ended" with "result"), {"type":"ended","job_id","result"}
+ *   supervisor -> hub  {"type":"hello","job_id","pid","job_pid","started_at","isolation",
+ *                      "cpu_binding","status":"running"} (or "status":"ended" with "result"),
+ *                      {"type":"ended","job_id","result"}; the result has the same two fields
  *   hub -> supervisor  {"type":"stop","end_state","reason","signal","grace"},
  *                      {"type":"signal","signal"}, {"type":"ack"}: the end is recorded; delete
  *                      the folder and exit.
  * The folder: spec.json (from the hub), script, supervisor.pid ("<pid> <start time>"),
- * job.pid ("<job pid> <start time>", and the job's cgroup folder on the next line), result.json
- * (written with temp + fsync + rename; a reader falls back to result.json.tmp). */
+ * job.pid ("<job pid> <start time>", then each of the job's cgroup folders on a line of its
+ * own), isolation (the device isolation the job got, one line), result.json (written with
+ * temp + fsync + rename; a reader falls back to result.json.tmp).
+ *
+ * Isolation: the job's GPUs other than its own are denied in its devices group (devices.deny
+ * on cgroup v1, a BPF_PROG_TYPE_CGROUP_DEVICE program on v2), its CPUs bound by its cpuset
+ * group (else sched_setaffinity). Where the machine allows no device rule the job still runs,
+ * and "isolation" says "advisory: <why>": never silently unenforced. */
 #define _GNU_SOURCE
 #include <dirent.h>
 #include <errno.h>
@@ -29,6 +36,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sched.h>
 #include <sys/prctl.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
@@ -56,11 +64,14 @@
 #define MAX_SECONDS 1e12       /* about 31,700 years: any real limit or grace */
 
 enum { T_WARN, T_LIMIT, T_KILL, T_MEM, T_CONNECT, T_GIVE_UP, T_COUNT };
-enum { STEP_GROUP, STEP_CGROUP, STEP_USER, STEP_CHDIR, STEP_STDOUT, STEP_STDERR, STEP_EXEC, STEP_COUNT };
+enum { STEP_GROUP, STEP_CGROUP, STEP_CPUS, STEP_USER, STEP_CHDIR, STEP_STDOUT, STEP_STDERR, STEP_EXEC, STEP_COUNT };
 
 typedef struct {
     long long job_id;
     const char *script, *cwd, *stdout_path, *stderr_path, *cgroup_parent;
+    const char *cpuset, *mems; /* cpulists, or NULL: not bound */
+    device_rule deny[MAX_DEVICE_RULES];
+    size_t ndeny;
     size_t script_len;
     char **argv, **envp;
     int append, has_time_limit, has_mem_limit, mem_poll_only;
@@ -83,7 +94,11 @@ typedef struct {
     double tree_signalled;
     char launch_error[8400];
     char decided_state[32], decided_reason[512];
-    cgroup group; /* the job's own group (version 0: none could be made) */
+    cgroup group; /* the job's own groups (version 0: no memory group could be made) */
+    char isolation[600]; /* the device isolation applied, as reported */
+    char cpu_binding[300];
+    cpu_set_t affinity; /* with use_affinity: the child binds itself (no cpuset group) */
+    int use_affinity;
     int group_limited; /* the group enforces --mem */
     int polling;
     long long peak;
@@ -196,6 +211,7 @@ typedef struct {
     const char *reason;
     double started_at, ended_at;
     long long peak_mem, leftovers_killed;
+    const char *isolation, *cpu_binding;
 } job_end;
 
 /* result.json's object, as the hub reads it (gpuq/agent/hub.py, SupervisorReport.ended). */
@@ -207,8 +223,13 @@ static char *result_json(const job_end *end) {
     else buf_addf(&out, "\"exit_code\":null,\"signal\":null,");
     buf_addf(&out, "\"reason\":");
     buf_str(&out, end->reason);
-    buf_addf(&out, ",\"started_at\":%.6f,\"ended_at\":%.6f,\"peak_mem\":%lld,\"leftovers_killed\":%lld}",
+    buf_addf(&out, ",\"started_at\":%.6f,\"ended_at\":%.6f,\"peak_mem\":%lld,\"leftovers_killed\":%lld",
              end->started_at, end->ended_at, end->peak_mem, end->leftovers_killed);
+    buf_addf(&out, ",\"isolation\":");
+    buf_str(&out, end->isolation ? end->isolation : "");
+    buf_addf(&out, ",\"cpu_binding\":");
+    buf_str(&out, end->cpu_binding ? end->cpu_binding : "");
+    buf_add(&out, "}", 1);
     return out.data;
 }
 
@@ -233,6 +254,44 @@ static char **string_array(const jval *v, int object) {
         out[i] = pair.data;
     }
     return out;
+}
+
+static int is_cpulist(const char *text) {
+    /* "0-3,8": digits, commas and dashes, as cpuset.cpus and parse_cpulist take them */
+    if (text == NULL) return 1;
+    if (!text[0] || strlen(text) > 1000) return 0;
+    return strspn(text, "0123456789,-") == strlen(text);
+}
+
+/* device_deny, cpuset, mems; NULL, or what is wrong. A bad rule fails the start: running the
+ * job without the isolation the agent asked for would be worse. */
+static const char *read_isolation(launch_spec *spec, const jval *root) {
+    const jval *deny = json_get(root, "device_deny");
+    if (deny != NULL && deny->type != J_NULL) {
+        if (deny->type != J_ARR || deny->n > MAX_DEVICE_RULES) return "field device_deny is unusable";
+        for (size_t i = 0; i < deny->n; i++) {
+            const jval *rule = &deny->items[i];
+            if (rule->type != J_STR || parse_device_rule(rule->str, &spec->deny[i]) != 0)
+                return "field device_deny has a rule that is not \"c|b MAJOR:MINOR\"";
+        }
+        spec->ndeny = deny->n;
+    }
+    spec->cpuset = json_str(root, "cpuset", NULL);
+    spec->mems = json_str(root, "mems", NULL);
+    if (!is_cpulist(spec->cpuset)) return "field cpuset is not a cpulist";
+    if (!is_cpulist(spec->mems)) return "field mems is not a cpulist";
+    return NULL;
+}
+
+/* A job given a uid and no gid runs with that user's primary group, never the supervisor's
+ * (root's 0); a uid without a passwd entry needs its gid given. */
+static const char *primary_group(launch_spec *spec) {
+    if (!spec->has_uid || spec->has_gid) return NULL;
+    struct passwd *entry = getpwuid(spec->uid);
+    if (entry == NULL) return "field uid has no passwd entry and no gid was given";
+    spec->gid = entry->pw_gid;
+    spec->has_gid = 1;
+    return NULL;
 }
 
 static int read_spec(supervisor *s, const char *text, size_t len, const char **problem) {
@@ -283,6 +342,11 @@ static int read_spec(supervisor *s, const char *text, size_t len, const char **p
     spec->gid = (gid_t)gid;
     spec->has_umask = json_int(root, "umask", 0, 0777, &number);
     spec->umask = spec->has_umask ? (mode_t)number : 0;
+    if ((field = read_isolation(spec, root)) != NULL || (field = primary_group(spec)) != NULL) {
+        snprintf(bad, sizeof bad, "spec.json: %s", field);
+        *problem = bad;
+        return -1;
+    }
     s->have_spec = 1;
     return 0; /* root is kept: the spec's strings point into it */
 }
@@ -303,20 +367,26 @@ static void __attribute__((noreturn)) child_fail(int fd, int step) {
 typedef struct {
     const launch_spec *spec;
     const char *script;
-    int cgroup_fd, cgroup_required, ngroups, err_fd;
+    int cgroup_fds[CG_ROLES], cgroup_required[CG_ROLES], ncgroups; /* cgroup.procs of each group */
+    int ngroups, err_fd;
     gid_t *groups;
+    const cpu_set_t *affinity; /* NULL: no binding here */
 } child_args;
 
 static void __attribute__((noreturn)) child(const child_args *a) {
     const launch_spec *spec = a->spec;
     const char *script = a->script;
-    int cgroup_fd = a->cgroup_fd, ngroups = a->ngroups, err_fd = a->err_fd;
+    int ngroups = a->ngroups, err_fd = a->err_fd;
     gid_t *groups = a->groups;
     int flags = O_WRONLY | O_CREAT | O_CLOEXEC | (spec->append ? O_APPEND : O_TRUNC);
     int target = -1;
     if (setpgid(0, 0) != 0) child_fail(err_fd, STEP_GROUP);
-    /* "0": me; a group that only gathers the job's processes is worth no failed start */
-    if (cgroup_fd >= 0 && write(cgroup_fd, "0", 1) != 1 && a->cgroup_required) child_fail(err_fd, STEP_CGROUP);
+    /* "0": me; a group that only gathers the job's processes is worth no failed start, one
+     * that enforces (--mem, device rules, CPUs) is: the job must not run without it */
+    for (int i = 0; i < a->ncgroups; i++)
+        if ((a->cgroup_fds[i] < 0 || write(a->cgroup_fds[i], "0", 1) != 1) && a->cgroup_required[i])
+            child_fail(err_fd, STEP_CGROUP);
+    if (a->affinity != NULL && sched_setaffinity(0, sizeof *a->affinity, a->affinity) != 0) child_fail(err_fd, STEP_CPUS);
     if (groups != NULL || spec->has_gid) {
         if (groups != NULL) {
             /* the job folder is root's: exec the script through an fd opened as root */
@@ -379,8 +449,8 @@ static gid_t *groups_for(const launch_spec *spec, int *count) {
     return groups;
 }
 
-static void spawn_job(supervisor *s, const char *script, int cgroup_fd) {
-    static const char *const steps[] = {"create a process group", "join the job's cgroup", "switch user", "chdir to ", "open ", "open ", "execute "};
+static void spawn_job(supervisor *s, const char *script, const child_args *joins) {
+    static const char *const steps[] = {"create a process group", "join the job's cgroup", "bind the job's CPUs", "switch user", "chdir to ", "open ", "open ", "execute "};
     const launch_spec *spec = &s->spec;
     int ngroups = 0;
     gid_t *groups = groups_for(spec, &ngroups);
@@ -392,7 +462,12 @@ static void spawn_job(supervisor *s, const char *script, int cgroup_fd) {
     sigset_t all, old;
     sigfillset(&all);
     sigprocmask(SIG_SETMASK, &all, &old); /* no handler of ours may run in the vfork child */
-    child_args args = {spec, script, cgroup_fd, s->group_limited, ngroups, pipe_fds[1], groups};
+    child_args args = *joins;
+    args.spec = spec;
+    args.script = script;
+    args.ngroups = ngroups;
+    args.err_fd = pipe_fds[1];
+    args.groups = groups;
     pid_t pid = vfork_child(&args);
     int fork_errno = errno;
     sigprocmask(SIG_SETMASK, &old, NULL);
@@ -448,6 +523,11 @@ static void link_send(supervisor *s, buf *message) {
 static void send_hello(supervisor *s) {
     buf hello = {0};
     buf_addf(&hello, "{\"type\":\"hello\",\"job_id\":%lld,\"pid\":%d,\"job_pid\":%d,\"started_at\":%.6f,", s->spec.job_id, s->me, s->job_pid, s->started_at);
+    buf_addf(&hello, "\"isolation\":");
+    buf_str(&hello, s->isolation);
+    buf_addf(&hello, ",\"cpu_binding\":");
+    buf_str(&hello, s->cpu_binding);
+    buf_add(&hello, ",", 1);
     if (s->result == NULL) buf_addf(&hello, "\"status\":\"running\"}");
     else buf_addf(&hello, "\"status\":\"ended\",\"result\":%s}", s->result);
     link_send(s, &hello);
@@ -656,12 +736,10 @@ static void finish(supervisor *s) {
         snprintf(reason + n, sizeof reason - n, "%s%lld leftover %s killed", n ? "; " : "", leftovers, leftovers == 1 ? "process" : "processes");
     }
     long long peak = s->peak;
-    if (s->group.version) {
-        long long group_peak = cgroup_peak(&s->group);
-        if (group_peak > peak) peak = group_peak;
-        cgroup_remove(&s->group);
-    }
-    job_end end = {s->spec.job_id, state, have_code, code, reason, s->started_at, wall_time(), peak, leftovers};
+    long long group_peak = cgroup_peak(&s->group);
+    if (group_peak > peak) peak = group_peak;
+    cgroup_remove(&s->group);
+    job_end end = {s->spec.job_id, state, have_code, code, reason, s->started_at, wall_time(), peak, leftovers, s->isolation, s->cpu_binding};
     s->result = result_json(&end);
     save_result(s->job_dir, s->result);
     memset(s->timer_set, 0, sizeof s->timer_set);
@@ -722,29 +800,126 @@ static int prepare(supervisor *s, char *script, size_t script_size, char *proble
     return 0;
 }
 
-/* job.pid: "<job pid> <its start time>\n<cgroup folder or nothing>\n", for the hub: when this
- * supervisor dies (even by SIGKILL) the hub stops the job's process group and cgroup itself, so
- * that nothing of the job outlives its supervisor (gpuq/agent/hub.py, _stop_orphans). */
+/* job.pid: "<job pid> <its start time>\n" and a line per cgroup folder of the job, for the
+ * hub: when this supervisor dies (even by SIGKILL) the hub stops the job's process group and
+ * cgroups itself, so that nothing of the job outlives its supervisor (gpuq/agent/hub.py,
+ * stop_job_processes). */
 static void record_job(supervisor *s) {
-    char path[4200], text[4200 + 64];
+    char path[4200];
+    const char *folders[CG_ROLES];
+    buf text = {0};
     snprintf(path, sizeof path, "%s/job.pid", s->job_dir);
-    int n = snprintf(text, sizeof text, "%d %lld\n%s\n", s->job_pid, start_time(s->job_pid), s->group.version ? s->group.path : "");
-    if (n > 0 && n < (int)sizeof text) (void)write_file(path, text, (size_t)n, 0600, 0, 0, 0);
+    buf_addf(&text, "%d %lld\n", s->job_pid, start_time(s->job_pid));
+    int n = cgroup_folders(&s->group, folders);
+    for (int i = 0; i < n; i++) buf_addf(&text, "%s\n", folders[i]);
+    (void)write_file(path, text.data, text.len, 0600, 0, 0, 0);
+    free(text.data);
+}
+
+/* The device rules in the job's devices group; 1 when applied (the job must then join it). */
+static int isolate_devices(supervisor *s) {
+    const launch_spec *spec = &s->spec;
+    const char *how = "";
+    char why[512];
+    if (spec->ndeny == 0) {
+        snprintf(s->isolation, sizeof s->isolation, "none: no device to deny");
+        return 0;
+    }
+    if (cgroup_deny_devices(&s->group, spec->deny, spec->ndeny, &how, why, sizeof why) != 0) {
+        snprintf(s->isolation, sizeof s->isolation, "advisory: %s", why);
+        return 0;
+    }
+    snprintf(s->isolation, sizeof s->isolation, "%s", how);
+    return 1;
+}
+
+static int parse_cpulist(const char *text, cpu_set_t *out) {
+    CPU_ZERO(out);
+    for (const char *p = text; *p;) {
+        char *end;
+        long first = strtol(p, &end, 10), last = first;
+        if (end == p) return -1;
+        if (*end == '-') {
+            p = end + 1;
+            last = strtol(p, &end, 10);
+            if (end == p) return -1;
+        }
+        if (first < 0 || last < first || last >= CPU_SETSIZE) return -1;
+        for (long cpu = first; cpu <= last; cpu++) CPU_SET((int)cpu, out);
+        p = *end == ',' ? end + 1 : end;
+        if (*end && *end != ',') return -1;
+    }
+    return 0;
+}
+
+/* The job's CPUs: its cpuset group where there is one, else the child's affinity (which
+ * cannot bind memory nodes); 1 when the group binds them (the job must then join it). */
+static int bind_cpus(supervisor *s) {
+    const launch_spec *spec = &s->spec;
+    cpu_set_t allowed;
+    if (spec->cpuset == NULL) {
+        snprintf(s->cpu_binding, sizeof s->cpu_binding, "none");
+        return 0;
+    }
+    if (cgroup_bind_cpus(&s->group, spec->cpuset, spec->mems) == 0) {
+        snprintf(s->cpu_binding, sizeof s->cpu_binding, "cpuset cgroup v%d: %.200s", s->group.cpuset_version, spec->cpuset);
+        return 1;
+    }
+    if (parse_cpulist(spec->cpuset, &s->affinity) != 0 || sched_getaffinity(0, sizeof allowed, &allowed) != 0) {
+        snprintf(s->cpu_binding, sizeof s->cpu_binding, "advisory: cannot bind CPUs %.200s", spec->cpuset);
+        return 0;
+    }
+    CPU_AND(&allowed, &allowed, &s->affinity);
+    if (CPU_COUNT(&allowed) == 0) { /* none of them is ours to give: the job runs unbound */
+        snprintf(s->cpu_binding, sizeof s->cpu_binding, "advisory: CPUs %.200s are not available here", spec->cpuset);
+        return 0;
+    }
+    s->use_affinity = 1;
+    snprintf(s->cpu_binding, sizeof s->cpu_binding, "sched_setaffinity: %.200s", spec->cpuset);
+    return 0;
+}
+
+static void write_isolation(supervisor *s) {
+    char path[4200], text[700];
+    snprintf(path, sizeof path, "%s/isolation", s->job_dir);
+    int n = snprintf(text, sizeof text, "%s\n", s->isolation);
+    if (n > 0 && n < (int)sizeof text) (void)write_file(path, text, (size_t)n, 0644, 0, 0, 0);
+}
+
+/* The cgroup.procs of each of the job's groups, for the child to join; which it must join. */
+static void open_joins(supervisor *s, child_args *joins, int devices_required, int cpus_required) {
+    const char *folders[CG_ROLES];
+    joins->ncgroups = cgroup_folders(&s->group, folders);
+    for (int i = 0; i < joins->ncgroups; i++) {
+        joins->cgroup_fds[i] = cgroup_open_procs(folders[i]);
+        joins->cgroup_required[i] = (s->group_limited && strcmp(folders[i], s->group.path) == 0)
+                                    || (devices_required && strcmp(folders[i], s->group.devices) == 0)
+                                    || (cpus_required && strcmp(folders[i], s->group.cpuset) == 0);
+    }
+    joins->affinity = s->use_affinity ? &s->affinity : NULL;
 }
 
 static void start(supervisor *s, const char *script) {
     const launch_spec *spec = &s->spec;
-    /* every job gets a group of its own where one can be made, so that the end (or the hub,
+    /* every job gets groups of its own where they can be made, so that the end (or the hub,
      * when this supervisor is gone) finds every process of the job, even one that escaped with
-     * setsid; it enforces --mem unless the admin asked for polling or no limit could be set */
+     * setsid; the memory group enforces --mem unless the admin asked for polling or no limit
+     * could be set */
     if (spec->has_mem_limit && !spec->mem_poll_only)
         s->group_limited = cgroup_create(&s->group, spec->job_id, spec->cgroup_parent, spec->mem_limit) == 0;
     if (s->group.version == 0) cgroup_create(&s->group, spec->job_id, spec->cgroup_parent, -1);
+    cgroup_create_others(&s->group, spec->job_id, spec->cgroup_parent);
     s->polling = spec->has_mem_limit && !s->group_limited;
-    int cgroup_fd = s->group.version ? cgroup_open_procs(&s->group) : -1;
+    child_args joins;
+    memset(&joins, 0, sizeof joins);
+    int devices_required = isolate_devices(s);
+    int cpus_required = bind_cpus(s);
+    open_joins(s, &joins, devices_required, cpus_required);
+    write_isolation(s);
     s->started_at = wall_time();
-    spawn_job(s, script, cgroup_fd);
-    if (cgroup_fd >= 0) close(cgroup_fd);
+    spawn_job(s, script, &joins);
+    for (int i = 0; i < joins.ncgroups; i++)
+        if (joins.cgroup_fds[i] >= 0) close(joins.cgroup_fds[i]);
     if (s->launch_error[0]) {
         if (s->job_pid > 0) {
             int status;
@@ -822,7 +997,7 @@ static void crash_result(supervisor *s, const char *problem) {
     double now = wall_time();
     char reason[600];
     snprintf(reason, sizeof reason, "supervisor error: %s", problem);
-    job_end end = {job_id, "failed", 0, 0, reason, s->started_at ? s->started_at : now, now, 0, 0};
+    job_end end = {job_id, "failed", 0, 0, reason, s->started_at ? s->started_at : now, now, 0, 0, s->isolation, s->cpu_binding};
     save_result(s->job_dir, result_json(&end));
     fprintf(stderr, "gpuq supervisor %s: %s\n", s->job_dir, reason);
 }

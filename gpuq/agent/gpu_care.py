@@ -1,0 +1,251 @@
+"""The agent's GPU duties: health in every heartbeat, XID events, inventory rescans, a clean
+hand-over of units between jobs, and each job's device rules and CPUs.
+
+The backend never raises for NVML trouble (a unit it cannot read is unhealthy, with the
+reason); this class adds what only the agent knows: which job holds which unit, which job a
+process belongs to (by cgroup, gpuq.agent.attribution), and what to do about it
+(gpuq.agent.gpu_watch decides; this class does the reads and the kills).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import signal
+import time
+from collections import Counter
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+
+from gpuq.agent.attribution import JobOfProcess, pid_alive, process_name
+from gpuq.agent.gpu_watch import ProcessFacts, UnitVerdict, UnitWatch
+from gpuq.agent.gpus import HEALTH_OK, GpuBackend, GpuEvent, GpuInventory, UnitUsage
+from gpuq.agent.hub import SupervisorHub
+from gpuq.agent.isolation import DeviceNumber, choose_cpus, device_numbers, parse_cpulist
+from gpuq.config import AgentSettings
+from gpuq.v1 import types_pb2 as pb
+
+log = logging.getLogger(__name__)
+EVENT_WAIT = 1.0  # seconds one wait for NVML events blocks (the thread checks for close)
+RESCAN_CHECK = 1.0  # seconds between two looks at whether the inventory must be read again
+XID_GRACE = 10.0  # seconds a job on a failed GPU gets between SIGTERM and SIGKILL
+MAX_NOTES = 8  # notes kept per unit and per job
+
+StopJob = Callable[[int, str, str, float], Awaitable[object]]
+
+
+class GpuCare:
+    def __init__(
+        self,
+        backend: GpuBackend,
+        settings: AgentSettings,
+        hub: SupervisorHub,
+        *,
+        beat_now: Callable[[], None],
+        units_changed: Callable[[], None],
+        stop_job: StopJob,
+    ) -> None:
+        self.backend = backend
+        self.settings = settings
+        self.hub = hub
+        self._beat_now = beat_now
+        self._units_changed = units_changed
+        self._stop_job = stop_job
+        self.watch = UnitWatch(
+            settings.handover_timeout, kill_foreign=settings.foreign_processes == "kill"
+        )
+        self.job_of = JobOfProcess(settings.cgroup_parent)
+        self.job_units: dict[int, tuple[str, ...]] = {}  # running job -> the units it holds
+        self.job_cpus: dict[int, tuple[int, ...]] = {}  # running job -> the CPUs it is bound to
+        self.job_notes: dict[int, list[str]] = {}  # application XIDs, for the job's end reason
+        self.verdicts: dict[str, UnitVerdict] = {}
+        self._closing = False
+        self._set_inventory(backend.inventory())
+
+    # ---- the inventory ---------------------------------------------------------------------
+
+    def _set_inventory(self, inventory: GpuInventory) -> None:
+        self.inventory = inventory
+        self.units = {unit.uuid: unit for unit in inventory.units}
+        self.device_numbers: dict[str, tuple[DeviceNumber, ...]] = {
+            uuid: device_numbers(paths) for uuid, paths in inventory.devices.items()
+        }
+
+    def isolation(self) -> str:
+        """How this node keeps a job off the GPUs it was not given (Register.isolation)."""
+        if not self.units:
+            return ""
+        if os.geteuid() != 0:
+            return "advisory: the agent does not run as root, so it cannot make device rules"
+        missing = [u.index for u in self.units.values() if not self.device_numbers.get(u.uuid)]
+        if missing:
+            return f"advisory: no device nodes found for GPU {', '.join(map(str, missing))}"
+        if Path("/sys/fs/cgroup/devices/devices.deny").exists():
+            return "devices cgroup v1"
+        if Path("/sys/fs/cgroup/cgroup.controllers").exists():
+            return "cgroup v2 device program"
+        return "advisory: no devices cgroup controller on this machine"
+
+    # ---- launches and ends -----------------------------------------------------------------
+
+    def place(self, job_id: int, gpus: tuple[str, ...], cpus: int) -> tuple[int, ...]:
+        """Note the units a job is given; the CPUs to bind it to (free ones near its GPUs
+        first; none when it asks for every CPU of the node)."""
+        near = sorted({cpu for uuid in gpus for cpu in self.inventory.local_cpus.get(uuid, ())})
+        online = sorted(os.sched_getaffinity(0))
+        load = Counter(cpu for held in self.job_cpus.values() for cpu in held)
+        chosen = choose_cpus(cpus, online, set(load), near, load) if cpus < len(online) else ()
+        self.job_units[job_id] = gpus
+        self.job_cpus[job_id] = tuple(chosen)
+        return tuple(chosen)
+
+    def launch_failed(self, job_id: int) -> None:
+        self.job_units.pop(job_id, None)
+        self.job_cpus.pop(job_id, None)
+
+    def job_ended(self, job_id: int) -> bool:
+        """Note that the job's processes are gone; True when it held units, which are then
+        checked (the next heartbeat, sent with the end report, says whether they are clean)."""
+        units = self.holders_of(job_id)
+        self.job_units.pop(job_id, None)
+        self.job_cpus.pop(job_id, None)
+        if units:
+            self.watch.job_ended(job_id, units)
+        return bool(units)
+
+    def end_notes(self, job_id: int) -> str:
+        """What to add to the job's end reason: the application XIDs it caused."""
+        return "; ".join(self.job_notes.pop(job_id, []))
+
+    def holders_of(self, job_id: int) -> tuple[str, ...]:
+        if job_id not in self.job_units:
+            self._adopt(job_id)
+        return self.job_units.get(job_id, ())
+
+    def _adopt(self, job_id: int) -> None:
+        """A job started before this agent did: its units and CPUs from its launch spec."""
+        spec = self.hub.launch_spec_of(job_id)
+        if spec is None:
+            return
+        self.job_units[job_id] = tuple(str(u) for u in spec.extra.get("gpus", ()))
+        cpuset = getattr(spec, "cpuset", None)
+        self.job_cpus[job_id] = tuple(parse_cpulist(cpuset)) if cpuset else ()
+
+    def holders(self) -> dict[str, int]:
+        """unit uuid -> the running job holding it."""
+        held: dict[str, int] = {}
+        for job_id in self.hub.running_jobs():
+            for uuid in self.holders_of(job_id):
+                held[uuid] = job_id
+        return held
+
+    # ---- the heartbeat's figures -----------------------------------------------------------
+
+    def usage(self) -> list[pb.GpuUsage]:
+        """Every unit's figures and health; blocking (NVML, /proc): run it in a thread."""
+        samples = self.backend.usage()
+        holders = self.holders()
+        facts = self._facts(samples)
+        assessment = self.watch.assess(samples, holders, facts)
+        for finding in assessment.flagged:
+            log.warning("foreign process on a GPU: %s", finding)
+        for pid in assessment.kill:
+            log.warning("killing pid %d (%s) on a GPU", pid, facts.name.get(pid, "?"))
+            with contextlib.suppress(OSError):
+                os.kill(pid, signal.SIGKILL)
+        self.verdicts = assessment.verdicts
+        return [self._proto(sample, facts) for sample in samples]
+
+    def _facts(self, samples: list[UnitUsage]) -> ProcessFacts:
+        pids = {process.pid for sample in samples for process in sample.processes}
+        supervisors = self.hub.supervisor_pids() if pids else {}
+        owner = {pid: self.job_of(pid, supervisors) for pid in pids}
+        alive = {pid: pid_alive(pid) for pid in pids}
+        names = {pid: process_name(pid) for pid in pids}
+        return ProcessFacts(owner, alive, names)
+
+    def _proto(self, sample: UnitUsage, facts: ProcessFacts) -> pb.GpuUsage:
+        verdict = self.verdicts.get(sample.uuid, UnitVerdict(HEALTH_OK))
+        jobs = {facts.owner.get(p.pid) for p in sample.processes}
+        message = pb.GpuUsage(
+            uuid=sample.uuid,
+            memory_used=sample.memory_used,
+            job_ids=sorted(job for job in jobs if job is not None),
+            health=verdict.health,
+            health_reason=verdict.reason,
+            notes=list(verdict.notes[:MAX_NOTES]),
+        )
+        if sample.utilization is not None:
+            message.utilization = sample.utilization
+        return message
+
+    # ---- events and rescans ----------------------------------------------------------------
+
+    async def run(self) -> None:
+        """The event thread and the rescan timer, until cancelled."""
+        tasks = [
+            asyncio.create_task(self._events(), name="gpu-events"),
+            asyncio.create_task(self._rescans(), name="gpu-rescans"),
+        ]
+        try:
+            await asyncio.gather(*tasks)
+        finally:
+            self._closing = True
+            for task in tasks:
+                task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+
+    async def _events(self) -> None:
+        if not self.units:
+            return
+        while not self._closing:
+            try:
+                events = await asyncio.to_thread(self.backend.wait_events, EVENT_WAIT)
+            except Exception:  # the backend promises not to raise; a bug must not end this
+                log.exception("reading GPU events failed")
+                await asyncio.sleep(EVENT_WAIT)
+                continue
+            for event in events:
+                await self._on_event(event)
+
+    async def _on_event(self, event: GpuEvent) -> None:
+        unit = self.units.get(event.uuid)
+        where = f"GPU {unit.index}" if unit is not None else event.uuid
+        if unit is not None and unit.mig_profile:
+            where += f" (MIG {unit.mig_profile})"
+        holder = self.holders().get(event.uuid)
+        if not event.hardware:
+            log.warning("%s: %s (job %s)", where, event.text, holder)
+            if holder is not None:
+                notes = self.job_notes.setdefault(holder, [])
+                if len(notes) < MAX_NOTES:
+                    notes.append(f"{event.text} on {where}")
+            return
+        log.error("%s: %s; the GPU takes no more jobs", where, event.text)
+        self._beat_now()
+        if holder is not None:
+            reason = f"{where} failed: {event.text}"
+            await self._stop_job(holder, "node_fail", reason, XID_GRACE)
+
+    async def _rescans(self) -> None:
+        next_scan = time.monotonic() + self.settings.gpu_rescan
+        while not self._closing:
+            await asyncio.sleep(RESCAN_CHECK)
+            due = time.monotonic() >= next_scan or getattr(self.backend, "needs_refresh", False)
+            if not due:
+                continue
+            next_scan = time.monotonic() + self.settings.gpu_rescan
+            try:
+                changed = await asyncio.to_thread(self.backend.refresh)
+            except Exception:
+                log.exception("reading the GPU inventory again failed")
+                continue
+            if changed:
+                self._set_inventory(self.backend.inventory())
+                log.warning(
+                    "the GPUs changed (%d units now); registering them again",
+                    len(self.inventory.units),
+                )
+                self._units_changed()

@@ -1,0 +1,207 @@
+"""Drain and resume through the coordinator on a real store (SQLite and PostgreSQL), and unit
+health from agents' heartbeats as the scheduler sees it."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable
+
+import pytest
+from helpers import make_spec
+
+from gpuq.config import CoordinatorSettings
+from gpuq.coordinator.agents import AgentLink
+from gpuq.coordinator.cluster import AgentSession, NodeEntry
+from gpuq.coordinator.core import Coordinator
+from gpuq.coordinator.passes import started_reason
+from gpuq.domain.model import GpuUnit, Node, NodeState, Resources
+from gpuq.errors import InvalidInput, NotFound, Unsatisfiable
+from gpuq.store.api import Store
+from gpuq.v1 import agent_pb2 as apb
+from gpuq.v1 import types_pb2 as pb
+
+GiB = 1 << 30
+UNITS = (
+    GpuUnit("GPU-a-0", 0, "NVIDIA H100", 80 * GiB, "0:1b"),
+    GpuUnit("GPU-a-1", 1, "NVIDIA H100", 80 * GiB, "0:1e"),
+    GpuUnit("MIG-a-2-0", 2, "NVIDIA H100 MIG 3g.40gb", 40 * GiB, "0:21", "GPU-a-2", "3g.40gb"),
+    GpuUnit("MIG-a-2-1", 2, "NVIDIA H100 MIG 3g.40gb", 40 * GiB, "0:21", "GPU-a-2", "3g.40gb"),
+)
+
+
+def run(store: Store, body: Callable[[Coordinator], Awaitable[None]]) -> None:
+    async def main() -> None:
+        co = Coordinator(store, CoordinatorSettings(), "root")
+        await co.start()
+        try:
+            node = Node("a", UNITS, 16, 64 * GiB, NodeState.UP, isolation="advisory: not root")
+            if "a" not in co.cluster.nodes:
+                await co.save_node(node)
+            co.cluster.nodes["a"] = NodeEntry(node, co.clock(), AgentSession("a"))
+            await body(co)
+        finally:
+            await co.close()
+
+    asyncio.run(main())
+
+
+def unhealthy(co: Coordinator) -> dict[str, str]:
+    [view] = co.cluster.node_views()
+    return dict(view.unhealthy)
+
+
+def test_drain_a_gpu_survives_a_restart_and_resume_undoes_it(store: Store) -> None:
+    async def first(co: Coordinator) -> None:
+        units, message = await co.drain("a", "1", "fan", "root")
+        assert units == ["GPU-a-1"]
+        assert message == "node a GPU 1 drained: fan"
+        assert unhealthy(co) == {"GPU-a-1": "drained by admin: fan"}
+        units, _ = await co.drain("a", "2", "ECC", "root")  # an index: every slice of GPU 2
+        assert units == ["MIG-a-2-0", "MIG-a-2-1"]
+        await co.drain("a", "MIG-a-2-1", "ECC again", "root")  # a UUID: that slice
+
+    async def second(co: Coordinator) -> None:
+        assert unhealthy(co) == {
+            "GPU-a-1": "drained by admin: fan",
+            "MIG-a-2-0": "drained by admin: ECC",
+            "MIG-a-2-1": "drained by admin: ECC again",
+        }
+        drain = co.cluster.drains[("a", "GPU-a-1")]
+        assert (drain.by, drain.reason) == ("root", "fan")
+        units, message = await co.resume("a", "GPU-a-1", "root")
+        assert (units, message) == (["GPU-a-1"], "node a GPU 1 resumed")
+        _, message = await co.resume("a", "1", "root")
+        assert message == "node a GPU 1 was not drained"
+        await co.resume("a", "2", "root")
+        assert unhealthy(co) == {}
+
+    run(store, first)
+    run(store, second)
+    assert store.drains() == []
+
+
+def test_a_drained_node_takes_no_work_but_its_gpus_still_count(store: Store) -> None:
+    async def body(co: Coordinator) -> None:
+        _, message = await co.drain("a", "", "rack work", "root")
+        assert message == "node a drained: rack work"
+        [view] = co.cluster.node_views()
+        assert not view.up and view.down_reason == "drained by admin: rack work"
+        # a drained node can come back: a job that fits it is accepted and waits
+        [job_id] = await co.submit(make_spec(gpus=2), "root")
+        assert job_id in co.cluster.jobs
+        with pytest.raises(Unsatisfiable, match=r"no node has a MIG 1g\.10gb slice"):
+            await co.submit(make_spec(resources=Resources(mig="1g.10gb")), "root")
+        _, message = await co.resume("a", "", "root")
+        assert message == "node a resumed"
+        assert co.cluster.node_views()[0].up
+
+    run(store, body)
+
+
+def test_unknown_nodes_and_gpus_are_one_clear_error(store: Store) -> None:
+    async def body(co: Coordinator) -> None:
+        with pytest.raises(NotFound, match=r"no node b \(known nodes: a\)"):
+            await co.drain("b", "", "x", "root")
+        with pytest.raises(NotFound, match="node a has no GPU 7 \\(it has GPUs 0, 1, 2"):
+            await co.drain("a", "7", "x", "root")
+        with pytest.raises(NotFound, match="node a has no GPU GPU-zzz"):
+            await co.resume("a", "GPU-zzz", "root")
+        with pytest.raises(InvalidInput, match="--reason"):
+            await co.drain("a", "1", "  ", "root")
+
+    run(store, body)
+
+
+def test_heartbeat_health_reaches_the_scheduler_and_resume_says_it_stays(store: Store) -> None:
+    async def body(co: Coordinator) -> None:
+        link = AgentLink(co)
+        dirty = "pid 4242 (python) still holds 2.0 GiB after job 17"
+        link.heartbeat(
+            "a",
+            apb.Heartbeat(
+                usage=[
+                    pb.GpuUsage(uuid="GPU-a-0", health="dirty", health_reason=dirty),
+                    pb.GpuUsage(uuid="GPU-a-1", health="unhealthy", health_reason="XID 79"),
+                    pb.GpuUsage(uuid="MIG-a-2-0", health="", notes=["foreign process pid 9"]),
+                ]
+            ),
+        )
+        assert unhealthy(co) == {"GPU-a-0": f"dirty: {dirty}", "GPU-a-1": "unhealthy: XID 79"}
+        await co.drain("a", "1", "fan", "root")
+        assert unhealthy(co)["GPU-a-1"] == "drained by admin: fan; unhealthy: XID 79"
+        _, message = await co.resume("a", "1", "root")
+        assert message == "node a GPU 1 resumed; GPU 1 stays unhealthy per its agent: XID 79"
+        link.heartbeat("a", apb.Heartbeat(usage=[pb.GpuUsage(uuid="GPU-a-0", health="ok")]))
+        assert unhealthy(co) == {}
+
+    run(store, body)
+
+
+def test_the_start_reason_flags_advisory_isolation() -> None:
+    assert started_reason("a", "advisory: not root") == (
+        "started on a (GPU isolation advisory: not root)"
+    )
+    assert started_reason("a", "devices cgroup v1") == "started on a"
+    assert started_reason("a", "") == "started on a"
+
+
+def test_a_unit_left_dirty_by_an_ending_job_is_not_given_to_the_next(store: Store) -> None:
+    """One agent message carries a job's end and the heartbeat that marks its unit dirty: the
+    heartbeat is applied first, so the pass the end wakes does not hand the unit out."""
+    from gpuq.coordinator.passes import Passes
+    from gpuq.coordinator.servicers import AgentLinkServicer
+
+    async def body(co: Coordinator) -> None:
+        Passes(co)
+        link = AgentLink(co)
+        for unit in ("1", "2"):
+            await co.drain("a", unit, "keep the test on GPU 0", "root")
+
+        async def state(job_id: int, wanted: str) -> None:
+            for _ in range(200):
+                job = co.cluster.jobs.get(job_id)
+                if (job.state.value if job else "gone") == wanted:
+                    return
+                await asyncio.sleep(0.02)
+            raise AssertionError(f"job {job_id} never {wanted}")
+
+        [first] = await co.submit(make_spec(gpus=1), "root")
+        await state(first, "running")
+        assert co.cluster.jobs[first].gpus == ("GPU-a-0",)
+        [second] = await co.submit(make_spec(gpus=1), "root")
+        await asyncio.sleep(0.1)
+        assert co.cluster.jobs[second].state.value == "pending"
+
+        why = "pid 4242 (python) still holds 2.0 GiB after job 1"
+        message = apb.AgentMessage(
+            heartbeat=apb.Heartbeat(
+                usage=[pb.GpuUsage(uuid="GPU-a-0", health="dirty", health_reason=why)]
+            ),
+            reports=[
+                apb.JobReport(
+                    job_id=first,
+                    kind=apb.JobReport.ENDED,
+                    end_state="completed",
+                    result=pb.JobResult(exit_code=0),
+                    attempt=co.cluster.jobs[first].start_count,
+                )
+            ],
+        )
+
+        async def messages():  # type: ignore[no-untyped-def]
+            yield message
+
+        servicer = AgentLinkServicer(link, guard=None)  # type: ignore[arg-type]
+        await servicer._read("a", messages(), AgentSession("a"))
+        for _ in range(100):
+            if first not in co.cluster.jobs:
+                break
+            await asyncio.sleep(0.02)
+        assert first not in co.cluster.jobs
+        await asyncio.sleep(0.2)  # passes ran: the dirty unit was not given out
+        assert co.cluster.jobs[second].state.value == "pending"
+        assert unhealthy(co)["GPU-a-0"] == f"dirty: {why}"
+        link.heartbeat("a", apb.Heartbeat(usage=[pb.GpuUsage(uuid="GPU-a-0", health="ok")]))
+        await state(second, "running")
+
+    run(store, body)
