@@ -4,8 +4,10 @@ driver. Faults are injected through the fake NVML's files (see gpuq.agent.gpus_f
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -57,7 +59,7 @@ CLAIM = (
 
 
 @pytest.fixture
-def gpu_cluster(tmp_path: Path) -> Cluster:
+def gpu_cluster(tmp_path: Path) -> Iterator[Cluster]:
     running = Cluster(tmp_path)
     try:
         running.start_coordinator()
@@ -250,3 +252,75 @@ def test_gpu_mem_at_a_cards_marketed_size_fits(bare_cluster: Cluster) -> None:
     job = cluster.gpuq("submit", "--gpus", "1", "--gpu-mem", "80G", "--wrap", "true")
     assert job.returncode == 0, job.stderr
     cluster.wait_state(int(job.stdout.split()[-1]), "completed")
+
+
+def test_a_mig_change_is_found_and_the_node_registers_its_new_units(tmp_path: Path) -> None:
+    cluster = Cluster(tmp_path, "[agent]\ngpu_rescan = 1\n")
+    try:
+        cluster.start_coordinator()
+        cluster.start_agent("m", "1xA100-80GB")
+        (gpu,) = unit_uuids(cluster, "m")
+        (fake_dir(cluster, "m") / gpu).mkdir(parents=True, exist_ok=True)
+        (fake_dir(cluster, "m") / gpu / "mig").write_text("3g.40gb+3g.40gb\n")
+        slices = wait_for(
+            lambda: len(units := node_info(cluster, "m").gpus) == 2 and units,
+            20,
+            "the node to register its two MIG slices",
+        )
+        assert all(unit.parent_uuid == gpu and unit.mig_profile == "3g.40gb" for unit in slices)
+        job = cluster.gpuq("submit", "--mig", "3g.40gb", "--wrap", "true")
+        assert job.returncode == 0, job.stderr
+        cluster.wait_state(int(job.stdout.split()[-1]), "completed")
+    finally:
+        cluster.close()
+
+
+ROOT_ONLY = pytest.mark.skipif(
+    os.geteuid() != 0 or not Path("/sys/fs/cgroup/devices/devices.deny").exists(),
+    reason="device rules need root and the cgroup v1 devices controller",
+)
+
+
+@ROOT_ONLY
+def test_a_job_cannot_open_a_gpu_it_was_not_given(gpu_cluster: Cluster) -> None:
+    """The fake GPUs' device nodes are real (195:N): with no driver, opening one's own fails
+    with ENXIO (no such device), one denied by the job's device rule with EPERM."""
+    cluster = gpu_cluster
+    dev = fake_dir(cluster, "a") / "dev"
+    assert "advisory" not in cluster.gpuq("nodes").stdout.lower()
+    probe = (
+        "import errno, os, sys\n"
+        "for path in sorted(sys.argv[1:]):\n"
+        "    try:\n"
+        "        os.close(os.open(path, os.O_RDWR))\n"
+        "        print(os.path.basename(path), 'open')\n"
+        "    except OSError as error:\n"
+        "        print(os.path.basename(path), errno.errorcode[error.errno])\n"
+    )
+    (cluster.root / "probe.py").write_text(probe)
+    nodes = f"{dev}/nvidia0 {dev}/nvidia1"
+    command = f"env -u CUDA_VISIBLE_DEVICES {sys.executable} {cluster.root}/probe.py {nodes}"
+    none = cluster.submit(command, output=str(cluster.root / "none.out"))
+    one = cluster.submit(command, gpus=1, output=str(cluster.root / "one.out"))
+    cluster.wait_state(none, "completed")
+    held = cluster.wait_state(one, "completed").gpus[0]
+    assert (cluster.root / "none.out").read_text().split("\n")[:2] == [
+        "nvidia0 EPERM",
+        "nvidia1 EPERM",
+    ]
+    mine = unit_uuids(cluster, "a").index(held)
+    expected = {f"nvidia{mine}": "ENXIO", f"nvidia{1 - mine}": "EPERM"}
+    seen = dict(line.split() for line in (cluster.root / "one.out").read_text().splitlines())
+    assert seen == expected
+
+
+def test_a_job_is_bound_to_its_cpus(gpu_cluster: Cluster) -> None:
+    cluster = gpu_cluster
+    if len(os.sched_getaffinity(0)) < 2:
+        pytest.skip("needs 2 CPUs")
+    job = cluster.submit(
+        "grep Cpus_allowed_list /proc/self/status", cpus=1, output=str(cluster.root / "c.out")
+    )
+    cluster.wait_state(job, "completed")
+    allowed = (cluster.root / "c.out").read_text().split()[-1]
+    assert allowed.isdigit(), allowed  # one CPU, not the machine's list

@@ -113,15 +113,17 @@ def test_pending_job_says_why_and_when(cluster: Cluster) -> None:
 
 
 def test_no_requeue_job_ends_preempted_after_its_warning_signal(cluster: Cluster) -> None:
-    warned = cluster.root / "warned"
+    warned, ready = cluster.root / "warned", cluster.root / "ready"
     low = cluster.submit(
-        f"trap 'echo usr1 > {warned}; exit 0' USR1; while true; do sleep 0.05; done",
+        f"trap 'echo usr1 > {warned}; exit 0' USR1; touch {ready}; "
+        "while true; do sleep 0.05; done",
         gpus=2,
         qos="low",
         no_requeue=True,
         signal="USR1",
     )
     assert cluster.wait_state(low, "running").node == "b"
+    wait_for(ready.exists, what="the job to set its trap")  # a signal before it kills the job
     # fill node a so that the high job can only get node b by preemption
     gate = cluster.root / "gate"
     cluster.submit(f"while [ ! -e {gate} ]; do sleep 0.05; done", gpus=4)
