@@ -208,7 +208,6 @@ def unit_to_proto(unit: GpuUnit) -> pb.GpuUnit:
         pci_bus_id=unit.pci_bus_id,
         parent_uuid=unit.parent_uuid or "",
         mig_profile=unit.mig_profile or "",
-        gpu_instance=unit.gpu_instance or "",
     )
 
 
@@ -221,5 +220,4 @@ def unit_from_proto(message: pb.GpuUnit) -> GpuUnit:
         pci_bus_id=message.pci_bus_id,
         parent_uuid=message.parent_uuid or None,
         mig_profile=message.mig_profile or None,
-        gpu_instance=message.gpu_instance or None,
     )

@@ -47,7 +47,7 @@ from gpuq.agent.nvml_fake_files import (
 NVIDIA_CAPS_MAJOR = 237  # a typical dynamic major of nvidia-caps; any value works for tests
 FAKE_DRIVER_RESERVED = 0.005  # share of a GPU's memory the fake driver keeps (v1 counts it)
 _NO_ID = 0xFFFFFFFF
-_EVENT_POLL = 0.02
+_EVENT_POLL = 0.2  # seconds between two looks at the xid files (a real wait blocks in the driver)
 
 
 @dataclass(frozen=True, slots=True)

@@ -109,11 +109,9 @@ def _utilization(usage: Any) -> int | None:
 
 
 def _vram(gpus: Any) -> int:
-    """GPU memory of these units, each MIG GPU instance counted once."""
-    from gpuq.convert import unit_from_proto
-    from gpuq.domain.model import gpu_memory_total
-
-    return gpu_memory_total(unit_from_proto(g) for g in gpus)
+    """GPU memory of these units (compute instances that share a MIG GPU instance each report
+    their share of it: the agent splits it, so the sum counts it once)."""
+    return sum(int(g.memory) for g in gpus)
 
 
 def _kind(gpu: Any) -> str:

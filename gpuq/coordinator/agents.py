@@ -101,12 +101,16 @@ class AgentLink:
         entry = self.co.cluster.nodes.get(node)
         if entry is not None:
             entry.last_seen = self.co.clock()
+            first = not entry.heard
+            entry.heard = True
             # applied before the reports of the same message (the servicer's order): a unit
             # its ended job left dirty is dirty before that job's end frees it, so the pass
             # that follows the end never gives it out
             before = entry.agent_health()
             entry.usage = tuple(message.usage)
             after = entry.agent_health()
+            if first:
+                self.co.wake()  # its units may be given out now
             if after != before:
                 for uuid in sorted(after.keys() - before.keys()):
                     log.warning("node %s: unit %s %s: %s", node, uuid, *after[uuid])

@@ -91,6 +91,9 @@ class NodeEntry:
     held: dict[int, frozenset[str]] = field(default_factory=dict)
     # why its agent says it cannot start jobs ("": it can): it is given no work meanwhile
     drained: str = ""
+    # a heartbeat (with the units' health) came since the agent registered: until then a unit
+    # an ended job left dirty must not look free (the agent sends one right after registering)
+    heard: bool = False
 
     def __post_init__(self) -> None:
         self.distances = {(a, b): d for a, b, d in self.node.topology}
@@ -326,7 +329,11 @@ class ClusterState:
                         uuid: state.reason
                         for uuid, state in states.items()
                         if state.health is not Health.OK
-                    },
+                    }
+                    if entry.heard or not entry.connected
+                    else dict.fromkeys(
+                        (u.uuid for u in entry.node.units), "its agent has not reported it yet"
+                    ),
                 )
             )
         return views

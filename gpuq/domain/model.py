@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import re
 import signal as signal_module
-from collections.abc import Iterable
 from dataclasses import dataclass, field
 from enum import StrEnum
 
@@ -310,9 +309,6 @@ class GpuUnit:
     pci_bus_id: str = ""
     parent_uuid: str | None = None
     mig_profile: str | None = None
-    # a MIG slice's GPU instance on its parent: compute instances of one GPU instance share
-    # its memory (each reports all of it), so totals count it once
-    gpu_instance: str | None = None
 
     @property
     def is_mig(self) -> bool:
@@ -329,18 +325,6 @@ class GpuUnit:
         if self.is_mig:
             return f"GPU {self.index} slice {self.mig_profile or '?'}"
         return f"GPU {self.index}"
-
-
-def gpu_memory_total(units: Iterable[GpuUnit]) -> int:
-    """The GPU memory of these units, each MIG GPU instance counted once."""
-    seen: dict[tuple[str, str], int] = {}
-    for unit in units:
-        if unit.is_mig and unit.gpu_instance:
-            key = (unit.parent_uuid or "", unit.gpu_instance)
-        else:
-            key = ("", unit.uuid)
-        seen[key] = max(seen.get(key, 0), unit.memory)
-    return sum(seen.values())
 
 
 # How far apart two GPUs are; lower is closer. NVLink beats any PCIe path. The PCIe levels

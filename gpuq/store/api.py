@@ -814,7 +814,6 @@ def _unit_to_dict(unit: GpuUnit) -> dict[str, Any]:
         "pci_bus_id": unit.pci_bus_id,
         "parent_uuid": unit.parent_uuid,
         "mig_profile": unit.mig_profile,
-        **({"gpu_instance": unit.gpu_instance} if unit.gpu_instance else {}),
     }
 
 

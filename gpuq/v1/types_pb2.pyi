@@ -192,7 +192,7 @@ class JobEvent(_message.Message):
     def __init__(self, job_id: _Optional[int] = ..., at: _Optional[float] = ..., from_state: _Optional[str] = ..., to_state: _Optional[str] = ..., reason: _Optional[str] = ...) -> None: ...
 
 class GpuUnit(_message.Message):
-    __slots__ = ("uuid", "index", "name", "memory", "pci_bus_id", "parent_uuid", "mig_profile", "gpu_instance")
+    __slots__ = ("uuid", "index", "name", "memory", "pci_bus_id", "parent_uuid", "mig_profile")
     UUID_FIELD_NUMBER: _ClassVar[int]
     INDEX_FIELD_NUMBER: _ClassVar[int]
     NAME_FIELD_NUMBER: _ClassVar[int]
@@ -200,7 +200,6 @@ class GpuUnit(_message.Message):
     PCI_BUS_ID_FIELD_NUMBER: _ClassVar[int]
     PARENT_UUID_FIELD_NUMBER: _ClassVar[int]
     MIG_PROFILE_FIELD_NUMBER: _ClassVar[int]
-    GPU_INSTANCE_FIELD_NUMBER: _ClassVar[int]
     uuid: str
     index: int
     name: str
@@ -208,8 +207,7 @@ class GpuUnit(_message.Message):
     pci_bus_id: str
     parent_uuid: str
     mig_profile: str
-    gpu_instance: str
-    def __init__(self, uuid: _Optional[str] = ..., index: _Optional[int] = ..., name: _Optional[str] = ..., memory: _Optional[int] = ..., pci_bus_id: _Optional[str] = ..., parent_uuid: _Optional[str] = ..., mig_profile: _Optional[str] = ..., gpu_instance: _Optional[str] = ...) -> None: ...
+    def __init__(self, uuid: _Optional[str] = ..., index: _Optional[int] = ..., name: _Optional[str] = ..., memory: _Optional[int] = ..., pci_bus_id: _Optional[str] = ..., parent_uuid: _Optional[str] = ..., mig_profile: _Optional[str] = ...) -> None: ...
 
 class TopologyLink(_message.Message):
     __slots__ = ("a", "b", "distance")

@@ -115,8 +115,7 @@ def test_pending_job_says_why_and_when(cluster: Cluster) -> None:
 def test_no_requeue_job_ends_preempted_after_its_warning_signal(cluster: Cluster) -> None:
     warned, ready = cluster.root / "warned", cluster.root / "ready"
     low = cluster.submit(
-        f"trap 'echo usr1 > {warned}; exit 0' USR1; touch {ready}; "
-        "while true; do sleep 0.05; done",
+        f"trap 'echo usr1 > {warned}; exit 0' USR1; touch {ready}; while true; do sleep 0.05; done",
         gpus=2,
         qos="low",
         no_requeue=True,

@@ -70,6 +70,7 @@ def test_starts_carry_attempts_and_unreceived_starts_go_back_to_pending(store: S
     async def body(co: Coordinator, link: AgentLink) -> None:
         session = AgentSession("n1")
         await link.register(register(), session)
+        link.heartbeat("n1", apb.Heartbeat())  # its units' health: they may be given out
         [job_id] = await co.submit(make_spec(gpus=1), "alice")
         [first] = await launched(session)
         assert (first.job_id, first.attempt) == (job_id, 1)
@@ -93,6 +94,7 @@ def test_starts_carry_attempts_and_unreceived_starts_go_back_to_pending(store: S
         link.disconnected("n1", session)
         session = AgentSession("n1")
         await link.register(register(), session)
+        link.heartbeat("n1", apb.Heartbeat())  # its units' health: they may be given out
         third = await launched(session)
         assert (third[0].job_id, third[0].attempt) == (job_id, 3)
 
@@ -103,6 +105,7 @@ def test_starts_carry_attempts_and_unreceived_starts_go_back_to_pending(store: S
         session = AgentSession("n1")
         old = apb.JobReport(job_id=job_id, kind=apb.JobReport.RUNNING, attempt=2)
         await link.register(register([old]), session)
+        link.heartbeat("n1", apb.Heartbeat())  # its units' health: they may be given out
         message = await message_with(session, "stop")
         stops = [(s.job_id, s.attempt) for s in message.stop]
         assert stops == [(job_id, 2)]
@@ -152,6 +155,7 @@ def test_a_job_lost_with_its_node_is_requeued_as_often_as_its_qos_allows(store: 
         two = apb.Register(node="n1", gpus=[GPU, pb.GpuUnit(uuid="GPU-2", index=1)], cpus=4)
         two.mem = 1 << 34
         await link.register(two, session)
+        link.heartbeat("n1", apb.Heartbeat())  # its units' health: they may be given out
         ids["once"] = (await co.submit(make_spec("once", gpus=1), "alice"))[0]
         ids["never"] = (await co.submit(make_spec("never", gpus=1, qos="never"), "alice"))[0]
         await until(lambda: all(co.cluster.jobs[i].state is JobState.RUNNING for i in ids.values()))
@@ -162,6 +166,7 @@ def test_a_job_lost_with_its_node_is_requeued_as_often_as_its_qos_allows(store: 
         link.disconnected("n1", session)
         session = AgentSession("n1")
         await link.register(two, session)  # the node is back: the job starts again
+        link.heartbeat("n1", apb.Heartbeat())  # its units' health: they may be given out
         await until(lambda: co.cluster.jobs[ids["once"]].state is JobState.RUNNING)
         await co.fail_node_jobs("n1", "no word from its agent for 300 s")
         assert ids["once"] not in co.cluster.jobs  # its one requeue is spent
@@ -175,3 +180,37 @@ def test_a_job_lost_with_its_node_is_requeued_as_often_as_its_qos_allows(store: 
         (JobState.PENDING, "requeued after node_fail (1 of 1 allowed by qos normal)"),
     ]
     assert store.live_allocations() == []
+
+
+def test_a_nodes_units_wait_for_its_agents_first_word_on_their_health(store: Store) -> None:
+    """Right after an agent registers (a coordinator restart, an agent restart) a unit an ended
+    job left dirty must not look free: nothing starts on the node before its first heartbeat,
+    and a unit that heartbeat says is dirty stays out."""
+
+    async def main() -> None:
+        co = Coordinator(store, CoordinatorSettings(), "alice")
+        link = AgentLink(co)
+        passes = Passes(co)
+        await co.start()
+
+        def reasons(job_id: int) -> str:
+            passes._explained_at = -1.0  # explain from the cluster as it is now
+            detail = passes.pending_detail(co.cluster.jobs[job_id])
+            return "; ".join(detail.waiting.reasons) if detail else ""
+
+        try:
+            session = AgentSession("n1")
+            await link.register(register(), session)
+            [job_id] = await co.submit(make_spec(gpus=1), "alice")
+            await until(lambda: "has not reported" in reasons(job_id))
+            dirty = pb.GpuUsage(uuid="GPU-1", health="dirty", health_reason="pid 7 still runs")
+            link.heartbeat("n1", apb.Heartbeat(usage=[dirty]))
+            await until(lambda: "pid 7 still runs" in reasons(job_id))
+            assert co.cluster.jobs[job_id].state is JobState.PENDING
+            link.heartbeat("n1", apb.Heartbeat(usage=[pb.GpuUsage(uuid="GPU-1", health="ok")]))
+            [first] = await launched(session)
+            assert first.job_id == job_id
+        finally:
+            await co.close()
+
+    asyncio.run(main())

@@ -37,7 +37,7 @@ def run(store: Store, body: Callable[[Coordinator], Awaitable[None]]) -> None:
             node = Node("a", UNITS, 16, 64 * GiB, NodeState.UP, isolation="advisory: not root")
             if "a" not in co.cluster.nodes:
                 await co.save_node(node)
-            co.cluster.nodes["a"] = NodeEntry(node, co.clock(), AgentSession("a"))
+            co.cluster.nodes["a"] = NodeEntry(node, co.clock(), AgentSession("a"), heard=True)
             await body(co)
         finally:
             await co.close()

@@ -304,8 +304,8 @@ def test_start_reason_and_mig_spec_read_back(store: Store) -> None:
 
 def test_a_node_keeps_its_mig_units(store: Store) -> None:
     units = (
-        GpuUnit("MIG-1", 0, "A100 MIG 3g.40gb", 40 << 30, "0:1b", "GPU-0", "3g.40gb", "1"),
-        GpuUnit("MIG-2", 0, "A100 MIG 3g.40gb", 40 << 30, "0:1b", "GPU-0", "3g.40gb"),
+        GpuUnit("MIG-1", 0, "A100 MIG 3g.40gb", 40 << 30, "0:1b", "GPU-0", "3g.40gb"),
+        GpuUnit("MIG-2", 0, "A100 MIG 3g.40gb", 40 << 30, "0:1b", "GPU-0", "3g.20gb"),
     )
     with store.transaction() as tx:
         tx.save_node(Node("m", units, 8, 1 << 30, NodeState.UP))

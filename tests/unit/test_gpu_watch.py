@@ -127,3 +127,18 @@ def test_an_environment_variable_does_not_make_a_process_a_jobs() -> None:
         assert JobOfProcess("gpuq-test-nonexistent-parent")(os.getpid(), {}) is None
     finally:
         del os.environ["GPUQ_JOB_ID"]
+
+
+def test_the_node_claims_the_device_cgroup_its_supervisors_will_use() -> None:
+    from gpuq.agent.gpu_care import device_cgroup_kind
+
+    hybrid = (
+        "cgroup /sys/fs/cgroup/devices cgroup rw,relatime,devices 0 0\n"
+        "cgroup2 /sys/fs/cgroup/unified cgroup2 rw,relatime 0 0\n"
+    )
+    assert device_cgroup_kind(hybrid, prefer="") == "devices cgroup v1"
+    assert device_cgroup_kind(hybrid, prefer="v2") == "cgroup v2 device program"
+    assert device_cgroup_kind("cgroup2 /sys/fs/cgroup cgroup2 rw 0 0\n", prefer="") == (
+        "cgroup v2 device program"
+    )
+    assert device_cgroup_kind("proc /proc proc rw 0 0\n", prefer="").startswith("advisory")

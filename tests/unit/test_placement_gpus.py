@@ -14,7 +14,6 @@ from gpuq.domain.model import (
     GpuUnit,
     Resources,
     gpu_mem_fits,
-    gpu_memory_total,
 )
 from gpuq.domain.units import parse_size
 from gpuq.errors import InvalidInput
@@ -280,17 +279,6 @@ def test_mig_with_more_than_one_unit_is_refused() -> None:
     assert "ask for --gpus N whole GPUs or one --mig slice" in str(raised.value)
     with pytest.raises(InvalidInput, match="MIG profile"):
         Resources(mig="three")
-
-
-def test_memory_totals_count_a_gpu_instance_once() -> None:
-    shared = (
-        replace(mig("m", 0, 0, "1c.3g.40gb", 40 * GiB), gpu_instance="1"),
-        replace(mig("m", 0, 1, "1c.3g.40gb", 40 * GiB), gpu_instance="1"),
-        replace(mig("m", 0, 2, "3g.40gb", 40 * GiB), gpu_instance="2"),
-        gpu("m", 1),
-    )
-    assert gpu_memory_total(shared) == 80 * GiB + H100
-    assert gpu_memory_total(MIG_ONLY) == 70 * GiB  # no instance given: each slice once
 
 
 def test_mig_and_whole_gpu_jobs_are_scheduled_apart_in_one_pass() -> None:

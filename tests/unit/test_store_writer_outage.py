@@ -192,7 +192,9 @@ def test_writes_whose_commit_landed_but_answer_was_lost(store: BlinkingStore) ->
         co.send_starts = lambda jobs: started.extend(j.id for j in jobs)
         store.lose_answers = 1  # the pass's start
         await co.start()
-        co.cluster.nodes["a"] = NodeEntry(node, last_seen=time.time(), session=AgentSession("a"))
+        co.cluster.nodes["a"] = NodeEntry(
+            node, last_seen=time.time(), session=AgentSession("a"), heard=True
+        )
         co.wake()
         await _until(lambda: started == [job_id])
         assert co.cluster.jobs[job_id].state is JobState.RUNNING
