@@ -32,6 +32,7 @@ EVENT_WAIT = 1.0  # seconds one wait for NVML events blocks (the thread checks f
 RESCAN_CHECK = 1.0  # seconds between two looks at whether the inventory must be read again
 XID_GRACE = 10.0  # seconds a job on a failed GPU gets between SIGTERM and SIGKILL
 MAX_NOTES = 8  # notes kept per unit and per job
+XID_LOG_EVERY = 60.0  # seconds between two log lines for the same XID on the same unit
 
 StopJob = Callable[[int, str, str, float], Awaitable[object]]
 
@@ -61,6 +62,7 @@ class GpuCare:
         self.job_cpus: dict[int, tuple[int, ...]] = {}  # running job -> the CPUs it is bound to
         self.job_notes: dict[int, list[str]] = {}  # application XIDs, for the job's end reason
         self.verdicts: dict[str, UnitVerdict] = {}
+        self._xid_logged: dict[tuple[str, int], float] = {}  # (unit, XID) -> when last logged
         self._closing = False
         self._set_inventory(backend.inventory())
 
@@ -212,14 +214,32 @@ class GpuCare:
         if unit is not None and unit.mig_profile:
             where += f" (MIG {unit.mig_profile})"
         holder = self.holders().get(event.uuid)
+        # a faulting program can raise an XID storm: each (unit, XID) is logged once a minute
+        now = time.monotonic()
+        key = (event.uuid, event.xid)
+        loud = now - self._xid_logged.get(key, -XID_LOG_EVERY) >= XID_LOG_EVERY
+        if loud:
+            self._xid_logged[key] = now
         if not event.hardware:
-            log.warning("%s: %s (job %s)", where, event.text, holder)
+            log.log(
+                logging.WARNING if loud else logging.DEBUG,
+                "%s: %s (job %s)",
+                where,
+                event.text,
+                holder,
+            )
             if holder is not None:
                 notes = self.job_notes.setdefault(holder, [])
-                if len(notes) < MAX_NOTES:
-                    notes.append(f"{event.text} on {where}")
+                note = f"{event.text} on {where}"
+                if len(notes) < MAX_NOTES and note not in notes:
+                    notes.append(note)
             return
-        log.error("%s: %s; the GPU takes no more jobs", where, event.text)
+        log.log(
+            logging.ERROR if loud else logging.DEBUG,
+            "%s: %s; the GPU takes no more jobs",
+            where,
+            event.text,
+        )
         self._beat_now()
         if holder is not None:
             reason = f"{where} failed: {event.text}"

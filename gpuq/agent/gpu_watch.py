@@ -6,7 +6,9 @@ list then is a process that would not die (stuck in the driver, or outside the j
 a context the driver has not torn down yet, or someone else's process. Until the list is
 empty the unit is "dirty" (not given out) with a reason naming the process. After
 handover_timeout the job's own stragglers are killed; a process that belongs to no job is
-"foreign": flagged, and killed only when the admin's policy says so.
+"foreign": flagged, and killed only when the admin's policy says so. A foreign graphics
+context (a display server on a workstation's GPU) is only flagged: it neither keeps jobs off
+the unit nor is killed.
 
 UnitWatch decides; the agent does the I/O (NVML reads, /proc lookups, kills) around it, so
 the rules are tested with plain data and a fake clock.
@@ -108,7 +110,7 @@ class UnitWatch:
                 continue
             whose = f"job {owner}'s" if owner is not None else "foreign"
             notes.append(f"{whose} process {_describe(process, facts)} on job {holder}'s unit")
-            if owner is None and self.kill_foreign:
+            if owner is None and self.kill_foreign and process.kind != "graphics":
                 kill.append(process.pid)
         return UnitVerdict(HEALTH_OK, "", tuple(notes)), kill
 
@@ -132,12 +134,18 @@ class UnitWatch:
                     kill.append(process.pid)
             elif ended is not None and owner is None and not overdue:
                 reasons.append(f"{described} is still listed after job {ended[0]} ended")
+            elif owner is None and process.kind == "graphics":
+                # a display server's context (Xorg, a desktop) on a workstation's GPU: shown,
+                # but it neither keeps jobs off the GPU nor is ever killed
+                notes.append(f"foreign process {described} on a free unit")
             else:
                 whose = f"job {owner}'s" if owner is not None else "foreign"
                 reasons.append(f"{whose} process {described} holds it")
                 notes.append(f"{whose} process {described} on a free unit")
                 if owner is None and self.kill_foreign:
                     kill.append(process.pid)
+        if not reasons:
+            return UnitVerdict(HEALTH_OK, "", tuple(notes)), kill
         more = f" (+{len(reasons) - 1} more)" if len(reasons) > 1 else ""
         return UnitVerdict(HEALTH_DIRTY, reasons[0] + more, tuple(notes)), kill
 

@@ -142,3 +142,16 @@ def test_the_node_claims_the_device_cgroup_its_supervisors_will_use() -> None:
         "cgroup v2 device program"
     )
     assert device_cgroup_kind("proc /proc proc rw 0 0\n", prefer="").startswith("advisory")
+
+
+def test_a_display_servers_graphics_context_is_shown_but_keeps_no_job_off_the_gpu() -> None:
+    watch = UnitWatch(10.0, kill_foreign=True, clock=Clock())
+    xorg = UnitUsage("G0", 64 << 20, 3, (GpuProcess(500, 64 << 20, "graphics"),))
+    result = watch.assess([xorg], {}, facts({500: None}, name="Xorg"))
+    assert result.verdicts["G0"].health == "ok"
+    assert result.verdicts["G0"].notes == (
+        "foreign process pid 500 (Xorg, 64M, graphics) on a free unit",
+    )
+    assert result.kill == ()  # never killed, even under the kill policy
+    held = watch.assess([xorg], {"G0": 7}, facts({500: None}, name="Xorg"))
+    assert held.kill == ()
