@@ -711,7 +711,13 @@ def stop_job_processes(job_dir: Path, job_id: int) -> int:
             pgid = None
     except (OSError, ValueError):
         pass
-    marker = (str(env["GPUQ_JOB_ID"]), str(env["GPUQ_NODE"])) if "GPUQ_NODE" in env else None
+    # the environment is what a job says of itself (any process may set GPUQ_JOB_ID): it
+    # finds the job's processes only where no cgroup holds them
+    marker = (
+        (str(env["GPUQ_JOB_ID"]), str(env["GPUQ_NODE"]))
+        if "GPUQ_NODE" in env and not cgroups
+        else None
+    )
     count: int | None = None
     termed: set[int] = set()  # SIGTERM goes once to each: a job's trap must not run again
     term_until = time.monotonic() + grace

@@ -192,3 +192,39 @@ def test_hub_stops_an_escaped_process_by_cgroup_when_the_supervisor_dies(
 
     with cleanup(state, tmp_path / "main.pid", tmp_path / "escaped.pid"):
         asyncio.run(scenario())
+
+
+def test_a_process_that_names_the_job_in_its_environment_is_not_taken_for_it(
+    tmp_path: Path, group_parent: tuple[Path, str]
+) -> None:
+    """Where the job has cgroups, its environment proves nothing: a process elsewhere that
+    sets GPUQ_JOB_ID and GPUQ_NODE to the job's is not stopped with it."""
+    import subprocess
+
+    _, parent = group_parent
+    state = tmp_path / "state"
+    env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "GPUQ_JOB_ID": "4"}
+    env["GPUQ_NODE"] = "n1"
+    spec = make_spec(tmp_path, 4, "echo $$ > main.pid\nsleep 300\n", cgroup_parent=parent)
+    spec = type(spec).from_dict({**spec.to_dict(), "env": {**spec.env, **env}, "kill_grace": 1.0})
+    job_dir = state / "jobs" / "4"
+    impostor = subprocess.Popen(["sleep", "300"], env=env)
+
+    async def scenario() -> None:
+        async with running_hub(state) as (hub, reports):
+            await hub.launch(spec)
+            await reports.wait(4, "running", timeout=20)
+            await await_until(lambda: (tmp_path / "main.pid").exists(), 10, "main.pid")
+            main = pid_in(tmp_path / "main.pid")
+            os.kill(pid_in(job_dir / "supervisor.pid"), signal.SIGKILL)
+            await reports.wait(4, "ended", timeout=30)
+            assert not alive(main)
+            assert impostor.poll() is None, "a process outside the job was stopped with it"
+
+    try:
+        with cleanup(state, tmp_path / "main.pid"):
+            asyncio.run(scenario())
+    finally:
+        impostor.kill()
+        impostor.wait()
+    assert leftovers(parent, "job_4") == []
