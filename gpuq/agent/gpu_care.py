@@ -28,7 +28,7 @@ from gpuq.config import AgentSettings
 from gpuq.v1 import types_pb2 as pb
 
 log = logging.getLogger(__name__)
-EVENT_WAIT = 1.0  # seconds one wait for NVML events blocks (the thread checks for close)
+EVENT_WAIT = 0.2  # seconds one NVML event wait blocks (a stopping agent waits that long)
 RESCAN_CHECK = 1.0  # seconds between two looks at whether the inventory must be read again
 XID_GRACE = 10.0  # seconds a job on a failed GPU gets between SIGTERM and SIGKILL
 MAX_NOTES = 8  # notes kept per unit and per job

@@ -123,12 +123,14 @@ class Cluster:
     def close(self) -> None:
         if self._client is not None:
             self._client.close()
-        for process in [*self.agents.values(), self.coordinator]:
-            if process is not None and process.poll() is None:
-                process.terminate()
-                with contextlib.suppress(subprocess.TimeoutExpired):
-                    process.wait(5)
-                self.kill(process)
+        running = [p for p in [*self.agents.values(), self.coordinator] if p is not None]
+        running = [p for p in running if p.poll() is None]
+        for process in running:  # all at once: each takes a moment to stop
+            process.terminate()
+        for process in running:
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                process.wait(5)
+            self.kill(process)
         run_root = load_settings(home=self.home).agent_run_root
         # jobs do not inherit the marker (an agent drops GPUQ_* variables a user sets): a job
         # whose supervisor was killed is found by its folder (cwd under root, its script in
