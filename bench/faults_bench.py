@@ -33,12 +33,10 @@ from __future__ import annotations
 import argparse
 import collections
 import contextlib
-import glob
 import os
 import pwd
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -48,6 +46,11 @@ import uuid
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TypeVar
+
+# the private PostgreSQL cluster is the store-blink test's (one definition)
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests" / "e2e"))
+from e2e_cluster import free_port
+from private_postgres import PrivatePostgres, pg_bin
 
 from gpuq.client import Client
 from gpuq.config import load_settings
@@ -60,7 +63,7 @@ MARKER = "GPUQ_FAULTS_BENCH"
 SHARED_PG = os.environ.get("GPUQ_TEST_PG_URL") or "postgresql://postgres@127.0.0.1:5432/test"
 
 
-# ---- helpers (after tests/e2e/e2e_cluster.py, which bench cannot import) ---------------------
+# ---- helpers ------------------------------------------------------------------------------
 
 
 def wait_for(condition: Callable[[], T | None], timeout: float, what: str) -> T:
@@ -75,12 +78,6 @@ def wait_for(condition: Callable[[], T | None], timeout: float, what: str) -> T:
             return last  # type: ignore[no-any-return]
         time.sleep(0.05)
     raise TimeoutError(f"timed out after {timeout} s waiting for {what} (last: {last!r})")
-
-
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
 
 
 def kill_marked(marker: str) -> int:
@@ -367,58 +364,6 @@ def part_submit(root: Path, backend: str, pg_url: str, count: int) -> None:
 
 
 # ---- 2. pgrestart: PostgreSQL restarted twice under 600 short jobs ----------------------------
-
-
-def pg_bin() -> Path | None:
-    found = sorted(
-        glob.glob("/usr/lib/postgresql/*/bin"), key=lambda p: int(Path(p).parent.name or 0)
-    )
-    for path in reversed(found):
-        if (Path(path) / "initdb").exists() and (Path(path) / "pg_ctl").exists():
-            return Path(path)
-    return None
-
-
-class PrivatePostgres:
-    """A PostgreSQL cluster in `root`, on 127.0.0.1:`port`, run as the postgres user."""
-
-    def __init__(self, bin_dir: Path, root: Path) -> None:
-        self.bin, self.root, self.data = bin_dir, root, root / "data"
-        self.port = free_port()
-        self.url = f"postgresql://postgres@127.0.0.1:{self.port}/postgres"
-
-    def _run(self, *args: str, timeout: float = 60) -> None:
-        subprocess.run(
-            ["runuser", "-u", "postgres", "--", *args],
-            check=True,
-            capture_output=True,
-            timeout=timeout,
-            cwd=self.root,
-        )
-
-    def _pg_ctl(self, *args: str) -> None:
-        options = (
-            f"-c listen_addresses=127.0.0.1 -c port={self.port} "
-            f"-c unix_socket_directories={self.root} -c fsync=off"
-        )
-        self._run(
-            str(self.bin / "pg_ctl"), "-D", str(self.data), "-l", str(self.root / "pg.log"),
-            "-w", "-t", "30", "-o", options, *args,
-        )  # fmt: skip
-
-    def start(self) -> None:
-        self._run(
-            str(self.bin / "initdb"), "-D", str(self.data), "-U", "postgres",
-            "--auth=trust", "-E", "UTF8", "--no-sync",
-        )  # fmt: skip
-        self._pg_ctl("start")
-
-    def restart(self) -> None:
-        self._pg_ctl("-m", "fast", "restart")
-
-    def stop(self) -> None:
-        if (self.data / "postmaster.pid").exists():
-            self._pg_ctl("-m", "immediate", "stop")
 
 
 def part_pgrestart(root: Path, count: int) -> None:
