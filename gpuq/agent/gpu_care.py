@@ -125,7 +125,9 @@ class GpuCare:
     def _adopt(self, job_id: int) -> None:
         """A job started before this agent did: its units and CPUs from its launch spec."""
         spec = self.hub.launch_spec_of(job_id)
-        if spec is None:
+        if spec is None:  # its folder is gone or unreadable: no units known (not read again)
+            self.job_units[job_id] = ()
+            self.job_cpus[job_id] = ()
             return
         self.job_units[job_id] = tuple(str(u) for u in spec.extra.get("gpus", ()))
         cpuset = getattr(spec, "cpuset", None)

@@ -115,7 +115,10 @@ def _vram(gpus: Any) -> int:
 
 
 def _kind(gpu: Any) -> str:
-    return f"MIG {gpu.mig_profile}" if gpu.mig_profile or gpu.parent_uuid else "GPU"
+    """ "GPU", or "MIG 3g.71gb" for a slice (the domain's GpuUnit.kind)."""
+    from gpuq.convert import unit_from_proto
+
+    return unit_from_proto(gpu).kind
 
 
 def node_dict(node: Any) -> dict[str, Any]:
