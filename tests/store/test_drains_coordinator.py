@@ -152,8 +152,19 @@ def test_a_unit_left_dirty_by_an_ending_job_is_not_given_to_the_next(store: Stor
     from gpuq.coordinator.servicers import AgentLinkServicer
 
     async def body(co: Coordinator) -> None:
-        Passes(co)
+        passes = Passes(co)
         link = AgentLink(co)
+
+        async def waits_because(job_id: int, text: str) -> None:
+            """Until a pass over the cluster as it is now says the job waits for `text`."""
+            for _ in range(200):
+                passes._explained_at = -1.0
+                detail = passes.pending_detail(co.cluster.jobs[job_id])
+                if detail is not None and text in "; ".join(detail.waiting.reasons):
+                    return
+                await asyncio.sleep(0.02)
+            raise AssertionError(f"job {job_id} never waited for {text!r}")
+
         for unit in ("1", "2"):
             await co.drain("a", unit, "keep the test on GPU 0", "root")
 
@@ -169,7 +180,7 @@ def test_a_unit_left_dirty_by_an_ending_job_is_not_given_to_the_next(store: Stor
         await state(first, "running")
         assert co.cluster.jobs[first].gpus == ("GPU-a-0",)
         [second] = await co.submit(make_spec(gpus=1), "root")
-        await asyncio.sleep(0.1)
+        await waits_because(second, "drained by admin")
         assert co.cluster.jobs[second].state.value == "pending"
 
         why = "pid 4242 (python) still holds 2.0 GiB after job 1"
@@ -198,7 +209,7 @@ def test_a_unit_left_dirty_by_an_ending_job_is_not_given_to_the_next(store: Stor
                 break
             await asyncio.sleep(0.02)
         assert first not in co.cluster.jobs
-        await asyncio.sleep(0.2)  # passes ran: the dirty unit was not given out
+        await waits_because(second, why)  # a pass ran after the end: it kept the unit out
         assert co.cluster.jobs[second].state.value == "pending"
         assert unhealthy(co)["GPU-a-0"] == f"dirty: {why}"
         link.heartbeat("a", apb.Heartbeat(usage=[pb.GpuUsage(uuid="GPU-a-0", health="ok")]))
