@@ -111,7 +111,11 @@ class Cluster:
             nodes = {n.name: n for n in self.client().nodes()}
             node = nodes.get(name)
             up = node is not None and node.state == state
-            return up and (state != "up" or node.reason != "agent not connected")
+            if state != "up" or not up:
+                return up
+            # connected, and its GPUs reported by a first heartbeat (until then none is given
+            # out, and a job would go to another node)
+            return node.reason != "agent not connected" and (not node.gpus or bool(node.usage))
 
         wait_for(ready, timeout, f"node {name} to be {state}")
 
