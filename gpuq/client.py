@@ -420,6 +420,10 @@ class Client:
 
     # ---- plumbing --------------------------------------------------------------------------
 
+    def call_metadata(self) -> tuple[tuple[str, str], ...]:
+        """The metadata every call carries: who calls (gpuq.identity)."""
+        return (self._auth(),)
+
     def _auth(self) -> tuple[str, str]:
         if self._token is None:
             self._token = read_token(self._token_path)

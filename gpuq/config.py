@@ -104,6 +104,25 @@ class CoordinatorSettings:
     # PostgreSQL only: wait while another coordinator holds the store, and take over when it
     # goes (instead of exiting with code 3)
     standby: bool = False
+    # identity and trust (README "Security"): members of this Unix group are admins (see every
+    # job's script and environment, cancel anyone's jobs, drain nodes); root and the
+    # coordinator's own user always are
+    admin_group: str = "gpuq-admin"
+    allow_root_jobs: bool = False  # may root submit jobs (they would run as root)
+    hide_job_names: bool = False  # listings show other users' job names as "(hidden)"
+    # TLS for the TCP port: the coordinator's certificate and key (PEM files); the CA that
+    # signed the nodes' client certificates (agents on agent_listen must present one)
+    tls_cert: str | None = None
+    tls_key: str | None = None
+    tls_ca: str | None = None
+    # a TCP port for agents only, with mutual TLS (needs tls_cert, tls_key and tls_ca)
+    agent_listen: str | None = None
+    # plaintext TCP on an address other than loopback: refused unless this is true
+    insecure_tcp: bool = False
+    # the nodes that may register: one key file per node, <nodes_dir>/<node>.key
+    # (`gpuq admin node-key NODE`); None: GPUQ_HOME/nodes
+    nodes_dir: str | None = None
+    max_concurrent_rpcs: int = 512  # calls in progress at once, streams included; more wait
     qos: dict[str, QosTier] = field(default_factory=default_qos_tiers)
     scheduler: SchedulerSettings = field(default_factory=SchedulerSettings)
 
@@ -135,6 +154,26 @@ class AgentSettings:
     # a process on a GPU that belongs to no job holding it: "report" (flag it in gpuq nodes and
     # the log; a free unit is not given out while it is there) or "kill" (SIGKILL it too)
     foreign_processes: str = "report"
+    # may this node run jobs as root (only for a root coordinator that allows root jobs too)
+    allow_root_jobs: bool = False
+    # this node's key (the coordinator's <nodes_dir>/<node>.key, copied here); None:
+    # GPUQ_HOME/nodes/<node_name>.key
+    node_key: str | None = None
+    # TLS towards a coordinator at HOST:PORT: the site CA (verifies the coordinator), and this
+    # node's client certificate and key (mutual TLS on the coordinator's agent_listen port)
+    tls_ca: str | None = None
+    tls_cert: str | None = None
+    tls_key: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class ClientSettings:
+    """How `gpuq` commands and gpuq.Client reach a coordinator over TCP (a Unix socket needs
+    none of this: the kernel says who calls)."""
+
+    tls_ca: str | None = None  # the site CA that signed the coordinator's certificate
+    # a per-user token an admin issued (`gpuq admin token USER`); None: ~/.config/gpuq/token
+    token_file: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -142,14 +181,37 @@ class Settings:
     home: Path = field(default_factory=default_home)
     coordinator: CoordinatorSettings = field(default_factory=CoordinatorSettings)
     agent: AgentSettings = field(default_factory=AgentSettings)
+    client: ClientSettings = field(default_factory=ClientSettings)
 
     @property
     def socket_path(self) -> Path:
         return self.home / "gpuq.sock"
 
     @property
-    def token_path(self) -> Path:
-        return self.home / "auth.token"
+    def auth_socket_path(self) -> Path:
+        """Where a local caller proves its uid (gpuq.identity: SO_PEERCRED)."""
+        return auth_socket_for(self.socket_path)
+
+    @property
+    def key_path(self) -> Path:
+        """The coordinator's secret for the credentials it signs (mode 0600)."""
+        return self.home / "auth.key"
+
+    @property
+    def nodes_dir(self) -> Path:
+        return Path(self.coordinator.nodes_dir) if self.coordinator.nodes_dir else self.home / "nodes"
+
+    @property
+    def node_key_path(self) -> Path:
+        if self.agent.node_key:
+            return Path(self.agent.node_key)
+        return self.home / "nodes" / f"{self.agent.node_name}.key"
+
+    @property
+    def token_file(self) -> Path:
+        if self.client.token_file:
+            return Path(self.client.token_file).expanduser()
+        return Path.home() / ".config" / "gpuq" / "token"
 
     @property
     def database_url(self) -> str:
@@ -179,6 +241,11 @@ class Settings:
         """Where clients and a local agent reach the coordinator (several addresses are
         separated by commas: see split_addresses)."""
         return self.agent.coordinator or f"unix:{self.socket_path}"
+
+
+def auth_socket_for(socket_path: Path) -> Path:
+    """The handshake socket beside a coordinator's gRPC socket."""
+    return socket_path.with_name(socket_path.name + ".auth")
 
 
 def split_addresses(address: str) -> list[str]:
@@ -216,7 +283,7 @@ def load_settings(config: Path | None = None, home: Path | None = None) -> Setti
     for key in data:
         if key not in TOP_LEVEL:
             raise ConfigError(source, key, data[key], _unknown("section", key, TOP_LEVEL))
-    for name in ("coordinator", "agent", "scheduler"):
+    for name in ("coordinator", "agent", "client", "scheduler"):
         _table(data.get(name, {}), source, f"[{name}]")
     settings = replace(
         base,
@@ -225,6 +292,7 @@ def load_settings(config: Path | None = None, home: Path | None = None) -> Setti
             data.get("coordinator", {}), data.get("qos"), data.get("scheduler", {}), source
         ),
         agent=_section(AgentSettings, data.get("agent", {}), "agent", source),
+        client=_section(ClientSettings, data.get("client", {}), "client", source),
     )
     _check_fence(settings, data.get("agent", {}), source)
     return _apply_env(settings)
@@ -252,7 +320,7 @@ def check_setting(section: str, key: str, value: Any, source: str, label: str = 
 
 # ---- the rules: a type and a range for every setting ------------------------------------------
 
-TOP_LEVEL = ("home", "coordinator", "agent", "qos", "scheduler")
+TOP_LEVEL = ("home", "coordinator", "agent", "client", "qos", "scheduler")
 YEAR = 365 * DAY
 MAX_TIME_LIMIT = 366 * DAY  # as for --time
 MAX_CPUS = 65536  # as for --cpus
@@ -262,6 +330,7 @@ MAX_COUNT = 10_000_000
 Check = Callable[[Any, str, str], Any]  # (value, source, key) -> the value, normalised
 
 _NODE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,62}")
+_GROUP_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_.-]{0,31}")
 _TIER_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,31}")
 _ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,127}")
 _CGROUP_PART = re.compile(r"[A-Za-z0-9_.@:-]{1,100}")
@@ -494,6 +563,16 @@ RULES: dict[str, dict[str, Check]] = {
         "max_queued_per_user": _integer(1, 100_000_000),
         "default_qos": _pattern(_TIER_NAME, "the name of a [qos.NAME] tier"),
         "standby": _boolean,
+        "admin_group": _pattern(_GROUP_NAME, "a Unix group name"),
+        "allow_root_jobs": _boolean,
+        "hide_job_names": _boolean,
+        "tls_cert": _absolute_path,
+        "tls_key": _absolute_path,
+        "tls_ca": _absolute_path,
+        "agent_listen": _listen,
+        "insecure_tcp": _boolean,
+        "nodes_dir": _absolute_path,
+        "max_concurrent_rpcs": _integer(8, 100_000),
     },
     "scheduler": {
         "weight_age": _number(0, MAX_WEIGHT),
@@ -531,6 +610,15 @@ RULES: dict[str, dict[str, Check]] = {
         "gpu_rescan": _seconds(1, DAY),
         "handover_timeout": _seconds(0.1, 3600),
         "foreign_processes": _choice("report", "kill"),
+        "allow_root_jobs": _boolean,
+        "node_key": _absolute_path,
+        "tls_ca": _absolute_path,
+        "tls_cert": _absolute_path,
+        "tls_key": _absolute_path,
+    },
+    "client": {
+        "tls_ca": _absolute_path,
+        "token_file": _absolute_path,
     },
 }
 # the sections' names for RULES (a [qos.NAME] section has the rules of "qos")
@@ -539,6 +627,7 @@ _SECTION_CLASSES: dict[type[Any], str] = {
     SchedulerSettings: "scheduler",
     QosTier: "qos",
     AgentSettings: "agent",
+    ClientSettings: "client",
 }
 
 
