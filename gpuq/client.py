@@ -29,8 +29,7 @@ from typing import TYPE_CHECKING, Any
 
 import grpc
 
-from gpuq.auth import bearer, read_token
-from gpuq.config import Settings, load_settings, split_addresses
+from gpuq.config import Settings, auth_socket_for, load_settings, split_addresses
 from gpuq.domain.dependencies import parse_job_ref
 from gpuq.domain.states import JobState, parse_states
 from gpuq.errors import (
@@ -44,6 +43,13 @@ from gpuq.errors import (
     StorageUnavailable,
     Unsatisfiable,
 )
+from gpuq.identity import (
+    METADATA_KEY,
+    credential_expiry,
+    fetch_credential,
+    read_user_token,
+)
+from gpuq.tls import client_channel
 from gpuq.v1 import queue_pb2, queue_pb2_grpc
 
 if TYPE_CHECKING:
@@ -69,9 +75,12 @@ class Client:
         settings = settings or load_settings()
         self.addresses = split_addresses(address or settings.coordinator_address)
         self._current = 0  # the address that answered last
-        self._token = token
-        self._token_path = settings.token_path
+        self._token = token  # a per-user token for TCP; None: read from the token file
+        self._token_file = settings.token_file
+        # each Unix socket address's credential (gpuq.identity), until shortly before it expires
+        self._credentials: dict[str, str] = {}
         self.timeout = timeout
+        self._tls_ca = settings.client.tls_ca  # verifies the coordinator over TCP (gpuq.tls)
         self._channels: builtins.list[grpc.Channel | None] = [None] * len(self.addresses)
         self._stubs: builtins.list[queue_pb2_grpc.QueueStub | None] = [None] * len(self.addresses)
         self._channels_lock = threading.Lock()
@@ -107,9 +116,11 @@ class Client:
             with self._channels_lock:
                 stub = self._stubs[index]
                 if stub is None:
-                    channel = grpc.insecure_channel(
+                    # TLS for HOST:PORT when [client] tls_ca is set; a Unix socket never
+                    channel = client_channel(
                         self.addresses[index],
-                        options=[("grpc.max_receive_message_length", 256 << 20)],
+                        self._tls_ca,
+                        [("grpc.max_receive_message_length", 256 << 20)],
                     )
                     self._channels[index] = channel
                     stub = self._stubs[index] = queue_pb2_grpc.QueueStub(channel)
@@ -183,7 +194,7 @@ class Client:
             except grpc.RpcError as error:
                 self._drop(stream)
                 if not _transient(error):
-                    raise _translate(error, self._where) from None
+                    raise _translate(error, self._where, self._tls_ca is not None) from None
                 if others and _unreachable(error):
                     others -= 1
                     self._unreachable_at(stream.index)
@@ -196,7 +207,7 @@ class Client:
                             f"submission in {self.timeout:g} s ({len(SUBMIT_RETRY_DELAYS) + 1} "
                             "tries)"
                         ) from None
-                    raise _translate(error, self._where) from None
+                    raise _translate(error, self._where, self._tls_ca is not None) from None
                 if _unreachable(error):
                     self._unreachable_at(stream.index)  # the next round starts at the next
             else:
@@ -220,7 +231,7 @@ class Client:
             stream = None
         if stream is None:
             index = self._current
-            stream = _SubmitStream(self._stub_at(index), (self._auth(),), self.timeout)
+            stream = _SubmitStream(self._stub_at(index), self._metadata(index), self.timeout)
             stream.index = index
             self._streams.current = stream
             with self._open_lock:
@@ -358,7 +369,7 @@ class Client:
             index = (start + attempt) % count
             stream = self._stub_at(index).Watch(
                 queue_pb2.WatchRequest(job_ids=job_ids),
-                metadata=(self._auth(),),
+                metadata=self._metadata(index),
                 timeout=timeout,
             )
             answered = False
@@ -374,7 +385,7 @@ class Client:
                     self._unreachable_at(index)
                     continue
                 if error.code() != grpc.StatusCode.DEADLINE_EXCEEDED:
-                    raise _translate(error, self._where) from None
+                    raise _translate(error, self._where, self._tls_ca is not None) from None
                 raise TimeoutError(f"jobs {job_ids} did not finish in time") from None
 
     def wait(self, job_id: int | str, timeout: float | None = None) -> Job:
@@ -418,16 +429,36 @@ class Client:
         )
         return entry
 
+    def issue_token(self, user: str) -> str:
+        """A new per-user token for `user` (admins only), for calls over TCP."""
+        reply: queue_pb2.TokenReply = self._call("IssueToken", queue_pb2.TokenRequest(user=user))
+        return reply.token
+
+    def revoke_tokens(self, user: str) -> int:
+        """Revoke every token of `user` (admins only); how many there were."""
+        reply: queue_pb2.TokenReply = self._call("RevokeTokens", queue_pb2.TokenRequest(user=user))
+        return reply.revoked
+
     # ---- plumbing --------------------------------------------------------------------------
 
-    def call_metadata(self) -> tuple[tuple[str, str], ...]:
+    def call_metadata(self, index: int | None = None) -> tuple[tuple[str, str], ...]:
         """The metadata every call carries: who calls (gpuq.identity)."""
-        return (self._auth(),)
+        return self._metadata(self._current if index is None else index)
 
-    def _auth(self) -> tuple[str, str]:
+    def _metadata(self, index: int) -> tuple[tuple[str, str], ...]:
+        """On a Unix socket, a credential from the coordinator's handshake socket (the kernel
+        tells it our uid); over TCP, this user's token."""
+        address = self.addresses[index]
+        if address.startswith("unix:"):
+            credential = self._credentials.get(address)
+            if credential is None or credential_expiry(credential) < time.time() + 60:
+                socket_path = Path(address.removeprefix("unix:").removeprefix("//"))
+                credential = fetch_credential(auth_socket_for(socket_path))
+                self._credentials[address] = credential
+            return ((METADATA_KEY, f"Bearer {credential}"),)
         if self._token is None:
-            self._token = read_token(self._token_path)
-        return bearer(self._token)
+            self._token = read_user_token(self._token_file)
+        return ((METADATA_KEY, f"Token {self._token}"),)
 
     def _call(self, method: str, request: Any) -> Any:
         """The reply from the address that answered last, or else from the first of the
@@ -436,14 +467,21 @@ class Client:
         for attempt in range(count):
             index = (start + attempt) % count
             try:
+                metadata = self._metadata(index)
+            except ServerUnavailable:
+                if attempt + 1 < count:
+                    self._unreachable_at(index)
+                    continue
+                raise
+            try:
                 reply = getattr(self._stub_at(index), method)(
-                    request, metadata=(self._auth(),), timeout=self.timeout
+                    request, metadata=metadata, timeout=self.timeout
                 )
             except grpc.RpcError as error:
                 if attempt + 1 < count and _unreachable(error):
                     self._unreachable_at(index)
                     continue
-                raise _translate(error, self._where) from None
+                raise _translate(error, self._where, self._tls_ca is not None) from None
             if index != start:
                 self._current = index
             return reply
@@ -517,9 +555,14 @@ def _unreachable(error: grpc.RpcError) -> bool:
     return error.code() == grpc.StatusCode.UNAVAILABLE and not details.startswith(STORAGE_PREFIX)
 
 
-def _translate(error: grpc.RpcError, address: str) -> GpuqError:
+def _translate(error: grpc.RpcError, address: str, tls_on: bool = False) -> GpuqError:
     code, details = error.code(), error.details() or ""
     if code == grpc.StatusCode.UNAVAILABLE and not details.startswith(STORAGE_PREFIX):
+        from gpuq.tls import explain_unavailable
+
+        tls_problem = explain_unavailable(details, tls_on=tls_on)
+        if tls_problem is not None:
+            return ServerUnavailable(f"cannot talk to the coordinator at {address}: {tls_problem}")
         return ServerUnavailable(f"no gpuq coordinator at {address}; {HOW_TO_START}")
     return _error_for(code, details)
 

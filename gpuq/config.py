@@ -9,7 +9,6 @@ The config file is the first of `--config`, `$GPUQ_CONFIG`, `$GPUQ_HOME/config.t
 from __future__ import annotations
 
 import difflib
-import hashlib
 import math
 import os
 import re
@@ -99,7 +98,10 @@ class CoordinatorSettings:
     kill_grace: float = 30.0
     # a user's queued and running jobs, an array counting every task not yet ended: what
     # one person may keep in the coordinator's memory (about 76 bytes a waiting array task)
-    max_queued_per_user: int = 1_000_000
+    max_queued_per_user: int = 200_000
+    # and what they may hold in the coordinator's memory: scripts, environments and arguments
+    # (a job may send 6 MiB of them; without this, 200,000 such jobs would be 1.2 TB)
+    max_queued_bytes_per_user: int = 2 << 30
     default_qos: str = "normal"
     # PostgreSQL only: wait while another coordinator holds the store, and take over when it
     # goes (instead of exiting with code 3)
@@ -122,7 +124,9 @@ class CoordinatorSettings:
     # the nodes that may register: one key file per node, <nodes_dir>/<node>.key
     # (`gpuq admin node-key NODE`); None: GPUQ_HOME/nodes
     nodes_dir: str | None = None
-    max_concurrent_rpcs: int = 512  # calls in progress at once, streams included; more wait
+    # calls in progress at once, streams included (more are refused RESOURCE_EXHAUSTED); one
+    # user keeps at most 128 submit and watch streams open
+    max_concurrent_rpcs: int = 2048
     qos: dict[str, QosTier] = field(default_factory=default_qos_tiers)
     scheduler: SchedulerSettings = field(default_factory=SchedulerSettings)
 
@@ -199,7 +203,9 @@ class Settings:
 
     @property
     def nodes_dir(self) -> Path:
-        return Path(self.coordinator.nodes_dir) if self.coordinator.nodes_dir else self.home / "nodes"
+        return (
+            Path(self.coordinator.nodes_dir) if self.coordinator.nodes_dir else self.home / "nodes"
+        )
 
     @property
     def node_key_path(self) -> Path:
@@ -226,15 +232,18 @@ class Settings:
         """Where a root agent keeps job folders and the supervisors' socket, one per node.
 
         They matter only while supervisors run, and a reboot ends those, so by default they
-        live in a private folder on tmpfs, keyed by this home: a job costs no disk writes (and
+        live in a folder of this installation on tmpfs: a job costs no disk writes (and
         no fsync behind a busy disk). The agent uses agent_state_dir instead when it is not root
         (systemd-logind removes a user's /dev/shm files at logout) or /dev/shm is missing or
         mounted noexec (a job's script runs from its folder).
         """
         if self.agent.run_dir:
             return Path(self.agent.run_dir).expanduser()
-        key = hashlib.sha256(str(self.home).encode()).hexdigest()[:12]
-        return TMPFS / f"gpuq-{os.geteuid()}" / key
+        # a random name per installation, remembered in the state folder (gpuq/agent/rundir):
+        # a fixed name in world-writable /dev/shm could be taken first by any user
+        from gpuq.agent.rundir import recorded_root
+
+        return recorded_root(self.agent_state_dir.parent) or self.agent_state_dir / "no-run-root"
 
     @property
     def coordinator_address(self) -> str:
@@ -561,6 +570,7 @@ RULES: dict[str, dict[str, Check]] = {
         "heartbeat_timeout": _seconds(0.1, DAY),
         "kill_grace": _seconds(0, DAY),
         "max_queued_per_user": _integer(1, 100_000_000),
+        "max_queued_bytes_per_user": _integer(1 << 20, 1 << 50, "bytes"),
         "default_qos": _pattern(_TIER_NAME, "the name of a [qos.NAME] tier"),
         "standby": _boolean,
         "admin_group": _pattern(_GROUP_NAME, "a Unix group name"),

@@ -10,19 +10,17 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import os
 import signal
-import stat
 import sys
 import threading
 from collections.abc import Callable
 from dataclasses import replace
-from pathlib import Path
 from typing import TYPE_CHECKING
 
-from gpuq.auth import read_token
-from gpuq.config import TMPFS, Settings
-from gpuq.errors import GpuqError, InvalidInput
+from gpuq.agent.rundir import agent_run_dir
+from gpuq.config import Settings
+from gpuq.errors import GpuqError
+from gpuq.identity import create_key_file, read_key_file
 
 if TYPE_CHECKING:
     from gpuq.agent.agent import Agent
@@ -160,41 +158,21 @@ def _make_agent(settings: Settings, fork_server: ForkServer, *, embedded: bool) 
     options = AgentOptions(
         settings=settings.agent,
         address=settings.coordinator_address,
-        token=read_token(settings.token_path),
+        node_key=agent_node_key(settings),
         run_dir=agent_run_dir(settings),
         heartbeat_interval=settings.coordinator.heartbeat_interval,
     )
     return Agent(options, backend, fork_server)
 
 
-def agent_run_dir(settings: Settings) -> Path:
-    """The node's folder for job folders and the supervisors' socket (see Settings), made."""
-    root, node = settings.agent_run_root, settings.agent.node_name
-    if settings.agent.run_dir:
-        (root / node).mkdir(parents=True, exist_ok=True, mode=0o700)
-        if _noexec(root / node):
-            raise InvalidInput("agent.run_dir", str(root), "is mounted noexec: scripts run there")
-        return root / node
-    if os.geteuid() != 0 or not TMPFS.is_dir() or _noexec(TMPFS):
-        return settings.agent_state_dir
-    _private_dir(root.parent)
-    for folder in (root, root / node):
-        folder.mkdir(exist_ok=True, mode=0o700)
-    return root / node
-
-
-def _noexec(path: Path) -> bool:
-    return bool(os.statvfs(path).f_flag & os.ST_NOEXEC)
-
-
-def _private_dir(path: Path) -> None:
-    """Make `path` in a world-writable folder, or accept it only if it is ours and private: a
-    folder someone else made there first could swap a job's folder under a root agent."""
-    with contextlib.suppress(FileExistsError):
-        path.mkdir(mode=0o700)
-    info = path.lstat()
-    if not stat.S_ISDIR(info.st_mode) or info.st_uid != os.geteuid() or info.st_mode & 0o077:
-        raise InvalidInput("agent run folder", str(path), "is not a private folder of this user")
+def agent_node_key(settings: Settings) -> str:
+    """This node's key: the configured [agent] node_key file; by default GPUQ_HOME/nodes/<node>.key,
+    made if missing, which lets an agent that shares its coordinator's home (gpuq serve, or both
+    services on one machine) register with no setup: writing there takes the coordinator's
+    user. Any other node's key an admin makes with `gpuq admin node-key NODE`."""
+    if settings.agent.node_key:
+        return read_key_file(settings.node_key_path)
+    return create_key_file(settings.node_key_path)
 
 
 def serve_settings(settings: Settings, listen: str | None) -> Settings:

@@ -22,12 +22,19 @@ from gpuq import __version__
 from gpuq.agent.forkserver import ForkServer
 from gpuq.agent.gpu_care import GpuCare
 from gpuq.agent.gpus import GpuBackend
-from gpuq.agent.hub import LaunchRefused, SupervisorHub, SupervisorReport
-from gpuq.agent.launch import LaunchOrder, NodePolicy, build_launch
-from gpuq.auth import bearer
+from gpuq.agent.hub import (
+    LaunchRefused,
+    SupervisorHub,
+    SupervisorReport,
+    coordinator_socket_owner,
+    lookup_account,
+)
+from gpuq.agent.launch import LaunchOrder, NodePolicy, build_launch, cgroup_key, launch_refusal
 from gpuq.config import AgentSettings, split_addresses
 from gpuq.convert import spec_from_proto, unit_to_proto
 from gpuq.domain.units import parse_size
+from gpuq.identity import node_metadata
+from gpuq.tls import agent_channel
 from gpuq.v1 import agent_pb2 as apb
 from gpuq.v1 import agent_pb2_grpc
 from gpuq.v1 import types_pb2 as pb
@@ -55,7 +62,7 @@ KEEPALIVE_MAX = 5.0
 class AgentOptions:
     settings: AgentSettings
     address: str  # "unix:PATH" or "HOST:PORT"
-    token: str
+    node_key: str  # this node's key (gpuq.identity): the coordinator knows it by it
     run_dir: Path  # job folders and the supervisors' socket
     heartbeat_interval: float = 5.0
 
@@ -67,9 +74,14 @@ class Agent:
         self.hub = SupervisorHub(
             options.run_dir, self._on_report, fork_server=fork_server, on_health=self._beat_now
         )
+        # the installation's own level of job cgroups (<parent>/<key>/job_<id>): the GPU
+        # processes of another installation's jobs are never taken for this one's
+        s = options.settings
+        self.cgroup_key = cgroup_key(str(Path(options.run_dir).absolute()), s.node_name)
+        parent = (s.cgroup_parent or "gpuq").strip("/")
         self.gpus = GpuCare(
             backend,
-            options.settings,
+            dataclasses.replace(s, cgroup_parent=f"{parent}/{self.cgroup_key}"),
             self.hub,
             beat_now=self._beat_now,
             units_changed=self._units_changed,
@@ -106,8 +118,10 @@ class Agent:
             job_env=dict(s.job_env),
             mem_enforcement=s.mem_enforcement,  # type: ignore[arg-type]
             cgroup_parent=s.cgroup_parent,
+            cgroup_key=self.cgroup_key,
             extra_env=extra,
             devices=dict(self.gpus.device_numbers),
+            switch_user=os.geteuid() == 0,  # a job runs as its submitter (the supervisor)
         )
 
     async def run(self) -> None:
@@ -181,8 +195,13 @@ class Agent:
         return every, every
 
     def _channel_options(self) -> list[tuple[str, int]]:
+        from gpuq.domain.limits import MAX_AGENT_MESSAGE_BYTES
+
         every, timeout = self._keepalive()
         return [
+            # one coordinator message holds a launch of the largest valid job (grpc's default,
+            # 4 MiB, does not); the coordinator splits larger batches to fit
+            ("grpc.max_receive_message_length", MAX_AGENT_MESSAGE_BYTES),
             ("grpc.keepalive_time_ms", int(every * 1000)),
             ("grpc.keepalive_timeout_ms", int(timeout * 1000)),
             # grpc 1.85 times a keepalive ping out by this (default 60 s), not keepalive_timeout
@@ -245,8 +264,10 @@ class Agent:
 
     async def _session_at(self, address: str) -> bool:
         """A session with the coordinator at `address`; False if it did not register us."""
-        metadata = (bearer(self.options.token),)
-        async with grpc.aio.insecure_channel(address, options=self._channel_options()) as channel:
+        metadata = (node_metadata(self.options.settings.node_name, self.options.node_key),)
+        async with agent_channel(
+            address, self.options.settings, self._channel_options()
+        ) as channel:
             stub = agent_pb2_grpc.AgentLinkStub(channel)
             call = stub.Connect(metadata=metadata)
             self._outgoing.clear()  # what was unsent is rebuilt into the registration
@@ -374,8 +395,26 @@ class Agent:
             unknown = [uuid for uuid in order.gpus if uuid not in self.gpus.units]
             if unknown:
                 raise LaunchRefused(f"it has no GPU {unknown[0]} (its GPUs changed)")
+            # who the job runs as: its submitter's account here, if this node may run it
+            account = lookup_account(order.user)
+            refusal = launch_refusal(
+                order.user,
+                account,
+                node=self.policy.node,
+                agent_uid=os.geteuid(),
+                allow_root_jobs=self.options.settings.allow_root_jobs,
+                coordinator_owner=coordinator_socket_owner(split_addresses(self.options.address)),
+            )
+            if refusal is not None:
+                log.error("job %d not started: %s", launch.job_id, refusal)
+                self._on_report(
+                    SupervisorReport(
+                        launch.job_id, "ended", "failed", reason=refusal, attempt=launch.attempt
+                    )
+                )
+                return
             cpus = self.gpus.place(order.job_id, order.gpus, order.spec.resources.cpus)
-            spec = build_launch(order, self.policy, cpus=cpus)
+            spec = build_launch(order, self.policy, cpus=cpus, account=account)
             # the units go with the spec, for an agent that restarts and adopts the job
             spec = dataclasses.replace(spec, extra={**spec.extra, "gpus": list(order.gpus)})
             await self.hub.launch(spec)

@@ -27,7 +27,9 @@ import contextlib
 import json
 import logging
 import os
+import pwd
 import signal
+import stat
 import time
 from collections import deque
 from collections.abc import Callable
@@ -49,7 +51,7 @@ from gpuq.agent.jobdir import (
     supervisor_alive,
     write_json_atomic,
 )
-from gpuq.agent.launch import LaunchSpec
+from gpuq.agent.launch import Account, LaunchSpec
 
 log = logging.getLogger(__name__)
 LIVENESS_CHECK = 1.0  # seconds between checks on a supervisor that is not connected
@@ -70,6 +72,38 @@ TEST_BLOCK_ENV = "GPUQ_TEST_FORK_SERVER_BLOCK"  # see the module's docstring
 
 class LaunchRefused(Exception):
     """The job was not started (no supervisor runs for it): it may go back to the queue."""
+
+
+def lookup_account(user: str) -> Account | None:
+    """`user`'s entry in this node's password database (None: no such account)."""
+    if not user or "\0" in user:
+        return None
+    try:
+        entry = pwd.getpwnam(user)
+    except (KeyError, ValueError, OSError):
+        return None
+    return Account(entry.pw_name, entry.pw_uid, entry.pw_gid, entry.pw_dir, entry.pw_shell)
+
+
+def coordinator_socket_owner(addresses: list[str]) -> int | None:
+    """The uid owning the coordinator's Unix socket when one of `addresses` is `unix:PATH`
+    and a user other than root owns it (a user's private coordinator), else None. A socket
+    that cannot be looked at counts as owned by nobody trusted (-1: no job runs)."""
+    owners = set()
+    for address in addresses:
+        if not address.startswith("unix:"):
+            continue
+        path = address[len("unix:") :].removeprefix("//")
+        try:
+            info = os.stat(path)
+        except OSError:
+            owners.add(-1)
+            continue
+        if info.st_uid != 0 or not stat.S_ISSOCK(info.st_mode):
+            owners.add(info.st_uid if stat.S_ISSOCK(info.st_mode) else -1)
+    if not owners:
+        return None
+    return owners.pop() if len(owners) == 1 else -1
 
 
 @dataclass(frozen=True, slots=True)
@@ -255,8 +289,12 @@ class SupervisorHub:
 
     async def start(self) -> None:
         """Listen, start the fork server, and take over the jobs an earlier agent left."""
+        # a root agent's jobs run as their users, who must pass through to their scripts
+        # (0711: nobody else may list or write; spec.json and results stay 0600 root's)
+        mode = 0o711 if os.geteuid() == 0 else 0o700
         self.jobs_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
-        os.chmod(self.state_dir, 0o700)
+        os.chmod(self.state_dir, mode)
+        os.chmod(self.jobs_dir, mode)
         sock_path = self.state_dir / SOCKET_NAME
         with contextlib.suppress(FileNotFoundError):
             sock_path.unlink()
@@ -457,7 +495,10 @@ class SupervisorHub:
             if not self.forks_ready.is_set() or forks is None:
                 raise LaunchRefused(self.refusing or "the fork server is being restarted")
             job_dir.mkdir(mode=0o700)
-            fd = os.open(job_dir / SPEC_FILE, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+            if os.geteuid() == 0:  # its user passes through to its script (the only entry)
+                os.chmod(job_dir, 0o711)
+            flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW
+            fd = os.open(job_dir / SPEC_FILE, flags, 0o600)
             try:
                 os.write(fd, spec_text)
             finally:

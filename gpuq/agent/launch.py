@@ -7,6 +7,7 @@ supervisor only carries it out. Keeping this pure means the job environment cont
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
@@ -36,6 +37,9 @@ class LaunchSpec:
     # gets one (job_<id>) where the supervisor may make it, --mem or not, so that nothing the
     # job starts outlives it; without --mem it sets no limit
     cgroup_parent: str | None = None
+    # the installation's key (cgroup_key): the groups are <cgroup_parent>/<key>/job_<id>, so that
+    # two installations on one host never take each other's jobs for their own; None: no level
+    cgroup_key: str | None = None
     kill_grace: float = 30.0  # seconds between SIGTERM (or a stop's signal) and SIGKILL
     # --signal SIG@S: SIG goes warning_seconds before the time limit (at start when that is not
     # shorter than the limit; never when 0); the limit itself sends SIGTERM, then SIGKILL after
@@ -45,7 +49,12 @@ class LaunchSpec:
     # the submitter's umask: the job runs with it and its output files are created 0666 less it;
     # None: output files are created 0600 and the job inherits the agent's umask
     umask: int | None = None
-    uid: int | None = None  # None: keep the supervisor's user (until user identity lands)
+    # the account the job runs as (build_launch, from an Account): the supervisor looks `user`
+    # up again, checks it has `uid`, and sets its groups (initgroups) and gid before it touches
+    # anything the user named. None: keep the supervisor's user (an agent that is not root
+    # runs only its own user's jobs)
+    user: str | None = None
+    uid: int | None = None
     gid: int | None = None
     attempt: int = 0  # the coordinator's start count for this start (0: unknown)
     # device rules ("c 195:1": type, major, minor; "*" for any) the job's devices cgroup
@@ -69,6 +78,19 @@ class LaunchSpec:
         values["args"] = tuple(values.get("args", ()))
         values["device_deny"] = tuple(values.get("device_deny", ()))
         return cls(**values)
+
+
+@dataclass(frozen=True, slots=True)
+class Account:
+    """The submitter's account on this node, from its password database (looked up at the
+    edge, gpuq.agent.hub.lookup_account): who a job runs as and what HOME, USER, LOGNAME and
+    SHELL it sees."""
+
+    name: str
+    uid: int
+    gid: int  # the primary group
+    home: str
+    shell: str
 
 
 @dataclass(frozen=True, slots=True)
@@ -104,6 +126,10 @@ class NodePolicy:
     # device_numbers): what the job's device rules deny of the units it was not given. Empty:
     # no device rules (e.g. fake GPUs, which have no device nodes)
     devices: Mapping[str, tuple[DeviceNumber, ...]] = field(default_factory=dict)
+    cgroup_key: str | None = None  # the installation's (cgroup_key): groups go below it
+    # the agent is root: a job runs as its submitter's account (uid, gid, groups), which the
+    # supervisor switches to; False: the agent's own user (it runs only that user's jobs)
+    switch_user: bool = False
 
 
 # inherited variables that would contradict the allocation if carried over
@@ -125,9 +151,12 @@ def build_launch(
     *,
     cpus: Sequence[int] = (),
     mems: Sequence[int] = (),
+    account: Account | None = None,
 ) -> LaunchSpec:
     """`cpus`, `mems`: the CPUs and memory nodes the agent chose for the job
-    (gpuq.agent.isolation.choose_cpus); empty: not bound."""
+    (gpuq.agent.isolation.choose_cpus); empty: not bound. `account`: the submitter's (checked
+    by launch_refusal first); it sets HOME, USER, LOGNAME and SHELL whatever the submitter
+    sent, and who the job runs as when the policy switches users."""
     spec = order.spec
     array = (
         (order.array_job_id, order.array_task_id)
@@ -136,11 +165,12 @@ def build_launch(
     )
     stdout, stderr = output_paths(spec, order.job_id, order.user, policy.node, array)
     warning = spec.signal
+    run_as = account if policy.switch_user else None
     return LaunchSpec(
         job_id=order.job_id,
         script=spec.script,
         args=spec.args,
-        env=job_environment(order, policy),
+        env=job_environment(order, policy, account),
         cwd=spec.workdir,
         stdout_path=stdout,
         stderr_path=stderr,
@@ -149,10 +179,14 @@ def build_launch(
         mem_limit=spec.resources.mem,
         mem_enforcement=policy.mem_enforcement,
         cgroup_parent=policy.cgroup_parent,
+        cgroup_key=policy.cgroup_key,
         kill_grace=order.kill_grace,
         warning_signal=warning.signal if warning else 15,
         warning_seconds=float(warning.seconds) if warning else 0.0,
         umask=spec.umask,
+        user=run_as.name if run_as else None,
+        uid=run_as.uid if run_as else None,
+        gid=run_as.gid if run_as else None,
         attempt=order.attempt,
         device_deny=device_rules(policy.devices, order.gpus),
         cpuset=format_cpulist(cpus) or None,
@@ -160,9 +194,12 @@ def build_launch(
     )
 
 
-def job_environment(order: LaunchOrder, policy: NodePolicy) -> dict[str, str]:
+def job_environment(
+    order: LaunchOrder, policy: NodePolicy, account: Account | None = None
+) -> dict[str, str]:
     """The submitter's environment, the admin's allocator defaults where the user set none,
-    then the contract variables, which nobody overrides (DESIGN.md, job environment)."""
+    then the account's HOME, USER, LOGNAME and SHELL and the contract variables, which nobody
+    overrides (DESIGN.md, job environment)."""
     spec = order.spec
     env = {
         key: value
@@ -171,6 +208,8 @@ def job_environment(order: LaunchOrder, policy: NodePolicy) -> dict[str, str]:
     }
     _allocator_settings(env, policy.job_env)
     env.update(policy.extra_env)
+    if account is not None:
+        env.update(HOME=account.home, USER=account.name, LOGNAME=account.name, SHELL=account.shell)
     devices = visible_devices(order.gpus, policy)
     env.update(
         {
@@ -221,3 +260,46 @@ def visible_devices(gpus: tuple[str, ...], policy: NodePolicy) -> str:
     if policy.visible_devices == "index" and not any(u.parent_uuid for u in units):
         return ",".join(str(u.index) for u in units)
     return ",".join(u.uuid for u in units)
+
+
+ROOT_JOBS_SETTING = "[agent] allow_root_jobs"
+
+
+def launch_refusal(
+    user: str,
+    account: Account | None,
+    *,
+    node: str,
+    agent_uid: int,
+    allow_root_jobs: bool,
+    coordinator_owner: int | None = None,
+) -> str | None:
+    """Why this node must not run a job of `user` (None: it may), one line.
+
+    `account`: the user's passwd entry here (None: none). `agent_uid`: the agent's euid; one
+    that is not root cannot switch users and runs only its own. `coordinator_owner`: the uid
+    owning the coordinator's Unix socket, where that is how the agent reaches it; a root agent
+    serving a user's private coordinator runs only that user's jobs (never root's)."""
+    if account is None:
+        return f"user {user!r} has no account on node {node}"
+    if agent_uid != 0 and account.uid != agent_uid:
+        return (
+            f"the agent on node {node} runs as uid {agent_uid} and cannot run jobs of user "
+            f"{account.name} (uid {account.uid}): only root switches users"
+        )
+    if coordinator_owner == -1:
+        return f"node {node} cannot tell who owns the coordinator's socket: it runs no job"
+    if coordinator_owner is not None and coordinator_owner not in (0, account.uid):
+        return (
+            f"node {node} serves the private coordinator of uid {coordinator_owner}: it runs "
+            f"only that user's jobs, not those of {account.name} (uid {account.uid})"
+        )
+    if account.uid == 0 and agent_uid == 0 and not allow_root_jobs:
+        return f"node {node} does not run jobs as root ({ROOT_JOBS_SETTING} is false)"
+    return None
+
+
+def cgroup_key(run_dir: str, node: str) -> str:
+    """The installation's key for its job cgroups on this node: 12 hex digits of a hash of its
+    run folder (one per installation, GPUQ_HOME, and node) and the node's name."""
+    return hashlib.sha256(f"{run_dir}\0{node}".encode()).hexdigest()[:12]

@@ -7,6 +7,8 @@ from typing import Any
 
 import click
 
+from gpuq.cli import render
+
 
 @click.command()
 @click.argument("target", metavar="NODE[:GPU]")
@@ -17,7 +19,7 @@ def drain(obj: Any, /, target: str, reason: str) -> int:
     continue. GPU: its index as gpuq nodes shows it (every MIG slice of that GPU), or a GPU or
     MIG UUID. Kept until gpuq resume, also across coordinator restarts."""
     reply = obj.client().drain(target, reason)
-    click.echo(reply.message)
+    click.echo(render.printable(reply.message))
     return 0
 
 
@@ -28,5 +30,5 @@ def resume(obj: Any, /, target: str) -> int:
     """Undo gpuq drain of a node or a GPU. A GPU its agent reports unhealthy or dirty stays
     out of service until the agent says it is ok (the message says so)."""
     reply = obj.client().resume(target)
-    click.echo(reply.message)
+    click.echo(render.printable(reply.message))
     return 0

@@ -81,7 +81,7 @@ def submit(
     job = client.wait(job_id)
     if job.state.value == "completed":
         return 0
-    click.echo(f"job {job_id} {job.state.value}: {job.reason}", err=True)
+    click.echo(f"job {job_id} {job.state.value}: {render.printable(job.reason)}", err=True)
     if job.result is not None and job.result.exit_code is not None and job.result.exit_code:
         return int(job.result.exit_code)
     if job.result is not None and job.result.signal:
@@ -94,10 +94,11 @@ def _act(obj: Any, /, verb: str, job_ids: tuple[str, ...], **kwargs: Any) -> int
     failed = False
     for outcome in outcomes:
         if outcome.done:
-            click.echo(f"job {outcome.job_id}: {outcome.message}")
+            click.echo(f"job {outcome.job_id}: {render.printable(outcome.message)}")
         else:
             failed = True
-            click.echo(f"gpuq {verb}: job {outcome.job_id}: {outcome.message}", err=True)
+            message = render.printable(outcome.message)
+            click.echo(f"gpuq {verb}: job {outcome.job_id}: {message}", err=True)
     return 2 if failed else 0
 
 
@@ -210,11 +211,12 @@ def _describe(job: Any, events: list[Any], array_states: dict[str, int]) -> str:
         )
         lines.append(("Estimated start", render.estimated_start(job)))
     width = max(len(k) for k, _ in lines)
-    text = [f"{k.rjust(width)}: {v}" for k, v in lines]
+    # every value is what a user, an agent or the coordinator said: escaped, one line each
+    text = [f"{k.rjust(width)}: {render.printable(v)}" for k, v in lines]
     text.append("History:")
     text += [
         f"  {render.when(e.at)}  {(e.from_state.value if e.from_state else '-'):>13} -> "
-        f"{e.to_state.value:<13} {e.reason}"
+        f"{e.to_state.value:<13} {render.printable(e.reason)}"
         for e in events
     ]
     return "\n".join(text)
@@ -268,4 +270,4 @@ def build_spec_warning(command: str, /, **kwargs: Any) -> Any:
 
 
 def _warn(command: str, text: str) -> None:
-    click.echo(f"{command}: warning: {text}", err=True)
+    click.echo(f"{command}: warning: {render.printable(text)}", err=True)

@@ -263,14 +263,14 @@ def nodes(obj: Any, /, as_json: bool) -> int:
         if not n.gpus and not facts:
             continue
         lines.append("")
-        lines.append(f"{n.name}: {facts}" if facts else f"{n.name}:")
+        lines.append(render.printable(f"{n.name}: {facts}" if facts else f"{n.name}:"))
         if n.gpus:
             table = render.table(
                 ("GPU", "KIND", "MODEL", "MEMORY", "USED", "UTIL", "ALLOCATED", "HEALTH"),
                 unit_rows(n),
             )
             lines += ["  " + line for line in table.splitlines()]
-    click.echo("\n".join(lines))
+    click.echo("\n".join(lines))  # each table cell and line went through render.printable
     return 0
 
 
@@ -333,5 +333,6 @@ def status(obj: Any, /, as_json: bool) -> int:
             f"  {render.job_id_text(job):>8} {job.spec.name[:24]:<24} "
             f"{render.SHORT_STATE[job.state]:<3} {render.job_reason(job)}"
         )
-    click.echo("\n".join(lines))
+    # every line is one line of its own: what a user or an agent said is escaped in it
+    click.echo("\n".join(render.printable(line) for line in lines))
     return 0

@@ -73,6 +73,7 @@ COMMANDS = {
     "cron": "gpuq.cli.cron",
     "drain": "gpuq.cli.admin",
     "resume": "gpuq.cli.admin",
+    "admin": "gpuq.cli.security",
     "serve": "gpuq.cli.daemons",
     "coordinator": "gpuq.cli.daemons",
     "agent": "gpuq.cli.daemons",
@@ -101,7 +102,8 @@ class LazyGroup(click.Group):
 )
 @click.option(
     "--home",
-    type=click.Path(path_type=Path),
+    # not readable by others when a root coordinator's: its sockets are reached by name
+    type=click.Path(path_type=Path, readable=False),
     envvar="GPUQ_HOME",
     help="state folder (default ~/.local/share/gpuq, or /var/lib/gpuq for root)",
 )
@@ -128,6 +130,9 @@ def main(argv: list[str] | None = None) -> None:
 
 
 def run(argv: list[str] | None = None) -> int:
+    # grpc's own log lines (a failed TLS handshake) would make a one-line error two; the
+    # daemons set their logging up themselves
+    os.environ.setdefault("GRPC_VERBOSITY", "ERROR")
     try:
         result = cli.main(args=argv, prog_name="gpuq", standalone_mode=False)
     except click.exceptions.Abort:
@@ -138,16 +143,16 @@ def run(argv: list[str] | None = None) -> int:
         return EXIT_BAD_INPUT
     except click.UsageError as exc:
         command = exc.ctx.command_path if exc.ctx else "gpuq"
-        click.echo(f"{command}: error: {exc.format_message()}", err=True)
+        click.echo(f"{command}: error: {printable(exc.format_message())}", err=True)
         return EXIT_BAD_INPUT
     except click.ClickException as exc:
-        click.echo(f"gpuq: error: {exc.format_message()}", err=True)
+        click.echo(f"gpuq: error: {printable(exc.format_message())}", err=True)
         return exc.exit_code
     except (ServerUnavailable, StorageUnavailable) as exc:
-        click.echo(f"gpuq: {exc}", err=True)
+        click.echo(f"gpuq: {printable(exc)}", err=True)
         return EXIT_UNAVAILABLE
     except GpuqError as exc:
-        click.echo(f"gpuq: error: {exc}", err=True)
+        click.echo(f"gpuq: error: {printable(exc)}", err=True)
         return EXIT_BAD_INPUT
     except KeyboardInterrupt:
         return EXIT_INTERRUPTED
@@ -155,14 +160,23 @@ def run(argv: list[str] | None = None) -> int:
         return 141
     except OSError as exc:  # the system said no: a file, a folder, a permission
         _debug_traceback()
-        click.echo(f"gpuq: error: {_os_error(exc)}", err=True)
+        click.echo(f"gpuq: error: {printable(_os_error(exc))}", err=True)
         return EXIT_FAILED
     except Exception as exc:  # a bug: one line, and where to find the details
         _debug_traceback()
         hint = "" if os.environ.get(DEBUG_VAR) else f" (set {DEBUG_VAR}=1 to see the traceback)"
-        click.echo(f"gpuq: internal error: {type(exc).__name__}: {_one_line(exc)}{hint}", err=True)
+        line = printable(f"{type(exc).__name__}: {_one_line(exc)}")
+        click.echo(f"gpuq: internal error: {line}{hint}", err=True)
         return EXIT_INTERNAL
     return result if isinstance(result, int) else EXIT_OK
+
+
+def printable(text: object) -> str:
+    """An error message as printed: what a user, a server or an agent put in it escaped
+    (gpuq.cli.render.printable), imported only when an error is printed."""
+    from gpuq.cli.render import printable as escaped
+
+    return escaped(text)
 
 
 def _debug_traceback() -> None:

@@ -4,13 +4,36 @@ from __future__ import annotations
 
 import datetime as dt
 import json
+import re
 from collections.abc import Sequence
 from typing import Any
 
+from gpuq.domain.limits import CONTROL_RE
 from gpuq.domain.states import SHORT_STATE as STATE_CODES
 from gpuq.domain.units import format_duration, format_size
 
 SHORT_STATE = {state.value: code for state, code in STATE_CODES.items()}
+_NAMED_ESCAPES = {"\n": "\\n", "\r": "\\r", "\t": "\\t"}
+
+
+def _escape(match: re.Match[str]) -> str:
+    char = match[0]
+    if char in _NAMED_ESCAPES:
+        return _NAMED_ESCAPES[char]
+    code = ord(char)
+    return f"\\x{code:02x}" if code < 0x100 else f"\\u{code:04x}"
+
+
+def printable(text: object) -> str:
+    """`text` safe for a terminal: every control character (C0 such as newline, tab and ESC;
+    DEL; C1) and every Unicode character that reorders or breaks what follows (bidi
+    overrides, embeddings and isolates, line and paragraph separators) shown as an escape
+    (`\\n`, `\\x1b`, `\\u202e`). For every user- or agent-supplied string the CLI prints,
+    whether or not stdout is a terminal."""
+    line = text if isinstance(text, str) else str(text)
+    if line.isprintable():  # the common case; never true with any of those characters
+        return line
+    return CONTROL_RE.sub(_escape, line)
 
 
 def job_id_text(job: Any) -> str:
@@ -90,7 +113,8 @@ def job_dict(job: Any) -> dict[str, Any]:
 
 
 def table(headers: Sequence[str], rows: Sequence[Sequence[object]]) -> str:
-    cells = [[str(c) for c in row] for row in rows]
+    """Aligned columns; every cell through printable()."""
+    cells = [[printable(c) for c in row] for row in rows]
     widths = [max([len(h)] + [len(r[i]) for r in cells]) for i, h in enumerate(headers)]
     lines = ["  ".join(h.ljust(w) for h, w in zip(headers, widths, strict=True)).rstrip()]
     lines += ["  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip() for r in cells]
@@ -98,7 +122,9 @@ def table(headers: Sequence[str], rows: Sequence[Sequence[object]]) -> str:
 
 
 def dumps(value: object) -> str:
-    return json.dumps(value, indent=2, sort_keys=False)
+    """JSON as the listings print it: ensure_ascii escapes every control and non-ASCII
+    character (\\u001b, \\u202e), so no raw escape reaches a terminal."""
+    return json.dumps(value, indent=2, sort_keys=False, ensure_ascii=True)
 
 
 def size(value: int | None) -> str:

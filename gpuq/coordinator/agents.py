@@ -7,19 +7,34 @@ from __future__ import annotations
 import asyncio
 import logging
 import math
+import re
 from collections import defaultdict
 from collections.abc import Coroutine, Sequence
+from dataclasses import replace
 from functools import partial
 from typing import Any
 
 from gpuq.convert import result_from_proto, spec_to_proto, unit_from_proto
 from gpuq.coordinator.cluster import AgentSession, NodeEntry
 from gpuq.coordinator.core import Coordinator, Ending, StopOrder
+from gpuq.domain.limits import (
+    CONTROL_RE,
+    MAX_JOB_ID,
+    MAX_NODE_TEXT,
+    MAX_NODE_UNITS,
+    MAX_TOPOLOGY_LINKS,
+    MAX_UNIT_ID,
+    check_range,
+    check_text,
+    clean_line,
+    shown,
+)
 from gpuq.domain.model import Job, Node, NodeState, is_advisory
 from gpuq.domain.states import TRANSITIONS, JobState
-from gpuq.errors import Conflict, IllegalTransition, NotFound
+from gpuq.errors import Conflict, IllegalTransition, InvalidInput, NotFound
 from gpuq.store.api import StoreTx
 from gpuq.v1 import agent_pb2 as apb
+from gpuq.v1 import types_pb2 as pb
 
 log = logging.getLogger(__name__)
 
@@ -37,12 +52,14 @@ class AgentLink:
     def __init__(self, coordinator: Coordinator) -> None:
         self.co = coordinator
         self._tasks: set[asyncio.Task[None]] = set()
+        self._foreign_logged: dict[str, float] = {}  # node -> when its last was logged
         coordinator.send_starts = self.send_starts
         coordinator.send_stops = self.send_stops
 
     # ---- stream lifecycle ------------------------------------------------------------------
 
     async def register(self, message: apb.Register, session: AgentSession) -> None:
+        check_registration(message)  # InvalidInput: the stream ends INVALID_ARGUMENT
         co = self.co
         name = message.node
         entry = co.cluster.nodes.get(name)
@@ -107,7 +124,7 @@ class AgentLink:
             # its ended job left dirty is dirty before that job's end frees it, so the pass
             # that follows the end never gives it out
             before = entry.agent_health()
-            entry.usage = tuple(message.usage)
+            entry.usage = clean_usage(message.usage)
             after = entry.agent_health()
             if first:
                 self.co.wake()  # its units may be given out now
@@ -119,7 +136,8 @@ class AgentLink:
                 self.co.wake()  # a unit that is ok again may start a job
             # an agent that cannot start jobs (its fork server cannot be restarted, launches
             # keep failing) is sent none until it says it can again; its running jobs stay
-            drained = (message.not_accepting_reason or "it cannot start jobs").strip()
+            drained = clean_line(message.not_accepting_reason, MAX_NODE_TEXT)
+            drained = drained or "it cannot start jobs"
             drained = drained if message.not_accepting else ""
             if drained != entry.drained:
                 if drained and not entry.drained:
@@ -134,7 +152,7 @@ class AgentLink:
         entry = self.co.cluster.nodes.get(node)
         if entry is not None:
             entry.last_seen = self.co.clock()
-        ends = [r for r in reports if r.kind in _OVER]
+        ends = [r for r in reports if r.kind in _OVER and sane_report(r)]
         if ends:
             if entry is not None and entry.held:
                 gone = [r.job_id for r in ends if entry.held.pop(r.job_id, None) is not None]
@@ -152,6 +170,29 @@ class AgentLink:
             for r in reports
             if r.kind == apb.JobReport.RUNNING and (r.job_id not in ours or not self._current(r))
         ]
+
+    def _dispatched_here(self, node: str, report: apb.JobReport) -> bool:
+        """A node reports only on jobs dispatched to it: a report on a job that runs elsewhere
+        (or on nothing the coordinator runs) changes nothing. A job no longer running (ended,
+        requeued after its node was given up) is normal after a reconnection; one running on
+        another node is not, and is logged (at most once a minute per node)."""
+        job = self.co.cluster.jobs.get(report.job_id)
+        if job is not None and job.state is JobState.RUNNING and job.node == node:
+            return True
+        if job is not None and job.state is JobState.RUNNING:
+            now = self.co.clock()
+            if now - self._foreign_logged.get(node, -math.inf) >= FOREIGN_LOG_INTERVAL:
+                self._foreign_logged[node] = now
+                log.warning(
+                    "node %s reported on job %d, which runs on node %s: ignored (such reports "
+                    "are logged once a minute per node)",
+                    node,
+                    report.job_id,
+                    job.node,
+                )
+        else:
+            log.debug("node %s: ignoring a report on job %d, not running", node, report.job_id)
+        return False
 
     def _current(self, report: apb.JobReport) -> bool:
         """The report is about the job's current start (or it cannot tell: attempt 0, or a
@@ -212,6 +253,8 @@ class AgentLink:
     async def _record_ends(self, node: str, reports: Sequence[apb.JobReport]) -> None:
         ends: list[Ending] = []
         for report in reports:
+            if not self._dispatched_here(node, report):
+                continue  # acknowledged below, and forgotten by the agent
             if not self._current(report):
                 log.info(
                     "node %s: ignoring a report on job %d's start %d (it is at start %d)",
@@ -222,7 +265,7 @@ class AgentLink:
                 )
                 continue  # an earlier start's end: acknowledged below, and forgotten
             if report.kind == apb.JobReport.NOT_STARTED:
-                why = report.result.reason
+                why = clean_line(report.result.reason, MAX_END_REASON)
                 reason = f"requeued: {why}" if why else NOT_RECEIVED
                 ends.append(Ending(report.job_id, JobState.PENDING, reason, attempt=report.attempt))
                 continue
@@ -234,6 +277,8 @@ class AgentLink:
                 state = JobState.FAILED
             at = report.at if math.isfinite(report.at) and report.at > 0 else None
             result = result_from_proto(report.result)
+            if result.reason:
+                result = replace(result, reason=clean_line(result.reason, MAX_END_REASON))
             reason = result.reason or state.value
             ends.append(Ending(report.job_id, state, reason, result, at, report.attempt))
         if ends:
@@ -358,9 +403,104 @@ def _request_stop(tx: StoreTx, order: StopOrder) -> None:
     tx.request_stop(order.job_id, order.end_state, order.reason)
 
 
-MAX_NODE_TEXT = 300  # characters of an agent's isolation, driver or GPU-problem text
+FOREIGN_LOG_INTERVAL = 60.0  # seconds between warnings of one node's reports on others' jobs
+MAX_END_REASON = 1000  # characters of an agent's reason for a job's end
+MAX_NOTES = 16  # notes an agent may attach to one unit
+# a node's name, as gpuq.config takes it ([agent] node_name)
+NODE_NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,62}")
+# a unit's UUID (GPU-..., MIG-..., the older MIG-GPU-.../1/0) or PCI bus id (00000000:17:00.0)
+UNIT_ID_RE = re.compile(r"[A-Za-z0-9_.:/+-]{1,96}")
 
 
 def _line(text: str) -> str:
     """An agent's free text as one bounded line."""
     return " ".join(text.split())[:MAX_NODE_TEXT]
+
+
+def check_registration(message: apb.Register) -> None:
+    """What an agent registers is bounded and holds no control characters (it is shown in
+    gpuq nodes, status and job listings): InvalidInput naming the field otherwise."""
+    if not NODE_NAME_RE.fullmatch(message.node):
+        raise InvalidInput(
+            "registration: node",
+            shown(message.node),
+            "use 1 to 63 letters, digits, '.', '_' or '-', starting with a letter or digit",
+        )
+    check_range("registration: cpus", message.cpus, 0, MAX_NODE_CPUS)
+    check_range("registration: mem", message.mem, 0, MAX_NODE_BYTES)
+    if len(message.gpus) > MAX_NODE_UNITS:
+        raise InvalidInput("registration: gpus", len(message.gpus), f"more than {MAX_NODE_UNITS}")
+    for report in message.jobs:
+        if not sane_report(report):
+            raise InvalidInput(
+                "registration: job", report.job_id, f"job ids go from 1 to {MAX_JOB_ID}"
+            )
+    for unit in message.gpus:
+        _check_unit_id("registration: GPU uuid", unit.uuid)
+        where = f"registration: GPU {brief_id(unit.uuid)}"
+        check_range(f"{where} index", unit.index, 0, MAX_NODE_UNITS)
+        check_range(f"{where} memory", unit.memory, 0, MAX_NODE_BYTES)
+        check_text(f"{where} name", unit.name, MAX_NODE_TEXT)
+        for field_name, value in (
+            ("pci_bus_id", unit.pci_bus_id),
+            ("parent_uuid", unit.parent_uuid),
+            ("mig_profile", unit.mig_profile),
+        ):
+            if value:
+                _check_unit_id(f"{where} {field_name}", value)
+    if len(message.topology) > MAX_TOPOLOGY_LINKS:
+        raise InvalidInput(
+            "registration: topology", len(message.topology), f"more than {MAX_TOPOLOGY_LINKS} links"
+        )
+    for link in message.topology:
+        _check_unit_id("registration: topology", link.a)
+        _check_unit_id("registration: topology", link.b)
+    for field_name, value in (
+        ("driver", message.driver),
+        ("isolation", message.isolation),
+        ("gpu_problem", message.gpu_problem),
+        ("version", message.version),
+    ):
+        # whitespace (a newline in an error text) is folded into spaces by _line; any other
+        # control character (a terminal escape) is refused
+        check_text(f"registration: {field_name}", _line(value), MAX_NODE_TEXT)
+
+
+MAX_NODE_CPUS = 1 << 20
+MAX_NODE_BYTES = 1 << 60  # host memory or one GPU's: far beyond any machine, inside the store's
+MAX_ATTEMPT = 2**31 - 1
+
+
+def sane_report(report: apb.JobReport) -> bool:
+    """A report whose numbers the store can hold (anything else names no job of ours)."""
+    return 1 <= report.job_id <= MAX_JOB_ID and report.attempt <= MAX_ATTEMPT
+
+
+def _check_unit_id(field_name: str, value: str) -> None:
+    if not UNIT_ID_RE.fullmatch(value):
+        raise InvalidInput(field_name, shown(value), "use 1 to 96 letters, digits or _ . : / + -")
+
+
+def brief_id(value: str) -> str:
+    """A unit id as an error may name it (printable, short)."""
+    return CONTROL_RE.sub("?", value[:MAX_UNIT_ID])
+
+
+def clean_usage(usage: Sequence[pb.GpuUsage]) -> tuple[pb.GpuUsage, ...]:
+    """A heartbeat's units as shown in gpuq nodes: at most MAX_NODE_UNITS, each text one
+    bounded line without control characters (a heartbeat is never refused for its text)."""
+    kept: list[pb.GpuUsage] = []
+    for unit in usage[:MAX_NODE_UNITS]:
+        texts = (unit.uuid, unit.health, unit.health_reason, *unit.notes)
+        if len(unit.notes) > MAX_NOTES or any(
+            len(t) > MAX_NODE_TEXT or CONTROL_RE.search(t) for t in texts
+        ):
+            clean = pb.GpuUsage()
+            clean.CopyFrom(unit)
+            clean.uuid = clean_line(unit.uuid, MAX_UNIT_ID)
+            clean.health = clean_line(unit.health, 32)
+            clean.health_reason = clean_line(unit.health_reason, MAX_NODE_TEXT)
+            clean.notes[:] = [clean_line(n, MAX_NODE_TEXT) for n in unit.notes[:MAX_NOTES]]
+            unit = clean
+        kept.append(unit)
+    return tuple(kept)

@@ -9,11 +9,12 @@ from __future__ import annotations
 import asyncio
 import bisect
 import math
-from collections import Counter
+from collections import Counter, deque
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 
-from gpuq.domain.model import Drain, Health, Job, Node, NodeState
+from gpuq.domain.limits import MAX_AGENT_MESSAGE_BYTES
+from gpuq.domain.model import Drain, Health, Job, JobSpec, Node, NodeState
 from gpuq.domain.states import JobState
 from gpuq.scheduler.placement import NodeView
 from gpuq.scheduler.plan import FitKey
@@ -27,35 +28,56 @@ ACK_DELAY = 0.05  # seconds an acknowledgement may wait for a command to travel 
 class AgentSession:
     """One connected agent stream. Commands accumulate here and leave as one message when the
     stream's writer next runs: under load, one message per scheduling pass, not per job.
+    A message stays within `max_bytes` (the agent's receive limit): launches beyond it start
+    the next message, which follows at once (a launch of the largest valid job fits alone).
 
     Acknowledgements are not urgent (they only let the agent forget a recorded end), so they
     wait up to ACK_DELAY for the next command instead of costing a message of their own: a
     job's end is then acknowledged by the message that starts the job after it."""
 
-    def __init__(self, node: str) -> None:
+    def __init__(self, node: str, max_bytes: int = MAX_AGENT_MESSAGE_BYTES) -> None:
         self.node = node
         self.closed = False
+        self.max_bytes = max_bytes
+        self._full: deque[agent_pb2.CoordinatorMessage] = deque()  # filled, to leave first
         self._pending = agent_pb2.CoordinatorMessage()
+        self._size = 0  # about what _pending takes on the wire (never less)
         self._ready = asyncio.Event()
         self._ack_timer: asyncio.TimerHandle | None = None
 
     def registered(self, heartbeat_interval: float, node_timeout: float = 0.0) -> None:
         self._pending.registered.heartbeat_interval = heartbeat_interval
         self._pending.registered.node_timeout = node_timeout
+        self._size += 32
         self._ready.set()
 
     def start(self, launches: Iterable[agent_pb2.JobLaunch]) -> None:
-        self._pending.start.extend(launches)
+        for launch in launches:
+            self._room(launch.ByteSize() + _FRAMING)
+            self._pending.start.append(launch)
         self._ready.set()
 
     def stop(self, stops: Iterable[agent_pb2.StopJob]) -> None:
-        self._pending.stop.extend(stops)
+        for stop in stops:
+            self._room(stop.ByteSize() + _FRAMING)
+            self._pending.stop.append(stop)
         self._ready.set()
 
     def ack(self, job_ids: Iterable[int]) -> None:
-        self._pending.ack.extend(job_ids)
+        for job_id in job_ids:
+            self._room(_FRAMING)
+            self._pending.ack.append(job_id)
         if self._ack_timer is None:
             self._ack_timer = asyncio.get_running_loop().call_later(ACK_DELAY, self._ready.set)
+
+    def _room(self, size: int) -> None:
+        """Make room for an entry of `size` bytes: a message that would outgrow max_bytes is
+        finished and queued, and the entry starts the next one."""
+        if self._size and self._size + size > self.max_bytes:
+            self._full.append(self._pending)
+            self._pending = agent_pb2.CoordinatorMessage()
+            self._size = 0
+        self._size += size
 
     async def next_message(self) -> agent_pb2.CoordinatorMessage | None:
         """What accumulated, once there is something; None when the session closed."""
@@ -64,7 +86,13 @@ class AgentSession:
         self._cancel_ack_timer()  # the acks leave with this message
         if self.closed:
             return None
+        if self._full:  # a batch too large for one message: the rest follow at once
+            message = self._full.popleft()
+            if self._full or self._size:
+                self._ready.set()
+            return message
         message, self._pending = self._pending, agent_pb2.CoordinatorMessage()
+        self._size = 0
         return message
 
     def close(self) -> None:
@@ -76,6 +104,9 @@ class AgentSession:
         if self._ack_timer is not None:
             self._ack_timer.cancel()
             self._ack_timer = None
+
+
+_FRAMING = 11  # bytes a repeated entry may add to its own size: a tag and a length (or a varint)
 
 
 @dataclass(slots=True)
@@ -207,6 +238,8 @@ class ClusterState:
         self.array_running: Counter[int] = Counter()
         self.task_jobs: dict[tuple[int, int], int] = {}  # live (array, task) -> job id
         self.user_tasks: Counter[str] = Counter()  # live jobs per user, a record its tasks
+        # what each user's live jobs hold in this process (scripts, environments, arguments)
+        self.user_bytes: Counter[str] = Counter()
         # admins' drains (gpuq drain), as the store has them: (node, unit uuid or "") -> drain
         self.drains: dict[tuple[str, str], Drain] = {}
 
@@ -219,6 +252,7 @@ class ClusterState:
             self.jobs[job.id] = job
             self._by_state[job.state][job.id] = job
             self.user_tasks[job.user] += len(job.tasks) or 1
+            self.user_bytes[job.user] += spec_size(job.spec)
             array = job.array_job_id
             if job.tasks:
                 self.records[job.id] = job
@@ -239,6 +273,9 @@ class ClusterState:
         self.user_tasks[old.user] -= len(old.tasks) or 1
         if self.user_tasks[old.user] <= 0:
             del self.user_tasks[old.user]
+        self.user_bytes[old.user] -= spec_size(old.spec)
+        if self.user_bytes[old.user] <= 0:
+            del self.user_bytes[old.user]
         if old.state is JobState.PENDING and not old.tasks:
             self._dequeue(old)
         array = old.array_job_id
@@ -281,6 +318,7 @@ class ClusterState:
         for counter in (self.array_live, self.array_pending, self.array_running):
             counter.clear()
         self.user_tasks.clear()
+        self.user_bytes.clear()
         self.records.clear()
         self.task_jobs.clear()
         for job in jobs:
@@ -343,3 +381,10 @@ def _decrement(counter: Counter[int], key: int) -> None:
     counter[key] -= 1
     if counter[key] <= 0:
         del counter[key]
+
+
+def spec_size(spec: JobSpec) -> int:
+    """About what a job's spec holds in memory: its script, environment and arguments (the
+    parts a user sizes; characters, which is cheap: the script is not encoded again)."""
+    env = sum(len(k) + len(v) for k, v in spec.env.items())
+    return len(spec.script) + env + sum(len(a) for a in spec.args)

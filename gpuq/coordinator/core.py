@@ -8,14 +8,16 @@ servicers call the public coroutines here and nothing else.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
+import re
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Sequence
 from dataclasses import dataclass, replace
 
 from gpuq.config import CoordinatorSettings
 from gpuq.coordinator.arrays import Arrays
-from gpuq.coordinator.cluster import ClusterState, NodeEntry
+from gpuq.coordinator.cluster import ClusterState, NodeEntry, spec_size
 from gpuq.coordinator.scheduling import SchedulingState
 from gpuq.coordinator.writer import RETRY_FIRST, RETRY_MOST, StoreWriter, is_storage_error
 from gpuq.domain.dependencies import parse_job_ref
@@ -31,7 +33,7 @@ from gpuq.domain.model import (
     NodeState,
 )
 from gpuq.domain.states import JobState
-from gpuq.domain.units import format_duration
+from gpuq.domain.units import format_duration, format_size
 from gpuq.errors import (
     GpuqError,
     InvalidInput,
@@ -40,6 +42,7 @@ from gpuq.errors import (
     StorageUnavailable,
     Unsatisfiable,
 )
+from gpuq.identity import new_user_token, token_digest
 from gpuq.scheduler.placement import never_fits, never_fits_reason
 from gpuq.store.api import JobQuery, NewJob, StateChange, Store, StoreTx
 
@@ -103,6 +106,8 @@ class Coordinator:
         self.settings = settings
         self.user = user
         self.clock = clock
+        # per-user tokens for TCP callers, digest -> user (shared with the Authority)
+        self.tokens: dict[str, str] = {}
         self.writer = StoreWriter(store)
         self.sched = SchedulingState(settings)
         self.cluster = ClusterState(
@@ -138,6 +143,7 @@ class Coordinator:
         await self.arrays.load_dependencies(d for j in jobs for d in j.spec.dependencies)
         for node in nodes:
             self.cluster.nodes[node.name] = NodeEntry(node, last_seen=now)
+        self.tokens.update(await self.writer.read(lambda s: s.user_tokens()))
         drains = await self.writer.read(lambda s: s.drains())
         self.cluster.drains = {(d.node, d.unit): d for d in drains}
         self.writer.start()
@@ -181,6 +187,14 @@ class Coordinator:
             raise Unsatisfiable(
                 f"at most {self.settings.max_queued_per_user} queued or running jobs and array "
                 f"tasks per user; {user} has {queued} and this adds {adding}"
+            )
+        held, size = self.cluster.user_bytes.get(user, 0), spec_size(spec)
+        if held + size > self.settings.max_queued_bytes_per_user:
+            raise Unsatisfiable(
+                f"a user's queued and running jobs may hold at most "
+                f"{format_size(self.settings.max_queued_bytes_per_user)} of scripts, "
+                f"environments and arguments; {user}'s hold {format_size(held)} and this adds "
+                f"{format_size(size)}"
             )
         views = self.cluster.node_views()
         if views and all(never_fits(v, spec.resources) for v in views):
@@ -270,39 +284,82 @@ class Coordinator:
             self.wake()
         return ids
 
-    async def cancel(self, selection: Sequence[str], user: str, reason: str = "") -> list[Outcome]:
+    async def cancel(
+        self, selection: Sequence[str], user: str, reason: str = "", *, admin: bool = False
+    ) -> list[Outcome]:
         why = reason or f"cancelled by {user}"
-        return await self._act(selection, user, lambda job: self._cancel_one(job, why))
-
-    async def hold(self, selection: Sequence[str], user: str) -> list[Outcome]:
         return await self._act(
-            selection, user, lambda job: self._change(job, JobState.HELD, f"held by {user}")
+            "cancelled", selection, user, admin, lambda job: self._cancel_one(job, why)
         )
 
-    async def release(self, selection: Sequence[str], user: str) -> list[Outcome]:
+    async def hold(
+        self, selection: Sequence[str], user: str, *, admin: bool = False
+    ) -> list[Outcome]:
         return await self._act(
+            "held",
             selection,
             user,
+            admin,
+            lambda job: self._change(job, JobState.HELD, f"held by {user}"),
+        )
+
+    async def release(
+        self, selection: Sequence[str], user: str, *, admin: bool = False
+    ) -> list[Outcome]:
+        return await self._act(
+            "released",
+            selection,
+            user,
+            admin,
             lambda job: self._change(job, JobState.PENDING, f"released by {user}"),
         )
 
+    async def _owners(self, selection: Sequence[str]) -> dict[str, str]:
+        """Who owns each selected job or array (ids that name nothing are left out): read
+        before anything changes, so that a request naming another's job changes nothing."""
+        owners: dict[str, str] = {}
+        for text in selection:
+            try:
+                job_id, _ = parse_job_ref(text)
+            except InvalidInput:
+                continue
+            known = self.cluster.jobs.get(job_id) or self.cluster.records.get(job_id)
+            if known is None:
+                with contextlib.suppress(NotFound):
+                    known = await self.writer.read(lambda s, i=job_id: s.get_job(i))  # type: ignore[misc]
+            if known is not None:
+                owners[text] = known.user
+        return owners
+
     async def _act(
         self,
+        verb: str,
         selection: Sequence[str],
         user: str,
+        admin: bool,
         action: Callable[[Job], Awaitable[str]],
     ) -> list[Outcome]:
+        """Act on the selected jobs. A user may act on their own jobs only (an admin on any:
+        logged); one job of another user's in the request refuses all of it."""
+        owners = await self._owners(selection)
+        for text, owner in owners.items():
+            if owner != user and not admin:
+                raise PermissionDenied(f"job {brief(text)} belongs to {owner}, not to {user}")
         outcomes: list[Outcome] = []
         for text in selection:
             async with self.arrays.splitting:  # no task leaves an array between select and action
                 try:
-                    jobs = await self._select(text, user)
+                    jobs = await self._select(text, user, admin)
                 except (InvalidInput, NotFound) as exc:
                     outcomes.append(Outcome(text, False, str(exc)))
                     continue
                 for job in jobs:
-                    if job.user != user:
+                    if job.user != user and not admin:
                         raise PermissionDenied(f"job {job.display_id} belongs to {job.user}")
+                    if job.user != user:
+                        log.warning(
+                            "admin %s %s job %s of %s", user, verb, job.display_id, job.user
+                        )
                 results = await asyncio.gather(
                     *(action(job) for job in jobs), return_exceptions=True
                 )
@@ -318,12 +375,14 @@ class Coordinator:
         self.wake()
         return outcomes
 
-    async def _select(self, text: str, user: str) -> list[Job]:
+    async def _select(self, text: str, user: str, admin: bool = False) -> list[Job]:
         """`123` (a job, or every live task of array 123) or `120_3` (a task not yet split
         off its array's record is split off first, so it can be acted on alone)."""
         job_id, task = parse_job_ref(text)
         if task is not None:
-            return [await self.arrays.find_task(job_id, task, user)]
+            record = self.cluster.records.get(job_id)
+            acting = record.user if admin and record is not None else user
+            return [await self.arrays.find_task(job_id, task, acting)]
         live = [j for j in self.cluster.jobs.values() if j.array_job_id == job_id]
         if live:
             return sorted(live, key=lambda j: (j.array_task_id or -1, j.id))
@@ -422,6 +481,25 @@ class Coordinator:
             jobs = ", ".join(map(str, running[:10])) + (", ..." if len(running) > 10 else "")
             message += f" (running jobs continue: {jobs})"
         return [u.uuid for u in units], message
+
+    async def issue_token(self, user: str, by: str) -> str:
+        """A new per-user token for `user` (gpuq.identity), kept as its digest."""
+        check_user_name(user)
+        token = new_user_token()
+        digest = token_digest(token)
+        now = self.clock()
+        await self.writer.write(lambda tx: tx.add_user_token(digest, user, by, now))
+        self.tokens[digest] = user
+        log.warning("token issued for %s by %s", user, by)
+        return token
+
+    async def revoke_tokens(self, user: str, by: str) -> int:
+        check_user_name(user)
+        count = await self.writer.write(lambda tx: tx.revoke_user_tokens(user))
+        for digest in [d for d, owner in self.tokens.items() if owner == user]:
+            del self.tokens[digest]
+        log.warning("%d token(s) of %s revoked by %s", count, user, by)
+        return count
 
     async def resume(self, node: str, gpu: str, user: str) -> tuple[list[str], str]:
         """Undo an admin's drain of a node or a GPU. A unit its agent reports unhealthy or
@@ -740,3 +818,12 @@ def _target_text(node: str, units: Sequence[GpuUnit]) -> str:
     if not units:
         return f"node {node}"
     return f"node {node} " + ", ".join(u.label for u in units)
+
+
+_USER_NAME = re.compile(r"[a-z_][a-z0-9_.-]{0,31}\$?", re.IGNORECASE)
+
+
+def check_user_name(user: str) -> None:
+    """A Unix user name (as useradd takes them): what a token may be issued for."""
+    if not isinstance(user, str) or not _USER_NAME.fullmatch(user):
+        raise InvalidInput("user", brief(str(user)), "is not a Unix user name")

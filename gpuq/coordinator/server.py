@@ -1,7 +1,10 @@
 """Start a coordinator: store (migrated), gRPC (grpc.aio) on a Unix socket and TCP, chores.
 
-The Unix socket sits in GPUQ_HOME (mode 0700) with mode 0600, so only the coordinator's user
-reaches it; TCP binds to loopback unless configured otherwise; every call needs the token.
+The Unix socket and the handshake socket beside it (gpuq.coordinator.authority) sit in GPUQ_HOME
+with mode 0666; the home is 0711 for a root coordinator (other users reach the sockets by name
+and nothing else: every other file in it is private) and 0700 for anyone else's, which serves
+only its own user. Every call says who makes it (gpuq.identity), checked before its request
+is read. TCP binds to loopback unless configured otherwise.
 
 One coordinator per GPUQ_HOME and per store: before it binds or opens anything it takes an
 flock on GPUQ_HOME/coordinator.lock, and a lock on the store (a PostgreSQL advisory lock, or an
@@ -33,14 +36,17 @@ import grpc
 from apscheduler.schedulers.asyncio import AsyncIOScheduler
 from sqlalchemy.exc import DBAPIError
 
-from gpuq.auth import ensure_private_dir, ensure_token
+from gpuq import tls
 from gpuq.config import Settings, redact_url
 from gpuq.coordinator.agents import AgentLink
+from gpuq.coordinator.authority import AuthInterceptor, Authority, serve_handshake
 from gpuq.coordinator.core import Coordinator
 from gpuq.coordinator.cron import CronService
 from gpuq.coordinator.passes import Passes
 from gpuq.coordinator.servicers import AgentLinkServicer, QueueServicer, _Guard
+from gpuq.domain.limits import MAX_REQUEST_BYTES
 from gpuq.errors import GpuqError, StoreInUse
+from gpuq.identity import create_key_file
 from gpuq.store.api import Store
 from gpuq.store.engine import FileLock, PgLock, parse_database_url, storage_unavailable
 from gpuq.v1 import agent_pb2_grpc, queue_pb2_grpc
@@ -52,6 +58,7 @@ PERIODIC_PASS = 2.0  # seconds between passes when nothing happens (begin times,
 LOCK_CHECK = 5.0  # seconds between checks that a PostgreSQL lock is still held
 UNIX_PATH_MAX = 107  # bytes in sockaddr_un.sun_path, less the NUL
 STANDBY_POLL = 1.0  # seconds between a standby's tries for the store lock
+MAX_STREAMS_PER_CONNECTION = 100  # calls at once on one client connection
 
 
 class StandbyStopped(Exception):
@@ -90,9 +97,12 @@ class RunningCoordinator:
     locks: Locks | None = None
     socket_path: Path | None = None
     socket_id: tuple[int, int] | None = None  # (st_dev, st_ino) of the socket this one made
+    handshake: asyncio.AbstractServer | None = None
 
     async def stop(self, grace: float = 1.0) -> None:
         self.chores.shutdown(wait=False)
+        if self.handshake is not None:
+            self.handshake.close()
         await self.server.stop(grace)
         await self.coordinator.close()
         self.coordinator.store.close()
@@ -116,13 +126,20 @@ def remove_if_same(path: Path, ident: tuple[int, int]) -> None:
             path.unlink()
 
 
+def prepare_home(home: Path) -> None:
+    """GPUQ_HOME, made: 0711 for root (other users reach its sockets by name, nothing else),
+    0700 otherwise."""
+    home.mkdir(parents=True, exist_ok=True, mode=0o700)
+    os.chmod(home, 0o711 if os.geteuid() == 0 else 0o700)
+
+
 def take_locks(settings: Settings, stop: threading.Event | None = None) -> Locks:
     """The home lock, then the store lock (StoreInUse naming the holder when taken). Blocking:
     a PostgreSQL store is connected to here (StorageUnavailable when it cannot be). A standby
     waits for the store lock instead of being refused; StandbyStopped when `stop` is set
     first."""
     standby = settings.coordinator.standby
-    ensure_private_dir(settings.home)
+    prepare_home(settings.home)
     info: dict[str, Any] = {
         "pid": os.getpid(),
         "host": socket.gethostname(),
@@ -178,6 +195,8 @@ async def start_coordinator(
     when the coordinator must stop on its own (it lost its store lock to another one). A
     standby ([coordinator] standby) returns only once it leads, or raises StandbyStopped
     when `stop` is set before."""
+    # TLS files and plaintext on a public address: said before anything is locked or opened
+    tls.check_coordinator_tls(settings)
     if settings.coordinator.standby and settings.coordinator.listen:
         check_listen(settings.coordinator.listen)  # a wrong address is said now, not at takeover
     locks = await asyncio.to_thread(take_locks, settings, stop)
@@ -191,7 +210,7 @@ async def start_coordinator(
 async def _start(
     settings: Settings, locks: Locks, on_fatal: Callable[[GpuqError], None] | None
 ) -> RunningCoordinator:
-    token = ensure_token(settings.token_path)
+    key = create_key_file(settings.key_path).encode()
     cfg = settings.coordinator
     socket_path = settings.socket_path
     bound_path = socket_path.with_name(f".sock.{os.getpid()}")  # renamed into place once up
@@ -203,6 +222,7 @@ async def _start(
             )
     if cfg.listen:
         check_listen(cfg.listen)
+    _private_sqlite_file(settings)
     try:
         store = await asyncio.to_thread(
             Store.open, settings.database_url, sqlite_synchronous=cfg.sqlite_synchronous
@@ -213,9 +233,15 @@ async def _start(
     coordinator = Coordinator(store, cfg, user)
     link = AgentLink(coordinator)
     passes = Passes(coordinator)
+    authority = Authority(key, settings.nodes_dir, cfg.admin_group, coordinator.tokens)
     server = grpc.aio.server(
+        interceptors=[AuthInterceptor(authority)],
+        # more calls at once are refused RESOURCE_EXHAUSTED, watch streams included
+        maximum_concurrent_rpcs=cfg.max_concurrent_rpcs,
         options=[
-            ("grpc.max_receive_message_length", 64 << 20),
+            # the largest valid request, not more: nobody makes the coordinator hold 64 MiB
+            ("grpc.max_receive_message_length", MAX_REQUEST_BYTES),
+            ("grpc.max_concurrent_streams", MAX_STREAMS_PER_CONNECTION),
             ("grpc.keepalive_time_ms", 20_000),
             # agents ping every 1 to 5 s (fence_time / 4: gpuq.agent.agent.KEEPALIVE_MIN/MAX)
             # to notice a silent cut; pings closer than this would get the connection closed
@@ -224,7 +250,7 @@ async def _start(
             # never share a TCP port with another coordinator (grpc's default would, and the
             # kernel would then spread connections over both)
             ("grpc.so_reuseport", 0),
-        ]
+        ],
     )
     chores = AsyncIOScheduler()
     running = RunningCoordinator(
@@ -233,7 +259,7 @@ async def _start(
     try:
         try:
             await coordinator.start()
-            await _serve(settings, running, passes, token, on_fatal)
+            await _serve(settings, running, passes, authority, on_fatal)
         except DBAPIError as exc:
             raise storage_unavailable(settings.database_url, exc) from None
     except BaseException:
@@ -256,7 +282,7 @@ async def _serve(
     settings: Settings,
     running: RunningCoordinator,
     passes: Passes,
-    token: str,
+    authority: Authority,
     on_fatal: Callable[[GpuqError], None] | None,
 ) -> None:
     cfg = settings.coordinator
@@ -266,7 +292,7 @@ async def _serve(
         running.server,
         running.chores,
     )
-    guard = _Guard(token)
+    guard = _Guard(authority)
     cron = CronService(coordinator, chores)
     servicer = QueueServicer(coordinator, passes, cron, guard)
     queue_pb2_grpc.add_QueueServicer_to_server(servicer, server)
@@ -278,20 +304,21 @@ async def _serve(
         server.add_insecure_port(f"unix:{bound_path}")
     except RuntimeError:
         raise GpuqError(f"cannot create the socket {bound_path}") from None
-    os.chmod(bound_path, 0o600)
-    tcp_address = None
+    os.chmod(bound_path, 0o666)  # who calls is learnt per call (gpuq.identity), not from this
+    tcp_address = agent_address = None
     if cfg.listen:
-        host = cfg.listen.rpartition(":")[0]
-        try:
-            bound = server.add_insecure_port(cfg.listen)
-        except RuntimeError:
-            bound = 0
-        if bound == 0:
-            raise GpuqError(
-                f"cannot listen on {cfg.listen} (in use?); set [coordinator] listen in the config"
-            )
-        tcp_address = f"{host}:{bound}"
+        # TLS when a certificate is configured; plaintext only on loopback or when the admin
+        # said so (insecure_tcp): tokens cross this port
+        credentials = tls.server_credentials(settings)
+        tls.check_listen_security(cfg.listen, credentials is not None, cfg.insecure_tcp)
+        tcp_address = _bind_tcp(server, cfg.listen, credentials, "listen")
+    if cfg.agent_listen:
+        # agents only, mutual TLS: a node's certificate names it (gpuq.tls.peer_common_name)
+        agent_credentials = tls.agent_server_credentials(settings)
+        check_listen(cfg.agent_listen, "agent_listen")
+        agent_address = _bind_tcp(server, cfg.agent_listen, agent_credentials, "agent_listen")
     await server.start()
+    running.handshake = await serve_handshake(authority, settings.auth_socket_path)
     # this coordinator holds the home's lock: a socket already there is a dead one's
     os.replace(bound_path, socket_path)
     made = socket_path.lstat()
@@ -299,9 +326,13 @@ async def _serve(
     running.tcp_address = tcp_address
     unix_address = running.unix_address
     if running.locks is not None:
-        await asyncio.to_thread(running.locks.update, unix=unix_address, tcp=tcp_address)
+        await asyncio.to_thread(
+            running.locks.update, unix=unix_address, tcp=tcp_address, agent=agent_address
+        )
     (settings.home / ADDRESS_FILE).write_text(
-        json.dumps({"unix": unix_address, "tcp": tcp_address, "pid": os.getpid()})
+        json.dumps(
+            {"unix": unix_address, "tcp": tcp_address, "agent": agent_address, "pid": os.getpid()}
+        )
     )
     tick = max(0.2, min(cfg.heartbeat_timeout / 4, 2.0))
     chores.add_job(link.check_heartbeats, "interval", seconds=tick, max_instances=1, coalesce=True)
@@ -331,11 +362,49 @@ async def _serve(
     chores.start()
     await cron.start()
     log.info(
-        "coordinator listening on %s%s", unix_address, f" and {tcp_address}" if tcp_address else ""
+        "coordinator listening on %s%s%s",
+        unix_address,
+        f" and {tcp_address}{' (TLS)' if cfg.tls_cert else ''}" if tcp_address else "",
+        f", agents on {agent_address} (mutual TLS)" if agent_address else "",
     )
 
 
-def check_listen(listen: str) -> None:
+def _private_sqlite_file(settings: Settings) -> None:
+    """The default SQLite store, created 0600 before SQLite makes it with the umask's mode (its
+    -wal and -shm files take the database file's): it holds every job's script and environment."""
+    if settings.coordinator.database_url is not None:
+        return
+    path = settings.home / "gpuq.db"
+    with contextlib.suppress(FileExistsError):
+        os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600))
+    for name in ("gpuq.db", "gpuq.db-wal", "gpuq.db-shm"):
+        with contextlib.suppress(FileNotFoundError):
+            os.chmod(settings.home / name, 0o600)
+
+
+def _bind_tcp(
+    server: grpc.aio.Server,
+    address: str,
+    credentials: grpc.ServerCredentials | None,
+    setting: str,
+) -> str:
+    """Bind `address` (TLS with `credentials`, else plaintext); HOST:PORT as bound."""
+    host = address.rpartition(":")[0]
+    try:
+        if credentials is None:
+            bound = server.add_insecure_port(address)
+        else:
+            bound = server.add_secure_port(address, credentials)
+    except RuntimeError:
+        bound = 0
+    if bound == 0:
+        raise GpuqError(
+            f"cannot listen on {address} (in use?); set [coordinator] {setting} in the config"
+        )
+    return f"{host}:{bound}"
+
+
+def check_listen(listen: str, setting: str = "listen") -> None:
     """One clear error, before grpc tries (and logs lines of its own), when the TCP address
     is in use or is not an address of this machine."""
     host, _, port_text = listen.rpartition(":")
@@ -359,10 +428,10 @@ def check_listen(listen: str) -> None:
     in_use = [p for p in problems if p.errno == errno.EADDRINUSE]
     if in_use or len(problems) == len(found):
         problem = (in_use or problems)[0].strerror
-        raise GpuqError(
-            f"cannot listen on {listen}: {problem}; set [coordinator] listen in the config "
-            "(or --listen)"
-        )
+        where = f"[coordinator] {setting} in the config"
+        if setting == "listen":
+            where += " (or --listen)"
+        raise GpuqError(f"cannot listen on {listen}: {problem}; set {where}")
 
 
 async def _watch_lock(

@@ -1,4 +1,8 @@
-"""Thin gRPC servicers: check the token, convert proto <-> domain, call the coordinator.
+"""Thin gRPC servicers: learn who calls, convert proto <-> domain, call the coordinator.
+
+Who may do what (README "Security"): everyone sees every job in listings, but a job's script,
+arguments and environment only its owner and admins; cancel, hold and release: the owner or an
+admin (what an admin does to another's job is logged); drain, resume and tokens: admins.
 
 Errors become status codes in one place (`_STATUS`), and the client turns them back into
 the same exception types.
@@ -10,21 +14,22 @@ import asyncio
 import contextlib
 import functools
 import logging
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections import Counter
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from dataclasses import replace
 from typing import Any, TypeVar
 
 import grpc
 from sqlalchemy.exc import InterfaceError, OperationalError
 
-from gpuq.auth import METADATA_KEY, token_matches
 from gpuq.convert import event_to_proto, job_to_proto, spec_from_proto, spec_to_proto
 from gpuq.coordinator.agents import AgentLink
+from gpuq.coordinator.authority import Authority
 from gpuq.coordinator.cluster import AgentSession, UnitState, drained_text, unit_states
 from gpuq.coordinator.core import Coordinator
 from gpuq.coordinator.cron import CronService, next_fire
 from gpuq.coordinator.passes import Passes, PendingDetail
-from gpuq.domain.limits import MAX_JOB_ID, check_text
+from gpuq.domain.limits import MAX_JOB_ID, check_reason, check_text
 from gpuq.domain.model import CronEntry, Job, NodeState, output_paths
 from gpuq.domain.states import JobState, parse_states
 from gpuq.errors import (
@@ -38,7 +43,9 @@ from gpuq.errors import (
     StorageUnavailable,
     Unsatisfiable,
 )
+from gpuq.identity import METADATA_KEY, Caller, Unauthenticated
 from gpuq.store.api import JobQuery
+from gpuq.tls import peer_common_name
 from gpuq.v1 import agent_pb2 as apb
 from gpuq.v1 import agent_pb2_grpc, queue_pb2, queue_pb2_grpc
 from gpuq.v1 import types_pb2 as pb
@@ -56,9 +63,33 @@ _STATUS: dict[type[GpuqError], grpc.StatusCode] = {
     DoubleBooking: grpc.StatusCode.INTERNAL,
     StorageUnavailable: grpc.StatusCode.UNAVAILABLE,
 }
+CONNECT_METHOD = "/gpuq.v1.AgentLink/Connect"
+MAX_STREAMS_PER_USER = 128  # Submit and Watch streams one user may keep open at once
 MAX_IDS = 10_000  # job ids in one request (cancel, hold, release, list, watch)
-MAX_REASON = 1000  # characters of a cancel reason
 STORAGE_PREFIX = "storage unavailable: "  # how a client tells this UNAVAILABLE from no server
+
+
+class StreamCount:
+    """Open Submit and Watch streams per user: they last, and one user must not take every
+    call the server allows (maximum_concurrent_rpcs) from the others."""
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self.open: Counter[str] = Counter()
+
+    @contextlib.contextmanager
+    def opened(self, user: str) -> Iterator[str]:
+        """'' while the stream may stay open; else why not (nothing is counted then)."""
+        if self.open[user] >= self.limit:
+            yield f"{user} has {self.limit} submit and watch streams open already (the most)"
+            return
+        self.open[user] += 1
+        try:
+            yield ""
+        finally:
+            self.open[user] -= 1
+            if not self.open[user]:
+                del self.open[user]
 
 
 def status_for(error: GpuqError) -> grpc.StatusCode:
@@ -69,15 +100,20 @@ def status_for(error: GpuqError) -> grpc.StatusCode:
 
 
 class _Guard:
-    """Authentication and error mapping around every RPC."""
+    """Who calls (the interceptor has let the call in already), and error mapping."""
 
-    def __init__(self, token: str) -> None:
-        self.token = token
+    def __init__(self, authority: Authority) -> None:
+        self.authority = authority
 
-    async def check(self, context: grpc.aio.ServicerContext) -> None:
+    async def caller(self, context: grpc.aio.ServicerContext, method: str = "") -> Caller:
         metadata = dict(context.invocation_metadata() or ())
-        if not token_matches(self.token, metadata.get(METADATA_KEY)):
-            await context.abort(grpc.StatusCode.UNAUTHENTICATED, "missing or wrong gpuq token")
+        try:
+            return self.authority.caller(method, metadata.get(METADATA_KEY))
+        except Unauthenticated as exc:
+            await context.abort(grpc.StatusCode.UNAUTHENTICATED, str(exc))
+        except PermissionDenied as exc:
+            await context.abort(grpc.StatusCode.PERMISSION_DENIED, str(exc))
+        raise AssertionError("unreachable")  # abort raises
 
     async def fail(self, context: grpc.aio.ServicerContext, error: Exception) -> None:
         await context.abort(*error_status(error))
@@ -98,13 +134,13 @@ def error_status(error: Exception) -> tuple[grpc.StatusCode, str]:
 
 
 def unary(
-    method: Callable[[Any, Any, grpc.aio.ServicerContext], Awaitable[R]],
+    method: Callable[[Any, Any, grpc.aio.ServicerContext, Caller], Awaitable[R]],
 ) -> Callable[[Any, Any, grpc.aio.ServicerContext], Awaitable[R]]:
     @functools.wraps(method)
     async def wrapper(self: Any, request: Any, context: grpc.aio.ServicerContext) -> R:
-        await self.guard.check(context)
+        caller = await self.guard.caller(context)
         try:
-            return await method(self, request, context)
+            return await method(self, request, context, caller)
         except Exception as error:
             await self.guard.fail(context, error)
             raise
@@ -141,19 +177,47 @@ class QueueServicer(queue_pb2_grpc.QueueServicer):  # type: ignore[misc]
         self.passes = passes
         self.cron = cron
         self.guard = guard
+        self.streams = StreamCount(MAX_STREAMS_PER_USER)
 
     @unary
-    async def AddCron(self, request: queue_pb2.AddCronRequest, context: Any) -> Any:
-        entry = await self.cron.add(request.schedule, spec_from_proto(request.spec), self.co.user)
+    async def AddCron(self, request: queue_pb2.AddCronRequest, context: Any, caller: Caller) -> Any:
+        self._may_submit(caller)
+        entry = await self.cron.add(request.schedule, spec_from_proto(request.spec), caller.user)
         return cron_message(entry)
 
     @unary
-    async def ListCron(self, request: queue_pb2.ListCronRequest, context: Any) -> Any:
-        return queue_pb2.ListCronReply(entries=[cron_message(e) for e in self.cron.list()])
+    async def ListCron(
+        self, request: queue_pb2.ListCronRequest, context: Any, caller: Caller
+    ) -> Any:
+        """A user's own entries (they carry scripts and environments); an admin's: all."""
+        entries = [e for e in self.cron.list() if caller.admin or e.user == caller.user]
+        return queue_pb2.ListCronReply(entries=[cron_message(e) for e in entries])
 
     @unary
-    async def RemoveCron(self, request: queue_pb2.RemoveCronRequest, context: Any) -> Any:
-        return cron_message(await self.cron.remove(request.id, self.co.user))
+    async def RemoveCron(
+        self, request: queue_pb2.RemoveCronRequest, context: Any, caller: Caller
+    ) -> Any:
+        return cron_message(await self.cron.remove(request.id, caller.user, caller.admin))
+
+    def _may_submit(self, caller: Caller) -> None:
+        """Root's jobs would run as root: only where the admin allows it."""
+        if (caller.uid == 0 or caller.user == "root") and not self.co.settings.allow_root_jobs:
+            raise PermissionDenied(
+                "root may not submit jobs here (they would run as root); submit as an ordinary "
+                "user, or an admin sets [coordinator] allow_root_jobs = true"
+            )
+
+    def _shown(self, message: pb.Job, caller: Caller, owner: str) -> pb.Job:
+        """What `caller` may see of another user's job: no script, arguments or environment
+        (they hold secrets), and no name where the admin hides names."""
+        if caller.admin or owner == caller.user:
+            return message
+        message.spec.ClearField("script")
+        message.spec.ClearField("args")
+        message.spec.ClearField("env")
+        if self.co.settings.hide_job_names:
+            message.spec.name = "(hidden)"
+        return message
 
     def _with_pending(self, job: Job, explained: Job | None = None) -> pb.Job:
         """The job with why it waits (an array's record: why its first waiting task does)."""
@@ -170,34 +234,43 @@ class QueueServicer(queue_pb2_grpc.QueueServicer):  # type: ignore[misc]
         context: grpc.aio.ServicerContext,
     ) -> AsyncIterator[queue_pb2.SubmitResult]:
         """Submit, once per message; an error ends that submission, not the stream."""
-        await self.guard.check(context)
-        async for request in requests:
-            yield await self._submit_one(request)
+        caller = await self.guard.caller(context)
+        with self.streams.opened(caller.user) as refused:
+            if refused:
+                await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, refused)
+            async for request in requests:
+                yield await self._submit_one(request, caller)
 
-    async def _submit_one(self, request: queue_pb2.SubmitRequest) -> queue_pb2.SubmitResult:
+    async def _submit_one(
+        self, request: queue_pb2.SubmitRequest, caller: Caller
+    ) -> queue_pb2.SubmitResult:
         """The ids, or the error with the status code a call would have ended with."""
         try:
+            self._may_submit(caller)
             key = request.request_key or None  # empty: no key
-            ids = await self.co.submit(spec_from_proto(request.spec), self.co.user, key)
+            ids = await self.co.submit(spec_from_proto(request.spec), caller.user, key)
         except Exception as error:
             code, message = error_status(error)
             return queue_pb2.SubmitResult(code=code.value[0], message=message)
         return queue_pb2.SubmitResult(job_ids=ids)
 
     @unary
-    async def GetJob(self, request: queue_pb2.GetJobRequest, context: Any) -> Any:
+    async def GetJob(self, request: queue_pb2.GetJobRequest, context: Any, caller: Caller) -> Any:
         task = request.task if request.HasField("task") else None
         if not 1 <= request.job_id <= MAX_JOB_ID:  # beyond any id (and any database integer)
             raise NotFound(f"no job {request.job_id}")
         job, events, counts = await self.co.get_job(request.job_id, task)
+        message = self._with_pending(job, self.co.arrays.first_waiting(job))
         return queue_pb2.JobDetail(
-            job=self._with_pending(job, self.co.arrays.first_waiting(job)),
+            job=self._shown(message, caller, job.user),
             events=[event_to_proto(e) for e in events],
             array_states={state.value: n for state, n in counts.items()},
         )
 
     @unary
-    async def ListJobs(self, request: queue_pb2.ListJobsRequest, context: Any) -> Any:
+    async def ListJobs(
+        self, request: queue_pb2.ListJobsRequest, context: Any, caller: Caller
+    ) -> Any:
         check_count("job ids", len(request.job_ids))
         ids = [
             *request.job_ids,
@@ -236,36 +309,38 @@ class QueueServicer(queue_pb2_grpc.QueueServicer):  # type: ignore[misc]
             ]
             if not request.expand_arrays:
                 return queue_pb2.ListJobsReply(
-                    jobs=[self._brief(j, first) for j, first in collapse_arrays(jobs)][
+                    jobs=[self._brief(j, caller, first) for j, first in collapse_arrays(jobs)][
                         : request.limit or None
                     ]
                 )
             if request.limit:
                 jobs = jobs[: request.limit]
-        return queue_pb2.ListJobsReply(jobs=[self._brief(j) for j in jobs])
+        return queue_pb2.ListJobsReply(jobs=[self._brief(j, caller) for j in jobs])
 
-    def _brief(self, job: Job, explained: Job | None = None) -> pb.Job:
-        """A listing leaves out the job's environment, and of the array's task list keeps the
-        tasks the entry stands for (GetJob has them all): they are most of a job's size, and
-        a queue of thousands must fit in a reply.
+    def _brief(self, job: Job, caller: Caller, explained: Job | None = None) -> pb.Job:
+        """A listing leaves out the job's script, arguments and environment (anyone's: they
+        are most of a job's size, and a queue of thousands must fit in a reply), and of the
+        array's task list keeps the tasks the entry stands for (GetJob has them all).
         A collapsed array's entry waits for the reasons of its first waiting task."""
         message = self._with_pending(job, explained)
-        message.spec.ClearField("env")
+        for part in ("script", "args", "env"):
+            message.spec.ClearField(part)
+        if self.co.settings.hide_job_names and not caller.admin and job.user != caller.user:
+            message.spec.name = "(hidden)"
         if job.array_job_id is not None:  # an entry carries the tasks it stands for
             message.spec.array.indices[:] = job.tasks or (job.array_task_id or 0,)
         return message
 
-    async def _action(self, name: str, request: queue_pb2.JobSelection) -> Any:
+    async def _action(self, name: str, request: queue_pb2.JobSelection, caller: Caller) -> Any:
         check_count("job ids", len(request.job_ids))
-        if len(request.reason) > MAX_REASON:
-            raise InvalidInput(
-                "--reason", request.reason[:40] + "...", f"at most {MAX_REASON} characters"
-            )
+        check_reason(request.reason)
         action = getattr(self.co, name)
         if name == "cancel":
-            outcomes = await action(list(request.job_ids), self.co.user, request.reason)
+            outcomes = await action(
+                list(request.job_ids), caller.user, request.reason, admin=caller.admin
+            )
         else:
-            outcomes = await action(list(request.job_ids), self.co.user)
+            outcomes = await action(list(request.job_ids), caller.user, admin=caller.admin)
         return queue_pb2.ActionReply(
             outcomes=[
                 queue_pb2.ActionOutcome(job_id=o.job_id, done=o.done, message=o.message)
@@ -274,44 +349,49 @@ class QueueServicer(queue_pb2_grpc.QueueServicer):  # type: ignore[misc]
         )
 
     @unary
-    async def Cancel(self, request: queue_pb2.JobSelection, context: Any) -> Any:
-        return await self._action("cancel", request)
+    async def Cancel(self, request: queue_pb2.JobSelection, context: Any, caller: Caller) -> Any:
+        return await self._action("cancel", request, caller)
 
     @unary
-    async def Hold(self, request: queue_pb2.JobSelection, context: Any) -> Any:
-        return await self._action("hold", request)
+    async def Hold(self, request: queue_pb2.JobSelection, context: Any, caller: Caller) -> Any:
+        return await self._action("hold", request, caller)
 
     @unary
-    async def Release(self, request: queue_pb2.JobSelection, context: Any) -> Any:
-        return await self._action("release", request)
+    async def Release(self, request: queue_pb2.JobSelection, context: Any, caller: Caller) -> Any:
+        return await self._action("release", request, caller)
 
     async def Watch(
         self, request: queue_pb2.WatchRequest, context: grpc.aio.ServicerContext
     ) -> AsyncIterator[queue_pb2.JobEvents]:
-        await self.guard.check(context)
-        try:
-            check_count("job ids", len(request.job_ids))
-            async for batch in self.co.watch(request.job_ids):
-                yield queue_pb2.JobEvents(events=[event_to_proto(e) for e in batch])
-        except Exception as error:
-            await self.guard.fail(context, error)
+        caller = await self.guard.caller(context)
+        with self.streams.opened(caller.user) as refused:
+            if refused:
+                await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, refused)
+            try:
+                check_count("job ids", len(request.job_ids))
+                async for batch in self.co.watch(request.job_ids):
+                    yield queue_pb2.JobEvents(events=[event_to_proto(e) for e in batch])
+            except Exception as error:
+                await self.guard.fail(context, error)
 
     @unary
-    async def Drain(self, request: queue_pb2.DrainRequest, context: Any) -> Any:
+    async def Drain(self, request: queue_pb2.DrainRequest, context: Any, caller: Caller) -> Any:
+        self._admin_only(caller, "drain nodes")
         check_drain_request(request)
-        units, message = await self.co.drain(
-            request.node, request.gpu, request.reason, self.co.user
-        )
+        units, message = await self.co.drain(request.node, request.gpu, request.reason, caller.user)
         return queue_pb2.DrainReply(units=units, message=message)
 
     @unary
-    async def Resume(self, request: queue_pb2.DrainRequest, context: Any) -> Any:
+    async def Resume(self, request: queue_pb2.DrainRequest, context: Any, caller: Caller) -> Any:
+        self._admin_only(caller, "resume nodes")
         check_drain_request(request)
-        units, message = await self.co.resume(request.node, request.gpu, self.co.user)
+        units, message = await self.co.resume(request.node, request.gpu, caller.user)
         return queue_pb2.DrainReply(units=units, message=message)
 
     @unary
-    async def ListNodes(self, request: queue_pb2.ListNodesRequest, context: Any) -> Any:
+    async def ListNodes(
+        self, request: queue_pb2.ListNodesRequest, context: Any, caller: Caller
+    ) -> Any:
         cluster = self.co.cluster
         views = {v.name: v for v in cluster.node_views()}
         infos = []
@@ -351,6 +431,29 @@ class QueueServicer(queue_pb2_grpc.QueueServicer):  # type: ignore[misc]
             )
         return queue_pb2.ListNodesReply(nodes=infos)
 
+    def _admin_only(self, caller: Caller, what: str) -> None:
+        if not caller.admin:
+            raise PermissionDenied(
+                f"only admins may {what} (members of the group "
+                f"{self.co.settings.admin_group}, or root)"
+            )
+
+    @unary
+    async def IssueToken(
+        self, request: queue_pb2.TokenRequest, context: Any, caller: Caller
+    ) -> Any:
+        self._admin_only(caller, "issue tokens")
+        token = await self.co.issue_token(request.user, caller.user)
+        return queue_pb2.TokenReply(token=token)
+
+    @unary
+    async def RevokeTokens(
+        self, request: queue_pb2.TokenRequest, context: Any, caller: Caller
+    ) -> Any:
+        self._admin_only(caller, "revoke tokens")
+        count = await self.co.revoke_tokens(request.user, caller.user)
+        return queue_pb2.TokenReply(revoked=count)
+
 
 def _unit_health(uuid: str, state: UnitState) -> queue_pb2.UnitHealth:
     drain = state.drain
@@ -372,10 +475,7 @@ def check_drain_request(request: queue_pb2.DrainRequest) -> None:
         raise InvalidInput("node", "", "name a node, e.g. gpuq drain NODE[:GPU] --reason TEXT")
     check_text("node", request.node, MAX_NODE_NAME)
     check_text("GPU", request.gpu, 96)
-    if len(request.reason) > MAX_REASON:
-        raise InvalidInput(
-            "--reason", request.reason[:40] + "...", f"at most {MAX_REASON} characters"
-        )
+    check_reason(request.reason)
 
 
 def check_count(what: str, count: int) -> None:
@@ -430,12 +530,20 @@ class AgentLinkServicer(agent_pb2_grpc.AgentLinkServicer):  # type: ignore[misc]
     async def Connect(
         self, request_iterator: AsyncIterator[apb.AgentMessage], context: grpc.aio.ServicerContext
     ) -> AsyncIterator[apb.CoordinatorMessage]:
-        await self.guard.check(context)
+        caller = await self.guard.caller(context, CONNECT_METHOD)
         first = await anext(aiter(request_iterator), None)
         if first is None or not first.HasField("register"):
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "first message must register")
             return
         node = first.register.node
+        certified = peer_common_name(context)  # agent_listen: mutual TLS names the node
+        if node != caller.node or certified not in (None, node):
+            await context.abort(
+                grpc.StatusCode.PERMISSION_DENIED,
+                f"this agent's credentials are node {certified or caller.node}'s; it may not "
+                "register as another node",
+            )
+            return
         session = AgentSession(node)
         try:
             await self.link.register(first.register, session)

@@ -30,10 +30,39 @@ MAX_ARG_STRLEN = 128 << 10  # Linux's limit on one argument or one K=V (NUL incl
 MAX_DEPENDENCIES = 1000
 MAX_NICE = 10_000
 MAX_ARRAY_TEXT = 1 << 20  # an array spec's text (the store keeps unstarted tasks this way)
+MAX_REASON = 1000  # characters of a cancel, hold or drain reason
+MAX_NODE_NAME = 63  # a node's name, as gpuq.config takes it ([agent] node_name)
+MAX_NODE_UNITS = 1024  # GPUs and MIG slices one agent may register
+MAX_TOPOLOGY_LINKS = 32768  # pairs of units with a distance (256 units, each pair once)
+MAX_NODE_TEXT = 300  # an agent's driver, isolation or GPU-problem text; a GPU's name
+MAX_UNIT_ID = 96  # a unit's UUID, PCI bus id or MIG profile
+# The largest valid SubmitRequest on the wire: every part at its limit, with protobuf's
+# framing (an environment of many tiny variables costs up to 7 bytes a 3-byte `K=`: 3x covers
+# it; an empty argument 2 bytes for 1), 100,000 array indices of up to 5 bytes, 1000
+# dependencies, the paths, and slack for the small fields. The coordinator's receive limit.
+MAX_REQUEST_BYTES = (
+    MAX_SCRIPT_BYTES
+    + 3 * MAX_ENV_BYTES
+    + MAX_ARGS_BYTES
+    + 4 * MAX_ARGS
+    + 4 * MAX_PATH_BYTES
+    + 5 * MAX_ARRAY_TASKS
+    + 32 * MAX_DEPENDENCIES
+    + (64 << 10)
+)
+# One message on an agent's stream, either way: a launch of the largest valid job (its spec,
+# 1024 GPU UUIDs, the rest) fits alone; the coordinator splits larger batches of launches
+# (gpuq.coordinator.cluster.AgentSession). The agent's receive limit. (What an agent sends,
+# a registration at MAX_NODE_UNITS and MAX_TOPOLOGY_LINKS included, fits MAX_REQUEST_BYTES.)
+MAX_AGENT_MESSAGE_BYTES = 16 << 20
 BEGIN_MAX_AHEAD = 366 * 86400  # --begin further ahead than this is surely a typo
 _NAME_RE = re.compile(r"[A-Za-z0-9_.+@=:,-]{1,128}")
 _QOS_RE = re.compile(r"[A-Za-z0-9_.+-]{1,64}")
-_CONTROL_RE = re.compile(r"[\x00-\x1f\x7f-\x9f]")
+# characters that must never reach a terminal raw: C0 (newline, tab, ESC...), DEL, C1, and the
+# Unicode ones that reorder or break what follows (bidi embeddings, overrides and isolates,
+# the Arabic letter mark, line and paragraph separators)
+_CONTROL_RE = re.compile("[\x00-\x1f\x7f-\x9f\u061c\u200e\u200f\u2028-\u202e\u2066-\u2069]")
+CONTROL_RE = _CONTROL_RE
 DIGITS_RE = re.compile(r"[0-9]+")
 
 
@@ -170,3 +199,37 @@ def check_env(env: dict[str, str]) -> None:
             f"{len(env)} variables, {total} bytes",
             "the job's environment is larger than 1 MiB",
         )
+
+
+def check_reason(text: object, field_name: str = "--reason") -> str:
+    """A cancel, hold or drain reason: at most MAX_REASON bytes, no control characters."""
+    check_text(field_name, text, MAX_REASON)
+    assert isinstance(text, str)
+    return text
+
+
+def check_script(script: object, where: str) -> None:
+    """A job's script: text of at most MAX_SCRIPT_BYTES bytes in UTF-8, without NUL (newlines
+    and tabs are its business; it is never printed)."""
+    if not isinstance(script, str):
+        raise InvalidInput("script", shown(where), "must be text")
+    size = len(script)
+    if size <= MAX_SCRIPT_BYTES and not script.isascii():
+        try:
+            size = len(script.encode())
+        except UnicodeEncodeError:
+            raise InvalidInput("script", shown(where), "is not valid UTF-8 text") from None
+    if size > MAX_SCRIPT_BYTES:
+        raise InvalidInput("script", shown(where), "is larger than 4 MiB; is it really a script?")
+    if "\0" in script:
+        raise InvalidInput("script", shown(where), "contains a NUL byte")
+
+
+def clean_line(text: str, limit: int) -> str:
+    """Free text from a daemon (an agent's health reason, a job's end reason) as one bounded
+    line that is safe to show: runs of whitespace (newlines too) become one space, any other
+    control character U+FFFD. For text that must not be refused (an end report still counts)."""
+    line = " ".join(text.split())
+    if CONTROL_RE.search(line):
+        line = CONTROL_RE.sub("\ufffd", line)
+    return line[:limit]

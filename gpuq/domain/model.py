@@ -23,7 +23,6 @@ from gpuq.domain.limits import (
     MAX_MEM,
     MAX_NICE,
     MAX_PATH_BYTES,
-    MAX_SCRIPT_BYTES,
     MAX_TIME_LIMIT,
     bounded_number,
     check_args,
@@ -31,6 +30,7 @@ from gpuq.domain.limits import (
     check_name,
     check_qos,
     check_range,
+    check_script,
     check_text,
     shown,
 )
@@ -192,18 +192,13 @@ class JobSpec:
     def __post_init__(self) -> None:
         check_name(self.name)
         check_text("script", self.source, MAX_PATH_BYTES)
-        if not isinstance(self.script, str) or len(self.script) > MAX_SCRIPT_BYTES:
-            raise InvalidInput(
-                "script", self.source or self.name, "is larger than 4 MiB; is it really a script?"
-            )
+        check_script(self.script, self.source or self.name)
         if not self.script.startswith("#!"):
             raise InvalidInput(
                 "script",
                 self.source or self.name,
                 "the first line must start with #! and an interpreter (or use --wrap)",
             )
-        if "\0" in self.script:
-            raise InvalidInput("script", self.source or self.name, "contains a NUL byte")
         check_text("workdir", self.workdir, MAX_PATH_BYTES)
         if not self.workdir.startswith("/"):
             raise InvalidInput("workdir", self.workdir, "must be an absolute path")

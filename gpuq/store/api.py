@@ -46,6 +46,7 @@ from gpuq.store.tables import (
     nodes,
     submission_keys,
     usage,
+    user_tokens,
 )
 
 SUBMITTED = "submitted"
@@ -266,6 +267,12 @@ class Store:
         with self.engine.connect() as conn:
             rows = conn.execute(select(drains).order_by(drains.c.node, drains.c.unit)).all()
         return [Drain(row.node, row.unit, row.reason, row.by, row.at) for row in rows]
+
+    def user_tokens(self) -> dict[str, str]:
+        """Every per-user token's digest and its user."""
+        with self.engine.connect() as conn:
+            rows = conn.execute(select(user_tokens.c.digest, user_tokens.c.user)).all()
+        return {row.digest: row.user for row in rows}
 
     def cron_entries(self) -> list[CronEntry]:
         with self.engine.connect() as conn:
@@ -555,6 +562,17 @@ class StoreTx:
         where = and_(drains.c.node == drain.node, drains.c.unit == drain.unit)
         if self.conn.execute(update(drains).where(where).values(values)).rowcount == 0:
             self.conn.execute(insert(drains).values(node=drain.node, unit=drain.unit, **values))
+
+    def add_user_token(self, digest: str, user: str, by: str, at: float) -> None:
+        self.conn.execute(
+            insert(user_tokens).values(digest=digest, user=user, created_by=by, created_at=at)
+        )
+
+    def revoke_user_tokens(self, user: str) -> int:
+        """How many of `user`'s tokens there were."""
+        return int(
+            self.conn.execute(delete(user_tokens).where(user_tokens.c.user == user)).rowcount
+        )
 
     def clear_drain(self, node: str, unit: str) -> bool:
         """Resume: False if there was no such drain."""

@@ -173,3 +173,15 @@ drains = Table(
     Column("by", String(64), nullable=False),
     Column("at", Float, nullable=False),
 )
+
+# per-user tokens for TCP callers (`gpuq admin token USER`): the SHA-256 of each token, never the
+# token itself
+user_tokens = Table(
+    "user_tokens",
+    metadata,
+    Column("digest", String(64), primary_key=True),
+    Column("user", String(64), nullable=False),
+    Column("created_by", String(64), nullable=False),
+    Column("created_at", Float, nullable=False),
+)
+Index("ix_user_tokens_user", user_tokens.c.user)

@@ -7,6 +7,20 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 
 DESCRIPTOR: _descriptor.FileDescriptor
 
+class TokenRequest(_message.Message):
+    __slots__ = ("user",)
+    USER_FIELD_NUMBER: _ClassVar[int]
+    user: str
+    def __init__(self, user: _Optional[str] = ...) -> None: ...
+
+class TokenReply(_message.Message):
+    __slots__ = ("token", "revoked")
+    TOKEN_FIELD_NUMBER: _ClassVar[int]
+    REVOKED_FIELD_NUMBER: _ClassVar[int]
+    token: str
+    revoked: int
+    def __init__(self, token: _Optional[str] = ..., revoked: _Optional[int] = ...) -> None: ...
+
 class DrainRequest(_message.Message):
     __slots__ = ("node", "gpu", "reason")
     NODE_FIELD_NUMBER: _ClassVar[int]

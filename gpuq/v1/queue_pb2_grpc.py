@@ -99,6 +99,16 @@ class QueueStub:
                 request_serializer=gpuq_dot_v1_dot_queue__pb2.DrainRequest.SerializeToString,
                 response_deserializer=gpuq_dot_v1_dot_queue__pb2.DrainReply.FromString,
                 _registered_method=True)
+        self.IssueToken = channel.unary_unary(
+                '/gpuq.v1.Queue/IssueToken',
+                request_serializer=gpuq_dot_v1_dot_queue__pb2.TokenRequest.SerializeToString,
+                response_deserializer=gpuq_dot_v1_dot_queue__pb2.TokenReply.FromString,
+                _registered_method=True)
+        self.RevokeTokens = channel.unary_unary(
+                '/gpuq.v1.Queue/RevokeTokens',
+                request_serializer=gpuq_dot_v1_dot_queue__pb2.TokenRequest.SerializeToString,
+                response_deserializer=gpuq_dot_v1_dot_queue__pb2.TokenReply.FromString,
+                _registered_method=True)
 
 
 class QueueServicer:
@@ -191,6 +201,21 @@ class QueueServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def IssueToken(self, request, context):
+        """Per-user tokens, for users who call over TCP (admins only). IssueToken answers a new token
+        for `user` (shown once: the store keeps only its SHA-256); RevokeTokens removes every token
+        of `user` and says how many there were.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def RevokeTokens(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_QueueServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -258,6 +283,16 @@ def add_QueueServicer_to_server(servicer, server):
                     servicer.Resume,
                     request_deserializer=gpuq_dot_v1_dot_queue__pb2.DrainRequest.FromString,
                     response_serializer=gpuq_dot_v1_dot_queue__pb2.DrainReply.SerializeToString,
+            ),
+            'IssueToken': grpc.unary_unary_rpc_method_handler(
+                    servicer.IssueToken,
+                    request_deserializer=gpuq_dot_v1_dot_queue__pb2.TokenRequest.FromString,
+                    response_serializer=gpuq_dot_v1_dot_queue__pb2.TokenReply.SerializeToString,
+            ),
+            'RevokeTokens': grpc.unary_unary_rpc_method_handler(
+                    servicer.RevokeTokens,
+                    request_deserializer=gpuq_dot_v1_dot_queue__pb2.TokenRequest.FromString,
+                    response_serializer=gpuq_dot_v1_dot_queue__pb2.TokenReply.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -611,6 +646,60 @@ class Queue:
             '/gpuq.v1.Queue/Resume',
             gpuq_dot_v1_dot_queue__pb2.DrainRequest.SerializeToString,
             gpuq_dot_v1_dot_queue__pb2.DrainReply.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def IssueToken(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/gpuq.v1.Queue/IssueToken',
+            gpuq_dot_v1_dot_queue__pb2.TokenRequest.SerializeToString,
+            gpuq_dot_v1_dot_queue__pb2.TokenReply.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def RevokeTokens(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/gpuq.v1.Queue/RevokeTokens',
+            gpuq_dot_v1_dot_queue__pb2.TokenRequest.SerializeToString,
+            gpuq_dot_v1_dot_queue__pb2.TokenReply.FromString,
             options,
             channel_credentials,
             insecure,

@@ -48,6 +48,18 @@ def wait_for(
     raise AssertionError(f"timed out after {timeout} s waiting for {what} (last: {last!r})")
 
 
+ALLOW_ROOT = "allow_root_jobs = true\n"
+
+
+def root_jobs_allowed(config: str) -> str:
+    """`config` (what follows the harness's [coordinator] lines) with root's jobs allowed on
+    the coordinator and the agents: tests run as root in CI, and submit as themselves."""
+    coordinator = ALLOW_ROOT + config
+    if "[agent]\n" in coordinator:
+        return coordinator.replace("[agent]\n", "[agent]\n" + ALLOW_ROOT, 1)
+    return coordinator + "\n[agent]\n" + ALLOW_ROOT
+
+
 class Cluster:
     def __init__(self, root: Path, config: str = "") -> None:
         self.root = root
@@ -61,7 +73,7 @@ class Cluster:
             f'listen = "127.0.0.1:{free_port()}"\n'
             "heartbeat_interval = 0.3\n"
             "heartbeat_timeout = 3.0\n"
-            "kill_grace = 2.0\n" + config
+            "kill_grace = 2.0\n" + root_jobs_allowed(config)
         )
         self.coordinator: subprocess.Popen[bytes] | None = None
         self.agents: dict[str, subprocess.Popen[bytes]] = {}

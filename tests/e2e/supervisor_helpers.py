@@ -43,12 +43,10 @@ def remove_cgroup_parent(parent: str = TEST_CGROUP_PARENT) -> None:
         folder = mount / parent
         if not folder.is_dir():
             continue
-        for child in folder.iterdir():
-            if child.is_dir():
-                with contextlib.suppress(OSError):
-                    child.rmdir()
-        with contextlib.suppress(OSError):
-            folder.rmdir()
+        # deepest first: <parent>/<installation key>/job_<id>
+        for below, _, _ in sorted(os.walk(folder), key=lambda e: -len(e[0])):
+            with contextlib.suppress(OSError):
+                os.rmdir(below)
 
 
 atexit.register(remove_cgroup_parent)

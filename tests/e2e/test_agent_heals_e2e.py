@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import pwd
 import re
 import signal
 import uuid
@@ -210,9 +211,16 @@ def test_agent_hands_a_refused_launch_back_to_the_queue(
         agent._beat_due = False
         agent.unacked, agent._outgoing, agent._flush = {}, [], asyncio.Event()
         agent.refused, agent.refused_attempts = {}, {}
+        agent.options = agent_module.AgentOptions(
+            settings=AgentSettings(node_name="n1", allow_root_jobs=True),
+            address="127.0.0.1:1",
+            node_key="x",
+            run_dir=tmp_path,
+        )
         spec = JobSpec(name="j", script="#!/bin/sh\ntrue\n", workdir=str(tmp_path))
+        user = pwd.getpwuid(os.geteuid()).pw_name
         for job_id in (1, 2):
-            launch = apb.JobLaunch(job_id=job_id, spec=spec_to_proto(spec), attempt=3)
+            launch = apb.JobLaunch(job_id=job_id, spec=spec_to_proto(spec), attempt=3, user=user)
             await agent._launch(launch)
         assert agent.unacked == {} and sorted(agent.refused) == [1, 2]
         stale = apb.StopJob(job_id=1, end_state="cancelled", attempt=2)

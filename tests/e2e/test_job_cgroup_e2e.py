@@ -228,3 +228,60 @@ def test_a_process_that_names_the_job_in_its_environment_is_not_taken_for_it(
         impostor.kill()
         impostor.wait()
     assert leftovers(parent, "job_4") == []
+
+
+def test_two_installations_never_share_a_job_group(
+    tmp_path: Path, group_parent: tuple[Path, str]
+) -> None:
+    """Each installation's jobs live below its own key (<parent>/<key>/job_<id>): the same job
+    id on two installations of one host gets two groups, the end of one leaves the other's
+    running, and a process is attributed only to its own installation's job."""
+    from gpuq.agent.attribution import job_of_cgroup_text
+    from gpuq.agent.launch import cgroup_key
+
+    root, parent = group_parent
+    keys = [cgroup_key(str(tmp_path / name), "n1") for name in ("one", "two")]
+    states = [tmp_path / "one", tmp_path / "two"]
+    gate = tmp_path / "gate"
+    works = [tmp_path / "w1", tmp_path / "w2"]
+    for work in works:
+        work.mkdir()
+    long_job = f"cat /proc/self/cgroup > cgroup.txt\nwhile [ ! -e {gate} ]; do sleep 0.05; done\n"
+    specs = [
+        make_spec(
+            works[0],
+            5,
+            "cat /proc/self/cgroup > cgroup.txt\n",
+            cgroup_parent=parent,
+            cgroup_key=keys[0],
+        ),
+        make_spec(works[1], 5, long_job, cgroup_parent=parent, cgroup_key=keys[1]),
+    ]
+
+    async def scenario() -> None:
+        async with (
+            running_hub(states[0]) as (hub1, reports1),
+            running_hub(states[1]) as (hub2, reports2),
+        ):
+            await hub2.launch(specs[1])
+            await reports2.wait(5, "running")
+            await await_until(lambda: (works[1] / "cgroup.txt").exists(), 10, "job 2 up")
+            await hub1.launch(specs[0])
+            end = await reports1.wait(5, "ended", timeout=20)
+            assert end.end_state == "completed" and "leftover" not in end.reason
+            assert reports2.of(5)[-1].kind == "running"  # the other's job 5 lives on
+            group2 = root / parent / keys[1] / "job_5"
+            assert group2.is_dir() and (group2 / "cgroup.procs").read_text().strip()
+            gate.touch()
+            assert (await reports2.wait(5, "ended", timeout=20)).end_state == "completed"
+
+    with cleanup(states[0]), cleanup(states[1]):
+        asyncio.run(scenario())
+    texts = [(work / "cgroup.txt").read_text() for work in works]
+    for key, text in zip(keys, texts, strict=True):
+        assert f"/{parent}/{key}/job_5" in text
+        assert job_of_cgroup_text(text, f"{parent}/{key}") == 5
+    assert job_of_cgroup_text(texts[1], f"{parent}/{keys[0]}") is None
+    assert job_of_cgroup_text(texts[0], f"{parent}/{keys[1]}") is None
+    assert leftovers(f"{parent}/{keys[0]}", "job_5") == []
+    assert leftovers(f"{parent}/{keys[1]}", "job_5") == []

@@ -9,7 +9,6 @@ ones, and `--standby` on SQLite is refused with one line."""
 from __future__ import annotations
 
 import re
-import shutil
 import signal
 import subprocess
 import sys
@@ -39,10 +38,11 @@ def log_text(cluster: Cluster, name: str) -> str:
 
 
 def start_standby(standby: Cluster, leader: Cluster) -> subprocess.Popen[bytes]:
-    """`gpuq coordinator --standby` in its own home, with the leader's token (as an admin
-    copies auth.token to the standby's host); returns once it says it is standing by."""
-    shutil.copy(leader.home / "auth.token", standby.home / "auth.token")
-    (standby.home / "auth.token").chmod(0o600)
+    """`gpuq coordinator --standby` in its own home, knowing the leader's nodes (as an admin
+    copies the node keys to the standby's host); returns once it says it is standing by."""
+    config = standby.home / "config.toml"
+    nodes = f'nodes_dir = "{leader.home / "nodes"}"\n'
+    config.write_text(config.read_text().replace("[coordinator]\n", "[coordinator]\n" + nodes, 1))
     process = standby._spawn(["coordinator", "--standby"], "coordinator")
     standby.coordinator = process
     wait_for(
@@ -79,10 +79,12 @@ def test_the_standby_takes_over_when_the_leader_is_killed(
         first, second = leader.tcp_address, listen_address(standby)
         both = f"{first},{second}"
         start_standby(standby, leader)
+        # over TCP a user shows a token an admin issued (kept in the shared store)
+        token = leader.client().issue_token("root")
         # the standby answers nobody while it waits, and leaves no address file
         settings = load_settings(home=leader.home)
         with (
-            Client(address=second, settings=settings, timeout=5) as probe,
+            Client(address=second, settings=settings, timeout=5, token=token) as probe,
             pytest.raises(ServerUnavailable),
         ):
             probe.nodes()
@@ -92,7 +94,9 @@ def test_the_standby_takes_over_when_the_leader_is_killed(
             ["agent", "--node-name", "n1", "--fake-gpus", "2", "--coordinator", both], "agent-n1"
         )
         leader.wait_node("n1", "up")
-        client = Client(address=both, settings=load_settings(home=leader.home), timeout=10)
+        client = Client(
+            address=both, settings=load_settings(home=leader.home), timeout=10, token=token
+        )
         jobs = [
             client.submit(wrap=mark_job(marks), gpus=1, environ=leader.env, chdir=str(tmp_path))
             for _ in range(6)
@@ -134,6 +138,11 @@ def test_the_standby_takes_over_when_the_leader_is_killed(
             client.submit(wrap=mark_job(marks), gpus=1, environ=leader.env, chdir=str(tmp_path))
         )
         cli_env = {**leader.env, "GPUQ_COORDINATOR": both}
+        token_file = tmp_path / "token"  # the user's saved token: the command line calls by TCP
+        token_file.write_text(token + "\n")
+        token_file.chmod(0o600)
+        with (leader.home / "config.toml").open("a") as config:
+            config.write(f'\n[client]\ntoken_file = "{token_file}"\n')
         result = subprocess.run(
             [*leader_cli(leader), "submit", "--gpus", "1", "--parsable", "--wrap", mark_job(marks)],
             cwd=tmp_path,
@@ -210,7 +219,10 @@ def test_clients_and_agents_skip_an_unreachable_address(tmp_path: Path) -> None:
             ["agent", "--node-name", "n1", "--fake-gpus", "1", "--coordinator", both], "agent-n1"
         )
         cluster.wait_node("n1", "up")
-        client = Client(address=both, settings=load_settings(home=cluster.home), timeout=10)
+        token = cluster.client().issue_token("root")
+        client = Client(
+            address=both, settings=load_settings(home=cluster.home), timeout=10, token=token
+        )
         assert client.addresses == [dead, cluster.tcp_address]
         assert client.nodes()
         assert client.address == cluster.tcp_address
@@ -220,7 +232,9 @@ def test_clients_and_agents_skip_an_unreachable_address(tmp_path: Path) -> None:
         # all unreachable: one line naming them all
         nowhere = f"{dead},127.0.0.1:{free_port()}"
         with (
-            Client(address=nowhere, settings=load_settings(home=cluster.home)) as nobody,
+            Client(
+                address=nowhere, settings=load_settings(home=cluster.home), token=token
+            ) as nobody,
             pytest.raises(ServerUnavailable, match=dead),
         ):
             nobody.nodes()

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import errno
 import importlib.util
 import json
 import os
@@ -71,9 +72,13 @@ def test_exit_codes_and_folder_life(tmp_path: Path) -> None:
             assert segv.reason == "killed by signal SIGSEGV"
             assert [r.kind for r in reports.of(1)] == ["running", "ended"]
             job_dir = state / "jobs" / "1"
-            assert oct(job_dir.stat().st_mode & 0o777) == "0o700"
+            # a root hub's job folders let the job's user pass through to the script (0711);
+            # what is in them stays private
+            folder_mode = "0o711" if os.geteuid() == 0 else "0o700"
+            assert oct(job_dir.stat().st_mode & 0o777) == folder_mode
             assert oct((job_dir / "script").stat().st_mode & 0o777) == "0o700"
-            assert (job_dir / "result.json").exists()
+            for name in ("spec.json", "result.json", "supervisor.pid", "job.pid", "isolation"):
+                assert oct((job_dir / name).stat().st_mode & 0o777) == "0o600", name
             assert hub.running_jobs() == []
             for job_id in (1, 2, 3):
                 await hub.ack(job_id)
@@ -150,10 +155,34 @@ def test_unusable_spec_ends_the_job_failed(tmp_path: Path) -> None:
             end = await reports.wait(2, "ended")
             assert (end.end_state, end.exit_code) == ("failed", None)
             assert end.reason == "supervisor error: spec.json: field uid is missing or unusable"
+            # a number that is there but out of range (or of another type) refuses the spec:
+            # never a silent "no limit", never a cast of it; a uid that is not a number never
+            # means "run as the supervisor's user"
+            for job_id, (name, value) in enumerate(BAD_FIELDS, 3):
+                await hub.launch(make_spec(tmp_path, job_id, "touch ran\n", **{name: value}))
+            for job_id, (name, _) in enumerate(BAD_FIELDS, 3):
+                end = await reports.wait(job_id, "ended")
+                assert (end.end_state, end.exit_code) == ("failed", None)
+                assert f"field {name}" in end.reason and "unusable" in end.reason, end.reason
 
     with cleanup(state):
         asyncio.run(scenario())
     assert not (tmp_path / "ran").exists()
+
+
+BAD_FIELDS = [
+    ("time_limit", 1e300),
+    ("time_limit", -1.0),
+    ("time_limit", "60"),
+    ("mem_limit", 2.5),
+    ("mem_limit", float(2**70)),
+    ("kill_grace", -1.0),
+    ("warning_seconds", 1e13),
+    ("uid", "0"),
+    ("gid", -1),
+    ("cgroup_key", "../escape"),
+    ("cgroup_key", ".."),
+]
 
 
 @pytest.mark.parametrize("with_cgroup", [False, True], ids=["plain", "cgroup"])
@@ -311,7 +340,7 @@ def test_memory_limit_cgroup(tmp_path: Path) -> None:
     assert hierarchy is not None
     group_parent = hierarchy[0] / parent
     assert not (group_parent / "job_1").exists()
-    group_parent.rmdir()
+    remove_when_free(group_parent)
 
 
 def test_memory_limit_poll(tmp_path: Path) -> None:
@@ -354,7 +383,9 @@ def test_runs_as_another_user(tmp_path: Path) -> None:
 
 
 def test_a_uid_without_gid_runs_with_the_users_primary_group(tmp_path: Path) -> None:
-    """Never root's group 0: the passwd entry's group; a uid without an entry needs a gid."""
+    """Never root's group 0: the passwd entry's group; a uid without an entry never runs (even
+    with a gid given), nor a gid that is not one of the user's groups, nor a name that is not
+    the uid's."""
     if os.geteuid() != 0:
         pytest.skip("needs root")
     nobody = pwd.getpwnam("nobody")
@@ -364,16 +395,31 @@ def test_a_uid_without_gid_runs_with_the_users_primary_group(tmp_path: Path) -> 
     shared.chmod(0o777)
     env = {"PATH": "/usr/bin:/bin"}
     spec = make_spec(shared, 1, "id -u; id -g; id -G\n", uid=nobody.pw_uid, env=env)
-    stranger = make_spec(shared, 2, "true\n", uid=unknown, env=env)
+    refused = {
+        2: (
+            make_spec(shared, 2, "touch ran\n", uid=unknown, gid=unknown, env=env),
+            "no passwd entry",
+        ),
+        3: (
+            make_spec(shared, 3, "touch ran\n", uid=nobody.pw_uid, gid=0, env=env),
+            "gid 0 is not a group of user nobody",
+        ),
+        4: (
+            make_spec(shared, 4, "touch ran\n", uid=nobody.pw_uid, user="root", env=env),
+            f"user root is uid 0 here, not {nobody.pw_uid}",
+        ),
+    }
 
     async def scenario() -> None:
         async with running_hub(state) as (hub, reports):
             await hub.launch(spec)
-            await hub.launch(stranger)
+            for job_spec, _ in refused.values():
+                await hub.launch(job_spec)
             assert (await reports.wait(1, "ended")).end_state == "completed"
-            refused = await reports.wait(2, "ended")
-            assert refused.end_state == "failed"
-            assert "uid has no passwd entry and no gid was given" in refused.reason
+            for job_id, (_, reason) in refused.items():
+                end = await reports.wait(job_id, "ended")
+                assert end.end_state == "failed" and reason in end.reason, end.reason
+        assert not (shared / "ran").exists()
 
     try:
         with cleanup(state):
@@ -419,3 +465,17 @@ def test_missing_compiled_part_is_one_clear_error(monkeypatch: pytest.MonkeyPatc
     )
     with pytest.raises(GpuqError, match=r"compiled part \(gpuq.agent._supervise\) is missing"):
         ForkServer.start()
+
+
+def remove_when_free(folder: Path, timeout: float = 10.0) -> None:
+    """rmdir a cgroup folder: the kernel may keep it busy a moment after its last child
+    group went (EBUSY)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            folder.rmdir()
+            return
+        except OSError as exc:
+            if exc.errno != errno.EBUSY or time.monotonic() > deadline:
+                raise
+            time.sleep(0.05)

@@ -5,7 +5,15 @@ from __future__ import annotations
 
 import pytest
 
-from gpuq.agent.launch import LaunchOrder, LaunchSpec, NodePolicy, build_launch
+from gpuq.agent.launch import (
+    Account,
+    LaunchOrder,
+    LaunchSpec,
+    NodePolicy,
+    build_launch,
+    cgroup_key,
+    launch_refusal,
+)
 from gpuq.domain.model import GpuUnit, JobSpec
 
 OLD, NEW = "PYTORCH_CUDA_ALLOC_CONF", "PYTORCH_ALLOC_CONF"
@@ -73,3 +81,66 @@ def test_device_rules_and_cpus_in_the_spec() -> None:
 def test_no_devices_known_no_rules_and_unbound_by_default() -> None:
     spec = build_launch(order({}, ()), NodePolicy("n1", {}))
     assert spec.device_deny == () and spec.cpuset is None and spec.mems is None
+
+
+ALICE = Account("alice", 1001, 1001, "/home/alice", "/bin/zsh")
+ROOT = Account("root", 0, 0, "/root", "/bin/bash")
+
+
+def test_a_job_runs_as_its_submitters_account_with_its_home_and_shell() -> None:
+    """HOME, USER, LOGNAME and SHELL come from the passwd entry, whatever the submitter sent."""
+    sent = {"HOME": "/root", "USER": "root", "LOGNAME": "root", "SHELL": "/bin/evil", "A": "1"}
+    policy = NodePolicy("n1", {}, switch_user=True)
+    spec = build_launch(order(sent), policy, account=ALICE)
+    assert (spec.user, spec.uid, spec.gid) == ("alice", 1001, 1001)
+    assert {k: spec.env[k] for k in ("HOME", "USER", "LOGNAME", "SHELL", "A")} == {
+        "HOME": "/home/alice",
+        "USER": "alice",
+        "LOGNAME": "alice",
+        "SHELL": "/bin/zsh",
+        "A": "1",
+    }
+    assert LaunchSpec.from_dict(spec.to_dict()) == spec
+
+
+def test_an_agent_that_cannot_switch_users_keeps_its_own() -> None:
+    spec = build_launch(order({}), NodePolicy("n1", {}), account=ALICE)
+    assert (spec.user, spec.uid, spec.gid) == (None, None, None)
+    assert spec.env["HOME"] == "/home/alice"
+
+
+def test_the_installations_key_goes_with_the_cgroup_parent() -> None:
+    spec = build_launch(order({}), NodePolicy("n1", {}, cgroup_parent="gpuq", cgroup_key="k1"))
+    assert (spec.cgroup_parent, spec.cgroup_key) == ("gpuq", "k1")
+    # one key per installation (its run folder) and node: two never share job groups
+    keys = {cgroup_key(run, node) for run in ("/dev/shm/gpuq-a/n1", "/srv/b/n1") for node in "xy"}
+    assert len(keys) == 4 and all(len(k) == 12 and int(k, 16) >= 0 for k in keys)
+    assert cgroup_key("/srv/b/n1", "x") == cgroup_key("/srv/b/n1", "x")
+
+
+def refusal(account: Account | None, **given: object) -> str | None:
+    options: dict[str, object] = {"node": "n1", "agent_uid": 0, "allow_root_jobs": False}
+    options.update(given)
+    name = account.name if account else "ghost"
+    return launch_refusal(name, account, **options)  # type: ignore[arg-type]
+
+
+def test_who_a_node_runs_jobs_for() -> None:
+    assert refusal(ALICE) is None
+    assert refusal(None) == "user 'ghost' has no account on node n1"
+    assert refusal(ROOT) == "node n1 does not run jobs as root ([agent] allow_root_jobs is false)"
+    assert refusal(ROOT, allow_root_jobs=True) is None
+    # an agent that is not root runs only its own user's jobs
+    assert refusal(ALICE, agent_uid=1001) is None
+    assert "cannot run jobs of user alice" in (refusal(ALICE, agent_uid=1002) or "")
+    assert "cannot run jobs of user root" in (
+        refusal(ROOT, agent_uid=1002, allow_root_jobs=True) or ""
+    )
+    # a root agent serving a user's private coordinator: that user's jobs only, never root's
+    assert refusal(ALICE, coordinator_owner=1001) is None
+    assert "private coordinator of uid 1002" in (refusal(ALICE, coordinator_owner=1002) or "")
+    assert "private coordinator" in (
+        refusal(ROOT, coordinator_owner=1001, allow_root_jobs=True) or ""
+    )
+    assert refusal(ALICE, coordinator_owner=0) is None
+    assert "cannot tell who owns" in (refusal(ALICE, coordinator_owner=-1) or "")

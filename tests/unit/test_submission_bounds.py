@@ -776,3 +776,154 @@ def test_options_after_the_script() -> None:
     args = ("--lr", "0.1", "--gpus", "2", "--time=5", "-c", "x.yaml", "--wait", "--", "--mem")
     assert options_after_script(args) == ["--gpus", "--time", "--wait"]
     assert options_after_script(("--gpusx", "gpus", "-G")) == []
+
+
+# ---- sizes at the edge (issue 11) -------------------------------------------------------------
+
+
+def _largest_spec() -> JobSpec:
+    """A spec with every part at (or just under) its limit, the env in its costliest form on
+    the wire (many tiny variables)."""
+    from gpuq.domain.limits import MAX_ARGS, MAX_ENV_BYTES, MAX_PATH_BYTES, MAX_SCRIPT_BYTES
+
+    env: dict[str, str] = {}
+    total = 0
+    i = 0
+    while True:
+        key = format(i, "x")
+        if total + len(key) + 2 > MAX_ENV_BYTES:
+            break
+        env[key] = ""
+        total += len(key) + 2
+        i += 1
+    arg = "a" * (((1 << 20) // MAX_ARGS) - 1)
+    path = "/" + "p" * (MAX_PATH_BYTES - 1)
+    return JobSpec(
+        name="n" * 128,
+        script="#!/bin/sh\n" + "#" * (MAX_SCRIPT_BYTES - 10),
+        workdir=path,
+        args=(arg,) * MAX_ARGS,
+        env=env,
+        output=path,
+        error=path,
+        source=path,
+        array=ArraySpec(
+            tuple(range(MAX_ARRAY_INDEX - MAX_ARRAY_TASKS + 1, MAX_ARRAY_INDEX + 1)), 5
+        ),
+        dependencies=tuple(
+            Dependency(MAX_JOB_ID - i, DependencyKind.ANY, MAX_ARRAY_INDEX) for i in range(1000)
+        ),
+        begin_time=MAX_BEGIN_TIME,
+        signal=WarningSignal(10, 60),
+        resources=Resources(gpus=1024, gpu_mem=1 << 40, cpus=65536, mem=1 << 50, time_limit=60),
+        qos="q" * 64,
+        nice=-10_000,
+        umask=0o777,
+    )
+
+
+def test_the_largest_valid_request_fits_the_receive_limits() -> None:
+    from gpuq.domain.limits import MAX_AGENT_MESSAGE_BYTES, MAX_REQUEST_BYTES
+    from gpuq.v1 import agent_pb2, queue_pb2
+
+    message = spec_to_proto(_largest_spec())
+    assert spec_from_proto(message) is not None  # valid as it arrives
+    request = queue_pb2.SubmitRequest(spec=message, request_key="k" * 64)
+    assert 6 << 20 < request.ByteSize() <= MAX_REQUEST_BYTES
+    launch = agent_pb2.JobLaunch(
+        job_id=MAX_JOB_ID,
+        spec=message,
+        gpus=[f"MIG-GPU-{'f' * 36}/{i}/0" for i in range(1024)],
+        user="u" * 32,
+        array_job_id=MAX_JOB_ID,
+        array_task_id=MAX_ARRAY_INDEX,
+        time_limit=2**63,
+        kill_grace=1e300,
+        requeue_count=2**32 - 1,
+        attempt=2**32 - 1,
+    )
+    alone = agent_pb2.CoordinatorMessage(start=[launch], ack=[MAX_JOB_ID] * 1000)
+    assert alone.ByteSize() <= MAX_AGENT_MESSAGE_BYTES
+    assert MAX_REQUEST_BYTES <= MAX_AGENT_MESSAGE_BYTES
+
+
+def test_the_largest_valid_registration_fits_the_coordinators_receive_limit() -> None:
+    from gpuq.coordinator.agents import check_registration
+    from gpuq.domain.limits import MAX_NODE_UNITS, MAX_REQUEST_BYTES, MAX_TOPOLOGY_LINKS
+    from gpuq.v1 import agent_pb2
+    from gpuq.v1 import types_pb2 as pb
+
+    uuid = "G" * 96
+    message = agent_pb2.Register(
+        node="n" * 63,
+        gpus=[
+            pb.GpuUnit(
+                uuid=uuid,
+                index=1024,
+                name="m" * 300,
+                memory=2**64 - 1,
+                pci_bus_id=uuid,
+                parent_uuid=uuid,
+                mig_profile=uuid,
+            )
+        ]
+        * MAX_NODE_UNITS,
+        topology=[pb.TopologyLink(a=uuid, b=uuid, distance=2**32 - 1)] * MAX_TOPOLOGY_LINKS,
+        cpus=2**32 - 1,
+        mem=2**64 - 1,
+        driver="d" * 300,
+        isolation="i" * 300,
+        gpu_problem="p" * 300,
+        version="v" * 300,
+    )
+    check_registration(message)
+    reports = [agent_pb2.JobReport(job_id=MAX_JOB_ID, kind="ENDED", at=1.0, attempt=9)] * 10_000
+    message.jobs.extend(reports)  # ten thousand jobs' ends kept over a restart
+    assert agent_pb2.AgentMessage(register=message).ByteSize() <= MAX_REQUEST_BYTES
+
+
+def test_a_script_is_bounded_in_bytes_not_characters() -> None:
+    from gpuq.domain.limits import MAX_SCRIPT_BYTES
+
+    fits = "#!/bin/sh\n" + "é" * ((MAX_SCRIPT_BYTES - 10) // 2)
+    JobSpec(name="x", script=fits, workdir="/tmp")
+    with pytest.raises(InvalidInput, match="larger than 4 MiB"):
+        JobSpec(name="x", script=fits + "é", workdir="/tmp")
+    with pytest.raises(InvalidInput, match="UTF-8"):
+        JobSpec(name="x", script="#!/bin/sh\n\ud800", workdir="/tmp")
+
+
+def test_an_agent_session_splits_launches_to_fit_one_message() -> None:
+    import asyncio
+
+    from gpuq.coordinator.cluster import AgentSession
+    from gpuq.v1 import agent_pb2
+
+    def launch(job_id: int, size: int) -> agent_pb2.JobLaunch:
+        script = "#!/bin/sh\n" + "x" * size
+        return agent_pb2.JobLaunch(job_id=job_id, spec=spec_to_proto(JobSpec("x", script, "/")))
+
+    async def run() -> list[agent_pb2.CoordinatorMessage]:
+        session = AgentSession("n", max_bytes=10_000)
+        session.registered(1.0)
+        session.start([launch(1, 3000), launch(2, 3000), launch(3, 3000), launch(4, 3000)])
+        session.start([launch(5, 20_000)])  # larger than a message: it travels alone
+        session.stop([agent_pb2.StopJob(job_id=1)])
+        session.ack([7, 8])
+        messages = []
+        while True:
+            message = await asyncio.wait_for(session.next_message(), 1)
+            assert message is not None
+            messages.append(message)
+            if message.ack:
+                break
+        session.start([launch(6, 10)])
+        messages.append(await asyncio.wait_for(session.next_message(), 1))  # type: ignore[arg-type]
+        return messages
+
+    messages = asyncio.run(run())
+    starts = [[s.job_id for s in m.start] for m in messages]
+    assert starts == [[1, 2, 3], [4], [5], [], [6]]
+    assert messages[0].HasField("registered")
+    assert [s.job_id for s in messages[3].stop] == [1] and list(messages[3].ack) == [7, 8]
+    assert all(m.ByteSize() <= 10_000 for i, m in enumerate(messages) if i != 2)

@@ -20,6 +20,17 @@
  * own), isolation (the device isolation the job got, one line), result.json (written with
  * temp + fsync + rename; a reader falls back to result.json.tmp).
  *
+ * Who the job runs as: a spec with a uid names the account (`user`); the supervisor looks it up
+ * again (it must exist and have that uid), takes its primary group unless a gid is given (which
+ * must be one of the user's), and its groups as initgroups(3) does (getgrouplist). The child
+ * sets groups, gid and uid before it touches anything the user named: the working folder, the
+ * output files (opened as the user: a link the user planted gets the user's rights, never
+ * root's), the script. spec.json, results and pid files are root's, 0600; the script is the
+ * user's, 0700, in a folder the user may only pass through (0711, made by the hub).
+ *
+ * Cgroups: the job's groups are <cgroup_parent>/<cgroup_key>/job_<id>, the key being the
+ * installation's (gpuq.agent.launch.cgroup_key), so that two installations never share one.
+ *
  * Isolation: the job's GPUs other than its own are denied in its devices group (devices.deny
  * on cgroup v1, a BPF_PROG_TYPE_CGROUP_DEVICE program on v2), its CPUs bound by its cpuset
  * group (else sched_setaffinity). Where the machine allows no device rule the job still runs,
@@ -80,6 +91,9 @@ typedef struct {
     long long mem_limit;
     uid_t uid;
     gid_t gid;
+    const char *user; /* with has_uid: the account's name (its passwd entry), else NULL */
+    gid_t *groups;    /* with has_uid: its groups, as initgroups(3) sets them (getgrouplist) */
+    int ngroups;
     mode_t umask; /* with has_umask: the job's umask; output files are 0666 less it */
 } launch_spec;
 
@@ -173,7 +187,8 @@ static void format_size(long long size, char *out, size_t len) {
 /* ---- files of the job folder ---- */
 
 static int write_file(const char *path, const char *data, size_t len, mode_t mode, int chown_to, uid_t uid, gid_t gid) {
-    int fd = open(path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, mode);
+    /* only ever in the job folder, which is root's: still, never through a link */
+    int fd = open(path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC | O_NOFOLLOW, mode);
     if (fd < 0) return -1;
     int ok = write(fd, data, len) == (ssize_t)len && fchmod(fd, mode) == 0; /* whatever the umask */
     if (ok && chown_to) ok = fchown(fd, uid, gid) == 0;
@@ -186,7 +201,7 @@ static int write_file(const char *path, const char *data, size_t len, mode_t mod
 static int write_json_atomic(const char *path, const char *json) {
     char tmp[4200];
     snprintf(tmp, sizeof tmp, "%s.tmp", path);
-    int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+    int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC | O_NOFOLLOW, 0600);
     if (fd < 0) return -1;
     size_t len = strlen(json);
     int ok = write(fd, json, len) == (ssize_t)len && fsync(fd) == 0;
@@ -283,19 +298,96 @@ static const char *read_isolation(launch_spec *spec, const jval *root) {
     return NULL;
 }
 
-/* A job given a uid and no gid runs with that user's primary group, never the supervisor's
- * (root's 0); a uid without a passwd entry needs its gid given. */
-static const char *primary_group(launch_spec *spec) {
-    if (!spec->has_uid || spec->has_gid) return NULL;
-    struct passwd *entry = getpwuid(spec->uid);
-    if (entry == NULL) return "field uid has no passwd entry and no gid was given";
-    spec->gid = entry->pw_gid;
+/* The account a job given a uid runs as: its passwd entry (by the spec's user name when there
+ * is one, which must have that uid), its primary group unless a gid is given (never the
+ * supervisor's: root's 0), and its supplementary groups as initgroups(3) would set them
+ * (getgrouplist: the gid and every group the group database lists the user in). A given gid
+ * must be one of them. No passwd entry: refused (no job runs as a bare number). */
+static const char *resolve_account(launch_spec *spec) {
+    static char why[300];
+    if (!spec->has_uid) return NULL;
+    struct passwd *entry = spec->user ? getpwnam(spec->user) : getpwuid(spec->uid);
+    if (entry == NULL) {
+        if (spec->user) snprintf(why, sizeof why, "user %.200s has no passwd entry on this node", spec->user);
+        else snprintf(why, sizeof why, "uid %u has no passwd entry on this node", (unsigned)spec->uid);
+        return why;
+    }
+    if (entry->pw_uid != spec->uid) {
+        snprintf(why, sizeof why, "user %.200s is uid %u here, not %u", entry->pw_name, (unsigned)entry->pw_uid, (unsigned)spec->uid);
+        return why;
+    }
+    if (!spec->has_gid) spec->gid = entry->pw_gid;
+    int n = 64;
+    gid_t *groups = calloc((size_t)n, sizeof *groups);
+    if (groups == NULL) abort();
+    for (int tries = 0; getgrouplist(entry->pw_name, entry->pw_gid, groups, &n) < 0; tries++) {
+        if (tries > 8 || n <= 0 || n > 65536) {
+            snprintf(why, sizeof why, "cannot list the groups of user %.200s", entry->pw_name);
+            return why;
+        }
+        groups = realloc(groups, (size_t)n * sizeof *groups);
+        if (groups == NULL) abort();
+    }
+    int member = spec->gid == entry->pw_gid;
+    for (int i = 0; i < n && !member; i++) member = groups[i] == spec->gid;
+    if (!member) {
+        snprintf(why, sizeof why, "gid %u is not a group of user %.200s", (unsigned)spec->gid, entry->pw_name);
+        return why;
+    }
     spec->has_gid = 1;
+    spec->groups = groups;
+    spec->ngroups = n;
+    spec->user = strdup(entry->pw_name);
+    if (spec->user == NULL) abort();
+    return NULL;
+}
+
+/* A number field: absent or null leaves *present 0 (the default applies); present, it must be a
+ * number in [min, max] (so finite, never NaN), else the spec is refused: a limit that cannot be
+ * read must not silently become "no limit". 0, or -1. */
+static int real_field(const jval *root, const char *key, double min, double max, double *out, int *present) {
+    const jval *v = json_get(root, key);
+    *present = 0;
+    if (v == NULL || v->type == J_NULL) return 0;
+    if (v->type != J_NUM || !(v->num >= min && v->num <= max)) return -1;
+    *out = v->num;
+    *present = 1;
+    return 0;
+}
+
+/* The same for a whole number (range-checked as a double before the cast). */
+static int int_field(const jval *root, const char *key, long long min, long long max, long long *out, int *present) {
+    const jval *v = json_get(root, key);
+    *present = 0;
+    if (v == NULL || v->type == J_NULL) return 0;
+    if (!json_int(root, key, min, max, out)) return -1;
+    *present = 1;
+    return 0;
+}
+
+/* cgroup_parent and cgroup_key (one name: [A-Za-z0-9_-], never "." or ".."); the job's groups
+ * are <parent>/<key>/job_<id>. NULL, or the field that is unusable. */
+static const char *cgroup_location(launch_spec *spec, const jval *root) {
+    static char joined[1200];
+    const char *parent = NULL, *key = NULL;
+    const jval *p = json_get(root, "cgroup_parent"), *k = json_get(root, "cgroup_key");
+    if (p != NULL && p->type != J_NULL && !json_cstr(root, "cgroup_parent", &parent)) return "cgroup_parent";
+    if (k != NULL && k->type != J_NULL && !json_cstr(root, "cgroup_key", &key)) return "cgroup_key";
+    /* the parent is the admin's (gpuq/config.py checks its parts); the key is the agent's */
+    if (parent && strlen(parent) > 1000) return "cgroup_parent";
+    if (key && (!key[0] || strlen(key) > 64 || strspn(key, "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789_-") != strlen(key)))
+        return "cgroup_key";
+    if (key == NULL) { spec->cgroup_parent = parent; return NULL; }
+    const char *base = parent && parent[0] ? parent : "gpuq";
+    size_t len = strlen(base);
+    while (len > 0 && base[len - 1] == '/') len--;
+    snprintf(joined, sizeof joined, "%.*s/%s", (int)len, base, key);
+    spec->cgroup_parent = joined;
     return NULL;
 }
 
 static int read_spec(supervisor *s, const char *text, size_t len, const char **problem) {
-    static char bad[128];
+    static char bad[400];
     launch_spec *spec = &s->spec;
     jval *root = json_parse(text, len);
     const char *field = NULL;
@@ -314,8 +406,8 @@ static int read_spec(supervisor *s, const char *text, size_t len, const char **p
     else if (argv == NULL) field = "args";
     else if (spec->envp == NULL) field = "env";
     /* a user that cannot be switched to must not run the job as this one (root) */
-    else if ((spec->has_uid = json_has_num(root, "uid")) && !json_int(root, "uid", 0, MAX_ID, &uid)) field = "uid";
-    else if ((spec->has_gid = json_has_num(root, "gid")) && !json_int(root, "gid", 0, MAX_ID, &gid)) field = "gid";
+    else if (int_field(root, "uid", 0, MAX_ID, &uid, &spec->has_uid) != 0) field = "uid";
+    else if (int_field(root, "gid", 0, MAX_ID, &gid, &spec->has_gid) != 0) field = "gid";
     if (field != NULL) {
         snprintf(bad, sizeof bad, "spec.json: field %s is missing or unusable", field);
         *problem = bad;
@@ -329,20 +421,36 @@ static int read_spec(supervisor *s, const char *text, size_t len, const char **p
     spec->argv[0] = NULL; /* the script's path, set when it is written */
     memcpy(spec->argv + 1, argv, args->n * sizeof *argv);
     spec->append = strcmp(json_str(root, "open_mode", "truncate"), "append") == 0;
-    /* numbers out of range (or NaN, or infinite) count as absent: the defaults apply */
-    spec->time_limit = json_real(root, "time_limit", 0, MAX_SECONDS, -1);
-    spec->has_time_limit = spec->time_limit >= 0;
-    spec->has_mem_limit = json_int(root, "mem_limit", 0, MAX_BYTES, &spec->mem_limit);
+    /* a limit that is there must be usable: out of range, NaN or infinite refuses the spec
+     * rather than silently meaning "no limit" (checked before any cast, which would be
+     * undefined). The warning signal and the umask fall back to their defaults (SIGTERM;
+     * output files 0600), which only err on the safe side. */
+    int present = 0;
+    double grace = 30.0, warn_seconds = 0.0;
+    long long umask_value = 0;
+    if (real_field(root, "time_limit", 0, MAX_SECONDS, &spec->time_limit, &spec->has_time_limit) != 0) field = "time_limit";
+    else if (int_field(root, "mem_limit", 0, MAX_BYTES, &spec->mem_limit, &spec->has_mem_limit) != 0) field = "mem_limit";
+    else if (real_field(root, "kill_grace", 0, MAX_SECONDS, &grace, &present) != 0) field = "kill_grace";
+    else if (real_field(root, "warning_seconds", 0, MAX_SECONDS, &warn_seconds, &present) != 0) field = "warning_seconds";
+    else if ((field = cgroup_location(spec, root)) != NULL) {
+    }
+    else if (json_get(root, "user") && json_get(root, "user")->type != J_NULL && !json_cstr(root, "user", &spec->user)) field = "user";
+    else if (spec->user && !spec->has_uid) field = "user (without uid)";
+    if (field != NULL) {
+        snprintf(bad, sizeof bad, "spec.json: field %s is unusable (of another type, or out of range)", field);
+        *problem = bad;
+        return -1;
+    }
+    if (!spec->has_time_limit) spec->time_limit = -1;
     spec->mem_poll_only = strcmp(json_str(root, "mem_enforcement", "auto"), "poll") == 0;
-    spec->cgroup_parent = json_str(root, "cgroup_parent", NULL);
-    spec->kill_grace = json_real(root, "kill_grace", 0, MAX_SECONDS, 30.0);
+    spec->kill_grace = grace;
     spec->warning_signal = json_int(root, "warning_signal", 1, NSIG - 1, &number) ? (int)number : SIGTERM;
-    spec->warning_seconds = json_real(root, "warning_seconds", 0, MAX_SECONDS, 0.0);
+    spec->warning_seconds = warn_seconds;
     spec->uid = (uid_t)uid;
     spec->gid = (gid_t)gid;
-    spec->has_umask = json_int(root, "umask", 0, 0777, &number);
-    spec->umask = spec->has_umask ? (mode_t)number : 0;
-    if ((field = read_isolation(spec, root)) != NULL || (field = primary_group(spec)) != NULL) {
+    spec->has_umask = json_int(root, "umask", 0, 0777, &umask_value);
+    spec->umask = spec->has_umask ? (mode_t)umask_value : 0;
+    if ((field = read_isolation(spec, root)) != NULL || (field = resolve_account(spec)) != NULL) {
         snprintf(bad, sizeof bad, "spec.json: %s", field);
         *problem = bad;
         return -1;
@@ -387,15 +495,22 @@ static void __attribute__((noreturn)) child(const child_args *a) {
         if ((a->cgroup_fds[i] < 0 || write(a->cgroup_fds[i], "0", 1) != 1) && a->cgroup_required[i])
             child_fail(err_fd, STEP_CGROUP);
     if (a->affinity != NULL && sched_setaffinity(0, sizeof *a->affinity, a->affinity) != 0) child_fail(err_fd, STEP_CPUS);
+    /* the user's identity before anything a user named is touched (the working folder, the
+     * output files, the script): root trusts no user path. Groups, then gid, then uid (after
+     * setuid the others can no longer be changed). */
     if (groups != NULL || spec->has_gid) {
         if (groups != NULL) {
-            /* the job folder is root's: exec the script through an fd opened as root */
-            target = open(script, O_RDONLY);
+            /* the script, opened as root, for a job folder the user cannot reach (a root run
+             * folder that is not 0711): exec'd through the fd only if the path fails */
+            target = open(script, O_RDONLY | O_CLOEXEC | O_NOFOLLOW);
             if (target < 0) child_fail(err_fd, STEP_USER);
         }
         if (setgroups(groups ? (size_t)ngroups : 0, groups) != 0) child_fail(err_fd, STEP_USER);
         if (spec->has_gid && setgid(spec->gid) != 0) child_fail(err_fd, STEP_USER);
         if (spec->has_uid && setuid(spec->uid) != 0) child_fail(err_fd, STEP_USER);
+        /* never go on with root's ids left over: verify what the kernel says */
+        if (spec->has_uid && (getuid() != spec->uid || geteuid() != spec->uid)) child_fail(err_fd, STEP_USER);
+        if (spec->has_gid && (getgid() != spec->gid || getegid() != spec->gid)) child_fail(err_fd, STEP_USER);
     }
     if (chdir(spec->cwd) != 0) child_fail(err_fd, STEP_CHDIR);
     int in = open("/dev/null", O_RDONLY | O_CLOEXEC);
@@ -419,8 +534,12 @@ static void __attribute__((noreturn)) child(const child_args *a) {
     sigset_t none;
     sigemptyset(&none);
     sigprocmask(SIG_SETMASK, &none, NULL);
-    if (target >= 0) fexecve(target, spec->argv, spec->envp);
-    else execve(script, spec->argv, spec->envp);
+    execve(script, spec->argv, spec->envp);
+    if (target >= 0 && (errno == EACCES || errno == ENOENT || errno == ENOTDIR)) {
+        /* the folder is not the user's to traverse: through the fd (which a script's
+         * interpreter then reads as /dev/fd/N, so it must stay open across the exec) */
+        if (fcntl(target, F_SETFD, 0) == 0) fexecve(target, spec->argv, spec->envp);
+    }
     child_fail(err_fd, STEP_EXEC);
 }
 
@@ -432,28 +551,9 @@ static pid_t __attribute__((noinline)) vfork_child(const child_args *args) {
     return pid;
 }
 
-static gid_t *groups_for(const launch_spec *spec, int *count) {
-    /* supplementary groups for a job that runs as another user (looked up before the fork) */
-    if (!spec->has_uid) return NULL;
-    gid_t gid = spec->has_gid ? spec->gid : getgid();
-    struct passwd *entry = getpwuid(spec->uid);
-    int n = 64;
-    gid_t *groups = calloc((size_t)n, sizeof *groups);
-    if (groups == NULL) abort();
-    if (entry == NULL) { groups[0] = gid; *count = 1; return groups; }
-    while (getgrouplist(entry->pw_name, gid, groups, &n) < 0) {
-        groups = realloc(groups, (size_t)n * sizeof *groups);
-        if (groups == NULL) abort();
-    }
-    *count = n;
-    return groups;
-}
-
 static void spawn_job(supervisor *s, const char *script, const child_args *joins) {
     static const char *const steps[] = {"create a process group", "join the job's cgroup", "bind the job's CPUs", "switch user", "chdir to ", "open ", "open ", "execute "};
     const launch_spec *spec = &s->spec;
-    int ngroups = 0;
-    gid_t *groups = groups_for(spec, &ngroups);
     int pipe_fds[2];
     if (pipe2(pipe_fds, O_CLOEXEC) != 0) {
         snprintf(s->launch_error, sizeof s->launch_error, "launch failed: cannot create a pipe: %s", strerror(errno));
@@ -465,14 +565,13 @@ static void spawn_job(supervisor *s, const char *script, const child_args *joins
     child_args args = *joins;
     args.spec = spec;
     args.script = script;
-    args.ngroups = ngroups;
+    args.ngroups = spec->has_uid ? spec->ngroups : 0;
     args.err_fd = pipe_fds[1];
-    args.groups = groups;
+    args.groups = spec->has_uid ? spec->groups : NULL;
     pid_t pid = vfork_child(&args);
     int fork_errno = errno;
     sigprocmask(SIG_SETMASK, &old, NULL);
     close(pipe_fds[1]);
-    free(groups);
     if (pid < 0) {
         close(pipe_fds[0]);
         snprintf(s->launch_error, sizeof s->launch_error, "launch failed: cannot fork: %s", strerror(fork_errno));
@@ -883,7 +982,7 @@ static void write_isolation(supervisor *s) {
     char path[4200], text[700];
     snprintf(path, sizeof path, "%s/isolation", s->job_dir);
     int n = snprintf(text, sizeof text, "%s\n", s->isolation);
-    if (n > 0 && n < (int)sizeof text) (void)write_file(path, text, (size_t)n, 0644, 0, 0, 0);
+    if (n > 0 && n < (int)sizeof text) (void)write_file(path, text, (size_t)n, 0600, 0, 0, 0);
 }
 
 /* The cgroup.procs of each of the job's groups, for the child to join; which it must join. */

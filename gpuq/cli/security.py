@@ -1,0 +1,72 @@
+"""`gpuq admin`: what an admin sets up for identity and trust (README "Security").
+
+gpuq admin token USER [--revoke]   a per-user token for calls over TCP (shown once)
+gpuq admin node-key NODE           the key that lets node NODE's agent register
+gpuq admin certs ...               a site CA and TLS certificates (gpuq.cli.certs)
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import click
+
+from gpuq.cli import render
+
+
+@click.group()
+def admin() -> None:
+    """Set up identity and trust: user tokens, node keys, TLS certificates."""
+
+
+@admin.command()
+@click.argument("user")
+@click.option("--revoke", is_flag=True, help="revoke every token of USER instead")
+@click.pass_obj
+def token(obj: Any, /, user: str, revoke: bool) -> int:
+    """Issue a token for USER, who calls the coordinator over TCP from another machine (admins
+    only). It is printed once; the user saves it in ~/.config/gpuq/token (mode 0600). Local
+    callers need none: the coordinator asks the kernel who they are."""
+    client = obj.client()
+    if revoke:
+        count = client.revoke_tokens(user)
+        click.echo(f"revoked {count} token(s) of {render.printable(user)}")
+        return 0
+    click.echo(client.issue_token(user))
+    return 0
+
+
+@admin.command("node-key")
+@click.argument("node")
+@click.pass_obj
+def node_key(obj: Any, /, node: str) -> int:
+    """Make (or show where to find) the key of node NODE in the coordinator's nodes folder:
+    only nodes with a key there may register. Copy it to the node as the file its agent's
+    [agent] node_key names (mode 0600, owned by root)."""
+    from gpuq.errors import InvalidInput
+    from gpuq.identity import Unauthenticated, create_key_file, node_key_file
+
+    settings = obj.settings()
+    try:
+        path = node_key_file(settings.nodes_dir, node)
+    except Unauthenticated:
+        raise InvalidInput(
+            "NODE", node, "is not a node name (letters, digits, '.', '_', '-')"
+        ) from None
+    existed = path.exists()
+    create_key_file(path)
+    click.echo(f"{'exists' if existed else 'made'}: {render.printable(str(path))}")
+    click.echo(
+        f"copy it to {render.printable(node)} (e.g. /etc/gpuq/node.key, mode 0600) and set "
+        '[agent] node_key = "/etc/gpuq/node.key" there; delete it here to refuse the node'
+    )
+    return 0
+
+
+def _add_certs() -> None:
+    from gpuq.cli.certs import certs
+
+    admin.add_command(certs)
+
+
+_add_certs()
