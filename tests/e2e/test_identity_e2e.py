@@ -386,3 +386,31 @@ def test_one_user_cannot_take_every_stream(tmp_path: Path) -> None:
         assert cluster.client().nodes() == []
     finally:
         cluster.close()
+
+
+def test_the_admin_may_hide_other_users_job_names(
+    shared_root: Path, users: tuple[UnixUser, UnixUser]
+) -> None:
+    alice, bob = users
+    cluster = start(shared_root, "hide_job_names = true\n")
+    try:
+        code, out, err = gpuq_as(
+            alice,
+            cluster.home,
+            "submit",
+            "--hold",
+            "--parsable",
+            "--name",
+            "thesis-v2",
+            "--wrap",
+            "true",
+        )
+        assert code == 0, err
+        code, out, err = gpuq_as(alice, cluster.home, "queue")
+        assert "thesis-v2" in out, out
+        for args in (("queue",), ("queue", "--json"), ("show", "1")):
+            code, shown, err = gpuq_as(bob, cluster.home, *args)
+            assert code == 0 and "thesis-v2" not in shown and "(hidden)" in shown, (args, shown)
+        assert "thesis-v2" in cluster.gpuq("queue").stdout  # root is an admin
+    finally:
+        cluster.close()

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import errno
 import importlib.util
 import json
 import os
@@ -16,7 +15,14 @@ import time
 from pathlib import Path
 
 import pytest
-from supervisor_helpers import alive, cleanup, make_spec, read_pid, running_hub
+from supervisor_helpers import (
+    alive,
+    cleanup,
+    make_spec,
+    read_pid,
+    remove_cgroup_parent,
+    running_hub,
+)
 
 from gpuq.agent.forkserver import ForkServer
 from gpuq.errors import GpuqError
@@ -340,7 +346,7 @@ def test_memory_limit_cgroup(tmp_path: Path) -> None:
     assert hierarchy is not None
     group_parent = hierarchy[0] / parent
     assert not (group_parent / "job_1").exists()
-    remove_when_free(group_parent)
+    remove_cgroup_parent(parent)  # other tests of this session may have used it too
 
 
 def test_memory_limit_poll(tmp_path: Path) -> None:
@@ -465,17 +471,3 @@ def test_missing_compiled_part_is_one_clear_error(monkeypatch: pytest.MonkeyPatc
     )
     with pytest.raises(GpuqError, match=r"compiled part \(gpuq.agent._supervise\) is missing"):
         ForkServer.start()
-
-
-def remove_when_free(folder: Path, timeout: float = 10.0) -> None:
-    """rmdir a cgroup folder: the kernel may keep it busy a moment after its last child
-    group went (EBUSY)."""
-    deadline = time.monotonic() + timeout
-    while True:
-        try:
-            folder.rmdir()
-            return
-        except OSError as exc:
-            if exc.errno != errno.EBUSY or time.monotonic() > deadline:
-                raise
-            time.sleep(0.05)

@@ -848,7 +848,7 @@ def test_the_largest_valid_request_fits_the_receive_limits() -> None:
 
 
 def test_the_largest_valid_registration_fits_the_coordinators_receive_limit() -> None:
-    from gpuq.coordinator.agents import check_registration
+    from gpuq.coordinator.agents import MAX_NODE_BYTES, MAX_NODE_CPUS, check_registration
     from gpuq.domain.limits import MAX_NODE_UNITS, MAX_REQUEST_BYTES, MAX_TOPOLOGY_LINKS
     from gpuq.v1 import agent_pb2
     from gpuq.v1 import types_pb2 as pb
@@ -861,7 +861,7 @@ def test_the_largest_valid_registration_fits_the_coordinators_receive_limit() ->
                 uuid=uuid,
                 index=1024,
                 name="m" * 300,
-                memory=2**64 - 1,
+                memory=MAX_NODE_BYTES,
                 pci_bus_id=uuid,
                 parent_uuid=uuid,
                 mig_profile=uuid,
@@ -869,8 +869,8 @@ def test_the_largest_valid_registration_fits_the_coordinators_receive_limit() ->
         ]
         * MAX_NODE_UNITS,
         topology=[pb.TopologyLink(a=uuid, b=uuid, distance=2**32 - 1)] * MAX_TOPOLOGY_LINKS,
-        cpus=2**32 - 1,
-        mem=2**64 - 1,
+        cpus=MAX_NODE_CPUS,
+        mem=MAX_NODE_BYTES,
         driver="d" * 300,
         isolation="i" * 300,
         gpu_problem="p" * 300,
