@@ -99,12 +99,10 @@ class Coordinator:
         self,
         store: Store,
         settings: CoordinatorSettings,
-        user: str,
         clock: Callable[[], float] = time.time,
     ) -> None:
         self.store = store
         self.settings = settings
-        self.user = user
         self.clock = clock
         # per-user tokens for TCP callers, digest -> user (shared with the Authority)
         self.tokens: dict[str, str] = {}

@@ -24,7 +24,6 @@ import errno
 import json
 import logging
 import os
-import pwd
 import socket
 import threading
 from collections.abc import Callable
@@ -229,8 +228,7 @@ async def _start(
         )
     except DBAPIError as exc:
         raise storage_unavailable(settings.database_url, exc) from None
-    user = pwd.getpwuid(os.geteuid()).pw_name
-    coordinator = Coordinator(store, cfg, user)
+    coordinator = Coordinator(store, cfg)
     link = AgentLink(coordinator)
     passes = Passes(coordinator)
     authority = Authority(key, settings.nodes_dir, cfg.admin_group, coordinator.tokens)

@@ -33,7 +33,7 @@ def run(
     settings: CoordinatorSettings | None = None,
 ) -> None:
     async def main() -> None:
-        co = Coordinator(store, settings or CoordinatorSettings(), "alice")
+        co = Coordinator(store, settings or CoordinatorSettings())
         link = AgentLink(co)
         Passes(co)
         await co.start()
@@ -188,7 +188,7 @@ def test_a_nodes_units_wait_for_its_agents_first_word_on_their_health(store: Sto
     and a unit that heartbeat says is dirty stays out."""
 
     async def main() -> None:
-        co = Coordinator(store, CoordinatorSettings(), "alice")
+        co = Coordinator(store, CoordinatorSettings())
         link = AgentLink(co)
         passes = Passes(co)
         await co.start()

@@ -31,7 +31,7 @@ UNITS = (
 
 def run(store: Store, body: Callable[[Coordinator], Awaitable[None]]) -> None:
     async def main() -> None:
-        co = Coordinator(store, CoordinatorSettings(), "root")
+        co = Coordinator(store, CoordinatorSettings())
         await co.start()
         try:
             node = Node("a", UNITS, 16, 64 * GiB, NodeState.UP, isolation="advisory: not root")

@@ -19,7 +19,7 @@ from gpuq.store.api import JobQuery, NewJob, Store
 
 def run(store: Store, body: Callable[[Coordinator], Awaitable[None]]) -> None:
     async def main() -> None:
-        co = Coordinator(store, CoordinatorSettings(), "alice")
+        co = Coordinator(store, CoordinatorSettings())
         await co.start()
         try:
             await body(co)

@@ -187,7 +187,7 @@ def test_writes_whose_commit_landed_but_answer_was_lost(store: BlinkingStore) ->
     started: list[int] = []
 
     async def main() -> None:
-        co = Coordinator(store, CoordinatorSettings(), "alice")
+        co = Coordinator(store, CoordinatorSettings())
         Passes(co)
         co.send_starts = lambda jobs: started.extend(j.id for j in jobs)
         store.lose_answers = 1  # the pass's start
