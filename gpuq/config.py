@@ -57,6 +57,15 @@ class QosTier:
     max_time: int | None = None  # seconds; longer requests are refused at submit
     # how many times a job lost with its node (node_fail) goes back to the queue; 0: never
     requeue_on_node_fail: int = 1
+    # a running job whose GPUs all stay below idle_threshold percent busy for idle_window
+    # seconds is flagged idle ("unknown" utilisation never counts as idle); idle_action "cancel"
+    # then cancels it with that reason
+    idle_threshold: float = 5.0
+    idle_window: int = 1800
+    idle_action: str = "flag"  # flag | cancel
+    # a job on 2+ GPUs whose GPUs all keep one utilisation and one memory figure, and that
+    # writes no output, for hung_window seconds is flagged "possibly hung (NCCL?)"; 0: never
+    hung_window: int = 1800
 
 
 DAY = 86400
@@ -158,6 +167,8 @@ class AgentSettings:
     # a process on a GPU that belongs to no job holding it: "report" (flag it in gpuq nodes and
     # the log; a free unit is not given out while it is there) or "kill" (SIGKILL it too)
     foreign_processes: str = "report"
+    # seconds between two samples of each job's GPUs (utilisation, memory, energy)
+    sample_interval: float = 5.0
     # may this node run jobs as root (only for a root coordinator that allows root jobs too)
     allow_root_jobs: bool = False
     # this node's key (the coordinator's <nodes_dir>/<node>.key, copied here); None:
@@ -602,6 +613,10 @@ RULES: dict[str, dict[str, Check]] = {
         "default_time": _integer(1, MAX_TIME_LIMIT, "seconds"),
         "max_time": _integer(1, MAX_TIME_LIMIT, "seconds"),
         "requeue_on_node_fail": _integer(0, 1000),
+        "idle_threshold": _number(0, 100, "percent"),
+        "idle_window": _integer(1, MAX_TIME_LIMIT, "seconds"),
+        "idle_action": _choice("flag", "cancel"),
+        "hung_window": _integer(0, MAX_TIME_LIMIT, "seconds"),
     },
     "agent": {
         "node_name": _pattern(
@@ -620,6 +635,7 @@ RULES: dict[str, dict[str, Check]] = {
         "gpu_rescan": _seconds(1, DAY),
         "handover_timeout": _seconds(0.1, 3600),
         "foreign_processes": _choice("report", "kill"),
+        "sample_interval": _seconds(0.1, 3600),
         "allow_root_jobs": _boolean,
         "node_key": _absolute_path,
         "tls_ca": _absolute_path,

@@ -45,19 +45,47 @@ class Register(_message.Message):
     def __init__(self, node: _Optional[str] = ..., gpus: _Optional[_Iterable[_Union[_types_pb2.GpuUnit, _Mapping]]] = ..., topology: _Optional[_Iterable[_Union[_types_pb2.TopologyLink, _Mapping]]] = ..., cpus: _Optional[int] = ..., mem: _Optional[int] = ..., fake: _Optional[bool] = ..., version: _Optional[str] = ..., jobs: _Optional[_Iterable[_Union[JobReport, _Mapping]]] = ..., gpu_problem: _Optional[str] = ..., isolation: _Optional[str] = ..., driver: _Optional[str] = ...) -> None: ...
 
 class Heartbeat(_message.Message):
-    __slots__ = ("at", "usage", "not_accepting", "not_accepting_reason")
+    __slots__ = ("at", "usage", "not_accepting", "not_accepting_reason", "jobs")
     AT_FIELD_NUMBER: _ClassVar[int]
     USAGE_FIELD_NUMBER: _ClassVar[int]
     NOT_ACCEPTING_FIELD_NUMBER: _ClassVar[int]
     NOT_ACCEPTING_REASON_FIELD_NUMBER: _ClassVar[int]
+    JOBS_FIELD_NUMBER: _ClassVar[int]
     at: float
     usage: _containers.RepeatedCompositeFieldContainer[_types_pb2.GpuUsage]
     not_accepting: bool
     not_accepting_reason: str
-    def __init__(self, at: _Optional[float] = ..., usage: _Optional[_Iterable[_Union[_types_pb2.GpuUsage, _Mapping]]] = ..., not_accepting: _Optional[bool] = ..., not_accepting_reason: _Optional[str] = ...) -> None: ...
+    jobs: _containers.RepeatedCompositeFieldContainer[JobSample]
+    def __init__(self, at: _Optional[float] = ..., usage: _Optional[_Iterable[_Union[_types_pb2.GpuUsage, _Mapping]]] = ..., not_accepting: _Optional[bool] = ..., not_accepting_reason: _Optional[str] = ..., jobs: _Optional[_Iterable[_Union[JobSample, _Mapping]]] = ...) -> None: ...
+
+class JobSample(_message.Message):
+    __slots__ = ("job_id", "at", "gpu_mem", "units", "output_bytes", "so_far")
+    JOB_ID_FIELD_NUMBER: _ClassVar[int]
+    AT_FIELD_NUMBER: _ClassVar[int]
+    GPU_MEM_FIELD_NUMBER: _ClassVar[int]
+    UNITS_FIELD_NUMBER: _ClassVar[int]
+    OUTPUT_BYTES_FIELD_NUMBER: _ClassVar[int]
+    SO_FAR_FIELD_NUMBER: _ClassVar[int]
+    job_id: int
+    at: float
+    gpu_mem: int
+    units: _containers.RepeatedCompositeFieldContainer[UnitSample]
+    output_bytes: int
+    so_far: _types_pb2.GpuTelemetry
+    def __init__(self, job_id: _Optional[int] = ..., at: _Optional[float] = ..., gpu_mem: _Optional[int] = ..., units: _Optional[_Iterable[_Union[UnitSample, _Mapping]]] = ..., output_bytes: _Optional[int] = ..., so_far: _Optional[_Union[_types_pb2.GpuTelemetry, _Mapping]] = ...) -> None: ...
+
+class UnitSample(_message.Message):
+    __slots__ = ("uuid", "util", "memory")
+    UUID_FIELD_NUMBER: _ClassVar[int]
+    UTIL_FIELD_NUMBER: _ClassVar[int]
+    MEMORY_FIELD_NUMBER: _ClassVar[int]
+    uuid: str
+    util: float
+    memory: int
+    def __init__(self, uuid: _Optional[str] = ..., util: _Optional[float] = ..., memory: _Optional[int] = ...) -> None: ...
 
 class JobReport(_message.Message):
-    __slots__ = ("job_id", "kind", "end_state", "result", "at", "peak_mem", "peak_gpu_mem", "attempt")
+    __slots__ = ("job_id", "kind", "end_state", "result", "at", "peak_mem", "peak_gpu_mem", "attempt", "telemetry")
     class Kind(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
         __slots__ = ()
         KIND_UNSPECIFIED: _ClassVar[JobReport.Kind]
@@ -76,6 +104,7 @@ class JobReport(_message.Message):
     PEAK_MEM_FIELD_NUMBER: _ClassVar[int]
     PEAK_GPU_MEM_FIELD_NUMBER: _ClassVar[int]
     ATTEMPT_FIELD_NUMBER: _ClassVar[int]
+    TELEMETRY_FIELD_NUMBER: _ClassVar[int]
     job_id: int
     kind: JobReport.Kind
     end_state: str
@@ -84,7 +113,8 @@ class JobReport(_message.Message):
     peak_mem: int
     peak_gpu_mem: int
     attempt: int
-    def __init__(self, job_id: _Optional[int] = ..., kind: _Optional[_Union[JobReport.Kind, str]] = ..., end_state: _Optional[str] = ..., result: _Optional[_Union[_types_pb2.JobResult, _Mapping]] = ..., at: _Optional[float] = ..., peak_mem: _Optional[int] = ..., peak_gpu_mem: _Optional[int] = ..., attempt: _Optional[int] = ...) -> None: ...
+    telemetry: _types_pb2.GpuTelemetry
+    def __init__(self, job_id: _Optional[int] = ..., kind: _Optional[_Union[JobReport.Kind, str]] = ..., end_state: _Optional[str] = ..., result: _Optional[_Union[_types_pb2.JobResult, _Mapping]] = ..., at: _Optional[float] = ..., peak_mem: _Optional[int] = ..., peak_gpu_mem: _Optional[int] = ..., attempt: _Optional[int] = ..., telemetry: _Optional[_Union[_types_pb2.GpuTelemetry, _Mapping]] = ...) -> None: ...
 
 class CoordinatorMessage(_message.Message):
     __slots__ = ("registered", "start", "stop", "signal", "ack")

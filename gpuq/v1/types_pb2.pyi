@@ -128,7 +128,7 @@ class PendingInfo(_message.Message):
     def __init__(self, reasons: _Optional[_Iterable[str]] = ..., estimated_start: _Optional[float] = ..., priority: _Optional[float] = ..., factors: _Optional[_Iterable[_Union[PriorityFactor, _Mapping]]] = ...) -> None: ...
 
 class Job(_message.Message):
-    __slots__ = ("id", "spec", "user", "state", "submit_time", "start_time", "end_time", "node", "gpus", "result", "requeue_count", "array_job_id", "array_task_id", "reason", "pending", "stdout_path", "stderr_path", "priority", "qos", "stop_reason", "stop_state", "array_tasks", "start_count")
+    __slots__ = ("id", "spec", "user", "state", "submit_time", "start_time", "end_time", "node", "gpus", "result", "requeue_count", "array_job_id", "array_task_id", "reason", "pending", "stdout_path", "stderr_path", "priority", "qos", "stop_reason", "stop_state", "array_tasks", "start_count", "telemetry", "flags")
     ID_FIELD_NUMBER: _ClassVar[int]
     SPEC_FIELD_NUMBER: _ClassVar[int]
     USER_FIELD_NUMBER: _ClassVar[int]
@@ -152,6 +152,8 @@ class Job(_message.Message):
     STOP_STATE_FIELD_NUMBER: _ClassVar[int]
     ARRAY_TASKS_FIELD_NUMBER: _ClassVar[int]
     START_COUNT_FIELD_NUMBER: _ClassVar[int]
+    TELEMETRY_FIELD_NUMBER: _ClassVar[int]
+    FLAGS_FIELD_NUMBER: _ClassVar[int]
     id: int
     spec: JobSpec
     user: str
@@ -175,7 +177,9 @@ class Job(_message.Message):
     stop_state: str
     array_tasks: str
     start_count: int
-    def __init__(self, id: _Optional[int] = ..., spec: _Optional[_Union[JobSpec, _Mapping]] = ..., user: _Optional[str] = ..., state: _Optional[str] = ..., submit_time: _Optional[float] = ..., start_time: _Optional[float] = ..., end_time: _Optional[float] = ..., node: _Optional[str] = ..., gpus: _Optional[_Iterable[str]] = ..., result: _Optional[_Union[JobResult, _Mapping]] = ..., requeue_count: _Optional[int] = ..., array_job_id: _Optional[int] = ..., array_task_id: _Optional[int] = ..., reason: _Optional[str] = ..., pending: _Optional[_Union[PendingInfo, _Mapping]] = ..., stdout_path: _Optional[str] = ..., stderr_path: _Optional[str] = ..., priority: _Optional[int] = ..., qos: _Optional[str] = ..., stop_reason: _Optional[str] = ..., stop_state: _Optional[str] = ..., array_tasks: _Optional[str] = ..., start_count: _Optional[int] = ...) -> None: ...
+    telemetry: GpuTelemetry
+    flags: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, id: _Optional[int] = ..., spec: _Optional[_Union[JobSpec, _Mapping]] = ..., user: _Optional[str] = ..., state: _Optional[str] = ..., submit_time: _Optional[float] = ..., start_time: _Optional[float] = ..., end_time: _Optional[float] = ..., node: _Optional[str] = ..., gpus: _Optional[_Iterable[str]] = ..., result: _Optional[_Union[JobResult, _Mapping]] = ..., requeue_count: _Optional[int] = ..., array_job_id: _Optional[int] = ..., array_task_id: _Optional[int] = ..., reason: _Optional[str] = ..., pending: _Optional[_Union[PendingInfo, _Mapping]] = ..., stdout_path: _Optional[str] = ..., stderr_path: _Optional[str] = ..., priority: _Optional[int] = ..., qos: _Optional[str] = ..., stop_reason: _Optional[str] = ..., stop_state: _Optional[str] = ..., array_tasks: _Optional[str] = ..., start_count: _Optional[int] = ..., telemetry: _Optional[_Union[GpuTelemetry, _Mapping]] = ..., flags: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class JobEvent(_message.Message):
     __slots__ = ("job_id", "at", "from_state", "to_state", "reason")
@@ -236,3 +240,35 @@ class GpuUsage(_message.Message):
     health_reason: str
     notes: _containers.RepeatedScalarFieldContainer[str]
     def __init__(self, uuid: _Optional[str] = ..., memory_used: _Optional[int] = ..., utilization: _Optional[int] = ..., job_ids: _Optional[_Iterable[int]] = ..., health: _Optional[str] = ..., health_reason: _Optional[str] = ..., notes: _Optional[_Iterable[str]] = ...) -> None: ...
+
+class GpuTelemetry(_message.Message):
+    __slots__ = ("peak_gpu_mem", "util_mean", "util_p95", "energy", "samples", "seconds", "units")
+    PEAK_GPU_MEM_FIELD_NUMBER: _ClassVar[int]
+    UTIL_MEAN_FIELD_NUMBER: _ClassVar[int]
+    UTIL_P95_FIELD_NUMBER: _ClassVar[int]
+    ENERGY_FIELD_NUMBER: _ClassVar[int]
+    SAMPLES_FIELD_NUMBER: _ClassVar[int]
+    SECONDS_FIELD_NUMBER: _ClassVar[int]
+    UNITS_FIELD_NUMBER: _ClassVar[int]
+    peak_gpu_mem: int
+    util_mean: float
+    util_p95: float
+    energy: float
+    samples: int
+    seconds: float
+    units: _containers.RepeatedCompositeFieldContainer[UnitTelemetry]
+    def __init__(self, peak_gpu_mem: _Optional[int] = ..., util_mean: _Optional[float] = ..., util_p95: _Optional[float] = ..., energy: _Optional[float] = ..., samples: _Optional[int] = ..., seconds: _Optional[float] = ..., units: _Optional[_Iterable[_Union[UnitTelemetry, _Mapping]]] = ...) -> None: ...
+
+class UnitTelemetry(_message.Message):
+    __slots__ = ("uuid", "peak_mem", "util_mean", "util_p95", "energy")
+    UUID_FIELD_NUMBER: _ClassVar[int]
+    PEAK_MEM_FIELD_NUMBER: _ClassVar[int]
+    UTIL_MEAN_FIELD_NUMBER: _ClassVar[int]
+    UTIL_P95_FIELD_NUMBER: _ClassVar[int]
+    ENERGY_FIELD_NUMBER: _ClassVar[int]
+    uuid: str
+    peak_mem: int
+    util_mean: float
+    util_p95: float
+    energy: float
+    def __init__(self, uuid: _Optional[str] = ..., peak_mem: _Optional[int] = ..., util_mean: _Optional[float] = ..., util_p95: _Optional[float] = ..., energy: _Optional[float] = ...) -> None: ...
