@@ -439,6 +439,15 @@ class Client:
         reply: queue_pb2.TokenReply = self._call("RevokeTokens", queue_pb2.TokenRequest(user=user))
         return reply.revoked
 
+    def report(
+        self, user: str | None = None, since: float | None = None
+    ) -> builtins.list[queue_pb2.ReportRow]:
+        """Usage per user over the jobs that ran and ended (at or after `since`): GPU-seconds,
+        energy (joules) and GPU-second-weighted mean utilisation (gpuq report)."""
+        request = queue_pb2.ReportRequest(user=user or "", since=since)
+        reply: queue_pb2.ReportReply = self._call("Report", request)
+        return builtins.list(reply.rows)
+
     # ---- plumbing --------------------------------------------------------------------------
 
     def call_metadata(self, index: int | None = None) -> tuple[tuple[str, str], ...]:

@@ -30,6 +30,8 @@ DEFAULT_JOB_ENV = {
     "PYTORCH_ALLOC_CONF": "expandable_segments:True",
     "XLA_PYTHON_CLIENT_PREALLOCATE": "false",
     "TF_FORCE_GPU_ALLOW_GROWTH": "true",
+    # a dead peer ends the job (NCCL's watchdog raises) instead of hanging it on all its GPUs
+    "TORCH_NCCL_ASYNC_ERROR_HANDLING": "1",
 }
 
 
@@ -169,6 +171,9 @@ class AgentSettings:
     foreign_processes: str = "report"
     # seconds between two samples of each job's GPUs (utilisation, memory, energy)
     sample_interval: float = 5.0
+    # GPUs jobs may share through MPS (--gpu-share PCT --gpu-mem SIZE): "all", or GPU indices
+    # and UUIDs, comma-separated; "": none (every job gets whole GPUs or MIG slices)
+    shared_gpus: str = ""
     # may this node run jobs as root (only for a root coordinator that allows root jobs too)
     allow_root_jobs: bool = False
     # this node's key (the coordinator's <nodes_dir>/<node>.key, copied here); None:
@@ -350,6 +355,7 @@ MAX_COUNT = 10_000_000
 Check = Callable[[Any, str, str], Any]  # (value, source, key) -> the value, normalised
 
 _NODE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,62}")
+_SHARED_GPUS = re.compile(r"|all|[A-Za-z0-9_.:-]{1,96}(,[A-Za-z0-9_.:-]{1,96}){0,1023}")
 _GROUP_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_.-]{0,31}")
 _TIER_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,31}")
 _ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,127}")
@@ -636,6 +642,7 @@ RULES: dict[str, dict[str, Check]] = {
         "handover_timeout": _seconds(0.1, 3600),
         "foreign_processes": _choice("report", "kill"),
         "sample_interval": _seconds(0.1, 3600),
+        "shared_gpus": _pattern(_SHARED_GPUS, '"all", or GPU indices and UUIDs, comma-separated'),
         "allow_root_jobs": _boolean,
         "node_key": _absolute_path,
         "tls_ca": _absolute_path,

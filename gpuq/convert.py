@@ -6,11 +6,21 @@ InvalidInput before anything else looks at it.
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 from gpuq.domain.arrays import format_indices, parse_indices
 from gpuq.domain.codec import spec_from_dict
-from gpuq.domain.model import GpuUnit, Job, JobEvent, JobResult, JobSpec
+from gpuq.domain.limits import MAX_NODE_UNITS, MAX_UNIT_ID, clean_line
+from gpuq.domain.model import (
+    GpuUnit,
+    Job,
+    JobEvent,
+    JobResult,
+    JobSpec,
+    JobTelemetry,
+    UnitTelemetry,
+)
 from gpuq.domain.states import JobState
 from gpuq.v1 import types_pb2 as pb
 
@@ -147,6 +157,8 @@ def job_to_proto(job: Job, stdout_path: str = "", stderr_path: str = "") -> pb.J
     )
     if job.result is not None:
         message.result.CopyFrom(result_to_proto(job.result))
+    if job.telemetry is not None:
+        message.telemetry.CopyFrom(telemetry_to_proto(job.telemetry))
     return message
 
 
@@ -176,6 +188,64 @@ def job_from_proto(message: pb.Job) -> Job:
         stop=(JobState(message.stop_state), message.stop_reason) if message.stop_state else None,
         tasks=parse_indices(message.array_tasks),
         start_count=message.start_count,
+        telemetry=(
+            telemetry_from_proto(message.telemetry) if message.HasField("telemetry") else None
+        ),
+    )
+
+
+def telemetry_to_proto(telemetry: JobTelemetry) -> pb.GpuTelemetry:
+    return pb.GpuTelemetry(
+        peak_gpu_mem=telemetry.peak_gpu_mem,
+        util_mean=telemetry.util_mean,
+        util_p95=telemetry.util_p95,
+        energy=telemetry.energy,
+        samples=telemetry.samples,
+        seconds=telemetry.seconds,
+        units=[
+            pb.UnitTelemetry(
+                uuid=u.uuid,
+                peak_mem=u.peak_mem,
+                util_mean=u.util_mean,
+                util_p95=u.util_p95,
+                energy=u.energy,
+            )
+            for u in telemetry.units
+        ],
+    )
+
+
+def telemetry_from_proto(message: pb.GpuTelemetry) -> JobTelemetry:
+    """What an agent measured, made safe to keep: a figure that is not a finite, non-negative
+    number (or a percentage above 100) is unknown; at most MAX_NODE_UNITS units, each UUID
+    one bounded line. Never refused: a bad figure must not lose the job's end."""
+
+    def figure(owner: Any, name: str, most: float = math.inf) -> float | None:
+        if not owner.HasField(name):
+            return None
+        value = float(getattr(owner, name))
+        return value if math.isfinite(value) and 0.0 <= value <= most else None
+
+    def count(value: float) -> float:
+        return value if math.isfinite(value) and value >= 0.0 else 0.0
+
+    return JobTelemetry(
+        peak_gpu_mem=min(message.peak_gpu_mem, 2**62),
+        util_mean=figure(message, "util_mean", 100.0),
+        util_p95=figure(message, "util_p95", 100.0),
+        energy=figure(message, "energy"),
+        samples=min(message.samples, 2**31 - 1),
+        seconds=count(message.seconds),
+        units=tuple(
+            UnitTelemetry(
+                uuid=clean_line(u.uuid, MAX_UNIT_ID),
+                peak_mem=min(u.peak_mem, 2**62),
+                util_mean=figure(u, "util_mean", 100.0),
+                util_p95=figure(u, "util_p95", 100.0),
+                energy=figure(u, "energy"),
+            )
+            for u in message.units[:MAX_NODE_UNITS]
+        ),
     )
 
 

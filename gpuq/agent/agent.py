@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import grpc
+from google.protobuf import text_format
 
 from gpuq import __version__
 from gpuq.agent.forkserver import ForkServer
@@ -308,7 +309,9 @@ class Agent:
             )
             for job_id in self.refused
         ]
-        jobs += [_report_message(r) for r in self.unacked.values()]
+        jobs += [
+            _report_message(r, self.gpus.ended_telemetry(r.job_id)) for r in self.unacked.values()
+        ]
         cpus = s.cpus or os.cpu_count() or 1
         mem = (
             parse_size(s.mem, "agent mem")
@@ -345,6 +348,7 @@ class Agent:
                 )
         for job_id in message.ack:
             self.unacked.pop(job_id, None)
+            self.gpus.forget(job_id)
             await self.hub.ack(job_id)
         for launch in message.start:
             await self._launch(launch)
@@ -472,12 +476,23 @@ class Agent:
             if report.kind == "ended" and (notes := self.gpus.end_notes(report.job_id)):
                 reason = f"{report.reason}; {notes}" if report.reason else notes
                 report = dataclasses.replace(report, reason=reason)
+            # its GPU telemetry goes with the report (and again, until acknowledged); an agent
+            # that restarted has none of a job's time before
+            telemetry = self.gpus.end_telemetry(report.job_id)
+            if report.kind == "ended" and telemetry is not None and log.isEnabledFor(logging.DEBUG):
+                log.debug(
+                    "job %d: GPU telemetry %s",
+                    report.job_id,
+                    text_format.MessageToString(telemetry, as_one_line=True),
+                )
             if self.gpus.job_ended(report.job_id):
                 # its units are checked in the heartbeat that leaves with this report, so the
                 # coordinator never frees a unit that still has the job's processes on it
                 self._beat_due = True
             self.unacked[report.job_id] = report
-            self._outgoing.append(_report_message(report))
+            self._outgoing.append(
+                _report_message(report, telemetry if report.kind == "ended" else None)
+            )
             self._flush.set()
 
     async def _send(self, call: grpc.aio.StreamStreamCall, interval: float) -> None:
@@ -501,8 +516,11 @@ class Agent:
                     message.reports.extend(self._outgoing)
                     self._outgoing.clear()
                 if self._beat_due or loop.time() + BEAT_SLACK >= next_beat:
+                    # a beat due at its time may reuse a sample taken moments ago; one made
+                    # due (a job's end, a health change) reads the units now
+                    max_age = 0.0 if self._beat_due else min(self._sample_interval, interval) / 2
                     self._beat_due = False
-                    usage = await asyncio.to_thread(self._usage)
+                    usage = await asyncio.to_thread(self._usage, max_age)
                     if usage is None:
                         usage = self._last_usage
                     message.heartbeat.CopyFrom(self._heartbeat(usage))
@@ -533,15 +551,21 @@ class Agent:
         return apb.Heartbeat(
             at=time.time(),
             usage=usage,
+            jobs=self.gpus.job_samples(),
             not_accepting=problem is not None,
             not_accepting_reason=problem or "",
         )
 
-    def _usage(self) -> list[pb.GpuUsage] | None:
-        """The units' figures and health; None (the last ones are sent again) when reading
-        them failed in a way the backend did not catch: a heartbeat must never die of it."""
+    @property
+    def _sample_interval(self) -> float:
+        return self.options.settings.sample_interval
+
+    def _usage(self, max_age: float = 0.0) -> list[pb.GpuUsage] | None:
+        """The units' figures and health (from a read at most max_age seconds old); None (the
+        last ones are sent again) when reading them failed in a way the backend did not catch:
+        a heartbeat must never die of it."""
         try:
-            usage = self.gpus.usage()
+            usage = self.gpus.usage(max_age)
         except Exception:
             log.exception("reading GPU usage failed; sending the last figures")
             return None
@@ -553,7 +577,9 @@ class Agent:
 _PEER_CLOSED = ("socket closed", "connection reset", "broken pipe", "goaway received")
 
 
-def _report_message(report: SupervisorReport) -> apb.JobReport:
+def _report_message(
+    report: SupervisorReport, telemetry: pb.GpuTelemetry | None = None
+) -> apb.JobReport:
     if report.kind == "running":
         return apb.JobReport(
             job_id=report.job_id, kind=apb.JobReport.RUNNING, at=report.at, attempt=report.attempt
@@ -574,4 +600,6 @@ def _report_message(report: SupervisorReport) -> apb.JobReport:
         result=pb.JobResult(exit_code=report.exit_code, signal=report.signal, reason=report.reason),
         at=report.at,
         peak_mem=report.peak_mem,
+        peak_gpu_mem=telemetry.peak_gpu_mem if telemetry is not None else 0,
+        telemetry=telemetry,
     )

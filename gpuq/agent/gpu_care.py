@@ -5,6 +5,13 @@ The backend never raises for NVML trouble (a unit it cannot read is unhealthy, w
 reason); this class adds what only the agent knows: which job holds which unit, which job a
 process belongs to (by cgroup, gpuq.agent.attribution), and what to do about it
 (gpuq.agent.gpu_watch decides; this class does the reads and the kills).
+
+Each read of the units also feeds every running job's telemetry (gpuq.agent.telemetry): a
+sampler reads them every [agent] sample_interval while jobs run, and a heartbeat reuses a read
+that recent instead of reading NVML again (one that must be current, such as the one sent
+with a job's end, reads anew). Heartbeats carry each job's latest sample (job_samples), end
+reports its telemetry (end_telemetry). An agent that restarts starts its jobs' telemetry
+anew.
 """
 
 from __future__ import annotations
@@ -14,6 +21,8 @@ import contextlib
 import logging
 import os
 import signal
+import stat
+import threading
 import time
 from collections import Counter
 from collections.abc import Awaitable, Callable
@@ -24,7 +33,9 @@ from gpuq.agent.gpu_watch import ProcessFacts, UnitVerdict, UnitWatch
 from gpuq.agent.gpus import HEALTH_OK, GpuBackend, GpuEvent, GpuInventory, UnitUsage
 from gpuq.agent.hub import SupervisorHub
 from gpuq.agent.isolation import DeviceNumber, choose_cpus, device_numbers, parse_cpulist
+from gpuq.agent.telemetry import JobTelemetry, UnitReading
 from gpuq.config import AgentSettings
+from gpuq.v1 import agent_pb2 as apb
 from gpuq.v1 import types_pb2 as pb
 
 log = logging.getLogger(__name__)
@@ -64,6 +75,17 @@ class GpuCare:
         self.verdicts: dict[str, UnitVerdict] = {}
         self._xid_logged: dict[tuple[str, int], float] = {}  # (unit, XID) -> when last logged
         self._closing = False
+        # one read of the units at a time (the heartbeat's and the sampler's threads)
+        self._read_lock = threading.Lock()
+        self.last_read = -float("inf")  # monotonic time of the last read
+        self._last_figures: list[pb.GpuUsage] = []
+        # telemetry, shared between the reading thread and the event loop
+        self._telemetry_lock = threading.Lock()
+        self.telemetry: dict[int, JobTelemetry] = {}  # running job -> its figures so far
+        self._output_bytes: dict[int, int] = {}  # running job -> its output's size, last read
+        # ended jobs, until the coordinator has their ends: their telemetry (None: no sample)
+        self._ended: dict[int, pb.GpuTelemetry | None] = {}
+        self._outputs: dict[int, tuple[str, ...]] = {}  # job -> its stdout/stderr paths
         self._set_inventory(backend.inventory())
 
     # ---- the inventory ---------------------------------------------------------------------
@@ -143,11 +165,25 @@ class GpuCare:
 
     # ---- the heartbeat's figures -----------------------------------------------------------
 
-    def usage(self) -> list[pb.GpuUsage]:
-        """Every unit's figures and health; blocking (NVML, /proc): run it in a thread."""
+    def usage(self, max_age: float = 0.0) -> list[pb.GpuUsage]:
+        """Every unit's figures and health; blocking (NVML, /proc): run it in a thread.
+
+        max_age: the figures of a read at most that many seconds old do (0: read now). A read
+        feeds the running jobs' telemetry."""
+        with self._read_lock:
+            if max_age > 0 and time.monotonic() - self.last_read < max_age:
+                return list(self._last_figures)
+            figures = self._read()
+            self._last_figures = figures
+            self.last_read = time.monotonic()
+            return list(figures)
+
+    def _read(self) -> list[pb.GpuUsage]:
         samples = self.backend.usage()
+        at = time.time()
         holders = self.holders()
         facts = self._facts(samples)
+        self._record(samples, facts, at)
         assessment = self.watch.assess(samples, holders, facts)
         for finding in assessment.flagged:
             log.warning("foreign process on a GPU: %s", finding)
@@ -157,6 +193,107 @@ class GpuCare:
                 os.kill(pid, signal.SIGKILL)
         self.verdicts = assessment.verdicts
         return [self._proto(sample, facts) for sample in samples]
+
+    # ---- telemetry -------------------------------------------------------------------------
+
+    def _record(self, samples: list[UnitUsage], facts: ProcessFacts, at: float) -> None:
+        """Feed one read to each running job holding units: its processes' bytes per unit
+        (by cgroup), the units' utilisation and energy counters; and its output's size."""
+        by_uuid = {sample.uuid: sample for sample in samples}
+        for job_id in self.hub.running_jobs():
+            units = self.holders_of(job_id)
+            if not units or job_id in self._ended:
+                continue
+            readings = []
+            for uuid in units:
+                sample = by_uuid.get(uuid)
+                if sample is None:  # the unit is gone (the GPUs changed): nothing known
+                    readings.append(UnitReading(uuid, 0, None, None))
+                    continue
+                memory = sum(p.used for p in sample.processes if facts.owner.get(p.pid) == job_id)
+                readings.append(UnitReading(uuid, memory, sample.utilization, sample.energy_mj))
+            output = self._output_size(job_id)
+            with self._telemetry_lock:
+                if job_id in self._ended or job_id not in self.job_units:
+                    continue  # it ended while this read was made
+                figures = self.telemetry.get(job_id)
+                if figures is None:
+                    figures = self.telemetry[job_id] = JobTelemetry(job_id)
+                figures.add(at, readings)
+                self._output_bytes[job_id] = output
+
+    def _output_size(self, job_id: int) -> int:
+        """Bytes in the job's stdout/stderr files (lstat: a symlink a job put there is not
+        followed, and counts 0, as does a missing file)."""
+        paths = self._outputs.get(job_id)
+        if paths is None:
+            spec = self.hub.launch_spec_of(job_id)
+            if spec is None:
+                return 0
+            found = {spec.stdout_path, spec.stderr_path} - {""}
+            paths = tuple(sorted(os.path.join(spec.cwd, path) for path in found))
+            self._outputs[job_id] = paths
+        total = 0
+        for path in paths:
+            try:
+                info = os.lstat(path)
+            except OSError:
+                continue
+            if stat.S_ISREG(info.st_mode):
+                total += info.st_size
+        return total
+
+    def job_samples(self) -> list[apb.JobSample]:
+        """The latest sample of each running job holding units, for the next heartbeat."""
+        with self._telemetry_lock:
+            found = [
+                figures.sample(self._output_bytes.get(job_id, 0))
+                for job_id, figures in sorted(self.telemetry.items())
+            ]
+        return [sample for sample in found if sample is not None]
+
+    def end_telemetry(self, job_id: int) -> pb.GpuTelemetry | None:
+        """The job ended: its telemetry (None: no sample of it), kept for its end report
+        until forget(); it gets no more samples."""
+        with self._telemetry_lock:
+            if job_id in self._ended:
+                return self._ended[job_id]
+            figures = self.telemetry.pop(job_id, None)
+            self._output_bytes.pop(job_id, None)
+            found = None if figures is None or not figures.samples else figures.telemetry()
+            self._ended[job_id] = found
+        self._outputs.pop(job_id, None)
+        return found
+
+    def ended_telemetry(self, job_id: int) -> pb.GpuTelemetry | None:
+        """An ended job's telemetry, for its end report sent again (None: none known)."""
+        with self._telemetry_lock:
+            return self._ended.get(job_id)
+
+    def forget(self, job_id: int) -> None:
+        """The coordinator recorded the job's end: a later start of it is measured anew."""
+        with self._telemetry_lock:
+            self._ended.pop(job_id, None)
+            self.telemetry.pop(job_id, None)
+            self._output_bytes.pop(job_id, None)
+        self._outputs.pop(job_id, None)
+
+    async def _sampling(self) -> None:
+        """Read the units every sample_interval while jobs run (a heartbeat's read counts)."""
+        interval = self.settings.sample_interval
+        while not self._closing:
+            wait = self.last_read + interval - time.monotonic()
+            if wait > 0:
+                await asyncio.sleep(wait)
+                continue
+            if not self.units or not self.hub.running_jobs():
+                await asyncio.sleep(interval)
+                continue
+            try:
+                await asyncio.to_thread(self.usage, interval / 2)
+            except Exception:  # the backend promises not to raise; a bug must not end this
+                log.exception("sampling the GPUs failed")
+                await asyncio.sleep(interval)
 
     def _facts(self, samples: list[UnitUsage]) -> ProcessFacts:
         pids = {process.pid for sample in samples for process in sample.processes}
@@ -188,6 +325,7 @@ class GpuCare:
         tasks = [
             asyncio.create_task(self._events(), name="gpu-events"),
             asyncio.create_task(self._rescans(), name="gpu-rescans"),
+            asyncio.create_task(self._sampling(), name="gpu-samples"),
         ]
         try:
             await asyncio.gather(*tasks)

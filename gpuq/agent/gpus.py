@@ -136,6 +136,9 @@ class UnitUsage:
     processes: tuple[GpuProcess, ...]  # sorted by pid
     health: str = HEALTH_OK  # HEALTH_OK or HEALTH_UNHEALTHY
     reason: str = ""
+    # the board's total-energy counter in millijoules (nvmlDeviceGetTotalEnergyConsumption);
+    # None for MIG slices (the counter is the whole board's) and where NVML cannot say
+    energy_mj: int | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -44,7 +44,12 @@ or MIG-...); a GPU's UUID also covers its MIG slices where noted:
     UUID/PID              a process using VRAM: "BYTES [compute|graphics|mps] [stuck]"; listed
                           while PID lives (a dead PID's file is deleted), or until the file is
                           removed when "stuck" (a context the driver has not torn down)
-    UUID/utilization      a percent (whole GPUs; MIG slices report NotSupported -> unknown)
+    UUID/utilization      a percent (whole GPUs; MIG slices report NotSupported -> unknown),
+                          or a series "90 90 0 [every=S]": one value after the other every S
+                          seconds (default 1) from the file's last write, the last one holding
+    GPU-UUID/energy       the board's total-energy counter in millijoules; without it the
+                          counter grows from 0 at 50 W plus 3.5 W per percent of utilisation
+                          (write a smaller value to model a reset); MIG slices: NotSupported
     nodriver              nvmlInit raises DriverNotLoaded
     GPU-UUID/lost         every call on that GPU and its slices raises GpuIsLost
     errors                lines "FUNCTION ERROR [UUID]": that NVML call raises NVMLError_ERROR
@@ -68,6 +73,7 @@ import math
 import os
 import re
 import uuid as uuid_module
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -328,13 +334,38 @@ def claim_fake_vram(
     return path
 
 
-def set_fake_utilization(uuid: str, percent: int, state_dir: Path | None = None) -> None:
-    """Set what usage() reports as fake unit uuid's utilisation (0 to 100)."""
+def set_fake_utilization(
+    uuid: str,
+    percent: int | Sequence[int],
+    state_dir: Path | None = None,
+    *,
+    every: float = 1.0,
+) -> None:
+    """Set what usage() reports as fake unit uuid's utilisation (0 to 100): one value, or a
+    series whose values follow each other every `every` seconds from now, the last holding."""
+    values = [percent] if isinstance(percent, int) else list(percent)
+    if not values or any(isinstance(v, bool) or not isinstance(v, int) for v in values):
+        raise InvalidInput("percent", percent, "must be a percent or a series of percents")
+    if not every > 0:
+        raise InvalidInput("every", every, "must be more than 0 seconds")
+    text = " ".join(str(v) for v in values) + (f" every={every:g}" if len(values) > 1 else "")
+    _write_unit_file(uuid, "utilization", text, state_dir)
+
+
+def set_fake_energy(uuid: str, millijoules: int | None, state_dir: Path | None = None) -> None:
+    """Set fake GPU uuid's total-energy counter (millijoules); None: back to the simulated one."""
+    if millijoules is None:
+        (_unit_dir(uuid, state_dir) / "energy").unlink(missing_ok=True)
+        return
+    _write_unit_file(uuid, "energy", str(int(millijoules)), state_dir)
+
+
+def _write_unit_file(uuid: str, name: str, text: str, state_dir: Path | None) -> None:
     folder = _unit_dir(uuid, state_dir)
     folder.mkdir(parents=True, exist_ok=True)
-    partial = folder / f".utilization.{os.getpid()}.partial"
-    partial.write_text(f"{percent}\n")
-    os.replace(partial, folder / "utilization")
+    partial = folder / f".{name}.{os.getpid()}.partial"
+    partial.write_text(f"{text}\n")
+    os.replace(partial, folder / name)
 
 
 def _unit_dir(uuid: str, state_dir: Path | None) -> Path:

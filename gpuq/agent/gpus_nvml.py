@@ -340,6 +340,7 @@ class NvmlGpuBackend:
                     errors.append(failed)
                 continue
             processes.extend(_processes(running, kind, slot))
+        energy = self._energy(slot)
         if slot.share > 1:
             used //= slot.share  # each compute instance reports its whole GPU instance
         reasons = [errors[0].reason] if errors else []
@@ -349,8 +350,20 @@ class NvmlGpuBackend:
         health = HEALTH_UNHEALTHY if reasons else HEALTH_OK
         unique = sorted(set(processes), key=lambda p: (p.pid, p.kind))
         return UnitUsage(
-            slot.unit.uuid, used, utilization, tuple(unique), health, "; ".join(reasons)
+            slot.unit.uuid, used, utilization, tuple(unique), health, "; ".join(reasons), energy
         ), errors
+
+    def _energy(self, slot: UnitSlot) -> int | None:
+        """The board's energy counter in millijoules since the driver loaded; None for a MIG
+        slice (the counter is the whole board's) and on any error (never makes a unit
+        unhealthy: boards before Volta lack it)."""
+        if slot.unit.parent_uuid:
+            return None
+        try:
+            value = self._calls.call("nvmlDeviceGetTotalEnergyConsumption", slot.handle)
+            return int(value)
+        except (CallError, TypeError, ValueError):
+            return None
 
     def _failed_usage(self, uuid: str, reason: str) -> UnitUsage:
         reasons = [r for r in (reason or "not readable", self._sticky.get(uuid)) if r]

@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import math
 import os
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -41,6 +42,7 @@ from gpuq.agent.nvml_fake_files import (
     read_claim,
     read_int,
     read_text,
+    read_utilization,
     socket_cpus,
 )
 
@@ -48,6 +50,9 @@ NVIDIA_CAPS_MAJOR = 237  # a typical dynamic major of nvidia-caps; any value wor
 FAKE_DRIVER_RESERVED = 0.005  # share of a GPU's memory the fake driver keeps (v1 counts it)
 _NO_ID = 0xFFFFFFFF
 _EVENT_POLL = 0.2  # seconds between two looks at the xid files (a real wait blocks in the driver)
+# the fake board's power: idle watts, plus watts per percent of utilisation (400 W at 100 %)
+FAKE_IDLE_WATTS = 50.0
+FAKE_WATTS_PER_PERCENT = 3.5
 
 
 @dataclass(frozen=True, slots=True)
@@ -93,6 +98,8 @@ class FakeNvmlLibrary:
         base = state_dir if state_dir is not None else Path("/nonexistent-gpuq-fake")
         self.gpuq_device_paths = DevicePaths(base / "dev", base / "mig-minors", base / "pci")
         self._socket_cpus = socket_cpus(online_cpus())
+        self._energy_lock = threading.Lock()
+        self._energy: dict[int, tuple[float, float]] = {}  # GPU index -> (when, millijoules)
 
     def __getattr__(self, name: str) -> Any:
         """pynvml's constants and exception classes; an NVML function the fake lacks is missing."""
@@ -243,8 +250,26 @@ class FakeNvmlLibrary:
 
     def nvmlDeviceGetUtilizationRates(self, handle: _Handle) -> SimpleNamespace:
         self._check("nvmlDeviceGetUtilizationRates", handle, whole=True)
-        value = read_int(self._unit_file(handle, "utilization"))
-        return SimpleNamespace(gpu=min(max(value or 0, 0), 100), memory=0)
+        return SimpleNamespace(gpu=self._utilization(handle.index), memory=0)
+
+    def nvmlDeviceGetTotalEnergyConsumption(self, handle: _Handle) -> int:
+        """Millijoules since the library started: the GPU's energy file when there is one (a
+        test sets the counter, even backwards, as a reset), else a counter that grows at
+        FAKE_IDLE_WATTS plus FAKE_WATTS_PER_PERCENT per percent of its utilisation now."""
+        self._check("nvmlDeviceGetTotalEnergyConsumption", handle, whole=True)
+        fixed = read_int(self._unit_file(handle, "energy"))
+        if fixed is not None:
+            return max(fixed, 0)
+        watts = FAKE_IDLE_WATTS + FAKE_WATTS_PER_PERCENT * self._utilization(handle.index)
+        now = time.monotonic()
+        with self._energy_lock:
+            then, total = self._energy.get(handle.index, (now, 0.0))
+            total += watts * max(now - then, 0.0) * 1000.0
+            self._energy[handle.index] = (now, total)
+        return int(total)
+
+    def _utilization(self, index: int) -> int:
+        return read_utilization(self._unit_file(_Handle(index), "utilization"), time.time()) or 0
 
     def _processes(self, call: str, kind: str, handle: _Handle) -> list[SimpleNamespace]:
         self._check(call, handle)

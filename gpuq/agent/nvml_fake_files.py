@@ -94,6 +94,32 @@ def read_int(path: Path) -> int | None:
         return None
 
 
+def read_utilization(path: Path, now: float) -> int | None:
+    """The percent a utilization file says now: one value, or a series "90 90 0 [every=S]"
+    whose values follow each other every S seconds (default 1) from the file's last write,
+    the last one holding; None when the file is missing or malformed."""
+    try:
+        words = path.read_text().split()
+        written = path.stat().st_mtime
+    except (OSError, UnicodeDecodeError):
+        return None
+    every = 1.0
+    values: list[int] = []
+    for word in words:
+        key, _, value = word.partition("=")
+        try:
+            if key == "every" and value:
+                every = max(float(value), 0.001)
+            else:
+                values.append(int(word))
+        except ValueError:
+            return None
+    if not values:
+        return None
+    step = int(max(now - written, 0.0) / every)
+    return min(max(values[min(step, len(values) - 1)], 0), 100)
+
+
 def pid_alive(pid: int) -> bool:
     """Whether pid runs; a zombie does not (its CUDA context, and NVML entry, are gone)."""
     if pid <= 0:

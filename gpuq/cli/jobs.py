@@ -158,10 +158,60 @@ def show(obj: Any, /, job_id: str, as_json: bool) -> int:
         ]
         if array_states:
             data["array_states"] = array_states
+        data["efficiency"] = render.efficiency_line(job, _capacity(client, job))
         click.echo(render.dumps(data))
         return 0
-    click.echo(_describe(job, events, array_states))
+    click.echo(_describe(job, events, array_states, _capacity(client, job)))
     return 0
+
+
+def _capacity(client: Any, job: Any) -> int | None:
+    """The memory of the job's GPUs together, from the nodes' listing (None: unknown, or
+    nothing measured to compare it with). Units that share memory (MIG compute instances of
+    one GPU instance) count once per distinct figure only as far as the listing tells."""
+    from gpuq.errors import GpuqError
+
+    if not job.HasField("telemetry") or not job.gpus:
+        return None
+    try:
+        memory = {g.uuid: g.memory for n in client.nodes() if n.name == job.node for g in n.gpus}
+    except GpuqError:
+        return None
+    if not all(memory.get(u) for u in job.gpus):
+        return None
+    return int(sum(memory[u] for u in job.gpus))
+
+
+def telemetry_lines(job: Any, capacity: int | None = None) -> list[tuple[str, str]]:
+    """`gpuq show`'s figures (as seff prints them) and the coordinator's flags."""
+    lines: list[tuple[str, str]] = []
+    if job.flags:
+        lines.append(("Flags", render.flags_text(job)))
+    efficiency = render.efficiency_line(job, capacity)
+    if efficiency is None:
+        return lines
+    if job.HasField("telemetry"):
+        t = job.telemetry
+        p95 = f"{t.util_p95:.0f} %" if t.HasField("util_p95") else "unknown"
+        so_far = " so far" if job.state == "running" else ""
+        lines.append(
+            (
+                "GPU telemetry",
+                f"peak VRAM {render.size(t.peak_gpu_mem)}, util p95 {p95}, {t.samples} samples "
+                f"over {format_duration(t.seconds)}{so_far}",
+            )
+        )
+        for u in t.units:
+            util = f"{u.util_mean:.0f} %" if u.HasField("util_mean") else "unknown"
+            energy = render.energy_text(u.energy) if u.HasField("energy") else "unknown"
+            lines.append(
+                (
+                    "unit",
+                    f"{u.uuid}: peak {render.size(u.peak_mem)}, mean util {util}, energy {energy}",
+                )
+            )
+    lines.append(("Efficiency", efficiency))
+    return lines
 
 
 def _resources(res: Any) -> str:
@@ -172,7 +222,9 @@ def _resources(res: Any) -> str:
     return f"{gpus}{gpu_mem}, {res.cpus} CPUs, mem {mem}, time {limit}"
 
 
-def _describe(job: Any, events: list[Any], array_states: dict[str, int]) -> str:
+def _describe(
+    job: Any, events: list[Any], array_states: dict[str, int], capacity: int | None = None
+) -> str:
     res = job.spec.resources
     lines = [
         ("Job", f"{render.job_id_text(job)} ({job.spec.name})"),
@@ -204,6 +256,7 @@ def _describe(job: Any, events: list[Any], array_states: dict[str, int]) -> str:
         lines.append(("Array", f"{job.array_job_id}: {total} tasks: {counts}"))
     if job.requeue_count:
         lines.append(("Requeued", f"{job.requeue_count} times"))
+    lines += telemetry_lines(job, capacity)
     if job.state == "pending":
         lines.append(("Waiting because", render.job_reason(job)))
         lines.append(

@@ -54,7 +54,8 @@ def queue(
         ]
         if long_:
             row += [render.priority(j), render.factors(j), render.estimated_start(j)]
-        rows.append([*row, render.job_reason(j)])
+        flagged = f" [{render.flags_text(j)}]" if j.flags else ""
+        rows.append([*row, render.job_reason(j) + flagged])
     click.echo(render.table([*headers, "NODE/REASON"], rows))
     return 0
 
@@ -81,21 +82,22 @@ def history(obj: Any, /, user: str | None, limit: int, as_json: bool) -> int:
     for j in jobs:
         result = j.result if j.HasField("result") else None
         code = str(result.exit_code) if result and result.HasField("exit_code") else "-"
+        ended = render.when(j.end_time if j.HasField("end_time") else None)
         rows.append(
             (
                 render.job_id_text(j),
-                j.spec.name[:24],
-                j.state,
+                j.spec.name[:16],
+                render.SHORT_STATE.get(j.state, j.state),
                 code,
                 render.elapsed(j, time.time()),
+                *render.telemetry_cells(j),
                 j.node or "-",
-                render.when(j.end_time if j.HasField("end_time") else None),
-                j.reason[:60],
+                ended[5:16] if ended != "-" else ended,  # MM-DD HH:MM
+                j.reason[:40],
             )
         )
-    click.echo(
-        render.table(("JOBID", "NAME", "STATE", "EXIT", "TIME", "NODE", "ENDED", "REASON"), rows)
-    )
+    headers = ("JOBID", "NAME", "ST", "EXIT", "TIME", "VRAM", "UTIL", "KWH", "NODE", "ENDED")
+    click.echo(render.table((*headers, "REASON"), rows))
     return 0
 
 
@@ -329,10 +331,70 @@ def status(obj: Any, /, as_json: bool) -> int:
     summary = ", ".join(f"{n} {state}" for state, n in sorted(counts.items())) or "none"
     lines.append(f"My jobs ({me}): {summary}")
     for job in jobs:
+        flagged = f" [{'; '.join(job.flags)}]" if job.flags else ""
         lines.append(
             f"  {render.job_id_text(job):>8} {job.spec.name[:24]:<24} "
-            f"{render.SHORT_STATE[job.state]:<3} {render.job_reason(job)}"
+            f"{render.SHORT_STATE[job.state]:<3} {render.job_reason(job)}{flagged}"
         )
     # every line is one line of its own: what a user or an agent said is escaped in it
     click.echo("\n".join(render.printable(line) for line in lines))
+    return 0
+
+
+_AGO = {"m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
+
+
+def parse_since(text: str, now: float) -> float:
+    """`--since`: an ISO date or date-time (local time unless it has an offset), `today`,
+    or how long ago: `30m`, `24h`, `7d`, `2w`."""
+    import datetime as dt
+    import re
+
+    from gpuq.errors import InvalidInput
+
+    raw = text.strip().lower()
+    forms = "expected a date such as 2026-11-01, a date-time, today, or 7d / 24h / 30m / 2w ago"
+    if match := re.fullmatch(r"([0-9]{1,6})\s*([mhdw])", raw):
+        return now - int(match[1]) * _AGO[match[2]]
+    if raw == "today":
+        return dt.datetime.combine(dt.datetime.fromtimestamp(now).date(), dt.time()).timestamp()
+    try:
+        moment = dt.datetime.fromisoformat(text.strip()).timestamp()
+    except (ValueError, OverflowError, OSError):
+        raise InvalidInput("--since", text[:60], forms) from None
+    if moment < 0:
+        raise InvalidInput("--since", text[:60], "is before 1970")
+    return moment
+
+
+@click.command()
+@click.option("--user", "-u", help="only this user (default: every user, as sreport)")
+@click.option("--since", "-S", help="jobs that ended since: 2026-11-01, today, 7d, 24h")
+@json_option
+@click.pass_obj
+def report(obj: Any, /, user: str | None, since: str | None, as_json: bool) -> int:
+    """Usage per user over jobs that ran and ended (SLURM's sreport/seff): GPU-hours held,
+    energy, and mean utilisation weighted by GPU-hours (over the jobs that measured it)."""
+    start = parse_since(since, time.time()) if since is not None else None
+    rows = obj.client().report(user=user, since=start)
+    data = [render.report_dict(r) for r in rows]
+    if as_json:
+        click.echo(render.dumps(data))
+        return 0
+    table = [
+        (
+            d["user"],
+            d["jobs"],
+            f"{d['gpu_hours']:.1f}",
+            "unknown" if d["energy_kwh"] is None else f"{d['energy_kwh']:.1f}",
+            "unknown" if d["mean_util"] is None else f"{d['mean_util']:.0f} %",
+            f"{d['measured_gpu_hours']:.1f}",
+        )
+        for d in data
+    ]
+    click.echo(
+        render.table(("USER", "JOBS", "GPU-HOURS", "KWH", "MEAN UTIL", "MEASURED GPU-H"), table)
+    )
+    if not data:
+        click.echo("no jobs ended in that time")
     return 0

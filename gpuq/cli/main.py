@@ -69,6 +69,7 @@ COMMANDS = {
     "release": "gpuq.cli.jobs",
     "logs": "gpuq.cli.jobs",
     "history": "gpuq.cli.listings",
+    "report": "gpuq.cli.listings",
     "nodes": "gpuq.cli.listings",
     "cron": "gpuq.cli.cron",
     "drain": "gpuq.cli.admin",

@@ -109,6 +109,8 @@ def job_dict(job: Any) -> dict[str, Any]:
         "array_task_id": job.array_task_id if job.HasField("array_task_id") else None,
         "stdout": job.stdout_path,
         "stderr": job.stderr_path,
+        "telemetry": telemetry_dict(job),
+        "flags": list(job.flags),
     }
 
 
@@ -148,3 +150,109 @@ def estimated_start(job: Any) -> str:
     if not job.HasField("pending") or not job.pending.HasField("estimated_start"):
         return "-"
     return when(job.pending.estimated_start)
+
+
+# ---- GPU telemetry (issue 12): unknown is said, never shown as 0 -------------------------------
+
+JOULES_PER_KWH = 3.6e6
+
+
+def telemetry_dict(job: Any) -> dict[str, Any] | None:
+    """The job's measured figures as JSON (None: nothing measured); unknown figures are null."""
+    if not job.HasField("telemetry"):
+        return None
+    t = job.telemetry
+
+    def known(owner: Any, name: str) -> float | None:
+        return float(getattr(owner, name)) if owner.HasField(name) else None
+
+    return {
+        "peak_gpu_mem": t.peak_gpu_mem,
+        "util_mean": known(t, "util_mean"),
+        "util_p95": known(t, "util_p95"),
+        "energy_joules": known(t, "energy"),
+        "samples": t.samples,
+        "seconds": t.seconds,
+        "units": [
+            {
+                "uuid": u.uuid,
+                "peak_mem": u.peak_mem,
+                "util_mean": known(u, "util_mean"),
+                "util_p95": known(u, "util_p95"),
+                "energy_joules": known(u, "energy"),
+            }
+            for u in t.units
+        ],
+    }
+
+
+def gib(value: float) -> str:
+    """Bytes as GiB, without the unit: `31`, `1.5`, `0.2`."""
+    n = value / 2**30
+    return f"{n:.0f}" if n >= 10 else f"{n:.1f}"
+
+
+def energy_text(joules: float) -> str:
+    """`1.9 kWh`, `45 Wh`."""
+    kwh = joules / JOULES_PER_KWH
+    if kwh >= 10:
+        return f"{kwh:.0f} kWh"
+    if kwh >= 0.1:
+        return f"{kwh:.1f} kWh"
+    return f"{kwh * 1000:.0f} Wh"
+
+
+def percent(value: float) -> str:
+    return f"{value:.0f} %"
+
+
+def efficiency_line(job: Any, capacity: int | None = None) -> str | None:
+    """One line, as `seff` sums a job up: "used 31 of 80 GiB peak on 2 GPUs, mean SM busy
+    12 %, 1.9 kWh". `capacity`: the memory of the job's GPUs together (None: unknown). None
+    for a job that never started; unknown parts say so."""
+    if not job.HasField("start_time") or job.state in ("pending", "held"):
+        return None
+    count = len(job.gpus) or job.spec.resources.gpus
+    if not count:
+        return None
+    on = (
+        f"1 MIG slice ({job.spec.resources.mig})"
+        if job.spec.resources.mig
+        else (f"{count} GPU" + ("s" if count != 1 else ""))
+    )
+    if not job.HasField("telemetry"):
+        return f"unknown on {on} (nothing measured)"
+    t = job.telemetry
+    of = f"{gib(capacity)} GiB" if capacity else "unknown GiB"
+    used = f"used {gib(t.peak_gpu_mem)} of {of} peak on {on}"
+    busy = f"mean SM busy {percent(t.util_mean) if t.HasField('util_mean') else 'unknown'}"
+    energy = energy_text(t.energy) if t.HasField("energy") else "energy unknown"
+    return f"{used}, {busy}, {energy}"
+
+
+def telemetry_cells(job: Any) -> tuple[str, str, str]:
+    """Peak VRAM, mean utilisation and energy for a table: `31G`, `12%`, `1.9`; "-" where
+    nothing was measured, "?" where that figure is unknown."""
+    if not job.HasField("telemetry"):
+        return "-", "-", "-"
+    t = job.telemetry
+    util = f"{t.util_mean:.0f}%" if t.HasField("util_mean") else "?"
+    kwh = f"{t.energy / JOULES_PER_KWH:.1f}" if t.HasField("energy") else "?"
+    return format_size(t.peak_gpu_mem), util, kwh
+
+
+def flags_text(job: Any) -> str:
+    """The coordinator's flags on a running job (idle, possibly hung), one line."""
+    return "; ".join(printable(f) for f in job.flags)
+
+
+def report_dict(row: Any) -> dict[str, Any]:
+    """One user's row of `gpuq report --json`."""
+    return {
+        "user": row.user,
+        "jobs": row.jobs,
+        "gpu_hours": row.gpu_seconds / 3600,
+        "energy_kwh": row.energy / JOULES_PER_KWH if row.HasField("energy") else None,
+        "mean_util": row.util_mean if row.HasField("util_mean") else None,
+        "measured_gpu_hours": row.util_gpu_seconds / 3600,
+    }

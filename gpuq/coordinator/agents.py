@@ -14,7 +14,8 @@ from dataclasses import replace
 from functools import partial
 from typing import Any
 
-from gpuq.convert import result_from_proto, spec_to_proto, unit_from_proto
+from gpuq.convert import result_from_proto, spec_to_proto, telemetry_from_proto, unit_from_proto
+from gpuq.coordinator import idle
 from gpuq.coordinator.cluster import AgentSession, NodeEntry
 from gpuq.coordinator.core import Coordinator, Ending, StopOrder
 from gpuq.domain.limits import (
@@ -146,6 +147,44 @@ class AgentLink:
                     log.info("node %s takes work again: its agent can start jobs", node)
                 entry.drained = drained
                 self.co.wake()
+            self._samples(node, message.jobs)
+            self.co.telemetry.running(node, message.jobs)  # GPU telemetry so far
+
+    def _samples(self, node: str, samples: Sequence[apb.JobSample]) -> None:
+        """Feed the samples of jobs running here (and not being stopped) to the idle and hung
+        rules (gpuq.coordinator.idle), and act on what they decide; others are ignored."""
+        co = self.co
+        now = co.clock()
+        for message in samples[:MAX_JOB_SAMPLES]:
+            job = co.cluster.jobs.get(message.job_id)
+            if job is None or job.state is not JobState.RUNNING or job.node != node:
+                continue
+            tier = co.settings.qos.get(job.qos)
+            if tier is None or job.stop is not None:
+                continue
+            sample = sample_from_proto(message, job.gpus, now)
+            decisions = co.idle.observe(sample, job.start_count, tier)
+            if decisions:
+                self._spawn(self._act_on(job, decisions))
+        if co.idle.tracks:
+            jobs = co.cluster.jobs
+            co.idle.prune(lambda i: i in jobs and jobs[i].state is JobState.RUNNING)
+
+    async def _act_on(self, job: Job, decisions: Sequence[idle.Decision]) -> None:
+        """Log a flag set or cleared and note it in the job's events; cancel the job where its
+        QOS says so (the normal cancel path, as the admin "gpuq")."""
+        co = self.co
+        for d in decisions:
+            if d.action == "cancel":
+                log.warning("job %d: %s", job.id, d.text)
+                await co.cancel([str(job.id)], "gpuq", d.text, admin=True)
+                continue
+            note = d.text if d.action == "flag" else f"flag cleared: {d.text}"
+            if d.action == "flag":
+                log.warning("job %d of %s on node %s: %s", job.id, job.user, job.node, d.text)
+            else:
+                log.info("job %d: %s", job.id, note)
+            await co.writer.write(partial(_note, job_id=job.id, at=co.clock(), text=note))
 
     def reports(self, node: str, reports: Sequence[apb.JobReport]) -> None:
         """Handle reports without holding up the stream: ends commit in the writer's batches."""
@@ -280,7 +319,10 @@ class AgentLink:
             if result.reason:
                 result = replace(result, reason=clean_line(result.reason, MAX_END_REASON))
             reason = result.reason or state.value
-            ends.append(Ending(report.job_id, state, reason, result, at, report.attempt))
+            measured = (
+                telemetry_from_proto(report.telemetry) if report.HasField("telemetry") else None
+            )
+            ends.append(Ending(report.job_id, state, reason, result, at, report.attempt, measured))
         if ends:
             await self.co.end_jobs(ends)
         session = self._session(node)
@@ -399,6 +441,10 @@ class AgentLink:
             log.error("handling agent reports failed", exc_info=task.exception())
 
 
+def _note(tx: StoreTx, job_id: int, at: float, text: str) -> None:
+    tx.add_event(job_id, at, JobState.RUNNING, text)
+
+
 def _request_stop(tx: StoreTx, order: StopOrder) -> None:
     tx.request_stop(order.job_id, order.end_state, order.reason)
 
@@ -410,6 +456,25 @@ MAX_NOTES = 16  # notes an agent may attach to one unit
 NODE_NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,62}")
 # a unit's UUID (GPU-..., MIG-..., the older MIG-GPU-.../1/0) or PCI bus id (00000000:17:00.0)
 UNIT_ID_RE = re.compile(r"[A-Za-z0-9_.:/+-]{1,96}")
+
+
+MAX_JOB_SAMPLES = 4096  # job samples of one heartbeat looked at
+
+
+def sample_from_proto(message: apb.JobSample, gpus: Sequence[str], now: float) -> idle.Sample:
+    """A job's sample as the idle rules take it: one reading per unit the job holds (a unit
+    the agent did not report on, or whose figure is not a number, is "unknown"); its time the
+    agent's, or now where that is not a time."""
+    given: dict[str, apb.UnitSample] = {u.uuid: u for u in message.units[:MAX_NODE_UNITS]}
+    units: list[idle.UnitReading] = []
+    for uuid in gpus:
+        unit = given.get(uuid)
+        util: float | None = None
+        if unit is not None and unit.HasField("util") and math.isfinite(unit.util):
+            util = min(100.0, max(0.0, unit.util))
+        units.append(idle.UnitReading(uuid, util, unit.memory if unit is not None else 0))
+    at = message.at if math.isfinite(message.at) and message.at > 0 else now
+    return idle.Sample(message.job_id, at, tuple(units), message.output_bytes)
 
 
 def _line(text: str) -> str:

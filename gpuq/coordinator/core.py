@@ -18,7 +18,9 @@ from dataclasses import dataclass, replace
 from gpuq.config import CoordinatorSettings
 from gpuq.coordinator.arrays import Arrays
 from gpuq.coordinator.cluster import ClusterState, NodeEntry, spec_size
+from gpuq.coordinator.idle import IdleWatch
 from gpuq.coordinator.scheduling import SchedulingState
+from gpuq.coordinator.telemetry import RunningTelemetry
 from gpuq.coordinator.writer import RETRY_FIRST, RETRY_MOST, StoreWriter, is_storage_error
 from gpuq.domain.dependencies import parse_job_ref
 from gpuq.domain.limits import brief, check_text
@@ -29,6 +31,7 @@ from gpuq.domain.model import (
     JobEvent,
     JobResult,
     JobSpec,
+    JobTelemetry,
     Node,
     NodeState,
 )
@@ -82,6 +85,8 @@ class Ending:
     at: float | None = None  # when the supervisor saw it end; None: now
     # the start it is about (JobLaunch.attempt): an end of another start is ignored; 0: any
     attempt: int = 0
+    # what its GPUs did over the run (its end report's); None: the latest heartbeat's stands in
+    telemetry: JobTelemetry | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -126,6 +131,10 @@ class Coordinator:
         self.send_starts: Callable[[Sequence[Job]], None] = lambda jobs: None
         # set by gpuq.coordinator.passes: run one scheduling pass
         self.run_pass: Callable[[], Awaitable[None]] | None = None
+        # running jobs' idle and hung flags, from their agents' samples (gpuq.coordinator.agents)
+        self.idle = IdleWatch()
+        # running jobs' GPU telemetry so far, from the same samples (gpuq.coordinator.telemetry)
+        self.telemetry = RunningTelemetry(self)
 
     # ---- lifecycle -----------------------------------------------------------------------
 
@@ -156,6 +165,7 @@ class Coordinator:
         for entry in self.cluster.nodes.values():
             if entry.session is not None:
                 entry.session.close()
+        await self.telemetry.close()
         await self.writer.close()
 
     def wake(self) -> None:
@@ -606,6 +616,8 @@ class Coordinator:
     def _moved(self, job_id: int, before: JobState, after: JobState, reason: str) -> None:
         now = self.clock()
         job = self.cluster.jobs.get(job_id)
+        if after is not JobState.RUNNING:
+            self.idle.forget(job_id)  # its flags were about its run
         if job is not None:
             self.cluster.put(replace(job, state=after, reason=reason))
             if not after.is_live:
@@ -674,6 +686,10 @@ class Coordinator:
                 # a clock that disagrees cannot put the end before the start or in the future
                 ended = now if end.at is None else min(now, max(started, end.at))
                 changes.append(StateChange(end.job_id, end.state, end.reason, end.result, ended))
+                attempt = tx.start_counts([end.job_id]).get(end.job_id, 0)
+                measured = end.telemetry or self.telemetry.latest(end.job_id, attempt)
+                if measured is not None:
+                    tx.set_telemetry(end.job_id, attempt, measured)
                 moved.append((end.job_id, JobState.RUNNING, end.state, end.reason))
                 if end.state is JobState.PREEMPTED and job.spec.requeue:
                     changes.append(StateChange(end.job_id, JobState.PENDING, "requeued"))
@@ -698,6 +714,9 @@ class Coordinator:
             return moved, usage
 
         moved, usage = await self.writer.write(write)
+        self.telemetry.forget(
+            job_id for job_id, before, _, _ in moved if before is JobState.RUNNING
+        )
         self.sched.usage.update({u: (v, now) for u, v in usage.items()})
         requeued = {job_id for job_id, _, after, _ in moved if after is JobState.PENDING}
         for job_id, before, after, reason in moved:

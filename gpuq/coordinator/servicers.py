@@ -14,8 +14,9 @@ import asyncio
 import contextlib
 import functools
 import logging
+import math
 from collections import Counter
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Sequence
 from dataclasses import replace
 from typing import Any, TypeVar
 
@@ -160,13 +161,15 @@ def cron_message(entry: CronEntry) -> queue_pb2.CronEntry:
     )
 
 
-def job_message(job: Job) -> pb.Job:
+def job_message(job: Job, flags: Sequence[str] = ()) -> pb.Job:
     array: tuple[int, int | str] | None = None
     if job.array_job_id is not None:
         task = job.array_task_id
         array = (job.array_job_id, "%a" if task is None or job.tasks else task)
     stdout, stderr = output_paths(job.spec, job.id, job.user, job.node, array)
-    return job_to_proto(job, stdout, stderr)
+    message = job_to_proto(job, stdout, stderr)
+    message.flags[:] = flags  # idle, possibly hung (gpuq.coordinator.idle)
+    return message
 
 
 class QueueServicer(queue_pb2_grpc.QueueServicer):  # type: ignore[misc]
@@ -221,7 +224,8 @@ class QueueServicer(queue_pb2_grpc.QueueServicer):  # type: ignore[misc]
 
     def _with_pending(self, job: Job, explained: Job | None = None) -> pb.Job:
         """The job with why it waits (an array's record: why its first waiting task does)."""
-        message = job_message(job)
+        running = job.state is JobState.RUNNING
+        message = job_message(job, self.co.idle.flags(job.id, job.start_count) if running else ())
         first = explained or job
         detail = self.passes.pending_detail(first) if first.state is JobState.PENDING else None
         if detail is not None:
@@ -453,6 +457,30 @@ class QueueServicer(queue_pb2_grpc.QueueServicer):  # type: ignore[misc]
         self._admin_only(caller, "revoke tokens")
         count = await self.co.revoke_tokens(request.user, caller.user)
         return queue_pb2.TokenReply(revoked=count)
+
+    @unary
+    async def Report(self, request: queue_pb2.ReportRequest, context: Any, caller: Caller) -> Any:
+        """Usage per user (gpuq report): anyone may see anyone's, as sreport shows by default,
+        since listings already show every job's times, GPUs and telemetry."""
+        check_text("user", request.user, 64)
+        since = request.since if request.HasField("since") else None
+        if since is not None and not math.isfinite(since):
+            raise InvalidInput("--since", str(since), "expected a time")
+        user = request.user or None
+        rows = await self.co.writer.read(lambda s: s.usage_report(user, since))
+        return queue_pb2.ReportReply(
+            rows=[
+                queue_pb2.ReportRow(
+                    user=r.user,
+                    jobs=r.jobs,
+                    gpu_seconds=r.gpu_seconds,
+                    energy=r.energy,
+                    util_mean=r.util_mean,
+                    util_gpu_seconds=r.util_gpu_seconds,
+                )
+                for r in rows
+            ]
+        )
 
 
 def _unit_health(uuid: str, state: UnitState) -> queue_pb2.UnitHealth:

@@ -260,6 +260,9 @@ class Job:
     # an array's record stands for its tasks that have not been split off to run on their own
     # (SLURM keeps one record until tasks start); () for a single job or a split task
     tasks: tuple[int, ...] = ()
+    # what its GPUs did (measured by its agent): over its run once it ended, so far while it
+    # runs (as last stored); None: nothing measured
+    telemetry: JobTelemetry | None = None
 
     @property
     def name(self) -> str:
@@ -277,6 +280,53 @@ class Job:
         if self.array_job_id is not None:
             return f"{self.array_job_id}_{self.array_task_id}"
         return str(self.id)
+
+
+@dataclass(frozen=True, slots=True)
+class UnitTelemetry:
+    """One GPU unit's share of a job's telemetry; None: unknown (never 0)."""
+
+    uuid: str
+    peak_mem: int = 0  # bytes the job's processes held on it at most
+    util_mean: float | None = None  # percent busy (SM)
+    util_p95: float | None = None
+    energy: float | None = None  # joules; None for a MIG slice (the counter is the board's)
+
+
+@dataclass(frozen=True, slots=True)
+class JobTelemetry:
+    """What a job's GPUs did over its run (or so far): the aggregates kept with the job."""
+
+    peak_gpu_mem: int = 0  # bytes, all its units together, at the busiest sample
+    util_mean: float | None = None  # percent, mean over its units and samples; None: unknown
+    util_p95: float | None = None
+    energy: float | None = None  # joules; None: unknown
+    samples: int = 0
+    seconds: float = 0.0  # time the samples cover
+    units: tuple[UnitTelemetry, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class SeriesPoint:
+    """One point of a job's downsampled series (for plotting): bytes held, percent busy."""
+
+    job_id: int
+    at: float
+    gpu_mem: int
+    util: float | None = None  # mean over its units; None: unknown
+
+
+@dataclass(frozen=True, slots=True)
+class UsageRow:
+    """`gpuq report`: one user's ended jobs (sreport/seff); energy and util cover only the
+    jobs that measured them (util_gpu_seconds: the GPU-seconds the mean is over)."""
+
+    user: str
+    jobs: int
+    gpu_seconds: float
+    energy: float | None  # joules; None: no job measured it
+    util_mean: float | None  # percent, weighted by GPU-seconds; None: none measured
+    util_gpu_seconds: float = 0.0
 
 
 @dataclass(frozen=True, slots=True)

@@ -14,7 +14,18 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import Engine, Row, and_, bindparam, delete, func, insert, select, update
+from sqlalchemy import (
+    Engine,
+    Row,
+    and_,
+    bindparam,
+    case,
+    delete,
+    func,
+    insert,
+    select,
+    update,
+)
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.engine import Connection
 from sqlalchemy.exc import IntegrityError
@@ -30,8 +41,12 @@ from gpuq.domain.model import (
     JobEvent,
     JobResult,
     JobSpec,
+    JobTelemetry,
     Node,
     NodeState,
+    SeriesPoint,
+    UnitTelemetry,
+    UsageRow,
 )
 from gpuq.domain.states import JobState, check_transition
 from gpuq.errors import DoubleBooking, IllegalTransition, NotFound
@@ -42,6 +57,8 @@ from gpuq.store.tables import (
     cron_entries,
     drains,
     job_events,
+    job_series,
+    job_telemetry,
     jobs,
     nodes,
     submission_keys,
@@ -147,7 +164,10 @@ class Store:
             rows = conn.execute(stmt).all()
             units = _units_of(conn, [row.id for row in rows])
             specs = _specs_of(conn, rows)
-        return [_job_from_row(row, units.get(row.id, ()), specs) for row in rows]
+            measured = _telemetry_of(conn, rows)
+        return [
+            _job_from_row(row, units.get(row.id, ()), specs, measured.get(row.id)) for row in rows
+        ]
 
     def find_task(self, array_job_id: int, task: int) -> Job | None:
         """Task `task` of the array: its own row, or the record that still stands for it."""
@@ -273,6 +293,64 @@ class Store:
         with self.engine.connect() as conn:
             rows = conn.execute(select(user_tokens.c.digest, user_tokens.c.user)).all()
         return {row.digest: row.user for row in rows}
+
+    def series(self, job_id: int) -> list[SeriesPoint]:
+        """A job's downsampled series (VRAM and utilisation over time), oldest first."""
+        stmt = (
+            select(job_series)
+            .where(job_series.c.job_id == job_id)
+            .order_by(job_series.c.at, job_series.c.id)
+        )
+        with self.engine.connect() as conn:
+            return [
+                SeriesPoint(row.job_id, row.at, row.gpu_mem, row.util) for row in conn.execute(stmt)
+            ]
+
+    def usage_report(self, user: str | None = None, since: float | None = None) -> list[UsageRow]:
+        """Per user, over the jobs that ran and ended (ending at or after `since`): GPU-seconds
+        (GPUs held x run time), energy and GPU-second-weighted mean utilisation of the jobs
+        that measured them; summed by the database, users in name order."""
+        held = jobs.c.gpus * (jobs.c.end_time - jobs.c.start_time)
+        known = job_telemetry.c.util_mean.is_not(None)
+        stmt = (
+            select(
+                jobs.c.user,
+                func.count(),
+                func.sum(held),
+                func.sum(job_telemetry.c.energy),
+                func.sum(case((known, job_telemetry.c.util_mean * held), else_=None)),
+                func.sum(case((known, held), else_=None)),
+            )
+            .select_from(jobs.outerjoin(job_telemetry, _TELEMETRY_OF_CURRENT_START))
+            .where(
+                and_(
+                    jobs.c.state.in_([s.value for s in JobState if not s.is_live]),
+                    jobs.c.start_time.is_not(None),
+                    jobs.c.end_time.is_not(None),
+                )
+            )
+            .group_by(jobs.c.user)
+            .order_by(jobs.c.user)
+        )
+        if user is not None:
+            stmt = stmt.where(jobs.c.user == user)
+        if since is not None:
+            stmt = stmt.where(jobs.c.end_time >= since)
+        with self.engine.connect() as conn:
+            rows = conn.execute(stmt).all()
+        return [
+            UsageRow(
+                user=name,
+                jobs=int(count),
+                gpu_seconds=float(seconds or 0.0),
+                energy=None if energy is None else float(energy),
+                util_mean=float(weighted) / float(covered)
+                if weighted is not None and covered
+                else None,
+                util_gpu_seconds=float(covered or 0.0),
+            )
+            for name, count, seconds, energy, weighted, covered in rows
+        ]
 
     def cron_entries(self) -> list[CronEntry]:
         with self.engine.connect() as conn:
@@ -529,6 +607,52 @@ class StoreTx:
         row.update(stop_state=end_state.value, stop_reason=reason)
         self.conn.execute(_UPDATE_MUTABLE, {"b_id": job_id, **{f"b_{c}": row[c] for c in _MUTABLE}})
 
+    def add_event(self, job_id: int, at: float, state: JobState, reason: str) -> bool:
+        """Note something about a job in its events without a state change (from_state =
+        to_state = state), e.g. "idle since 12:03"; only while the job is in that state
+        (False, and nothing written, otherwise)."""
+        row = self._lock_jobs([job_id]).get(job_id)
+        if row is None or row["state"] != state.value:
+            return False
+        self.conn.execute(_INSERT_EVENT, [_event(job_id, at, state, state, reason)])
+        return True
+
+    def set_telemetry(self, job_id: int, attempt: int, telemetry: JobTelemetry) -> None:
+        """Keep what start `attempt` of a job measured (replacing what was kept before)."""
+        values = _telemetry_row(attempt, telemetry)
+        where = job_telemetry.c.job_id == job_id
+        if self.conn.execute(update(job_telemetry).where(where).values(values)).rowcount == 0:
+            self.conn.execute(insert(job_telemetry).values(job_id=job_id, **values))
+
+    def add_series(self, points: Sequence[SeriesPoint], cap: int) -> None:
+        """Append points to jobs' series; a job past `cap` points loses every second one of
+        its older half (so a long run keeps its whole span, coarser further back)."""
+        if not points:
+            return
+        self.conn.execute(
+            insert(job_series),
+            [
+                {"job_id": p.job_id, "at": p.at, "gpu_mem": p.gpu_mem, "util": p.util}
+                for p in points
+            ],
+        )
+        wanted = sorted({p.job_id for p in points})
+        over = self.conn.execute(
+            select(job_series.c.job_id)
+            .where(job_series.c.job_id.in_(wanted))
+            .group_by(job_series.c.job_id)
+            .having(func.count() > cap)
+        ).scalars()
+        for job_id in list(over):
+            ids = self.conn.execute(
+                select(job_series.c.id)
+                .where(job_series.c.job_id == job_id)
+                .order_by(job_series.c.at, job_series.c.id)
+            ).scalars()
+            older = list(ids)
+            older = older[: len(older) // 2]
+            self.conn.execute(delete(job_series).where(job_series.c.id.in_(older[1::2])))
+
     def set_usage(self, user: str, gpu_seconds: float, at: float) -> None:
         values = {"b_user": user, "b_gpu_seconds": gpu_seconds, "b_updated_at": at}
         if self.conn.execute(_UPDATE_USAGE, values).rowcount == 0:
@@ -784,7 +908,63 @@ def _specs_of(conn: Connection, rows: Sequence[Row[Any]]) -> dict[int, JobSpec]:
     return specs
 
 
-def _job_from_row(row: Row[Any], units: tuple[str, ...], specs: dict[int, JobSpec]) -> Job:
+_TELEMETRY_OF_CURRENT_START = and_(
+    job_telemetry.c.job_id == jobs.c.id,
+    job_telemetry.c.attempt == func.coalesce(jobs.c.start_count, 0),
+)
+
+
+def _telemetry_row(attempt: int, telemetry: JobTelemetry) -> dict[str, Any]:
+    units = [
+        {
+            "uuid": u.uuid,
+            "peak_mem": u.peak_mem,
+            "util_mean": u.util_mean,
+            "util_p95": u.util_p95,
+            "energy": u.energy,
+        }
+        for u in telemetry.units
+    ]
+    return {
+        "attempt": attempt,
+        "peak_gpu_mem": telemetry.peak_gpu_mem,
+        "util_mean": telemetry.util_mean,
+        "util_p95": telemetry.util_p95,
+        "energy": telemetry.energy,
+        "samples": telemetry.samples,
+        "seconds": telemetry.seconds,
+        "units": json.dumps(units, separators=(",", ":")),
+    }
+
+
+def _telemetry_of(conn: Connection, rows: Sequence[Row[Any]]) -> dict[int, JobTelemetry]:
+    """What the current start of each of these jobs measured (the jobs that measured any)."""
+    found: dict[int, JobTelemetry] = {}
+    starts = {row.id: row.start_count or 0 for row in rows if row.start_time is not None}
+    wanted = sorted(starts)
+    for start in range(0, len(wanted), 5000):
+        stmt = select(job_telemetry).where(job_telemetry.c.job_id.in_(wanted[start : start + 5000]))
+        for t in conn.execute(stmt):
+            if t.attempt != starts[t.job_id]:
+                continue  # an earlier start's
+            found[t.job_id] = JobTelemetry(
+                peak_gpu_mem=t.peak_gpu_mem,
+                util_mean=t.util_mean,
+                util_p95=t.util_p95,
+                energy=t.energy,
+                samples=t.samples,
+                seconds=t.seconds,
+                units=tuple(UnitTelemetry(**u) for u in json.loads(t.units)),
+            )
+    return found
+
+
+def _job_from_row(
+    row: Row[Any],
+    units: tuple[str, ...],
+    specs: dict[int, JobSpec],
+    telemetry: JobTelemetry | None = None,
+) -> Job:
     ended = row.exit_code is not None or row.signal is not None
     state = JobState(row.state)
     spec = specs[row.id if row.spec else row.array_job_id]
@@ -812,6 +992,7 @@ def _job_from_row(row: Row[Any], units: tuple[str, ...], specs: dict[int, JobSpe
         reason=row.reason,
         stop=(JobState(row.stop_state), row.stop_reason) if row.stop_state else None,
         tasks=_tasks(row.array_tasks, spec),
+        telemetry=telemetry,
     )
 
 

@@ -185,3 +185,34 @@ user_tokens = Table(
     Column("created_at", Float, nullable=False),
 )
 Index("ix_user_tokens_user", user_tokens.c.user)
+
+# what a job's GPUs did (issue 12): the aggregates its agent measured, over the run once it
+# ended (written with the end), so far while it runs (the latest heartbeat's, every
+# gpuq.coordinator.telemetry.FLUSH_EVERY seconds); for the start `attempt` (jobs.start_count)
+# only: a row of an earlier start is not the job's. NULL figures are unknown, never 0.
+job_telemetry = Table(
+    "job_telemetry",
+    metadata,
+    Column("job_id", Id, ForeignKey("jobs.id"), primary_key=True, autoincrement=False),
+    Column("attempt", Integer, nullable=False),
+    Column("peak_gpu_mem", BigInteger, nullable=False),  # bytes
+    Column("util_mean", Float, nullable=True),  # percent
+    Column("util_p95", Float, nullable=True),
+    Column("energy", Float, nullable=True),  # joules
+    Column("samples", Integer, nullable=False),
+    Column("seconds", Float, nullable=False),
+    Column("units", Text, nullable=False),  # JSON list of per-unit figures (UnitTelemetry)
+)
+
+# a job's downsampled series for plotting: at most one point per job per SERIES_STEP seconds
+# and SERIES_CAP points per job (older points are thinned: gpuq.store.api.StoreTx.add_series)
+job_series = Table(
+    "job_series",
+    metadata,
+    Column("id", Id, primary_key=True, autoincrement=True),
+    Column("job_id", Id, ForeignKey("jobs.id"), nullable=False),
+    Column("at", Float, nullable=False),
+    Column("gpu_mem", BigInteger, nullable=False),  # bytes, all its units together
+    Column("util", Float, nullable=True),  # percent, mean over its units; NULL: unknown
+)
+Index("ix_job_series_job_id_at", job_series.c.job_id, job_series.c.at)

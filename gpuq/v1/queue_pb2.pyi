@@ -7,6 +7,36 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 
 DESCRIPTOR: _descriptor.FileDescriptor
 
+class ReportRequest(_message.Message):
+    __slots__ = ("user", "since")
+    USER_FIELD_NUMBER: _ClassVar[int]
+    SINCE_FIELD_NUMBER: _ClassVar[int]
+    user: str
+    since: float
+    def __init__(self, user: _Optional[str] = ..., since: _Optional[float] = ...) -> None: ...
+
+class ReportRow(_message.Message):
+    __slots__ = ("user", "jobs", "gpu_seconds", "energy", "util_mean", "util_gpu_seconds")
+    USER_FIELD_NUMBER: _ClassVar[int]
+    JOBS_FIELD_NUMBER: _ClassVar[int]
+    GPU_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    ENERGY_FIELD_NUMBER: _ClassVar[int]
+    UTIL_MEAN_FIELD_NUMBER: _ClassVar[int]
+    UTIL_GPU_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    user: str
+    jobs: int
+    gpu_seconds: float
+    energy: float
+    util_mean: float
+    util_gpu_seconds: float
+    def __init__(self, user: _Optional[str] = ..., jobs: _Optional[int] = ..., gpu_seconds: _Optional[float] = ..., energy: _Optional[float] = ..., util_mean: _Optional[float] = ..., util_gpu_seconds: _Optional[float] = ...) -> None: ...
+
+class ReportReply(_message.Message):
+    __slots__ = ("rows",)
+    ROWS_FIELD_NUMBER: _ClassVar[int]
+    rows: _containers.RepeatedCompositeFieldContainer[ReportRow]
+    def __init__(self, rows: _Optional[_Iterable[_Union[ReportRow, _Mapping]]] = ...) -> None: ...
+
 class TokenRequest(_message.Message):
     __slots__ = ("user",)
     USER_FIELD_NUMBER: _ClassVar[int]

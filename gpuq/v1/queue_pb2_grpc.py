@@ -109,6 +109,11 @@ class QueueStub:
                 request_serializer=gpuq_dot_v1_dot_queue__pb2.TokenRequest.SerializeToString,
                 response_deserializer=gpuq_dot_v1_dot_queue__pb2.TokenReply.FromString,
                 _registered_method=True)
+        self.Report = channel.unary_unary(
+                '/gpuq.v1.Queue/Report',
+                request_serializer=gpuq_dot_v1_dot_queue__pb2.ReportRequest.SerializeToString,
+                response_deserializer=gpuq_dot_v1_dot_queue__pb2.ReportReply.FromString,
+                _registered_method=True)
 
 
 class QueueServicer:
@@ -216,6 +221,15 @@ class QueueServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def Report(self, request, context):
+        """Usage per user over the jobs that ran and ended (gpuq report, like SLURM's sreport):
+        GPU-hours held, energy and GPU-hour-weighted mean utilisation, summed by the store. Anyone
+        may ask about anyone (listings already show every job's times, GPUs and telemetry).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_QueueServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -293,6 +307,11 @@ def add_QueueServicer_to_server(servicer, server):
                     servicer.RevokeTokens,
                     request_deserializer=gpuq_dot_v1_dot_queue__pb2.TokenRequest.FromString,
                     response_serializer=gpuq_dot_v1_dot_queue__pb2.TokenReply.SerializeToString,
+            ),
+            'Report': grpc.unary_unary_rpc_method_handler(
+                    servicer.Report,
+                    request_deserializer=gpuq_dot_v1_dot_queue__pb2.ReportRequest.FromString,
+                    response_serializer=gpuq_dot_v1_dot_queue__pb2.ReportReply.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -700,6 +719,33 @@ class Queue:
             '/gpuq.v1.Queue/RevokeTokens',
             gpuq_dot_v1_dot_queue__pb2.TokenRequest.SerializeToString,
             gpuq_dot_v1_dot_queue__pb2.TokenReply.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Report(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/gpuq.v1.Queue/Report',
+            gpuq_dot_v1_dot_queue__pb2.ReportRequest.SerializeToString,
+            gpuq_dot_v1_dot_queue__pb2.ReportReply.FromString,
             options,
             channel_credentials,
             insecure,

@@ -238,6 +238,7 @@ def test_good_values_are_normalised(tmp_path: Path) -> None:
         "PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:False",
         "PYTORCH_ALLOC_CONF": "expandable_segments:False",  # one setting under two names
         "XLA_PYTHON_CLIENT_PREALLOCATE": "false",
+        "TORCH_NCCL_ASYNC_ERROR_HANDLING": "1",
         "NCCL_DEBUG": "WARN",
     }
 

@@ -5,13 +5,15 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import subprocess
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
 from gpuq.agent.gpu_care import GpuCare
 from gpuq.agent.gpus import GpuEvent
-from gpuq.agent.gpus_fake import FakeGpuBackend
+from gpuq.agent.gpus_fake import GIB, FakeGpuBackend, claim_fake_vram, set_fake_utilization
 from gpuq.config import AgentSettings
 
 
@@ -69,3 +71,73 @@ def test_a_hardware_xid_stops_the_job_on_that_unit_only(tmp_path: Path) -> None:
     assert stops == []  # nobody holds GPU 1
     asyncio.run(gpu_care._on_event(GpuEvent(units[0], 48, True, "XID 48 (double-bit ECC)")))
     assert stops == [(7, "node_fail", "GPU 0 failed: XID 48 (double-bit ECC)")]
+
+
+class SpecHub(Hub):
+    """A hub whose job 7 runs as `pid` and writes to `out` (its launch spec's output file)."""
+
+    def __init__(self, running: dict[int, tuple[str, ...]], pid: int, out: Path) -> None:
+        super().__init__(running)
+        self.pid = pid
+        self.out = out
+
+    def launch_spec_of(self, job_id: int) -> SimpleNamespace:  # type: ignore[override]
+        return SimpleNamespace(cwd="/", stdout_path=str(self.out), stderr_path=str(self.out))
+
+    def supervisor_pids(self) -> dict[int, int]:
+        return {self.pid: 7}
+
+
+def test_each_read_feeds_the_jobs_telemetry(tmp_path: Path) -> None:
+    state = tmp_path / "fake-gpus"
+    backend = FakeGpuBackend("2xH100-80GB", "n1", state_dir=state)
+    units = [u.uuid for u in backend.inventory().units]
+    out = tmp_path / "job.out"
+    out.write_bytes(b"x" * 100)
+    sleeper = subprocess.Popen(["sleep", "60"])
+    try:
+        hub = SpecHub({7: (units[0],)}, sleeper.pid, out)
+        gpu_care = GpuCare(
+            backend,
+            AgentSettings(node_name="n1"),
+            hub,  # type: ignore[arg-type]
+            beat_now=lambda: None,
+            units_changed=lambda: None,
+            stop_job=lambda *_: asyncio.sleep(0),
+        )
+        gpu_care.job_units[7] = (units[0],)
+        claim_fake_vram(units[0], 20 * GIB, pid=sleeper.pid, state_dir=state)
+        claim_fake_vram(units[1], 3 * GIB, pid=sleeper.pid, state_dir=state)  # not its unit
+        set_fake_utilization(units[0], 80, state_dir=state)
+        gpu_care.usage()
+        first = gpu_care.last_read
+        gpu_care.usage(max_age=60)  # a read that recent does: NVML is not read again
+        assert gpu_care.last_read == first
+        claim_fake_vram(units[0], 5 * GIB, pid=sleeper.pid, state_dir=state)
+        set_fake_utilization(units[0], 20, state_dir=state)
+        gpu_care.usage()
+        (sample,) = gpu_care.job_samples()
+        assert (sample.job_id, sample.gpu_mem, sample.output_bytes) == (7, 5 * GIB, 100)
+        assert [(u.uuid, u.util, u.memory) for u in sample.units] == [(units[0], 20.0, 5 * GIB)]
+        assert sample.so_far.peak_gpu_mem == 20 * GIB
+        assert sample.so_far.samples == 2
+        out.unlink()
+        out.symlink_to("/etc/passwd")  # the job's symlink is not followed
+        gpu_care.usage()
+        assert gpu_care.job_samples()[0].output_bytes == 0
+        telemetry = gpu_care.end_telemetry(7)
+        assert telemetry is not None
+        assert (telemetry.peak_gpu_mem, telemetry.samples) == (20 * GIB, 3)
+        assert telemetry.util_mean == pytest.approx(40.0)
+        assert telemetry.HasField("energy")
+        gpu_care.usage()  # it ended: no more samples, no heartbeat entry
+        assert gpu_care.job_samples() == []
+        assert gpu_care.end_telemetry(7) == telemetry  # kept for a report sent again
+        assert gpu_care.ended_telemetry(7) == telemetry
+        gpu_care.forget(7)  # acknowledged: a later start is measured anew
+        assert gpu_care.ended_telemetry(7) is None
+        gpu_care.usage()
+        assert gpu_care.job_samples()[0].so_far.samples == 1
+    finally:
+        sleeper.kill()
+        sleeper.wait()

@@ -3,6 +3,7 @@ claims. FakeGpuBackend is the NVML backend over the fake NVML library (fault fil
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import re
 import signal
@@ -28,6 +29,7 @@ from gpuq.agent.gpus_fake import (
     MIB,
     claim_fake_vram,
     fake_state_dir,
+    set_fake_energy,
     set_fake_utilization,
 )
 from gpuq.domain.model import (
@@ -61,7 +63,8 @@ def distance(inventory: GpuInventory, a: str, b: str) -> int:
 
 
 def usage_of(backend: FakeGpuBackend, uuid: str) -> UnitUsage:
-    return next(u for u in backend.usage() if u.uuid == uuid)
+    """A unit's usage, less its energy counter (which grows with time: tests of it below)."""
+    return dataclasses.replace(next(u for u in backend.usage() if u.uuid == uuid), energy_mj=None)
 
 
 # --- parsing -------------------------------------------------------------------------------
@@ -306,7 +309,10 @@ def sleeper() -> Iterator[subprocess.Popen[bytes]]:
 
 def test_usage_without_claims_is_idle(tmp_path: Path) -> None:
     backend = FakeGpuBackend("2", "node-a", state_dir=tmp_path)
-    assert backend.usage() == [UnitUsage(u.uuid, 0, 0, ()) for u in backend.inventory().units]
+    units = backend.inventory().units
+    assert [usage_of(backend, u.uuid) for u in units] == [
+        UnitUsage(u.uuid, 0, 0, ()) for u in units
+    ]
 
 
 def test_claims_of_live_processes_add_up(tmp_path: Path, sleeper: subprocess.Popen[bytes]) -> None:
@@ -383,6 +389,55 @@ def test_malformed_files_are_ignored(tmp_path: Path) -> None:
     (tmp_path / unit / ".123.partial").write_text("99\n")
     (tmp_path / unit / "utilization").write_text("250\n")
     assert usage_of(backend, unit) == UnitUsage(unit, 0, 100, ())
+
+
+def test_the_energy_counter_grows_with_utilisation_and_can_be_set(tmp_path: Path) -> None:
+    backend = FakeGpuBackend("2", "node-a", state_dir=tmp_path)
+    idle, busy = (u.uuid for u in backend.inventory().units)
+    set_fake_utilization(busy, 100, state_dir=tmp_path)
+
+    def energy() -> dict[str, int]:
+        return {u.uuid: u.energy_mj for u in backend.usage() if u.energy_mj is not None}
+
+    first = energy()
+    time.sleep(0.2)
+    second = energy()
+    grown = {uuid: second[uuid] - first[uuid] for uuid in (idle, busy)}
+    # 50 W idle, 400 W at 100 %: over about 0.2 s, 10 J and 80 J (millijoules here)
+    assert 5_000 < grown[idle] < grown[busy]
+    assert grown[busy] > 5 * grown[idle]
+    set_fake_energy(busy, 123_456_789, state_dir=tmp_path)
+    assert energy()[busy] == 123_456_789
+    set_fake_energy(busy, 5, state_dir=tmp_path)  # a reset: the counter goes down
+    assert energy()[busy] == 5
+    set_fake_energy(busy, None, state_dir=tmp_path)
+    assert energy()[busy] >= second[busy]  # the simulated counter again, never going back
+
+
+def test_mig_slices_have_no_energy_counter(tmp_path: Path) -> None:
+    backend = FakeGpuBackend("1xA100-80GB:mig=3g.40gb+3g.40gb,1", "node-a", state_dir=tmp_path)
+    found = {u.uuid: u for u in backend.usage()}
+    for unit in backend.inventory().units:
+        if unit.parent_uuid:
+            assert found[unit.uuid].energy_mj is None
+            assert found[unit.uuid].utilization is None  # unknown, never 0
+        else:
+            assert found[unit.uuid].energy_mj is not None
+
+
+def test_utilisation_follows_a_series(tmp_path: Path) -> None:
+    backend = FakeGpuBackend("1", "node-a", state_dir=tmp_path)
+    unit = backend.inventory().units[0].uuid
+    set_fake_utilization(unit, [90, 10, 40], state_dir=tmp_path, every=0.3)
+    assert usage_of(backend, unit).utilization == 90
+    wait_for(lambda: usage_of(backend, unit).utilization == 10, "the series' second value")
+    wait_for(lambda: usage_of(backend, unit).utilization == 40, "the series' last value")
+    time.sleep(0.4)
+    assert usage_of(backend, unit).utilization == 40  # the last value holds
+    with pytest.raises(InvalidInput):
+        set_fake_utilization(unit, [], state_dir=tmp_path)
+    (tmp_path / unit / "utilization").write_text("50 x\n")  # malformed: not a number
+    assert usage_of(backend, unit).utilization == 0
 
 
 def test_the_fake_backend_is_the_nvml_backend(tmp_path: Path) -> None:

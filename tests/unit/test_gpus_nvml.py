@@ -398,6 +398,29 @@ def test_usage_reports_memory_utilization_and_processes(monkeypatch: pytest.Monk
     assert backend.usage()[1] == UnitUsage(gpu(1).uuid, 0, 93, ())
 
 
+def test_the_energy_counter_is_read_for_whole_gpus_only(monkeypatch: pytest.MonkeyPatch) -> None:
+    slices = [mig(0, 0, "3g.40gb", 40)]
+    devices = [gpu(0, mig_mode=pynvml.NVML_DEVICE_MIG_ENABLE, mig_slots=slices), gpu(1), gpu(2)]
+    nvml = FakeNvml(devices).install(monkeypatch)
+    asked: list[str] = []
+
+    def energy(handle: object) -> int:
+        device = nvml._device(handle)
+        asked.append(device.uuid)
+        if device.uuid == gpu(2).uuid:
+            raise nvml_error(pynvml.NVML_ERROR_UNKNOWN)
+        return 987_654_321
+
+    monkeypatch.setattr(pynvml, "nvmlDeviceGetTotalEnergyConsumption", energy)
+    found = {u.uuid: u for u in NvmlGpuBackend().usage()}
+    assert found[slices[0].uuid].energy_mj is None  # the board's counter: not a slice's
+    assert found[gpu(1).uuid].energy_mj == 987_654_321
+    # an error makes the counter unknown, never the unit unhealthy
+    assert found[gpu(2).uuid].energy_mj is None
+    assert found[gpu(2).uuid].health == "ok"
+    assert slices[0].uuid not in asked
+
+
 def test_close_shuts_nvml_down_once(monkeypatch: pytest.MonkeyPatch) -> None:
     nvml = FakeNvml([gpu(0)]).install(monkeypatch)
     backend = NvmlGpuBackend()

@@ -14,6 +14,7 @@ from gpuq.agent.launch import (
     cgroup_key,
     launch_refusal,
 )
+from gpuq.config import DEFAULT_JOB_ENV, _job_env
 from gpuq.domain.model import GpuUnit, JobSpec
 
 OLD, NEW = "PYTORCH_CUDA_ALLOC_CONF", "PYTORCH_ALLOC_CONF"
@@ -144,3 +145,12 @@ def test_who_a_node_runs_jobs_for() -> None:
     )
     assert refusal(ALICE, coordinator_owner=0) is None
     assert "cannot tell who owns" in (refusal(ALICE, coordinator_owner=-1) or "")
+
+
+def test_nccl_async_error_handling_is_a_default_the_admin_and_user_can_change() -> None:
+    assert DEFAULT_JOB_ENV["TORCH_NCCL_ASYNC_ERROR_HANDLING"] == "1"
+    assert env_of({}, dict(DEFAULT_JOB_ENV))["TORCH_NCCL_ASYNC_ERROR_HANDLING"] == "1"
+    admin = _job_env({"TORCH_NCCL_ASYNC_ERROR_HANDLING": ""}, "test", "[agent.job_env]")
+    assert "TORCH_NCCL_ASYNC_ERROR_HANDLING" not in env_of({}, admin)
+    user = {"TORCH_NCCL_ASYNC_ERROR_HANDLING": "0"}
+    assert env_of(user, dict(DEFAULT_JOB_ENV))["TORCH_NCCL_ASYNC_ERROR_HANDLING"] == "0"
