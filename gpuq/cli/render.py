@@ -199,7 +199,9 @@ def energy_text(joules: float) -> str:
         return f"{kwh:.0f} kWh"
     if kwh >= 0.1:
         return f"{kwh:.1f} kWh"
-    return f"{kwh * 1000:.0f} Wh"
+    if kwh >= 0.01 or kwh == 0:
+        return f"{kwh * 1000:.0f} Wh"
+    return f"{kwh * 1000:.2f} Wh"  # a short job: 0.20 Wh, not "0 Wh"
 
 
 def percent(value: float) -> str:

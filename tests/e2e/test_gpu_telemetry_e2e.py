@@ -53,8 +53,12 @@ def test_a_jobs_end_report_carries_its_peak_vram_utilisation_and_energy(cluster:
     assert "energy:" in line  # a whole GPU: its board's counter
     (unit,) = ended.gpus
     assert f'uuid: "{unit}" peak_mem: {20 * GIB}' in line
-    # the coordinator keeps it with the job, where it already stores telemetry
-    stored = getattr(cluster.job(job), "telemetry", None)
-    if stored is not None:
-        assert stored.peak_gpu_mem == 20 * GIB
-        assert stored.samples == samples
+    # the coordinator keeps it with the job, and gpuq show says it
+    stored = cluster.job(job).telemetry
+    assert stored is not None and stored.peak_gpu_mem == 20 * GIB
+    assert stored.samples == samples
+    shown = cluster.gpuq("show", str(job))
+    assert shown.returncode == 0, shown.stderr
+    efficiency = next(l for l in shown.stdout.splitlines() if "Efficiency" in l)
+    assert "used 20 of 80 GiB peak on 1 GPU" in efficiency, efficiency
+    assert re.search(r", [0-9.]+ k?Wh$", efficiency) and " 0 Wh" not in efficiency, efficiency

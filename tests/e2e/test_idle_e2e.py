@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import queue
+import sys
 import threading
 import time
 from pathlib import Path
@@ -200,4 +201,26 @@ def test_a_multi_gpu_job_stuck_at_one_figure_is_possibly_hung(tmp_path: Path) ->
         assert flags(cluster, job) == [] and cluster.job(job).state.value == "running"
     finally:
         agent.close()
+        cluster.close()
+
+
+IDLE_JOB = (
+    "import os, time; from gpuq.agent.gpus_fake import claim_fake_vram, set_fake_utilization; "
+    'gpu = os.environ["CUDA_VISIBLE_DEVICES"]; set_fake_utilization(gpu, 1); '
+    "claim_fake_vram(gpu, 1 << 30); time.sleep(120)"
+)
+
+
+def test_a_real_agents_idle_job_is_cancelled_under_a_reaping_qos(tmp_path: Path) -> None:
+    """The whole way: the real agent samples its fake GPU at 1 % busy, the coordinator flags
+    the job idle after the QOS's window and cancels it with the reason."""
+    cluster = Cluster(tmp_path, "[agent]\nsample_interval = 0.2\n" + CONFIG)
+    cluster.start_coordinator()
+    try:
+        cluster.start_agent("a", "1xH100-80GB")
+        job = cluster.submit(f"{sys.executable} -c '{IDLE_JOB}'", gpus=1, qos="reaper")
+        ended = cluster.wait_state(job, "cancelled", timeout=30)
+        assert ended.result is not None
+        assert "idle: its GPUs below 5% for 2 s (qos reaper)" in ended.result.reason, ended
+    finally:
         cluster.close()
