@@ -149,8 +149,8 @@ class Client:
     ) -> int:
         """Submit a script (or `wrap="CMD"`) with sbatch-like options; the job (or array) id.
 
-        Options are those of `gpuq submit`: gpus, gpu_mem, cpus, mem, time, name, qos, env,
-        output, error, array, after, hold, nice... (see gpuq.submission.build_spec).
+        Options are those of `gpuq submit`: gpus, gpu_mem, gpu_share, cpus, mem, time, name,
+        qos, env, output, error, array, after, hold, nice... (see gpuq.submission.build_spec).
         `request_key`: see submit_spec.
         """
         from gpuq.submission import build_spec

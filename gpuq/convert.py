@@ -40,6 +40,7 @@ def spec_to_proto(spec: JobSpec) -> pb.JobSpec:
             mem=res.mem,
             time_limit=res.time_limit,
             mig=res.mig or "",
+            gpu_share=res.gpu_share or 0,
         ),
         qos=spec.qos or "",
         nice=spec.nice,
@@ -88,6 +89,7 @@ def _spec_dict(message: pb.JobSpec) -> dict[str, Any]:
             "mem": res.mem if res.HasField("mem") else None,
             "time_limit": res.time_limit if res.HasField("time_limit") else None,
             "mig": res.mig or None,
+            "gpu_share": res.gpu_share or None,
         },
         "qos": message.qos or None,
         "nice": message.nice,
@@ -154,6 +156,7 @@ def job_to_proto(job: Job, stdout_path: str = "", stderr_path: str = "") -> pb.J
         stop_state=job.stop[0].value if job.stop else "",
         array_tasks=format_indices(job.tasks),
         start_count=job.start_count,
+        gpu_enforcement=job.spec.resources.enforcement,
     )
     if job.result is not None:
         message.result.CopyFrom(result_to_proto(job.result))
@@ -278,6 +281,7 @@ def unit_to_proto(unit: GpuUnit) -> pb.GpuUnit:
         pci_bus_id=unit.pci_bus_id,
         parent_uuid=unit.parent_uuid or "",
         mig_profile=unit.mig_profile or "",
+        shared=unit.shared and not unit.is_mig,
     )
 
 
@@ -290,4 +294,5 @@ def unit_from_proto(message: pb.GpuUnit) -> GpuUnit:
         pci_bus_id=message.pci_bus_id,
         parent_uuid=message.parent_uuid or None,
         mig_profile=message.mig_profile or None,
+        shared=message.shared and not (message.parent_uuid or message.mig_profile),
     )

@@ -34,6 +34,13 @@ OPTIONS: tuple[Option, ...] = (
         "one MIG slice of this profile instead of whole GPUs, e.g. 3g.71gb",
         "PROFILE",
     ),
+    Option(
+        "gpu_share",
+        ("--gpu-share",),
+        "a PCT% share (1-100) of one shared GPU (MPS) instead of whole GPUs; "
+        "needs --gpu-mem SIZE, the share's VRAM limit",
+        "PCT",
+    ),
     Option("cpus", ("--cpus", "-c"), "CPU cores (sets OMP_NUM_THREADS)", "N"),
     Option("mem", ("--mem",), "host memory for the whole job, e.g. 40G (bare number: MB)", "SIZE"),
     Option("time", ("--time", "-t"), "time limit: MM, HH:MM:SS, D-HH[:MM[:SS]]", "TIME"),

@@ -130,6 +130,7 @@ def _spec(
             mem=_size(merged, "mem", "--mem"),
             time_limit=_duration(merged, "time", "--time"),
             mig=_text(merged, "mig"),
+            gpu_share=_share(merged),
         ),
         qos=_text(merged, "qos"),
         nice=_int(merged, "nice", "--nice", 0),
@@ -277,6 +278,16 @@ def _int(values: dict[str, Any], key: str, flag: str, default: int) -> int:
     if len(text.lstrip("+-").lstrip("0")) > 18:
         raise InvalidInput(flag, text[:60], "is far out of range")
     return int(text)
+
+
+def _share(values: dict[str, Any]) -> int | None:
+    """--gpu-share PCT: a percentage ("50" or "50%"); None when not asked for."""
+    value = values.get("gpu_share")
+    if value is None or value == "":
+        return None
+    if isinstance(value, str):
+        value = value.strip().removesuffix("%")
+    return _int({"gpu_share": value}, "gpu_share", "--gpu-share", 0)
 
 
 def _size(values: dict[str, Any], key: str, flag: str) -> int | None:

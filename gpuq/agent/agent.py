@@ -30,7 +30,15 @@ from gpuq.agent.hub import (
     coordinator_socket_owner,
     lookup_account,
 )
-from gpuq.agent.launch import LaunchOrder, NodePolicy, build_launch, cgroup_key, launch_refusal
+from gpuq.agent.launch import (
+    Account,
+    LaunchOrder,
+    NodePolicy,
+    build_launch,
+    cgroup_key,
+    launch_refusal,
+)
+from gpuq.agent.mps import MpsDaemons, MpsError, MpsShare, node_wide_mps
 from gpuq.config import AgentSettings, split_addresses
 from gpuq.convert import spec_from_proto, unit_to_proto
 from gpuq.domain.units import parse_size
@@ -57,6 +65,7 @@ FENCE_CHECK_MAX = 1.0  # seconds between two looks at how long the coordinator h
 # the coordinator lets agents ping every KEEPALIVE_MIN / 2 (server.py).
 KEEPALIVE_MIN = 1.0
 KEEPALIVE_MAX = 5.0
+MPS_SCAN_EVERY = 1.0  # seconds between two looks for a node-wide MPS daemon, at least
 
 
 @dataclass(frozen=True, slots=True)
@@ -88,6 +97,14 @@ class Agent:
             units_changed=self._units_changed,
             stop_job=self._stop_for_gpu,
         )
+        self.mps = MpsDaemons(
+            options.run_dir,
+            fake=self.gpus.inventory.fake,
+            set_compute_mode=getattr(backend, "set_compute_mode", None),
+        )
+        self.gpus.mps = self.mps  # its processes are never foreign; share jobs release it
+        self._mps_problem: str | None = None  # a node-wide MPS daemon runs (misconfigured)
+        self._mps_scanned = -float("inf")  # monotonic time of the last look for one
         self.policy = self._policy()
         self._session_task: asyncio.Task[None] | None = None
         self._reregistering = False  # the session is being ended to register anew
@@ -128,6 +145,7 @@ class Agent:
     async def run(self) -> None:
         """Serve until cancelled; supervisors and jobs outlive the agent."""
         await self.hub.start()
+        self._adopt_shares()
         fence = asyncio.create_task(self._fence(), name="fence")
         gpu_care = asyncio.create_task(self.gpus.run(), name="gpu-care")
         delay = 0.05
@@ -160,6 +178,7 @@ class Agent:
             fence.cancel()
             gpu_care.cancel()
             await asyncio.gather(fence, gpu_care, return_exceptions=True)
+            await self.mps.close()
             await self.hub.close()
             await asyncio.to_thread(self.backend.close)
 
@@ -187,7 +206,8 @@ class Agent:
             self._session_task.cancel()
 
     async def _stop_for_gpu(self, job_id: int, end_state: str, reason: str, grace: float) -> None:
-        """End a job whose GPU failed (a hardware XID); its QOS decides on a requeue."""
+        """End a job whose GPU failed (a hardware XID; its QOS decides on a requeue), or a
+        share job over its VRAM (out_of_memory)."""
         await self.hub.stop(job_id, end_state, reason, 0, grace)
 
     def _keepalive(self) -> tuple[float, float]:
@@ -417,17 +437,24 @@ class Agent:
                     )
                 )
                 return
+            mps = await self._share(order, launch.spec.resources, account)
             cpus = self.gpus.place(order.job_id, order.gpus, order.spec.resources.cpus)
-            spec = build_launch(order, self.policy, cpus=cpus, account=account)
+            spec = build_launch(order, self.policy, cpus=cpus, account=account, mps=mps)
             # the units go with the spec, for an agent that restarts and adopts the job
-            spec = dataclasses.replace(spec, extra={**spec.extra, "gpus": list(order.gpus)})
+            extra: dict[str, object] = {"gpus": list(order.gpus)}
+            if mps is not None:
+                extra["share_mem"] = mps.mem_limit
+                self.gpus.set_share(order.job_id, mps.mem_limit)
+            spec = dataclasses.replace(spec, extra={**spec.extra, **extra})
             await self.hub.launch(spec)
         except LaunchRefused as error:
             self.gpus.launch_failed(launch.job_id)
+            self.gpus.release_share(launch.job_id)
             log.error("job %d not started: %s", launch.job_id, error)
             self._hand_back(launch.job_id, str(error), launch.attempt)
         except Exception as error:  # a launch that cannot even begin ends the job as failed
             self.gpus.launch_failed(launch.job_id)
+            self.gpus.release_share(launch.job_id)
             log.exception("cannot launch job %d", launch.job_id)
             self._on_report(
                 SupervisorReport(
@@ -438,6 +465,43 @@ class Agent:
                     attempt=launch.attempt,
                 )
             )
+
+    async def _share(
+        self, order: LaunchOrder, resources: pb.Resources, account: Account | None
+    ) -> MpsShare | None:
+        """A share job's MPS daemon (started for its user if none runs on its GPU) and
+        limits; None for any other job. LaunchRefused when it cannot have one here."""
+        share = getattr(order.spec.resources, "gpu_share", None) or resources.gpu_share
+        if not share:
+            return None
+        unit = self.gpus.units.get(order.gpus[0]) if len(order.gpus) == 1 else None
+        if unit is None or not unit.shared:
+            raise LaunchRefused(
+                f"a GPU share needs one GPU listed in [agent] shared_gpus, not {order.gpus}"
+            )
+        mem_limit = order.spec.resources.gpu_mem or resources.gpu_mem
+        if not mem_limit:
+            raise LaunchRefused("a GPU share needs its VRAM limit (--gpu-mem)")
+        if self.policy.switch_user and account is not None:
+            uid, gid = account.uid, account.gid
+        else:
+            uid, gid = os.geteuid(), os.getegid()
+        try:
+            return await self.mps.acquire(
+                order.job_id, unit.uuid, uid, gid, percent=int(share), mem_limit=mem_limit
+            )
+        except MpsError as error:
+            raise LaunchRefused(str(error)) from error
+
+    def _adopt_shares(self) -> None:
+        """Share jobs an earlier agent started keep their GPU's daemon, which this agent
+        takes over; a daemon no running share job uses is stopped."""
+        self.mps.recover()
+        for job_id in self.hub.running_jobs():
+            spec = self.hub.launch_spec_of(job_id)
+            if spec is not None and spec.extra.get("share_mem") and spec.extra.get("gpus"):
+                self.mps.adopt(job_id, str(spec.extra["gpus"][0]))
+        self.mps.stop_idle()
 
     def _hand_back(self, job_id: int, problem: str, attempt: int = 0) -> None:
         """The job did not start here: after REFUSE_HOLD, report it NOT_STARTED, which sends
@@ -473,6 +537,11 @@ class Agent:
         """Ends go to the coordinator (and stay until acknowledged); a start needs no message:
         the coordinator already counts the job as running."""
         if report.kind in ("ended", "not_started"):
+            self.gpus.release_share(report.job_id)  # the last on a GPU stops its daemon
+            if report.kind == "ended" and report.end_state is not None:
+                # a share over its VRAM ends out_of_memory (the supervisor says "cancelled")
+                state = self.gpus.end_state(report.job_id, report.end_state, report.reason)
+                report = dataclasses.replace(report, end_state=state)
             if report.kind == "ended" and (notes := self.gpus.end_notes(report.job_id)):
                 reason = f"{report.reason}; {notes}" if report.reason else notes
                 report = dataclasses.replace(report, reason=reason)
@@ -541,7 +610,8 @@ class Agent:
     def _heartbeat(self, usage: list[pb.GpuUsage]) -> apb.Heartbeat:
         """A heartbeat, which says whether this node takes work (the coordinator sends none to
         a node that does not, and shows why)."""
-        problem = self.hub.not_accepting()
+        problems = [p for p in (self.hub.not_accepting(), self._mps_problem) if p]
+        problem = "; ".join(problems) or None
         if problem != self._not_accepting:
             if problem is not None:
                 log.error("this node takes no work until it can start jobs again: %s", problem)
@@ -564,6 +634,7 @@ class Agent:
         """The units' figures and health (from a read at most max_age seconds old); None (the
         last ones are sent again) when reading them failed in a way the backend did not catch:
         a heartbeat must never die of it."""
+        self._scan_mps()
         try:
             usage = self.gpus.usage(max_age)
         except Exception:
@@ -571,6 +642,24 @@ class Agent:
             return None
         self._last_usage = usage
         return usage
+
+    def _scan_mps(self) -> None:
+        """Look for an MPS daemon gpuq did not start (at most every MPS_SCAN_EVERY); one makes
+        the node take no work (misconfigured) until it is gone. Blocking (/proc)."""
+        if time.monotonic() - self._mps_scanned < MPS_SCAN_EVERY:
+            return
+        self._mps_scanned = time.monotonic()
+        try:
+            found = node_wide_mps(self.mps.is_ours)
+        except Exception:
+            log.exception("looking for a node-wide MPS daemon failed")
+            return
+        if found != self._mps_problem:
+            if found is not None:
+                log.error("%s", found)
+            else:
+                log.warning("the node-wide MPS daemon is gone")
+            self._mps_problem = found
 
 
 # how grpc words a connection the other side closed or reset (a sign of life up to that moment)

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import logging
 import os
 import signal
@@ -33,8 +34,10 @@ from gpuq.agent.gpu_watch import ProcessFacts, UnitVerdict, UnitWatch
 from gpuq.agent.gpus import HEALTH_OK, GpuBackend, GpuEvent, GpuInventory, UnitUsage
 from gpuq.agent.hub import SupervisorHub
 from gpuq.agent.isolation import DeviceNumber, choose_cpus, device_numbers, parse_cpulist
+from gpuq.agent.mps import MpsDaemons, shared_units
 from gpuq.agent.telemetry import JobTelemetry, UnitReading
 from gpuq.config import AgentSettings
+from gpuq.domain.units import format_size
 from gpuq.v1 import agent_pb2 as apb
 from gpuq.v1 import types_pb2 as pb
 
@@ -44,6 +47,7 @@ RESCAN_CHECK = 1.0  # seconds between two looks at whether the inventory must be
 XID_GRACE = 10.0  # seconds a job on a failed GPU gets between SIGTERM and SIGKILL
 MAX_NOTES = 8  # notes kept per unit and per job
 XID_LOG_EVERY = 60.0  # seconds between two log lines for the same XID on the same unit
+SHARE_GRACE = 10.0  # seconds a share job over its VRAM gets between SIGTERM and SIGKILL
 
 StopJob = Callable[[int, str, str, float], Awaitable[object]]
 
@@ -86,11 +90,37 @@ class GpuCare:
         # ended jobs, until the coordinator has their ends: their telemetry (None: no sample)
         self._ended: dict[int, pb.GpuTelemetry | None] = {}
         self._outputs: dict[int, tuple[str, ...]] = {}  # job -> its stdout/stderr paths
+        # MPS share jobs: their VRAM limit in bytes (measured use above it ends the job
+        # out_of_memory; its neighbours on the GPU keep running), and those already stopped
+        self.share_limits: dict[int, int] = {}
+        self._over_share: set[int] = set()
+        self._stops: set[asyncio.Task[object]] = set()
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._shared_warned: set[str] = set()  # [agent] shared_gpus entries that name no GPU
+        # the agent's MPS daemons (set by the agent): their processes are never foreign
+        self.mps: MpsDaemons | None = None
+        # share jobs stopped over their VRAM: (state, reason) their end report gets (a
+        # supervisor's stop ends a job "cancelled" with the reason given)
+        self._end_as: dict[int, tuple[str, str]] = {}
         self._set_inventory(backend.inventory())
 
     # ---- the inventory ---------------------------------------------------------------------
 
     def _set_inventory(self, inventory: GpuInventory) -> None:
+        # the GPUs the admin shares (MPS) are registered as such; a MIG slice never is
+        shared, unknown = shared_units(inventory.units, self.settings.shared_gpus)
+        for entry in unknown:
+            if entry not in self._shared_warned:
+                self._shared_warned.add(entry)
+                log.warning(
+                    "[agent] shared_gpus names %r, which is no whole GPU of this node", entry
+                )
+        if shared:
+            units = tuple(
+                dataclasses.replace(u, shared=True) if u.uuid in shared else u
+                for u in inventory.units
+            )
+            inventory = dataclasses.replace(inventory, units=units)
         self.inventory = inventory
         self.units = {unit.uuid: unit for unit in inventory.units}
         self.device_numbers: dict[str, tuple[DeviceNumber, ...]] = {
@@ -124,6 +154,11 @@ class GpuCare:
     def launch_failed(self, job_id: int) -> None:
         self.job_units.pop(job_id, None)
         self.job_cpus.pop(job_id, None)
+        self.share_limits.pop(job_id, None)
+
+    def set_share(self, job_id: int, mem_limit: int) -> None:
+        """The job is an MPS share with this VRAM limit (bytes), enforced by measure."""
+        self.share_limits[job_id] = mem_limit
 
     def job_ended(self, job_id: int) -> bool:
         """Note that the job's processes are gone; True when it held units, which are then
@@ -131,6 +166,8 @@ class GpuCare:
         units = self.holders_of(job_id)
         self.job_units.pop(job_id, None)
         self.job_cpus.pop(job_id, None)
+        self.share_limits.pop(job_id, None)
+        self._over_share.discard(job_id)
         if units:
             self.watch.job_ended(job_id, units)
         return bool(units)
@@ -152,6 +189,8 @@ class GpuCare:
             self.job_cpus[job_id] = ()
             return
         self.job_units[job_id] = tuple(str(u) for u in spec.extra.get("gpus", ()))
+        if isinstance(limit := spec.extra.get("share_mem"), int) and limit > 0:
+            self.share_limits[job_id] = limit
         cpuset = getattr(spec, "cpuset", None)
         self.job_cpus[job_id] = tuple(parse_cpulist(cpuset)) if cpuset else ()
 
@@ -184,7 +223,8 @@ class GpuCare:
         holders = self.holders()
         facts = self._facts(samples)
         self._record(samples, facts, at)
-        assessment = self.watch.assess(samples, holders, facts)
+        watched, watch_facts = self._for_watch(samples, facts, holders)
+        assessment = self.watch.assess(watched, holders, watch_facts)
         for finding in assessment.flagged:
             log.warning("foreign process on a GPU: %s", finding)
         for pid in assessment.kill:
@@ -193,6 +233,33 @@ class GpuCare:
                 os.kill(pid, signal.SIGKILL)
         self.verdicts = assessment.verdicts
         return [self._proto(sample, facts) for sample in samples]
+
+    def _for_watch(
+        self, samples: list[UnitUsage], facts: ProcessFacts, holders: dict[str, int]
+    ) -> tuple[list[UnitUsage], ProcessFacts]:
+        """What the unit watch sees: a shared GPU's share jobs count as one holder (the one
+        `holders` names), and the agent's own MPS processes are nobody's concern."""
+        sharers: dict[str, set[int]] = {}
+        for job_id in self.share_limits:
+            for uuid in self.job_units.get(job_id, ()):
+                sharers.setdefault(uuid, set()).add(job_id)
+        owner = dict(facts.owner)
+        watched: list[UnitUsage] = []
+        for sample in samples:
+            jobs = sharers.get(sample.uuid, set())
+            holder = holders.get(sample.uuid)
+            kept = []
+            for process in sample.processes:
+                found = owner.get(process.pid)
+                if found is None and self.mps is not None and self.mps.is_ours(process.pid):
+                    continue  # an MPS daemon or server this agent started
+                if holder is not None and found in jobs:
+                    owner[process.pid] = holder  # a neighbour share job's process
+                kept.append(process)
+            if len(kept) != len(sample.processes):
+                sample = dataclasses.replace(sample, processes=tuple(kept))
+            watched.append(sample)
+        return watched, dataclasses.replace(facts, owner=owner)
 
     # ---- telemetry -------------------------------------------------------------------------
 
@@ -212,6 +279,7 @@ class GpuCare:
                     continue
                 memory = sum(p.used for p in sample.processes if facts.owner.get(p.pid) == job_id)
                 readings.append(UnitReading(uuid, memory, sample.utilization, sample.energy_mj))
+                self._check_share(job_id, uuid, memory)
             output = self._output_size(job_id)
             with self._telemetry_lock:
                 if job_id in self._ended or job_id not in self.job_units:
@@ -221,6 +289,44 @@ class GpuCare:
                     figures = self.telemetry[job_id] = JobTelemetry(job_id)
                 figures.add(at, readings)
                 self._output_bytes[job_id] = output
+
+    def _check_share(self, job_id: int, uuid: str, memory: int) -> None:
+        """A share job over its VRAM limit (measured, exactly) ends out_of_memory."""
+        limit = self.share_limits.get(job_id)
+        if limit is None or memory <= limit or job_id in self._over_share:
+            return
+        self._over_share.add(job_id)
+        unit = self.units.get(uuid)
+        where = f"GPU {unit.index}" if unit is not None else uuid
+        reason = (
+            f"used {format_size(memory)} of its {format_size(limit)} GPU share (MPS) on {where}"
+        )
+        log.warning("job %d %s: ending it", job_id, reason)
+        loop = self._loop
+        if loop is None:
+            return
+        loop.call_soon_threadsafe(self._start_stop, job_id, reason)
+
+    def release_share(self, job_id: int) -> None:
+        """The job ended or never started: the last share job on a GPU stops its daemon."""
+        if self.mps is not None:
+            self.mps.release(job_id)
+
+    def end_state(self, job_id: int, end_state: str, reason: str) -> str:
+        """The state a job's end report says: out_of_memory for a share this agent stopped
+        over its VRAM (when that stop decided the end), else `end_state`."""
+        decided = self._end_as.pop(job_id, None)
+        if decided is not None and end_state == "cancelled" and reason.startswith(decided[1]):
+            return decided[0]
+        return end_state
+
+    def _start_stop(self, job_id: int, reason: str) -> None:
+        self._end_as[job_id] = ("out_of_memory", reason)
+        task: asyncio.Task[object] = asyncio.ensure_future(
+            self._stop_job(job_id, "out_of_memory", reason, SHARE_GRACE)
+        )
+        self._stops.add(task)
+        task.add_done_callback(self._stops.discard)
 
     def _output_size(self, job_id: int) -> int:
         """Bytes in the job's stdout/stderr files (lstat: a symlink a job put there is not
@@ -322,6 +428,7 @@ class GpuCare:
 
     async def run(self) -> None:
         """The event thread and the rescan timer, until cancelled."""
+        self._loop = asyncio.get_running_loop()
         tasks = [
             asyncio.create_task(self._events(), name="gpu-events"),
             asyncio.create_task(self._rescans(), name="gpu-rescans"),

@@ -63,6 +63,8 @@ or MIG-...); a GPU's UUID also covers its MIG slices where noted:
     GPU-UUID/remap        "pending" or "failure" (nvmlDeviceGetRemappedRows)
     GPU-UUID/fabric       an NVML error name: NVSwitch fabric registration completed with it
     GPU-UUID/mig          a new MIG layout for that GPU (the mig= value; "off": no MIG)
+    GPU-UUID/compute_mode the compute mode nvmlDeviceSetComputeMode set (0 DEFAULT, 3
+                          EXCLUSIVE_PROCESS: MPS); write "noperm" to refuse it (NoPermission)
     dev/, mig-minors      written by the library: when root, device nodes dev/nvidiaN
                           (195:N) and dev/nvidia-caps/nvidia-capN (237:N) for MIG slices
 """

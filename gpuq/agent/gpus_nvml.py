@@ -221,6 +221,15 @@ class NvmlGpuBackend:
                 if uuid in self._slots:
                     self._sticky[uuid] = reason
 
+    def set_compute_mode(self, uuid: str, mode: int) -> None:
+        """nvmlDeviceSetComputeMode on whole GPU uuid (0 DEFAULT, 3 EXCLUSIVE_PROCESS: MPS);
+        CallError when NVML refuses (not root: NoPermission), LookupError for an unknown GPU."""
+        with self._lock:
+            handle = self._gpu_handles.get(uuid)
+            if handle is None or not self._open:
+                raise LookupError(f"no open NVML handle for GPU {uuid}")
+            self._calls.call("nvmlDeviceSetComputeMode", handle, mode)
+
     # --- internals ---------------------------------------------------------------------------
 
     def _init(self) -> None:

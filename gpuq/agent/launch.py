@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from gpuq.agent.isolation import DeviceNumber, device_rules, format_cpulist
+from gpuq.agent.mps import MpsShare, mps_environment
 from gpuq.config import ALLOCATOR_NAMES
 from gpuq.domain.model import GpuUnit, JobSpec, output_paths
 
@@ -152,11 +153,13 @@ def build_launch(
     cpus: Sequence[int] = (),
     mems: Sequence[int] = (),
     account: Account | None = None,
+    mps: MpsShare | None = None,
 ) -> LaunchSpec:
     """`cpus`, `mems`: the CPUs and memory nodes the agent chose for the job
     (gpuq.agent.isolation.choose_cpus); empty: not bound. `account`: the submitter's (checked
     by launch_refusal first); it sets HOME, USER, LOGNAME and SHELL whatever the submitter
-    sent, and who the job runs as when the policy switches users."""
+    sent, and who the job runs as when the policy switches users. `mps`: a share job's MPS
+    daemon and limits (gpuq.agent.mps), which its environment names."""
     spec = order.spec
     array = (
         (order.array_job_id, order.array_task_id)
@@ -170,7 +173,7 @@ def build_launch(
         job_id=order.job_id,
         script=spec.script,
         args=spec.args,
-        env=job_environment(order, policy, account),
+        env=job_environment(order, policy, account, mps),
         cwd=spec.workdir,
         stdout_path=stdout,
         stderr_path=stderr,
@@ -195,11 +198,14 @@ def build_launch(
 
 
 def job_environment(
-    order: LaunchOrder, policy: NodePolicy, account: Account | None = None
+    order: LaunchOrder,
+    policy: NodePolicy,
+    account: Account | None = None,
+    mps: MpsShare | None = None,
 ) -> dict[str, str]:
     """The submitter's environment, the admin's allocator defaults where the user set none,
     then the account's HOME, USER, LOGNAME and SHELL and the contract variables, which nobody
-    overrides (DESIGN.md, job environment)."""
+    overrides (DESIGN.md, job environment); for a share job (`mps`) its MPS variables."""
     spec = order.spec
     env = {
         key: value
@@ -229,6 +235,8 @@ def job_environment(
     if order.array_job_id is not None:
         env["GPUQ_ARRAY_JOB_ID"] = str(order.array_job_id)
         env["GPUQ_ARRAY_TASK_ID"] = str(order.array_task_id)
+    if mps is not None:
+        env.update(mps_environment(mps))
     return env
 
 

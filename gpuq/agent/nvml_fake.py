@@ -252,6 +252,21 @@ class FakeNvmlLibrary:
         self._check("nvmlDeviceGetUtilizationRates", handle, whole=True)
         return SimpleNamespace(gpu=self._utilization(handle.index), memory=0)
 
+    def nvmlDeviceSetComputeMode(self, handle: _Handle, mode: int) -> None:
+        """Whole GPUs; kept in GPU-UUID/compute_mode (write "noperm" there to refuse, as NVML
+        does for a user that is not root)."""
+        self._check("nvmlDeviceSetComputeMode", handle, whole=True)
+        path = self._unit_file(handle, "compute_mode")
+        if read_text(path) == "noperm":
+            raise pynvml.NVMLError(pynvml.NVML_ERROR_NO_PERMISSION)
+        if self.state_dir is not None:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text(f"{int(mode)}\n")
+
+    def nvmlDeviceGetComputeMode(self, handle: _Handle) -> int:
+        self._check("nvmlDeviceGetComputeMode", handle, whole=True)
+        return read_int(self._unit_file(handle, "compute_mode")) or 0
+
     def nvmlDeviceGetTotalEnergyConsumption(self, handle: _Handle) -> int:
         """Millijoules since the library started: the GPU's energy file when there is one (a
         test sets the counter, even backwards, as a reset), else a counter that grows at

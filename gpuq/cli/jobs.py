@@ -219,6 +219,8 @@ def _resources(res: Any) -> str:
     mem = render.size(res.mem) if res.HasField("mem") else "-"
     limit = format_duration(res.time_limit) if res.HasField("time_limit") else "qos default"
     gpus = f"1 MIG {res.mig} slice" if res.mig else f"{res.gpus} GPUs"
+    if res.gpu_share:
+        gpus, gpu_mem = f"a {res.gpu_share}% share of 1 GPU", f" with {render.size(res.gpu_mem)}"
     return f"{gpus}{gpu_mem}, {res.cpus} CPUs, mem {mem}, time {limit}"
 
 
@@ -235,7 +237,11 @@ def _describe(
         ("Folder", job.spec.workdir),
         ("Resources", _resources(res)),
         ("Node", job.node or "-"),
-        ("GPUs", ", ".join(job.gpus) or "-"),
+        (
+            "GPUs",
+            (", ".join(job.gpus) or "-")
+            + (f" (enforced: {job.gpu_enforcement})" if job.gpu_enforcement else ""),
+        ),
         ("Submitted", render.when(job.submit_time)),
         ("Started", render.when(job.start_time if job.HasField("start_time") else None)),
         ("Ended", render.when(job.end_time if job.HasField("end_time") else None)),

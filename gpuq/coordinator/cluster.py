@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from gpuq.domain.limits import MAX_AGENT_MESSAGE_BYTES
 from gpuq.domain.model import Drain, Health, Job, JobSpec, Node, NodeState
 from gpuq.domain.states import JobState
-from gpuq.scheduler.placement import NodeView
+from gpuq.scheduler.placement import NodeView, ShareUse
 from gpuq.scheduler.plan import FitKey
 from gpuq.v1 import agent_pb2
 from gpuq.v1 import types_pb2 as pb
@@ -339,14 +339,23 @@ class ClusterState:
         used_units: dict[str, set[str]] = {name: set() for name in self.nodes}
         used_cpus = dict.fromkeys(self.nodes, 0)
         used_mem = dict.fromkeys(self.nodes, 0)
+        # live MPS shares per node and unit (such a unit is used: no whole job gets it)
+        shares: dict[str, dict[str, list[ShareUse]]] = {name: {} for name in self.nodes}
+        for job in self.in_state(JobState.RUNNING):
+            if job.node in used_units:
+                res = job.spec.resources
+                used_units[job.node].update(job.gpus)
+                used_cpus[job.node] += res.cpus
+                used_mem[job.node] += res.mem or 0
+                if res.gpu_share is not None:
+                    use = ShareUse(job.id, job.user, res.gpu_share, res.gpu_mem or 0)
+                    for unit in job.gpus:
+                        shares[job.node].setdefault(unit, []).append(use)
         for name, entry in self.nodes.items():
             for units in entry.held.values():
                 used_units[name].update(units)
-        for job in self.in_state(JobState.RUNNING):
-            if job.node in used_units:
-                used_units[job.node].update(job.gpus)
-                used_cpus[job.node] += job.spec.resources.cpus
-                used_mem[job.node] += job.spec.resources.mem or 0
+                for unit in units:  # a job being stopped holds it: no share joins it either
+                    shares[name].pop(unit, None)
         views = []
         for name, entry in sorted(self.nodes.items()):
             down = entry.down_reason(self.drains.get((name, "")))
@@ -363,6 +372,7 @@ class ClusterState:
                     mem=entry.node.mem,
                     mem_free=entry.node.mem - used_mem[name],
                     distances=entry.distances,
+                    shares={unit: tuple(uses) for unit, uses in shares[name].items()},
                     unhealthy={
                         uuid: state.reason
                         for uuid, state in states.items()

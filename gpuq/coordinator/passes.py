@@ -160,7 +160,7 @@ class Passes:
             ids += [c.job_id for c in decided.cancellations]
             states = tx.job_states(ids)
             starts = [
-                JobStart(s.job_id, s.node, s.gpus, self._start_reason(s.node))
+                JobStart(s.job_id, s.node, s.gpus, self._start_reason(s.node), s.shared)
                 for s in decided.starts
                 if states.get(s.job_id) is JobState.PENDING
             ]
@@ -170,7 +170,7 @@ class Passes:
             # job running in the store and pending in memory is this pass's own start
             memory = self.co.cluster.jobs
             landed = [
-                JobStart(s.job_id, s.node, s.gpus, self._start_reason(s.node))
+                JobStart(s.job_id, s.node, s.gpus, self._start_reason(s.node), s.shared)
                 for s in decided.starts
                 if states.get(s.job_id) is JobState.RUNNING
                 and (job := memory.get(s.job_id)) is not None

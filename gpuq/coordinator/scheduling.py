@@ -40,7 +40,7 @@ class SchedulingState:
         return self.policy.time_limit(job.qos, job.spec.resources.time_limit)
 
     def key(self, job: Job) -> FitKey:
-        return fit_key(job.spec.resources, self.time_limit(job), job.qos)
+        return fit_key(job.spec.resources, self.time_limit(job), job.qos, job.user)
 
     def factors(self, job: Job, now: float) -> Factors:
         tier = self.policy.tiers.get(job.qos)

@@ -49,9 +49,14 @@ class Resources:
     time_limit: int | None = None  # None: the QOS default applies
     # one MIG slice of this profile (e.g. "3g.71gb") instead of whole GPUs; gpus is then 1
     mig: str | None = None
+    # an MPS share of one shared GPU: percent of its compute (1-100); gpu_mem is then the
+    # share's VRAM limit (required) and gpus is 1. None: whole GPUs (or a MIG slice)
+    gpu_share: int | None = None
 
     def __post_init__(self) -> None:
         check_range("--gpus", self.gpus, 0, 1024)
+        if self.gpu_share is not None:
+            self._check_share(self.gpu_share)
         if self.mig is not None:
             if not isinstance(self.mig, str) or not MIG_PROFILE_RE.fullmatch(self.mig):
                 raise InvalidInput(
@@ -72,6 +77,38 @@ class Resources:
             check_range(
                 "--time", self.time_limit, 1, MAX_TIME_LIMIT, "must be from 1 second to 366 days"
             )
+
+    def _check_share(self, share: int) -> None:
+        check_range("--gpu-share", share, 1, 100, "must be a percentage from 1 to 100")
+        if self.mig is not None:
+            raise InvalidInput(
+                "--gpu-share", f"{share} with --mig {shown(self.mig)}", "ask for a share or a slice"
+            )
+        if self.gpus == 0:
+            object.__setattr__(self, "gpus", 1)  # a share is of one GPU
+        elif self.gpus != 1:
+            raise InvalidInput(
+                "--gpu-share", f"{share} with --gpus {self.gpus}", "a share is of one GPU"
+            )
+        if self.gpu_mem is None:
+            raise InvalidInput(
+                "--gpu-share", share, "needs --gpu-mem SIZE: the share's VRAM limit (e.g. 20G)"
+            )
+
+    @property
+    def enforcement(self) -> str:
+        """How a job's GPUs are kept to it: "exclusive" (whole GPUs), "MIG (hardware)" (a
+        slice), "MPS (limits)" (a share), "" without GPUs."""
+        if not self.gpus:
+            return ""
+        if self.gpu_share is not None:
+            return ENFORCEMENT_MPS
+        return ENFORCEMENT_MIG if self.mig is not None else ENFORCEMENT_EXCLUSIVE
+
+
+ENFORCEMENT_EXCLUSIVE = "exclusive"
+ENFORCEMENT_MIG = "MIG (hardware)"
+ENFORCEMENT_MPS = "MPS (limits)"
 
 
 # NVIDIA's MIG profile names: GPU instances "3g.71gb", "1g.10gb+me", compute instances "1c.3g.40gb"
@@ -354,6 +391,7 @@ class GpuUnit:
     pci_bus_id: str = ""
     parent_uuid: str | None = None
     mig_profile: str | None = None
+    shared: bool = False  # the admin shares this GPU (MPS shares); whole GPUs only
 
     @property
     def is_mig(self) -> bool:

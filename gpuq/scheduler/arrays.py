@@ -22,7 +22,9 @@ def room_for(need: Resources, views: Iterable[NodeView]) -> int:
         fits = [view.cpus_free // need.cpus]
         if need.mem:
             fits.append(view.mem_free // need.mem)
-        if need.gpus:
+        if need.gpu_share is not None:  # shares of one GPU: as many as its compute allows
+            fits.append(len(view.usable_units(need)) * (100 // need.gpu_share))
+        elif need.gpus:
             fits.append(len(view.usable_units(need)) // need.gpus)
         total += max(0, min(fits))
         if total >= MAX_SPLIT:

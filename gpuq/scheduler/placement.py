@@ -9,6 +9,12 @@ profile; `--gpus 1 --gpu-mem SIZE` on a node that has MIG slices only takes the 
 that fits. Memory is compared by gpuq.domain.model.gpu_mem_fits (a marketed size fits its card).
 A unit that is not ok (unhealthy, dirty, drained) is never given out, but still counts for
 "can never fit": it can come back.
+
+MPS shares (`--gpu-share PCT --gpu-mem SIZE`) go to whole GPUs the admin shares (`shared`
+units). Several shares may hold one unit at once, if they are of one user (an MPS server
+serves one Unix user at a time), their percentages sum to at most 100 and their VRAM limits
+to at most the unit's memory (as gpu_mem_fits compares). A unit with live shares is not free:
+no whole-GPU job gets it until the last share ends; a share never joins a unit held whole.
 """
 
 from __future__ import annotations
@@ -20,6 +26,19 @@ from gpuq.domain.model import DISTANCE_SYSTEM, GpuUnit, Resources, gpu_mem_fits
 from gpuq.domain.units import format_size
 
 MAX_NAMED = 3  # units or nodes named in one reason; more are counted
+
+
+@dataclass(frozen=True, slots=True)
+class ShareUse:
+    """A live MPS share of a unit: whose, how much of its compute, how much of its VRAM."""
+
+    job_id: int
+    user: str
+    percent: int
+    gpu_mem: int
+
+
+ShareMap = Mapping[str, Sequence[ShareUse]]  # unit uuid -> its live shares
 
 
 @dataclass(frozen=True, slots=True)
@@ -39,6 +58,8 @@ class NodeView:
     # units that are not ok, with why: "dirty: pid 4242 (python) still holds 2.0 GiB after
     # job 17", "drained by admin: fan", "unhealthy: XID 79 (GPU fell off the bus)"
     unhealthy: Mapping[str, str] = field(default_factory=dict)
+    # live MPS shares per shared unit (such a unit is not in free_units: no whole job gets it)
+    shares: ShareMap = field(default_factory=dict)
 
     def distance(self, a: str, b: str) -> int:
         return self.distances.get((a, b) if a < b else (b, a), DISTANCE_SYSTEM)
@@ -47,8 +68,11 @@ class NodeView:
         """Units of the kind and size `need` can use that are ok (free or not)."""
         return [u for u in kind_fits(self.units, need) if u.uuid not in self.unhealthy]
 
-    def usable_units(self, need: Resources) -> list[GpuUnit]:
-        """Free, ok units `need` can use: in PCI order (MIG slices: smallest first)."""
+    def usable_units(self, need: Resources, user: str = "") -> list[GpuUnit]:
+        """Free, ok units `need` can use: in PCI order (MIG slices: smallest first). For a
+        share of `user`: shared units with room, those with live shares first."""
+        if need.gpu_share is not None:
+            return share_units(self.eligible(need), self.free_units, self.shares, user, need)
         return [u for u in self.eligible(need) if u.uuid in self.free_units]
 
     def not_ok(self, need: Resources) -> list[str]:
@@ -62,9 +86,14 @@ class NodeView:
 
 def kind_fits(units: Sequence[GpuUnit], need: Resources) -> list[GpuUnit]:
     """The units of a node with `units` that `need` may take, health and allocation aside:
-    whole GPUs with enough memory, or for one MIG slice the slices that fit (smallest first)."""
+    whole GPUs with enough memory, or for one MIG slice the slices that fit (smallest first),
+    or for a share the shared GPUs with at least the share's memory."""
     if not need.gpus:
         return []
+    if need.gpu_share is not None:
+        return [
+            u for u in units if u.shared and not u.is_mig and gpu_mem_fits(u.memory, need.gpu_mem)
+        ]
     if need.mig is not None:
         return [
             u for u in units if u.mig_profile == need.mig and gpu_mem_fits(u.memory, need.gpu_mem)
@@ -81,6 +110,8 @@ def kind_problem(name: str, units: Sequence[GpuUnit], need: Resources) -> str | 
     """Why node `name` can never offer `need` the kind of unit it asks for (None: it can)."""
     if not need.gpus or len(kind_fits(units, need)) >= need.gpus:
         return None
+    if need.gpu_share is not None:
+        return f"node {name} has no shared GPU with {format_size(need.gpu_mem or 0)}"
     if need.mig is not None:
         return f"node {name} has no MIG {need.mig} slice"
     whole = [u for u in units if not u.is_mig]
@@ -91,16 +122,18 @@ def kind_problem(name: str, units: Sequence[GpuUnit], need: Resources) -> str | 
     return None
 
 
-def misfit(node: NodeView, need: Resources) -> str | None:
-    """Why `need` does not fit on `node` now (None: it fits)."""
+def misfit(node: NodeView, need: Resources, user: str = "") -> str | None:
+    """Why `need` (of `user`) does not fit on `node` now (None: it fits)."""
     if not node.up:
         return f"node {node.name} {node.down_reason}"
     if need.gpus:
-        usable = len(node.usable_units(need))
+        usable = len(node.usable_units(need, user))
         if usable < need.gpus:
             kind = kind_problem(node.name, node.units, need)
             if kind is not None:
                 return kind
+            if need.gpu_share is not None:
+                return share_wanted(need) + "; ".join(share_reasons(node, need, user)[:MAX_NAMED])
             unit = f"MIG {need.mig} slices" if need.mig else "GPUs"
             text = f"node {node.name} has {usable} of {need.gpus} {unit} free"
             return text + _named(node.not_ok(need))
@@ -124,6 +157,17 @@ def never_fits(node: NodeView, need: Resources) -> bool:
 def never_fits_reason(nodes: Sequence[NodeView], need: Resources) -> str:
     """Why no node could ever run `need` (the caller checked that none can), in one line."""
     with_units = [n for n in nodes if n.units]
+    if need.gpu_share is not None:
+        shared = [u for n in nodes for u in n.units if u.shared and not u.is_mig]
+        asked = f"--gpu-share {need.gpu_share} --gpu-mem {format_size(need.gpu_mem or 0)}"
+        if not shared:
+            return f"{asked} can never run: no node has a shared GPU (the admin shares GPUs)"
+        if not any(gpu_mem_fits(u.memory, need.gpu_mem) for u in shared):
+            most = max(u.memory for u in shared)
+            return (
+                f"{asked} can never run: no shared GPU has that much memory "
+                f"(the largest has {format_size(most)})"
+            )
     if need.mig is not None and not any(u.mig_profile == need.mig for n in nodes for u in n.units):
         return f"--mig {need.mig} can never run: no node has a MIG {need.mig} slice"
     if (
@@ -163,14 +207,14 @@ def never_fits_reason(nodes: Sequence[NodeView], need: Resources) -> str:
     return "the request can never run: no node has that combination of GPUs, CPUs and memory"
 
 
-def choose_units(node: NodeView, need: Resources) -> tuple[str, ...]:
+def choose_units(node: NodeView, need: Resources, user: str = "") -> tuple[str, ...]:
     """The `need.gpus` usable units closest to each other (least total pairwise distance).
 
     Greedy from every seed: exact for the common shapes (pairs, NVLink islands) and O(n^3) on
     an 8-GPU node, which is nothing. One unit: the first usable one (for a MIG slice, the
     smallest that fits).
     """
-    usable = node.usable_units(need)
+    usable = node.usable_units(need, user)
     if need.gpus == 0:
         return ()
     if need.gpus == 1 and usable:
@@ -196,7 +240,7 @@ def choose_units(node: NodeView, need: Resources) -> tuple[str, ...]:
     return tuple(sorted(best[1], key=order.__getitem__))
 
 
-def shortage(nodes: list[NodeView], need: Resources) -> str:
+def shortage(nodes: list[NodeView], need: Resources, user: str = "") -> str:
     """One line on the whole cluster: what the job needs and the best that is free."""
     up = [n for n in nodes if n.up]
     if not up:
@@ -207,8 +251,16 @@ def shortage(nodes: list[NodeView], need: Resources) -> str:
             if need.mig is not None:
                 return f"no node that is up has a MIG {need.mig} slice"
             return "; ".join(kinds[:MAX_NAMED]) + ("; ..." if len(kinds) > MAX_NAMED else "")
-        largest = max(up, key=lambda n: (len(n.usable_units(need)), n.name))
-        free = len(largest.usable_units(need))
+        if need.gpu_share is not None and not any(n.usable_units(need, user) for n in up):
+            texts = [t for n in up for t in share_reasons(n, need, user)]
+            more = len(texts) - MAX_NAMED
+            return (
+                share_wanted(need)
+                + "; ".join(texts[:MAX_NAMED])
+                + (f"; and {more} more" if more > 0 else "")
+            )
+        largest = max(up, key=lambda n: (len(n.usable_units(need, user)), n.name))
+        free = len(largest.usable_units(need, user))
         if free < need.gpus:
             if need.mig is not None:
                 kind = f"MIG {need.mig} slice" if need.gpus == 1 else f"MIG {need.mig} slices"
@@ -221,7 +273,7 @@ def shortage(nodes: list[NodeView], need: Resources) -> str:
                 f"needs {need.gpus} {kind} on one node; largest free block is {free} "
                 f"(node {largest.name})" + _named(not_ok)
             )
-    reasons = [r for n in up if (r := misfit(n, need)) is not None]
+    reasons = [r for n in up if (r := misfit(n, need, user)) is not None]
     return "resources: " + "; ".join(reasons[:3]) + ("; ..." if len(reasons) > 3 else "")
 
 
@@ -231,3 +283,63 @@ def _named(texts: list[str]) -> str:
         return ""
     more = len(texts) - MAX_NAMED
     return " (" + "; ".join(texts[:MAX_NAMED]) + (f"; and {more} more" if more > 0 else "") + ")"
+
+
+def share_problem(
+    unit: GpuUnit, uses: Sequence[ShareUse], user: str, need: Resources
+) -> str | None:
+    """Why a share of `user` cannot join the live shares `uses` of a shared unit (None: it
+    can): another user's shares, not enough percent or memory left."""
+    others = sorted({u.user for u in uses if u.user != user})
+    if others:
+        whose = " and ".join(f"{o}'s" for o in others[:2]) + (" ..." if len(others) > 2 else "")
+        return f"is used by {whose} shares (one user at a time)"
+    percent = 100 - sum(u.percent for u in uses)
+    if (need.gpu_share or 0) > percent:
+        return f"has only {max(percent, 0)}% left"
+    claimed = sum(u.gpu_mem for u in uses)
+    if not gpu_mem_fits(unit.memory, claimed + (need.gpu_mem or 0)):
+        left = max(unit.memory - claimed, 0)
+        return f"has only {format_size(left)} of memory left unclaimed"
+    return None
+
+
+def share_units(
+    eligible: Sequence[GpuUnit],
+    free: frozenset[str] | set[str],
+    shares: ShareMap,
+    user: str,
+    need: Resources,
+) -> list[GpuUnit]:
+    """Of the `eligible` shared units, those a share of `user` may take now: those with live
+    shares of the user and room first (shares pack, free GPUs stay whole), then free ones."""
+    joined = [
+        u
+        for u in eligible
+        if u.uuid in shares and share_problem(u, shares[u.uuid], user, need) is None
+    ]
+    return joined + [u for u in eligible if u.uuid in free and u.uuid not in shares]
+
+
+def share_wanted(need: Resources) -> str:
+    """ "needs a 50% share of a shared GPU with 20G free: " (the start of a share's reason)."""
+    return (
+        f"needs a {need.gpu_share}% share of a shared GPU with "
+        f"{format_size(need.gpu_mem or 0)} free: "
+    )
+
+
+def share_reasons(node: NodeView, need: Resources, user: str) -> list[str]:
+    """Why each shared unit of `node` that could take the share cannot now."""
+    texts = []
+    for unit in kind_fits(node.units, need):
+        where = f"node {node.name}'s shared {unit.label}"
+        if unit.uuid in node.unhealthy:
+            texts.append(f"{where} {node.unhealthy[unit.uuid]}")
+        elif unit.uuid in node.shares:
+            problem = share_problem(unit, node.shares[unit.uuid], user, need)
+            if problem is not None:
+                texts.append(f"{where} {problem}")
+        elif unit.uuid not in node.free_units:
+            texts.append(f"{where} is held whole by a job")
+    return texts

@@ -19,6 +19,7 @@ from gpuq.domain.model import Resources
 from gpuq.scheduler.eligibility import Usage, blockers, never_met
 from gpuq.scheduler.placement import (
     NodeView,
+    ShareUse,
     choose_units,
     misfit,
     never_fits,
@@ -39,12 +40,23 @@ from gpuq.scheduler.snapshot import (
 )
 
 NEVER_ON_UP = "no node that is up can ever run it"
-FitKey = tuple[int, int | None, int, int | None, float | None, str, str | None]
+FitKey = tuple[int, int | None, int, int | None, float | None, str, str | None, int | None, str]
 
 
-def fit_key(need: Resources, time_limit: float | None, qos: str) -> FitKey:
-    """Jobs with the same key fit, or preempt, the same way during a pass."""
-    return (need.gpus, need.gpu_mem, need.cpus, need.mem, time_limit, qos, need.mig)
+def fit_key(need: Resources, time_limit: float | None, qos: str, user: str = "") -> FitKey:
+    """Jobs with the same key fit, or preempt, the same way during a pass (a share's fit
+    depends on its user too: one user's shares at a time on a unit)."""
+    return (
+        need.gpus,
+        need.gpu_mem,
+        need.cpus,
+        need.mem,
+        time_limit,
+        qos,
+        need.mig,
+        need.gpu_share,
+        user if need.gpu_share is not None else "",
+    )
 
 
 def plan(
@@ -95,7 +107,13 @@ class _Pass:
     def __post_init__(self) -> None:
         # a unit that is not ok (unhealthy, dirty, drained) is not free for this pass
         self.nodes = {
-            v.name: FreeNode(v, set(v.free_units - v.unhealthy.keys()), v.cpus_free, v.mem_free)
+            v.name: FreeNode(
+                v,
+                set(v.free_units - v.unhealthy.keys()),
+                v.cpus_free,
+                v.mem_free,
+                shares={unit: list(uses) for unit, uses in v.shares.items()},
+            )
             for v in self.views
         }
         for job in self.running:
@@ -115,7 +133,7 @@ class _Pass:
         self.unsettled = set(self.remaining)
         ahead = 0  # jobs of higher priority that wait for resources
         for job in queue:
-            key = fit_key(job.need, job.time_limit, job.qos)
+            key = fit_key(job.need, job.time_limit, job.qos, job.user)
             if self._consider(job, key, ahead):
                 ahead += 1
             if early:
@@ -177,7 +195,7 @@ class _Pass:
         best: tuple[tuple[int, int, int, str], str, list[str]] | None = None
         for name, node in self.nodes.items():
             if (
-                len(node.units) < need.gpus
+                (len(node.units) < need.gpus and need.gpu_share is None)
                 or node.cpus < need.cpus
                 or node.mem < (need.mem or 0)
                 or not node.view.up
@@ -187,7 +205,7 @@ class _Pass:
             if any(not r.leaves_room(need) for r in overlapping):
                 continue
             blocked = {u for r in overlapping for u in r.units}
-            usable = node.usable(need, blocked)
+            usable = node.usable(need, blocked, job.user)
             if len(usable) < need.gpus:
                 continue
             rank = (len(usable), node.cpus, node.mem, name)
@@ -196,6 +214,8 @@ class _Pass:
         if best is None:
             return None
         _, name, usable = best
+        if need.gpu_share is not None:
+            return name, (usable[0],)  # usable puts units with the user's shares first
         return name, choose_units(_restricted(self.nodes[name], usable), need)
 
     def _start(self, job: PendingJob, name: str, units: tuple[str, ...]) -> None:
@@ -205,10 +225,15 @@ class _Pass:
         node.cpus -= job.need.cpus
         node.mem -= job.need.mem or 0
         node.releases.append((end, units, job.need.cpus, job.need.mem or 0))
+        share = job.need.gpu_share
+        if share is not None:
+            use = ShareUse(job.job_id, job.user, share, job.need.gpu_mem or 0)
+            for unit in units:
+                node.shares.setdefault(unit, []).append(use)
         for reservation in self.reservations:
             reservation.take(name, end, job.need)
         self.usage.add(job.job_id, job.user, job.qos, job.need.gpus, job.name, job.array_job_id)
-        self.starts.append(Start(job.job_id, name, units))
+        self.starts.append(Start(job.job_id, name, units, shared=share is not None))
         self.changed = True
 
     def _why_not(self, job: PendingJob, key: FitKey) -> str:
@@ -229,11 +254,13 @@ class _Pass:
                     if up
                     else "no node is up"
                 )
-            elif self.top is not None and any(misfit(v, job.need) is None for v in free_now):
+            elif self.top is not None and any(
+                misfit(v, job.need, job.user) is None for v in free_now
+            ):
                 when = _clock(self.top.start)
                 reason = f"resources reserved for job {self.top.job_id} (it starts by {when})"
             else:
-                reason = shortage(free_now, job.need)
+                reason = shortage(free_now, job.need, job.user)
             self.unfit[key] = reason
         return self.unfit[key]
 
@@ -246,8 +273,9 @@ class _Pass:
         cpus = max((n.cpus for n in up), default=0)
         targets = {r.qos for r in self.running if r.job_id not in self.victims}
         for key in list(self.unsettled):
-            gpus, _, need_cpus, _, _, qos, _ = key
-            no_room = gpus > block or need_cpus > cpus
+            gpus, _, need_cpus, _, _, qos, _, share, _ = key
+            # a share may join a unit that is not free: only its CPUs can rule it out here
+            no_room = (gpus > block and share is None) or need_cpus > cpus
             if no_room and not any(self.policy.can_preempt(qos, t) for t in targets):
                 self.unsettled.discard(key)
                 self.settled.add(key)
@@ -292,7 +320,7 @@ class _Pass:
     ) -> tuple[float, str, tuple[str, ...], int, int] | None:
         best = None
         for name, node in self.nodes.items():
-            found = earliest(node, job.need, self.now, reserved)
+            found = earliest(node, job.need, self.now, reserved, job.user)
             if found is not None and (best is None or (found[0], name) < (best[0], best[1])):
                 best = (found[0], name, found[1], found[2], found[3])
         return best
@@ -317,7 +345,7 @@ class _Pass:
         for youngest, name, candidates in sorted(options, key=lambda o: (o[0], o[1])):
             if best is not None and youngest > best[0]:
                 break
-            found = victims_on(self.nodes[name], job.need, candidates, self.now, reserved)
+            found = victims_on(self.nodes[name], job.need, candidates, self.now, reserved, job.user)
             if found is not None and (best is None or (found[0], len(found[1])) < best[:2]):
                 best = (found[0], len(found[1]), name, found[1])
         if best is None:
@@ -326,7 +354,7 @@ class _Pass:
         node = self.nodes[name]
         eligible = {u.uuid for u in node.view.eligible(job.need)}
         freed = {u for v in chosen for u in v.gpus if u in eligible}
-        units = tuple(u for u in node.usable(job.need) if u not in reserved)
+        units = tuple(u for u in node.usable(job.need, user=job.user) if u not in reserved)
         units = (units + tuple(u for u in _ordered(node, freed) if u not in units))[: job.need.gpus]
         claim = Reservation(
             job.job_id, name, self.now + self.policy.kill_grace, frozenset(units), 0, 0
@@ -360,7 +388,11 @@ class _Pass:
 
 def _free_view(node: FreeNode) -> NodeView:
     return replace(
-        node.view, free_units=frozenset(node.units), cpus_free=node.cpus, mem_free=node.mem
+        node.view,
+        free_units=frozenset(node.units),
+        cpus_free=node.cpus,
+        mem_free=node.mem,
+        shares={unit: tuple(uses) for unit, uses in node.shares.items()},
     )
 
 

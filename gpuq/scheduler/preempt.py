@@ -4,6 +4,7 @@
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Sequence
 from itertools import combinations
 
@@ -20,13 +21,19 @@ def victims_on(
     candidates: Sequence[RunningJob],
     now: float,
     excluded: frozenset[str],
+    user: str = "",
 ) -> tuple[float, list[RunningJob]] | None:
-    """(work lost, victims) freeing enough on this node; None if even all would not do."""
+    """(work lost, victims) freeing enough on this node; None if even all would not do. A
+    unit several shares hold is freed only when all of them are victims."""
     eligible = {u.uuid for u in node.view.eligible(need)}
-    free = set(node.usable(need, excluded))
+    free = set(node.usable(need, excluded, user))
+    holders = node.holders()
 
     def fits(subset: Sequence[RunningJob]) -> bool:
-        units = free | {u for v in subset for u in v.gpus if u in eligible and u not in excluded}
+        held = Counter(u for v in subset for u in v.gpus)
+        units = free | {
+            u for u, n in held.items() if n >= holders[u] and u in eligible and u not in excluded
+        }
         cpus = node.cpus + sum(v.cpus for v in subset)
         mem = node.mem + sum(v.mem for v in subset)
         return len(units) >= need.gpus and cpus >= need.cpus and mem >= (need.mem or 0)

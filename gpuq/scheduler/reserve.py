@@ -8,10 +8,11 @@ none of the reserved units and leaves the reservation enough CPUs and memory.
 from __future__ import annotations
 
 import math
+from collections import Counter
 from dataclasses import dataclass, field
 
 from gpuq.domain.model import Resources
-from gpuq.scheduler.placement import NodeView
+from gpuq.scheduler.placement import NodeView, ShareUse, share_units
 
 
 @dataclass(slots=True)
@@ -24,17 +25,25 @@ class FreeNode:
     mem: int
     releases: list[tuple[float, tuple[str, ...], int, int]] = field(default_factory=list)
     # (end estimate, units, cpus, mem) of every job running on it, started ones included
+    shares: dict[str, list[ShareUse]] = field(default_factory=dict)  # live, started ones too
 
     def usable(
-        self, need: Resources, excluded: set[str] | frozenset[str] = frozenset()
+        self, need: Resources, excluded: set[str] | frozenset[str] = frozenset(), user: str = ""
     ) -> list[str]:
         """Free, ok units `need` can use, outside `excluded`, in the view's order (PCI order;
-        MIG slices smallest first)."""
+        MIG slices smallest first; for a share of `user`, shared units with room)."""
+        if need.gpu_share is not None:
+            units = share_units(self.view.eligible(need), self.units, self.shares, user, need)
+            return [u.uuid for u in units if u.uuid not in excluded]
         return [
             u.uuid
             for u in self.view.eligible(need)
             if u.uuid in self.units and u.uuid not in excluded
         ]
+
+    def holders(self) -> Counter[str]:
+        """How many running jobs hold each unit (several MPS shares may hold one)."""
+        return Counter(u for _, units, _, _ in self.releases for u in units)
 
 
 @dataclass(slots=True)
@@ -58,14 +67,16 @@ class Reservation:
 
 
 def earliest(
-    node: FreeNode, need: Resources, now: float, excluded: frozenset[str]
+    node: FreeNode, need: Resources, now: float, excluded: frozenset[str], user: str = ""
 ) -> tuple[float, tuple[str, ...], int, int] | None:
     """(time, units, spare cpus, spare mem) at which `need` first fits on the node; None if it
-    never does within the known ends (a job without a time limit never ends, for this)."""
+    never does within the known ends (a job without a time limit never ends, for this). A
+    unit held by several shares is released when the last of them ends."""
     if not node.view.up:
         return None
     eligible = {u.uuid for u in node.view.eligible(need)}
-    free_now = node.usable(need, excluded)
+    free_now = node.usable(need, excluded, user)
+    holders = node.holders()
     released: list[str] = []
     cpus, mem = node.cpus, node.mem
     events = sorted(node.releases)
@@ -84,7 +95,10 @@ def earliest(
             return None
         moment, freed, freed_cpus, freed_mem = events[index]
         index += 1
-        released += [u for u in freed if u in eligible and u not in excluded]
+        for unit in freed:
+            holders[unit] -= 1
+            if holders[unit] <= 0 and unit in eligible and unit not in excluded | set(free_now):
+                released.append(unit)
         cpus += freed_cpus
         mem += freed_mem
 
@@ -102,7 +116,7 @@ def estimate_starts(
         times = dict.fromkeys(node.units, now)
         for end, units, _, _ in node.releases:
             for unit in units:
-                times[unit] = end
+                times[unit] = max(times.get(unit, now), end)  # shares: the last one's end
         for reservation in reservations:
             if reservation.node == node.view.name:
                 for unit in reservation.units:

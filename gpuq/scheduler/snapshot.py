@@ -90,6 +90,7 @@ class Start:
     job_id: int
     node: str
     gpus: tuple[str, ...]
+    shared: bool = False  # an MPS share of gpus[0], beside other shares of its user
 
 
 @dataclass(frozen=True, slots=True)

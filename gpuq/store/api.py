@@ -98,6 +98,7 @@ class JobStart:
     node: str
     gpus: tuple[str, ...]
     reason: str = ""  # the start event's reason; "": "started on NODE"
+    shared: bool = False  # an MPS share: its unit may hold other shares at once
 
     @property
     def why(self) -> str:
@@ -534,7 +535,10 @@ class StoreTx:
             check_transition(start.job_id, states[start.job_id], JobState.RUNNING)
             if rows[start.job_id]["array_tasks"]:
                 raise ValueError(f"job {start.job_id} is an array's record; split a task first")
-        self._check_units_free([u for s in starts for u in s.gpus])
+        self._check_units_free(
+            [u for s in starts if not s.shared for u in s.gpus],
+            [u for s in starts if s.shared for u in s.gpus],
+        )
         for start in starts:
             rows[start.job_id].update(
                 start_count=(rows[start.job_id]["start_count"] or 0) + 1,
@@ -553,7 +557,14 @@ class StoreTx:
             [{"b_id": s.job_id, **{f"b_{c}": rows[s.job_id][c] for c in _MUTABLE}} for s in starts],
         )
         units = [
-            {"job_id": s.job_id, "node": s.node, "unit": u, "live": True, "started_at": now}
+            {
+                "job_id": s.job_id,
+                "node": s.node,
+                "unit": u,
+                "live": True,
+                "started_at": now,
+                "shared": s.shared,
+            }
             for s in starts
             for u in s.gpus
         ]
@@ -740,15 +751,25 @@ class StoreTx:
                 self._rows[row.id] = dict(row._mapping)
         return {i: self._rows[i] for i in wanted if i in self._rows}
 
-    def _check_units_free(self, units: list[str]) -> None:
+    def _check_units_free(self, units: list[str], shared: Sequence[str] = ()) -> None:
+        """`units` go to one job each and must be free; `shared` go to MPS shares, which
+        may share a unit with other shares but never with a job that holds it whole."""
         if len(set(units)) != len(units):
             twice = sorted({u for u in units if units.count(u) > 1})
             raise DoubleBooking(f"one plan gives {', '.join(twice)} to two jobs")
-        if not units:
-            return
-        taken = self.conn.execute(_LIVE_UNITS, {"units": units}).first()
-        if taken is not None:
-            raise DoubleBooking(f"GPU {taken.unit} is already allocated to job {taken.job_id}")
+        both = sorted(set(units) & set(shared))
+        if both:
+            raise DoubleBooking(f"one plan gives {', '.join(both)} whole and as a share")
+        if units:
+            taken = self.conn.execute(_LIVE_UNITS, {"units": units}).first()
+            if taken is not None:
+                raise DoubleBooking(f"GPU {taken.unit} is already allocated to job {taken.job_id}")
+        if shared:
+            for taken in self.conn.execute(_LIVE_UNITS, {"units": sorted(set(shared))}):
+                if not taken.shared:
+                    raise DoubleBooking(
+                        f"GPU {taken.unit} is held whole by job {taken.job_id}, not shared"
+                    )
 
 
 # the columns a state change may rewrite (all written together, so one executemany does it)
@@ -801,7 +822,7 @@ _KEY_OWNER = select(submission_keys.c.job_id).where(
         submission_keys.c.key == bindparam("key"),
     )
 )
-_LIVE_UNITS = select(allocations.c.unit, allocations.c.job_id).where(
+_LIVE_UNITS = select(allocations.c.unit, allocations.c.job_id, allocations.c.shared).where(
     and_(allocations.c.live, allocations.c.unit.in_(bindparam("units", expanding=True)))
 )
 _UPDATE_USAGE = (
@@ -1013,6 +1034,7 @@ def _unit_to_dict(unit: GpuUnit) -> dict[str, Any]:
         "pci_bus_id": unit.pci_bus_id,
         "parent_uuid": unit.parent_uuid,
         "mig_profile": unit.mig_profile,
+        **({"shared": True} if unit.shared else {}),
     }
 
 

@@ -20,6 +20,7 @@ from sqlalchemy import (
     String,
     Table,
     Text,
+    false,
     text,
 )
 
@@ -104,13 +105,16 @@ allocations = Table(
     Column("live", Boolean, nullable=False),
     Column("started_at", Float, nullable=False),
     Column("released_at", Float, nullable=True),
+    # an MPS share (0009): several shares may hold one unit at once; a whole job never
+    # holds a unit beside another job, share or not (gpuq.store.api checks the mix)
+    Column("shared", Boolean, nullable=False, server_default=false()),
 )
 Index(
     "uq_allocations_live_unit",
     allocations.c.unit,
     unique=True,
-    sqlite_where=text("live"),
-    postgresql_where=text("live"),
+    sqlite_where=text("live AND NOT shared"),
+    postgresql_where=text("live AND NOT shared"),
 )
 Index("ix_allocations_job_id", allocations.c.job_id)
 

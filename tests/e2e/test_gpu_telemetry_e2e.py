@@ -59,6 +59,6 @@ def test_a_jobs_end_report_carries_its_peak_vram_utilisation_and_energy(cluster:
     assert stored.samples == samples
     shown = cluster.gpuq("show", str(job))
     assert shown.returncode == 0, shown.stderr
-    efficiency = next(l for l in shown.stdout.splitlines() if "Efficiency" in l)
+    efficiency = next(line for line in shown.stdout.splitlines() if "Efficiency" in line)
     assert "used 20 of 80 GiB peak on 1 GPU" in efficiency, efficiency
     assert re.search(r", [0-9.]+ k?Wh$", efficiency) and " 0 Wh" not in efficiency, efficiency
