@@ -26,6 +26,7 @@ import subprocess
 import sys
 import sysconfig
 import tempfile
+import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -96,12 +97,20 @@ def remove_user(user: UnixUser) -> None:
     for pid in _processes_of(user.uid):
         with contextlib.suppress(OSError):
             os.kill(pid, signal.SIGKILL)
-    with contextlib.suppress(subprocess.CalledProcessError):
-        _run("userdel", user.name)
+    _retry("userdel", user.name)
     for group in (user.name, user.extra_group):
-        with contextlib.suppress(subprocess.CalledProcessError):
-            _run("groupdel", group)
+        _retry("groupdel", group)
     shutil.rmtree(user.home, ignore_errors=True)
+
+
+def _retry(tool: str, name: str) -> None:
+    """userdel/groupdel, again while another process holds the password files' lock (exit
+    10, or 1 with "cannot lock"); a name already gone (6) is fine."""
+    for _ in range(50):
+        result = subprocess.run([tool, name], capture_output=True, text=True, timeout=60)
+        if result.returncode in (0, 6) or "does not exist" in result.stderr:
+            return
+        time.sleep(0.1)
 
 
 def _processes_of(uid: int) -> list[int]:
