@@ -23,7 +23,6 @@ import re
 import secrets
 import socket
 import stat
-import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -211,7 +210,3 @@ def node_metadata(node: str, key: str) -> tuple[str, str]:
 
 def keys_match(expected: str, presented: str) -> bool:
     return hmac.compare_digest(expected.encode(), presented.encode())
-
-
-def now() -> float:
-    return time.time()
