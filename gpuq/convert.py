@@ -41,6 +41,7 @@ def spec_to_proto(spec: JobSpec) -> pb.JobSpec:
             time_limit=res.time_limit,
             mig=res.mig or "",
             gpu_share=res.gpu_share or 0,
+            gpu_type=res.gpu_type or "",
         ),
         qos=spec.qos or "",
         nice=spec.nice,
@@ -56,7 +57,23 @@ def spec_to_proto(spec: JobSpec) -> pb.JobSpec:
         singleton=spec.singleton,
         source=spec.source,
         umask=spec.umask,
+        placement=pb.Placement(
+            nodelist=list(spec.placement.nodelist),
+            exclude=list(spec.placement.exclude),
+            constraint=spec.placement.constraint or "",
+        ),
     )
+    if spec.terminal is not None:
+        term = spec.terminal
+        message.terminal.CopyFrom(
+            pb.Terminal(
+                rows=term.rows,
+                cols=term.cols,
+                term=term.term,
+                stdin_tty=term.stdin_tty,
+                stdout_tty=term.stdout_tty,
+            )
+        )
     if spec.array is not None:
         message.array.CopyFrom(
             pb.ArraySpec(indices=list(spec.array.indices), max_running=spec.array.max_running)
@@ -90,6 +107,7 @@ def _spec_dict(message: pb.JobSpec) -> dict[str, Any]:
             "time_limit": res.time_limit if res.HasField("time_limit") else None,
             "mig": res.mig or None,
             "gpu_share": res.gpu_share or None,
+            "gpu_type": res.gpu_type or None,
         },
         "qos": message.qos or None,
         "nice": message.nice,
@@ -118,6 +136,22 @@ def _spec_dict(message: pb.JobSpec) -> dict[str, Any]:
         "singleton": message.singleton,
         "source": message.source,
         "umask": message.umask if message.HasField("umask") else None,
+        "placement": {
+            "nodelist": list(message.placement.nodelist),
+            "exclude": list(message.placement.exclude),
+            "constraint": message.placement.constraint or None,
+        },
+        "terminal": (
+            {
+                "rows": message.terminal.rows,
+                "cols": message.terminal.cols,
+                "term": message.terminal.term,
+                "stdin_tty": message.terminal.stdin_tty,
+                "stdout_tty": message.terminal.stdout_tty,
+            }
+            if message.HasField("terminal")
+            else None
+        ),
     }
 
 

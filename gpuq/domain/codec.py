@@ -13,6 +13,7 @@ from typing import Any, TypeVar
 from gpuq.domain.arrays import ArraySpec
 from gpuq.domain.dependencies import Dependency, DependencyKind
 from gpuq.domain.model import JobSpec, Resources, WarningSignal
+from gpuq.domain.placement import Placement, Terminal
 from gpuq.errors import InvalidInput
 
 
@@ -32,6 +33,7 @@ def spec_to_dict(spec: JobSpec) -> dict[str, Any]:
             "time_limit": res.time_limit,
             **({"mig": res.mig} if res.mig is not None else {}),
             **({"gpu_share": res.gpu_share} if res.gpu_share is not None else {}),
+            **({"gpu_type": res.gpu_type} if res.gpu_type is not None else {}),
         },
         "qos": spec.qos,
         "nice": spec.nice,
@@ -53,6 +55,16 @@ def spec_to_dict(spec: JobSpec) -> dict[str, Any]:
         "singleton": spec.singleton,
         "source": spec.source,
         "umask": spec.umask,
+        **({"placement": _placement_dict(spec.placement)} if spec.placement else {}),
+        **({"terminal": dataclasses.asdict(spec.terminal)} if spec.terminal else {}),
+    }
+
+
+def _placement_dict(placement: Placement) -> dict[str, Any]:
+    return {
+        "nodelist": list(placement.nodelist),
+        "exclude": list(placement.exclude),
+        "constraint": placement.constraint,
     }
 
 
@@ -85,6 +97,7 @@ def spec_from_dict(data: dict[str, Any], *, checked: bool = False) -> JobSpec:
             time_limit=res.get("time_limit"),
             mig=res.get("mig"),
             gpu_share=res.get("gpu_share"),
+            gpu_type=res.get("gpu_type"),
         ),
         qos=data.get("qos"),
         nice=data.get("nice", 0),
@@ -111,6 +124,17 @@ def spec_from_dict(data: dict[str, Any], *, checked: bool = False) -> JobSpec:
         singleton=data.get("singleton", False),
         source=data.get("source", ""),
         umask=data.get("umask"),
+        placement=(
+            build(
+                Placement,
+                nodelist=tuple(placed.get("nodelist", ())),
+                exclude=tuple(placed.get("exclude", ())),
+                constraint=placed.get("constraint"),
+            )
+            if (placed := data.get("placement"))
+            else Placement()
+        ),
+        terminal=build(Terminal, **terminal) if (terminal := data.get("terminal")) else None,
     )
 
 

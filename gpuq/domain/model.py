@@ -34,6 +34,7 @@ from gpuq.domain.limits import (
     check_text,
     shown,
 )
+from gpuq.domain.placement import Placement, Terminal, check_gpu_type
 from gpuq.domain.states import JobState
 from gpuq.errors import InvalidInput
 
@@ -52,9 +53,15 @@ class Resources:
     # an MPS share of one shared GPU: percent of its compute (1-100); gpu_mem is then the
     # share's VRAM limit (required) and gpus is 1. None: whole GPUs (or a MIG slice)
     gpu_share: int | None = None
+    # a GPU model ("a100"; gpuq.domain.placement): only GPUs of this type. None: any
+    gpu_type: str | None = None
 
     def __post_init__(self) -> None:
         check_range("--gpus", self.gpus, 0, 1024)
+        if self.gpu_type is not None:
+            check_gpu_type(self.gpu_type)
+            if self.gpus == 0:
+                raise InvalidInput("--gpus", f"{self.gpu_type}:0", "a GPU type needs a GPU count")
         if self.gpu_share is not None:
             self._check_share(self.gpu_share)
         if self.mig is not None:
@@ -225,6 +232,8 @@ class JobSpec:
     singleton: bool = False
     source: str = ""  # where the script came from: a path, or "--wrap"
     umask: int | None = None  # the submitter's: output files are created with it
+    placement: Placement = field(default_factory=Placement)
+    terminal: Terminal | None = None  # an interactive job (gpuq run, gpuq alloc)
 
     def __post_init__(self) -> None:
         check_name(self.name)
@@ -436,6 +445,7 @@ class Node:
     isolation: str = ""
     driver: str = ""
     gpu_problem: str = ""
+    features: tuple[str, ...] = ()  # [agent] features: what --constraint matches
 
 
 class Health(StrEnum):

@@ -9,17 +9,19 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 DESCRIPTOR: _descriptor.FileDescriptor
 
 class AgentMessage(_message.Message):
-    __slots__ = ("register", "heartbeat", "reports")
+    __slots__ = ("register", "heartbeat", "reports", "pty")
     REGISTER_FIELD_NUMBER: _ClassVar[int]
     HEARTBEAT_FIELD_NUMBER: _ClassVar[int]
     REPORTS_FIELD_NUMBER: _ClassVar[int]
+    PTY_FIELD_NUMBER: _ClassVar[int]
     register: Register
     heartbeat: Heartbeat
     reports: _containers.RepeatedCompositeFieldContainer[JobReport]
-    def __init__(self, register: _Optional[_Union[Register, _Mapping]] = ..., heartbeat: _Optional[_Union[Heartbeat, _Mapping]] = ..., reports: _Optional[_Iterable[_Union[JobReport, _Mapping]]] = ...) -> None: ...
+    pty: _containers.RepeatedCompositeFieldContainer[PtyOutput]
+    def __init__(self, register: _Optional[_Union[Register, _Mapping]] = ..., heartbeat: _Optional[_Union[Heartbeat, _Mapping]] = ..., reports: _Optional[_Iterable[_Union[JobReport, _Mapping]]] = ..., pty: _Optional[_Iterable[_Union[PtyOutput, _Mapping]]] = ...) -> None: ...
 
 class Register(_message.Message):
-    __slots__ = ("node", "gpus", "topology", "cpus", "mem", "fake", "version", "jobs", "gpu_problem", "isolation", "driver")
+    __slots__ = ("node", "gpus", "topology", "cpus", "mem", "fake", "version", "jobs", "gpu_problem", "isolation", "driver", "features")
     NODE_FIELD_NUMBER: _ClassVar[int]
     GPUS_FIELD_NUMBER: _ClassVar[int]
     TOPOLOGY_FIELD_NUMBER: _ClassVar[int]
@@ -31,6 +33,7 @@ class Register(_message.Message):
     GPU_PROBLEM_FIELD_NUMBER: _ClassVar[int]
     ISOLATION_FIELD_NUMBER: _ClassVar[int]
     DRIVER_FIELD_NUMBER: _ClassVar[int]
+    FEATURES_FIELD_NUMBER: _ClassVar[int]
     node: str
     gpus: _containers.RepeatedCompositeFieldContainer[_types_pb2.GpuUnit]
     topology: _containers.RepeatedCompositeFieldContainer[_types_pb2.TopologyLink]
@@ -42,7 +45,8 @@ class Register(_message.Message):
     gpu_problem: str
     isolation: str
     driver: str
-    def __init__(self, node: _Optional[str] = ..., gpus: _Optional[_Iterable[_Union[_types_pb2.GpuUnit, _Mapping]]] = ..., topology: _Optional[_Iterable[_Union[_types_pb2.TopologyLink, _Mapping]]] = ..., cpus: _Optional[int] = ..., mem: _Optional[int] = ..., fake: _Optional[bool] = ..., version: _Optional[str] = ..., jobs: _Optional[_Iterable[_Union[JobReport, _Mapping]]] = ..., gpu_problem: _Optional[str] = ..., isolation: _Optional[str] = ..., driver: _Optional[str] = ...) -> None: ...
+    features: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, node: _Optional[str] = ..., gpus: _Optional[_Iterable[_Union[_types_pb2.GpuUnit, _Mapping]]] = ..., topology: _Optional[_Iterable[_Union[_types_pb2.TopologyLink, _Mapping]]] = ..., cpus: _Optional[int] = ..., mem: _Optional[int] = ..., fake: _Optional[bool] = ..., version: _Optional[str] = ..., jobs: _Optional[_Iterable[_Union[JobReport, _Mapping]]] = ..., gpu_problem: _Optional[str] = ..., isolation: _Optional[str] = ..., driver: _Optional[str] = ..., features: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class Heartbeat(_message.Message):
     __slots__ = ("at", "usage", "not_accepting", "not_accepting_reason", "jobs")
@@ -117,18 +121,20 @@ class JobReport(_message.Message):
     def __init__(self, job_id: _Optional[int] = ..., kind: _Optional[_Union[JobReport.Kind, str]] = ..., end_state: _Optional[str] = ..., result: _Optional[_Union[_types_pb2.JobResult, _Mapping]] = ..., at: _Optional[float] = ..., peak_mem: _Optional[int] = ..., peak_gpu_mem: _Optional[int] = ..., attempt: _Optional[int] = ..., telemetry: _Optional[_Union[_types_pb2.GpuTelemetry, _Mapping]] = ...) -> None: ...
 
 class CoordinatorMessage(_message.Message):
-    __slots__ = ("registered", "start", "stop", "signal", "ack")
+    __slots__ = ("registered", "start", "stop", "signal", "ack", "pty")
     REGISTERED_FIELD_NUMBER: _ClassVar[int]
     START_FIELD_NUMBER: _ClassVar[int]
     STOP_FIELD_NUMBER: _ClassVar[int]
     SIGNAL_FIELD_NUMBER: _ClassVar[int]
     ACK_FIELD_NUMBER: _ClassVar[int]
+    PTY_FIELD_NUMBER: _ClassVar[int]
     registered: Registered
     start: _containers.RepeatedCompositeFieldContainer[JobLaunch]
     stop: _containers.RepeatedCompositeFieldContainer[StopJob]
     signal: _containers.RepeatedCompositeFieldContainer[SignalJob]
     ack: _containers.RepeatedScalarFieldContainer[int]
-    def __init__(self, registered: _Optional[_Union[Registered, _Mapping]] = ..., start: _Optional[_Iterable[_Union[JobLaunch, _Mapping]]] = ..., stop: _Optional[_Iterable[_Union[StopJob, _Mapping]]] = ..., signal: _Optional[_Iterable[_Union[SignalJob, _Mapping]]] = ..., ack: _Optional[_Iterable[int]] = ...) -> None: ...
+    pty: _containers.RepeatedCompositeFieldContainer[PtyInput]
+    def __init__(self, registered: _Optional[_Union[Registered, _Mapping]] = ..., start: _Optional[_Iterable[_Union[JobLaunch, _Mapping]]] = ..., stop: _Optional[_Iterable[_Union[StopJob, _Mapping]]] = ..., signal: _Optional[_Iterable[_Union[SignalJob, _Mapping]]] = ..., ack: _Optional[_Iterable[int]] = ..., pty: _Optional[_Iterable[_Union[PtyInput, _Mapping]]] = ...) -> None: ...
 
 class Registered(_message.Message):
     __slots__ = ("heartbeat_interval", "node_timeout")
@@ -185,3 +191,37 @@ class SignalJob(_message.Message):
     job_id: int
     signal: int
     def __init__(self, job_id: _Optional[int] = ..., signal: _Optional[int] = ...) -> None: ...
+
+class PtyInput(_message.Message):
+    __slots__ = ("job_id", "attempt", "data", "rows", "cols", "eof", "pause", "resume")
+    JOB_ID_FIELD_NUMBER: _ClassVar[int]
+    ATTEMPT_FIELD_NUMBER: _ClassVar[int]
+    DATA_FIELD_NUMBER: _ClassVar[int]
+    ROWS_FIELD_NUMBER: _ClassVar[int]
+    COLS_FIELD_NUMBER: _ClassVar[int]
+    EOF_FIELD_NUMBER: _ClassVar[int]
+    PAUSE_FIELD_NUMBER: _ClassVar[int]
+    RESUME_FIELD_NUMBER: _ClassVar[int]
+    job_id: int
+    attempt: int
+    data: bytes
+    rows: int
+    cols: int
+    eof: bool
+    pause: bool
+    resume: bool
+    def __init__(self, job_id: _Optional[int] = ..., attempt: _Optional[int] = ..., data: _Optional[bytes] = ..., rows: _Optional[int] = ..., cols: _Optional[int] = ..., eof: _Optional[bool] = ..., pause: _Optional[bool] = ..., resume: _Optional[bool] = ...) -> None: ...
+
+class PtyOutput(_message.Message):
+    __slots__ = ("job_id", "attempt", "data", "closed", "problem")
+    JOB_ID_FIELD_NUMBER: _ClassVar[int]
+    ATTEMPT_FIELD_NUMBER: _ClassVar[int]
+    DATA_FIELD_NUMBER: _ClassVar[int]
+    CLOSED_FIELD_NUMBER: _ClassVar[int]
+    PROBLEM_FIELD_NUMBER: _ClassVar[int]
+    job_id: int
+    attempt: int
+    data: bytes
+    closed: bool
+    problem: str
+    def __init__(self, job_id: _Optional[int] = ..., attempt: _Optional[int] = ..., data: _Optional[bytes] = ..., closed: _Optional[bool] = ..., problem: _Optional[str] = ...) -> None: ...

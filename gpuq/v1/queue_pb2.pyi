@@ -7,6 +7,82 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 
 DESCRIPTOR: _descriptor.FileDescriptor
 
+class UpdateRequest(_message.Message):
+    __slots__ = ("job_ids", "time_limit", "qos", "nice", "set_dependencies", "dependencies", "hold", "name", "set_begin_time", "begin_time", "gpus", "gpu_type", "cpus", "mem", "gpu_mem", "set_nodelist", "nodelist", "set_exclude", "exclude", "constraint")
+    JOB_IDS_FIELD_NUMBER: _ClassVar[int]
+    TIME_LIMIT_FIELD_NUMBER: _ClassVar[int]
+    QOS_FIELD_NUMBER: _ClassVar[int]
+    NICE_FIELD_NUMBER: _ClassVar[int]
+    SET_DEPENDENCIES_FIELD_NUMBER: _ClassVar[int]
+    DEPENDENCIES_FIELD_NUMBER: _ClassVar[int]
+    HOLD_FIELD_NUMBER: _ClassVar[int]
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    SET_BEGIN_TIME_FIELD_NUMBER: _ClassVar[int]
+    BEGIN_TIME_FIELD_NUMBER: _ClassVar[int]
+    GPUS_FIELD_NUMBER: _ClassVar[int]
+    GPU_TYPE_FIELD_NUMBER: _ClassVar[int]
+    CPUS_FIELD_NUMBER: _ClassVar[int]
+    MEM_FIELD_NUMBER: _ClassVar[int]
+    GPU_MEM_FIELD_NUMBER: _ClassVar[int]
+    SET_NODELIST_FIELD_NUMBER: _ClassVar[int]
+    NODELIST_FIELD_NUMBER: _ClassVar[int]
+    SET_EXCLUDE_FIELD_NUMBER: _ClassVar[int]
+    EXCLUDE_FIELD_NUMBER: _ClassVar[int]
+    CONSTRAINT_FIELD_NUMBER: _ClassVar[int]
+    job_ids: _containers.RepeatedScalarFieldContainer[str]
+    time_limit: int
+    qos: str
+    nice: int
+    set_dependencies: bool
+    dependencies: _containers.RepeatedCompositeFieldContainer[_types_pb2.Dependency]
+    hold: bool
+    name: str
+    set_begin_time: bool
+    begin_time: float
+    gpus: int
+    gpu_type: str
+    cpus: int
+    mem: int
+    gpu_mem: int
+    set_nodelist: bool
+    nodelist: _containers.RepeatedScalarFieldContainer[str]
+    set_exclude: bool
+    exclude: _containers.RepeatedScalarFieldContainer[str]
+    constraint: str
+    def __init__(self, job_ids: _Optional[_Iterable[str]] = ..., time_limit: _Optional[int] = ..., qos: _Optional[str] = ..., nice: _Optional[int] = ..., set_dependencies: _Optional[bool] = ..., dependencies: _Optional[_Iterable[_Union[_types_pb2.Dependency, _Mapping]]] = ..., hold: _Optional[bool] = ..., name: _Optional[str] = ..., set_begin_time: _Optional[bool] = ..., begin_time: _Optional[float] = ..., gpus: _Optional[int] = ..., gpu_type: _Optional[str] = ..., cpus: _Optional[int] = ..., mem: _Optional[int] = ..., gpu_mem: _Optional[int] = ..., set_nodelist: _Optional[bool] = ..., nodelist: _Optional[_Iterable[str]] = ..., set_exclude: _Optional[bool] = ..., exclude: _Optional[_Iterable[str]] = ..., constraint: _Optional[str] = ...) -> None: ...
+
+class AttachRequest(_message.Message):
+    __slots__ = ("job_id", "input", "rows", "cols", "signal", "eof")
+    JOB_ID_FIELD_NUMBER: _ClassVar[int]
+    INPUT_FIELD_NUMBER: _ClassVar[int]
+    ROWS_FIELD_NUMBER: _ClassVar[int]
+    COLS_FIELD_NUMBER: _ClassVar[int]
+    SIGNAL_FIELD_NUMBER: _ClassVar[int]
+    EOF_FIELD_NUMBER: _ClassVar[int]
+    job_id: int
+    input: bytes
+    rows: int
+    cols: int
+    signal: int
+    eof: bool
+    def __init__(self, job_id: _Optional[int] = ..., input: _Optional[bytes] = ..., rows: _Optional[int] = ..., cols: _Optional[int] = ..., signal: _Optional[int] = ..., eof: _Optional[bool] = ...) -> None: ...
+
+class AttachReply(_message.Message):
+    __slots__ = ("state", "reason", "output", "node", "ended", "result")
+    STATE_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    OUTPUT_FIELD_NUMBER: _ClassVar[int]
+    NODE_FIELD_NUMBER: _ClassVar[int]
+    ENDED_FIELD_NUMBER: _ClassVar[int]
+    RESULT_FIELD_NUMBER: _ClassVar[int]
+    state: str
+    reason: str
+    output: bytes
+    node: str
+    ended: bool
+    result: _types_pb2.JobResult
+    def __init__(self, state: _Optional[str] = ..., reason: _Optional[str] = ..., output: _Optional[bytes] = ..., node: _Optional[str] = ..., ended: _Optional[bool] = ..., result: _Optional[_Union[_types_pb2.JobResult, _Mapping]] = ...) -> None: ...
+
 class ReportRequest(_message.Message):
     __slots__ = ("user", "since")
     USER_FIELD_NUMBER: _ClassVar[int]
@@ -113,7 +189,7 @@ class JobDetail(_message.Message):
     def __init__(self, job: _Optional[_Union[_types_pb2.Job, _Mapping]] = ..., events: _Optional[_Iterable[_Union[_types_pb2.JobEvent, _Mapping]]] = ..., array_states: _Optional[_Mapping[str, int]] = ...) -> None: ...
 
 class ListJobsRequest(_message.Message):
-    __slots__ = ("states", "user", "job_ids", "limit", "finished", "array_job_id", "with_pending_info", "expand_arrays")
+    __slots__ = ("states", "user", "job_ids", "limit", "finished", "array_job_id", "with_pending_info", "expand_arrays", "users", "names", "since", "until", "nodes")
     STATES_FIELD_NUMBER: _ClassVar[int]
     USER_FIELD_NUMBER: _ClassVar[int]
     JOB_IDS_FIELD_NUMBER: _ClassVar[int]
@@ -122,6 +198,11 @@ class ListJobsRequest(_message.Message):
     ARRAY_JOB_ID_FIELD_NUMBER: _ClassVar[int]
     WITH_PENDING_INFO_FIELD_NUMBER: _ClassVar[int]
     EXPAND_ARRAYS_FIELD_NUMBER: _ClassVar[int]
+    USERS_FIELD_NUMBER: _ClassVar[int]
+    NAMES_FIELD_NUMBER: _ClassVar[int]
+    SINCE_FIELD_NUMBER: _ClassVar[int]
+    UNTIL_FIELD_NUMBER: _ClassVar[int]
+    NODES_FIELD_NUMBER: _ClassVar[int]
     states: _containers.RepeatedScalarFieldContainer[str]
     user: str
     job_ids: _containers.RepeatedScalarFieldContainer[int]
@@ -130,7 +211,12 @@ class ListJobsRequest(_message.Message):
     array_job_id: int
     with_pending_info: bool
     expand_arrays: bool
-    def __init__(self, states: _Optional[_Iterable[str]] = ..., user: _Optional[str] = ..., job_ids: _Optional[_Iterable[int]] = ..., limit: _Optional[int] = ..., finished: _Optional[bool] = ..., array_job_id: _Optional[int] = ..., with_pending_info: _Optional[bool] = ..., expand_arrays: _Optional[bool] = ...) -> None: ...
+    users: _containers.RepeatedScalarFieldContainer[str]
+    names: _containers.RepeatedScalarFieldContainer[str]
+    since: float
+    until: float
+    nodes: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, states: _Optional[_Iterable[str]] = ..., user: _Optional[str] = ..., job_ids: _Optional[_Iterable[int]] = ..., limit: _Optional[int] = ..., finished: _Optional[bool] = ..., array_job_id: _Optional[int] = ..., with_pending_info: _Optional[bool] = ..., expand_arrays: _Optional[bool] = ..., users: _Optional[_Iterable[str]] = ..., names: _Optional[_Iterable[str]] = ..., since: _Optional[float] = ..., until: _Optional[float] = ..., nodes: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class ListJobsReply(_message.Message):
     __slots__ = ("jobs",)
@@ -139,12 +225,20 @@ class ListJobsReply(_message.Message):
     def __init__(self, jobs: _Optional[_Iterable[_Union[_types_pb2.Job, _Mapping]]] = ...) -> None: ...
 
 class JobSelection(_message.Message):
-    __slots__ = ("job_ids", "reason")
+    __slots__ = ("job_ids", "reason", "user", "states", "name", "hold")
     JOB_IDS_FIELD_NUMBER: _ClassVar[int]
     REASON_FIELD_NUMBER: _ClassVar[int]
+    USER_FIELD_NUMBER: _ClassVar[int]
+    STATES_FIELD_NUMBER: _ClassVar[int]
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    HOLD_FIELD_NUMBER: _ClassVar[int]
     job_ids: _containers.RepeatedScalarFieldContainer[str]
     reason: str
-    def __init__(self, job_ids: _Optional[_Iterable[str]] = ..., reason: _Optional[str] = ...) -> None: ...
+    user: str
+    states: _containers.RepeatedScalarFieldContainer[str]
+    name: str
+    hold: bool
+    def __init__(self, job_ids: _Optional[_Iterable[str]] = ..., reason: _Optional[str] = ..., user: _Optional[str] = ..., states: _Optional[_Iterable[str]] = ..., name: _Optional[str] = ..., hold: _Optional[bool] = ...) -> None: ...
 
 class ActionOutcome(_message.Message):
     __slots__ = ("job_id", "done", "message")
@@ -179,7 +273,7 @@ class ListNodesRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class NodeInfo(_message.Message):
-    __slots__ = ("name", "state", "cpus", "mem", "gpus", "fake", "last_seen", "reason", "usage", "running_jobs", "cpus_used", "mem_used", "gpus_used", "health", "isolation", "driver", "gpu_problem", "drain_reason", "drained_by", "drained_at")
+    __slots__ = ("name", "state", "cpus", "mem", "gpus", "fake", "last_seen", "reason", "usage", "running_jobs", "cpus_used", "mem_used", "gpus_used", "health", "isolation", "driver", "gpu_problem", "drain_reason", "drained_by", "drained_at", "features")
     NAME_FIELD_NUMBER: _ClassVar[int]
     STATE_FIELD_NUMBER: _ClassVar[int]
     CPUS_FIELD_NUMBER: _ClassVar[int]
@@ -200,6 +294,7 @@ class NodeInfo(_message.Message):
     DRAIN_REASON_FIELD_NUMBER: _ClassVar[int]
     DRAINED_BY_FIELD_NUMBER: _ClassVar[int]
     DRAINED_AT_FIELD_NUMBER: _ClassVar[int]
+    FEATURES_FIELD_NUMBER: _ClassVar[int]
     name: str
     state: str
     cpus: int
@@ -220,7 +315,8 @@ class NodeInfo(_message.Message):
     drain_reason: str
     drained_by: str
     drained_at: float
-    def __init__(self, name: _Optional[str] = ..., state: _Optional[str] = ..., cpus: _Optional[int] = ..., mem: _Optional[int] = ..., gpus: _Optional[_Iterable[_Union[_types_pb2.GpuUnit, _Mapping]]] = ..., fake: _Optional[bool] = ..., last_seen: _Optional[float] = ..., reason: _Optional[str] = ..., usage: _Optional[_Iterable[_Union[_types_pb2.GpuUsage, _Mapping]]] = ..., running_jobs: _Optional[_Iterable[int]] = ..., cpus_used: _Optional[int] = ..., mem_used: _Optional[int] = ..., gpus_used: _Optional[_Iterable[str]] = ..., health: _Optional[_Iterable[_Union[UnitHealth, _Mapping]]] = ..., isolation: _Optional[str] = ..., driver: _Optional[str] = ..., gpu_problem: _Optional[str] = ..., drain_reason: _Optional[str] = ..., drained_by: _Optional[str] = ..., drained_at: _Optional[float] = ...) -> None: ...
+    features: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, name: _Optional[str] = ..., state: _Optional[str] = ..., cpus: _Optional[int] = ..., mem: _Optional[int] = ..., gpus: _Optional[_Iterable[_Union[_types_pb2.GpuUnit, _Mapping]]] = ..., fake: _Optional[bool] = ..., last_seen: _Optional[float] = ..., reason: _Optional[str] = ..., usage: _Optional[_Iterable[_Union[_types_pb2.GpuUsage, _Mapping]]] = ..., running_jobs: _Optional[_Iterable[int]] = ..., cpus_used: _Optional[int] = ..., mem_used: _Optional[int] = ..., gpus_used: _Optional[_Iterable[str]] = ..., health: _Optional[_Iterable[_Union[UnitHealth, _Mapping]]] = ..., isolation: _Optional[str] = ..., driver: _Optional[str] = ..., gpu_problem: _Optional[str] = ..., drain_reason: _Optional[str] = ..., drained_by: _Optional[str] = ..., drained_at: _Optional[float] = ..., features: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class UnitHealth(_message.Message):
     __slots__ = ("uuid", "health", "reason", "drained_by", "drained_at")

@@ -114,6 +114,21 @@ class QueueStub:
                 request_serializer=gpuq_dot_v1_dot_queue__pb2.ReportRequest.SerializeToString,
                 response_deserializer=gpuq_dot_v1_dot_queue__pb2.ReportReply.FromString,
                 _registered_method=True)
+        self.Update = channel.unary_unary(
+                '/gpuq.v1.Queue/Update',
+                request_serializer=gpuq_dot_v1_dot_queue__pb2.UpdateRequest.SerializeToString,
+                response_deserializer=gpuq_dot_v1_dot_queue__pb2.ActionReply.FromString,
+                _registered_method=True)
+        self.Requeue = channel.unary_unary(
+                '/gpuq.v1.Queue/Requeue',
+                request_serializer=gpuq_dot_v1_dot_queue__pb2.JobSelection.SerializeToString,
+                response_deserializer=gpuq_dot_v1_dot_queue__pb2.ActionReply.FromString,
+                _registered_method=True)
+        self.Attach = channel.stream_stream(
+                '/gpuq.v1.Queue/Attach',
+                request_serializer=gpuq_dot_v1_dot_queue__pb2.AttachRequest.SerializeToString,
+                response_deserializer=gpuq_dot_v1_dot_queue__pb2.AttachReply.FromString,
+                _registered_method=True)
 
 
 class QueueServicer:
@@ -230,6 +245,33 @@ class QueueServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def Update(self, request, context):
+        """Changes to pending or held jobs (SLURM's scontrol update): each field set is changed on
+        every selected job, or on none of them (one outcome per job says why not). Owners may
+        lower a time limit and raise nice; raising a limit, lowering nice below 0 or a QOS the
+        owner may not use needs an admin.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def Requeue(self, request, context):
+        """Running jobs stop and go back to the queue with their ids (ended ones are queued again):
+        SLURM's scontrol requeue; `hold` puts them back held.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def Attach(self, request_iterator, context):
+        """An interactive job's terminal: the first request names the job (the caller's own, with a
+        Terminal in its spec); then input, window sizes and signals go one way and the job's state,
+        output and end the other. The job is cancelled when the stream goes away before it ends.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_QueueServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -312,6 +354,21 @@ def add_QueueServicer_to_server(servicer, server):
                     servicer.Report,
                     request_deserializer=gpuq_dot_v1_dot_queue__pb2.ReportRequest.FromString,
                     response_serializer=gpuq_dot_v1_dot_queue__pb2.ReportReply.SerializeToString,
+            ),
+            'Update': grpc.unary_unary_rpc_method_handler(
+                    servicer.Update,
+                    request_deserializer=gpuq_dot_v1_dot_queue__pb2.UpdateRequest.FromString,
+                    response_serializer=gpuq_dot_v1_dot_queue__pb2.ActionReply.SerializeToString,
+            ),
+            'Requeue': grpc.unary_unary_rpc_method_handler(
+                    servicer.Requeue,
+                    request_deserializer=gpuq_dot_v1_dot_queue__pb2.JobSelection.FromString,
+                    response_serializer=gpuq_dot_v1_dot_queue__pb2.ActionReply.SerializeToString,
+            ),
+            'Attach': grpc.stream_stream_rpc_method_handler(
+                    servicer.Attach,
+                    request_deserializer=gpuq_dot_v1_dot_queue__pb2.AttachRequest.FromString,
+                    response_serializer=gpuq_dot_v1_dot_queue__pb2.AttachReply.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -746,6 +803,87 @@ class Queue:
             '/gpuq.v1.Queue/Report',
             gpuq_dot_v1_dot_queue__pb2.ReportRequest.SerializeToString,
             gpuq_dot_v1_dot_queue__pb2.ReportReply.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Update(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/gpuq.v1.Queue/Update',
+            gpuq_dot_v1_dot_queue__pb2.UpdateRequest.SerializeToString,
+            gpuq_dot_v1_dot_queue__pb2.ActionReply.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Requeue(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/gpuq.v1.Queue/Requeue',
+            gpuq_dot_v1_dot_queue__pb2.JobSelection.SerializeToString,
+            gpuq_dot_v1_dot_queue__pb2.ActionReply.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Attach(request_iterator,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.stream_stream(
+            request_iterator,
+            target,
+            '/gpuq.v1.Queue/Attach',
+            gpuq_dot_v1_dot_queue__pb2.AttachRequest.SerializeToString,
+            gpuq_dot_v1_dot_queue__pb2.AttachReply.FromString,
             options,
             channel_credentials,
             insecure,

@@ -7,7 +7,7 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 DESCRIPTOR: _descriptor.FileDescriptor
 
 class Resources(_message.Message):
-    __slots__ = ("gpus", "gpu_mem", "cpus", "mem", "time_limit", "mig", "gpu_share")
+    __slots__ = ("gpus", "gpu_mem", "cpus", "mem", "time_limit", "mig", "gpu_share", "gpu_type")
     GPUS_FIELD_NUMBER: _ClassVar[int]
     GPU_MEM_FIELD_NUMBER: _ClassVar[int]
     CPUS_FIELD_NUMBER: _ClassVar[int]
@@ -15,6 +15,7 @@ class Resources(_message.Message):
     TIME_LIMIT_FIELD_NUMBER: _ClassVar[int]
     MIG_FIELD_NUMBER: _ClassVar[int]
     GPU_SHARE_FIELD_NUMBER: _ClassVar[int]
+    GPU_TYPE_FIELD_NUMBER: _ClassVar[int]
     gpus: int
     gpu_mem: int
     cpus: int
@@ -22,7 +23,32 @@ class Resources(_message.Message):
     time_limit: int
     mig: str
     gpu_share: int
-    def __init__(self, gpus: _Optional[int] = ..., gpu_mem: _Optional[int] = ..., cpus: _Optional[int] = ..., mem: _Optional[int] = ..., time_limit: _Optional[int] = ..., mig: _Optional[str] = ..., gpu_share: _Optional[int] = ...) -> None: ...
+    gpu_type: str
+    def __init__(self, gpus: _Optional[int] = ..., gpu_mem: _Optional[int] = ..., cpus: _Optional[int] = ..., mem: _Optional[int] = ..., time_limit: _Optional[int] = ..., mig: _Optional[str] = ..., gpu_share: _Optional[int] = ..., gpu_type: _Optional[str] = ...) -> None: ...
+
+class Placement(_message.Message):
+    __slots__ = ("nodelist", "exclude", "constraint")
+    NODELIST_FIELD_NUMBER: _ClassVar[int]
+    EXCLUDE_FIELD_NUMBER: _ClassVar[int]
+    CONSTRAINT_FIELD_NUMBER: _ClassVar[int]
+    nodelist: _containers.RepeatedScalarFieldContainer[str]
+    exclude: _containers.RepeatedScalarFieldContainer[str]
+    constraint: str
+    def __init__(self, nodelist: _Optional[_Iterable[str]] = ..., exclude: _Optional[_Iterable[str]] = ..., constraint: _Optional[str] = ...) -> None: ...
+
+class Terminal(_message.Message):
+    __slots__ = ("rows", "cols", "term", "stdin_tty", "stdout_tty")
+    ROWS_FIELD_NUMBER: _ClassVar[int]
+    COLS_FIELD_NUMBER: _ClassVar[int]
+    TERM_FIELD_NUMBER: _ClassVar[int]
+    STDIN_TTY_FIELD_NUMBER: _ClassVar[int]
+    STDOUT_TTY_FIELD_NUMBER: _ClassVar[int]
+    rows: int
+    cols: int
+    term: str
+    stdin_tty: bool
+    stdout_tty: bool
+    def __init__(self, rows: _Optional[int] = ..., cols: _Optional[int] = ..., term: _Optional[str] = ..., stdin_tty: _Optional[bool] = ..., stdout_tty: _Optional[bool] = ...) -> None: ...
 
 class Dependency(_message.Message):
     __slots__ = ("job_id", "kind", "task")
@@ -51,7 +77,7 @@ class WarningSignal(_message.Message):
     def __init__(self, signal: _Optional[int] = ..., seconds: _Optional[int] = ...) -> None: ...
 
 class JobSpec(_message.Message):
-    __slots__ = ("name", "script", "args", "workdir", "env", "resources", "qos", "nice", "output", "error", "array", "dependencies", "hold", "begin_time", "signal", "no_requeue", "singleton", "source", "umask")
+    __slots__ = ("name", "script", "args", "workdir", "env", "resources", "qos", "nice", "output", "error", "array", "dependencies", "hold", "begin_time", "signal", "no_requeue", "singleton", "source", "umask", "placement", "terminal")
     class EnvEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -78,6 +104,8 @@ class JobSpec(_message.Message):
     SINGLETON_FIELD_NUMBER: _ClassVar[int]
     SOURCE_FIELD_NUMBER: _ClassVar[int]
     UMASK_FIELD_NUMBER: _ClassVar[int]
+    PLACEMENT_FIELD_NUMBER: _ClassVar[int]
+    TERMINAL_FIELD_NUMBER: _ClassVar[int]
     name: str
     script: str
     args: _containers.RepeatedScalarFieldContainer[str]
@@ -97,7 +125,9 @@ class JobSpec(_message.Message):
     singleton: bool
     source: str
     umask: int
-    def __init__(self, name: _Optional[str] = ..., script: _Optional[str] = ..., args: _Optional[_Iterable[str]] = ..., workdir: _Optional[str] = ..., env: _Optional[_Mapping[str, str]] = ..., resources: _Optional[_Union[Resources, _Mapping]] = ..., qos: _Optional[str] = ..., nice: _Optional[int] = ..., output: _Optional[str] = ..., error: _Optional[str] = ..., array: _Optional[_Union[ArraySpec, _Mapping]] = ..., dependencies: _Optional[_Iterable[_Union[Dependency, _Mapping]]] = ..., hold: _Optional[bool] = ..., begin_time: _Optional[float] = ..., signal: _Optional[_Union[WarningSignal, _Mapping]] = ..., no_requeue: _Optional[bool] = ..., singleton: _Optional[bool] = ..., source: _Optional[str] = ..., umask: _Optional[int] = ...) -> None: ...
+    placement: Placement
+    terminal: Terminal
+    def __init__(self, name: _Optional[str] = ..., script: _Optional[str] = ..., args: _Optional[_Iterable[str]] = ..., workdir: _Optional[str] = ..., env: _Optional[_Mapping[str, str]] = ..., resources: _Optional[_Union[Resources, _Mapping]] = ..., qos: _Optional[str] = ..., nice: _Optional[int] = ..., output: _Optional[str] = ..., error: _Optional[str] = ..., array: _Optional[_Union[ArraySpec, _Mapping]] = ..., dependencies: _Optional[_Iterable[_Union[Dependency, _Mapping]]] = ..., hold: _Optional[bool] = ..., begin_time: _Optional[float] = ..., signal: _Optional[_Union[WarningSignal, _Mapping]] = ..., no_requeue: _Optional[bool] = ..., singleton: _Optional[bool] = ..., source: _Optional[str] = ..., umask: _Optional[int] = ..., placement: _Optional[_Union[Placement, _Mapping]] = ..., terminal: _Optional[_Union[Terminal, _Mapping]] = ...) -> None: ...
 
 class JobResult(_message.Message):
     __slots__ = ("exit_code", "signal", "reason")
