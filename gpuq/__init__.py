@@ -2,15 +2,17 @@
 
 The Python API: `Client` (submit, get, list, cancel, wait, logs), `build_spec` and `JobSpec`
 (what a submission says), `Job` and `JobState` (what the queue knows), and the errors.
-Everything loads on first use, so that `import gpuq` (and the CLI) stays fast.
+Everything loads on first use, so that `import gpuq` (and the CLI) stays fast: this module
+imports nothing at all (not even typing: the `gpuq` command's stub is timed against a bare
+interpreter, see gpuq.cli.main).
 """
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
-
+TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (mypy knows the name)
 if TYPE_CHECKING:
+    from typing import Any
+
     from gpuq.client import Client
     from gpuq.domain.model import Job, JobResult, JobSpec, Resources
     from gpuq.domain.states import JobState
@@ -23,6 +25,7 @@ if TYPE_CHECKING:
         StorageUnavailable,
         Unsatisfiable,
     )
+    from gpuq.executor import Executor
     from gpuq.submission import build_spec
 
 __version__ = "0.1.0"
@@ -41,9 +44,11 @@ _WHERE = {
     "ServerUnavailable": "gpuq.errors",
     "StorageUnavailable": "gpuq.errors",
     "Unsatisfiable": "gpuq.errors",
+    "Executor": "gpuq.executor",
 }
 __all__ = [
     "Client",
+    "Executor",
     "GpuqError",
     "InvalidInput",
     "Job",
@@ -63,4 +68,6 @@ __all__ = [
 def __getattr__(name: str) -> Any:
     if name not in _WHERE:
         raise AttributeError(f"module 'gpuq' has no attribute {name!r}")
+    import importlib
+
     return getattr(importlib.import_module(_WHERE[name]), name)

@@ -296,9 +296,17 @@ class Client:
         job_ids: Iterable[int] = (),
         array_job_id: int | None = None,
         expand_arrays: bool = False,
+        *,
+        users: Iterable[str] = (),
+        names: Iterable[str] = (),
+        nodes: Iterable[str] = (),
+        since: float | None = None,
+        until: float | None = None,
     ) -> builtins.list[pb.Job]:
         """As `list`, on the wire. A live listing shows an array's waiting tasks as one
-        entry (`array_tasks` set) unless `expand_arrays`."""
+        entry (`array_tasks` set) unless `expand_arrays`. Filters (all given must match):
+        `users` (any of), `names` (shell patterns, any of), `nodes` (any of), `since` and
+        `until` (seconds since 1970: the end time of finished jobs, else the submit time)."""
         if isinstance(states, str):
             states = [states]
         if not 0 <= limit <= 1_000_000:
@@ -312,6 +320,11 @@ class Client:
             limit=limit,
             job_ids=list(job_ids),
             array_job_id=array_job_id,
+            users=list(users),
+            names=list(names),
+            nodes=list(nodes),
+            since=since,
+            until=until,
         )
         return list(self._call("ListJobs", request).jobs)
 
@@ -341,20 +354,78 @@ class Client:
     # ---- acting ----------------------------------------------------------------------------
 
     def cancel(
-        self, *job_ids: int | str, reason: str = ""
+        self,
+        *job_ids: int | str,
+        reason: str = "",
+        user: str = "",
+        states: Iterable[str] = (),
+        name: str = "",
     ) -> builtins.list[queue_pb2.ActionOutcome]:
-        return self._action("Cancel", job_ids, reason)
+        """Cancel the jobs named, or (with no ids) every live job matching all the filters
+        given: `user` (another's needs an admin), `states` (e.g. ["PD"]), `name` (a shell
+        pattern). One request, whatever the number of jobs."""
+        return self._action("Cancel", job_ids, reason, user=user, states=states, name=name)
 
-    def hold(self, *job_ids: int | str) -> builtins.list[queue_pb2.ActionOutcome]:
-        return self._action("Hold", job_ids)
+    def hold(
+        self, *job_ids: int | str, user: str = "", states: Iterable[str] = (), name: str = ""
+    ) -> builtins.list[queue_pb2.ActionOutcome]:
+        return self._action("Hold", job_ids, user=user, states=states, name=name)
 
-    def release(self, *job_ids: int | str) -> builtins.list[queue_pb2.ActionOutcome]:
-        return self._action("Release", job_ids)
+    def release(
+        self, *job_ids: int | str, user: str = "", states: Iterable[str] = (), name: str = ""
+    ) -> builtins.list[queue_pb2.ActionOutcome]:
+        return self._action("Release", job_ids, user=user, states=states, name=name)
+
+    def requeue(
+        self,
+        *job_ids: int | str,
+        hold: bool = False,
+        user: str = "",
+        states: Iterable[str] = (),
+        name: str = "",
+    ) -> builtins.list[queue_pb2.ActionOutcome]:
+        """Back to the queue with the same ids: running jobs are stopped first, ended ones
+        are queued again; `hold`: held instead of pending."""
+        return self._action("Requeue", job_ids, user=user, states=states, name=name, hold=hold)
+
+    def update(self, *job_ids: int | str, **changes: Any) -> builtins.list[queue_pb2.ActionOutcome]:
+        """Change waiting jobs: keyword arguments are UpdateRequest's fields (time_limit in
+        seconds, qos, nice, hold, name, gpus, cpus, mem and gpu_mem in bytes, ...);
+        `dependencies=[...]` (Dependency messages or dicts) replaces them, [] clears them;
+        `begin_time=None` clears it; `nodelist`/`exclude` lists replace them."""
+        request = queue_pb2.UpdateRequest(job_ids=[str(j) for j in job_ids])
+        for key, value in changes.items():
+            if key in ("dependencies", "begin_time", "nodelist", "exclude"):
+                setattr(request, f"set_{key}", True)
+                if value is None:
+                    continue
+                if key == "begin_time":
+                    request.begin_time = value
+                else:
+                    getattr(request, key).extend(value)
+            else:
+                setattr(request, key, value)
+        return list(self._call("Update", request).outcomes)
 
     def _action(
-        self, method: str, job_ids: tuple[int | str, ...], reason: str = ""
+        self,
+        method: str,
+        job_ids: tuple[int | str, ...],
+        reason: str = "",
+        *,
+        user: str = "",
+        states: Iterable[str] = (),
+        name: str = "",
+        hold: bool = False,
     ) -> builtins.list[queue_pb2.ActionOutcome]:
-        request = queue_pb2.JobSelection(job_ids=[str(j) for j in job_ids], reason=reason)
+        request = queue_pb2.JobSelection(
+            job_ids=[str(j) for j in job_ids],
+            reason=reason,
+            user=user,
+            states=list(states),
+            name=name,
+            hold=hold,
+        )
         return list(self._call(method, request).outcomes)
 
     def watch(
@@ -407,6 +478,13 @@ class Client:
     def output_path(self, job_id: int | str, stream: str = "stdout") -> str:
         job = self.detail_reply(job_id).job
         return job.stdout_path if stream == "stdout" else job.stderr_path
+
+    def attach(self, job_id: int) -> Attachment:
+        """The terminal of an interactive job of ours (gpuq run, gpuq alloc): send input,
+        window sizes and signals on it, and iterate its replies (state changes, output, and
+        last the end). Closing it before the job ended cancels the job."""
+        index = self._current
+        return Attachment(self._stub_at(index), self._metadata(index), job_id, self._where)
 
     # ---- recurring jobs --------------------------------------------------------------------
 
@@ -534,6 +612,55 @@ class _SubmitStream:
         self._end()
 
 
+class Attachment:
+    """One open Attach stream. The send methods may be called from any thread (and from a
+    signal handler: they only queue); the replies are read by one thread."""
+
+    def __init__(
+        self,
+        stub: queue_pb2_grpc.QueueStub,
+        metadata: tuple[Any, ...],
+        job_id: int,
+        where: str = "",
+    ) -> None:
+        self.job_id = job_id
+        self._where = where
+        self._requests: queue.SimpleQueue[queue_pb2.AttachRequest | None] = queue.SimpleQueue()
+        self._requests.put(queue_pb2.AttachRequest(job_id=job_id))
+        self._replies = stub.Attach(iter(self._requests.get, None), metadata=metadata)
+
+    def send(self, data: bytes) -> None:
+        """Input for the job's terminal (cut into pieces the coordinator takes)."""
+        for start in range(0, len(data), ATTACH_CHUNK):
+            self._requests.put(queue_pb2.AttachRequest(input=data[start : start + ATTACH_CHUNK]))
+
+    def resize(self, rows: int, cols: int) -> None:
+        if 1 <= rows <= 65535 and 1 <= cols <= 65535:
+            self._requests.put(queue_pb2.AttachRequest(rows=rows, cols=cols))
+
+    def signal(self, number: int) -> None:
+        self._requests.put(queue_pb2.AttachRequest(signal=number))
+
+    def eof(self) -> None:
+        self._requests.put(queue_pb2.AttachRequest(eof=True))
+
+    def replies(self) -> Iterator[queue_pb2.AttachReply]:
+        """The coordinator's replies until the last (`ended`); GpuqError when the stream
+        fails (a refusal, or the coordinator went away)."""
+        try:
+            yield from self._replies
+        except grpc.RpcError as error:
+            if error.code() == grpc.StatusCode.CANCELLED and self._replies.cancelled():
+                return  # we closed it
+            raise _translate(error, self._where) from None
+
+    def close(self) -> None:
+        """End the stream (the job is cancelled if it has not ended)."""
+        self._requests.put(None)
+        self._replies.cancel()
+
+
+ATTACH_CHUNK = 16 << 10  # bytes of input in one AttachRequest (the coordinator takes 64 KiB)
 _CODES = {code.value[0]: code for code in grpc.StatusCode}
 _ERRORS: dict[grpc.StatusCode, type[GpuqError]] = {
     grpc.StatusCode.NOT_FOUND: NotFound,

@@ -184,6 +184,9 @@ class AgentSettings:
     tls_ca: str | None = None
     tls_cert: str | None = None
     tls_key: str | None = None
+    # labels --constraint (and --partition) match, e.g. ["nvlink", "ib", "debug"]; the
+    # types of the node's GPUs (a100, h100...) match too without being listed
+    features: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -572,6 +575,20 @@ def _job_env(value: Any, source: str, key: str) -> dict[str, str]:
     return {name: text for name, text in merged.items() if text != ""}
 
 
+def _features(value: Any, source: str, key: str) -> tuple[str, ...]:
+    """A list of node features: labels of gpuq.domain.placement's FEATURE_RE."""
+    from gpuq.domain.placement import check_node_features
+
+    if not isinstance(value, list):
+        raise ConfigError(
+            source, key, value, f'expected a list such as ["nvlink", "ib"], not {_kind(value)}'
+        )
+    try:
+        return check_node_features(value, key)
+    except InvalidInput as exc:
+        raise ConfigError(source, key, exc.value, exc.problem) from None
+
+
 def _table(value: Any, source: str, key: str) -> dict[str, Any]:
     if not isinstance(value, dict):
         raise ConfigError(source, key, value, f"expected a table (a section), not {_kind(value)}")
@@ -648,6 +665,7 @@ RULES: dict[str, dict[str, Check]] = {
         "tls_ca": _absolute_path,
         "tls_cert": _absolute_path,
         "tls_key": _absolute_path,
+        "features": _features,
     },
     "client": {
         "tls_ca": _absolute_path,

@@ -79,7 +79,7 @@ async def _main(settings: Settings, *, coordinator: bool, fork_server: ForkServe
     if coordinator and running is None:
         log.info("stopped while standing by")
         return
-    agent_task = None
+    agent_task = agent = None
     try:
         if fork_server is not None:
             agent = _make_agent(settings, fork_server, embedded=coordinator)
@@ -89,6 +89,8 @@ async def _main(settings: Settings, *, coordinator: bool, fork_server: ForkServe
     finally:
         log.info("shutting down (running jobs keep running under their supervisors)")
         if agent_task is not None:
+            if agent is not None and not agent_task.done():
+                await agent.settle(ACK_WAIT)
             agent_task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await agent_task
@@ -130,6 +132,8 @@ async def _start_coordinator(
 
 
 SERVE_FAKE_SPEC = "4"  # what `gpuq serve` offers on a machine without an NVIDIA driver
+# on a clean stop, how long the agent waits for the coordinator to record ends it reported
+ACK_WAIT = 2.0
 
 
 def _make_agent(settings: Settings, fork_server: ForkServer, *, embedded: bool) -> Agent:

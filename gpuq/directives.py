@@ -153,6 +153,14 @@ _SBATCH_OPTIONS = {
     "-D": "chdir",
     "--nice": "nice",
     "--export": "export",
+    "--nodelist": "nodelist",
+    "-w": "nodelist",
+    "--exclude": "exclude",
+    "-x": "exclude",
+    "--constraint": "constraint",
+    "-C": "constraint",
+    "--partition": "partition",  # a node feature in gpuq (gpuq.domain.placement)
+    "-p": "partition",
 }
 # take no value (so an unknown one among them does not swallow the next word)
 _SBATCH_NO_VALUE = frozenset(
@@ -230,10 +238,10 @@ def _sbatch_value(flag: str, value: str, shown: str, at: str, notes: list[str]) 
             if kind.strip().lower() != "gpu":
                 notes.append(f"{SBATCH} {shown} {at}: {item} is not used by gpuq")
                 continue
-            gpus = _typed_count(rest or "1", shown, at, notes, gres=True)
+            gpus = _typed_count(rest or "1", gres=True)
         return gpus
     if flag in ("--gpus", "-G", "--gpus-per-node"):
-        return _typed_count(value, shown, at, notes, gres=False)
+        return _typed_count(value, gres=False)
     if flag == "--mem" and re.fullmatch(r"0+[KMGT]?", value.strip(), re.IGNORECASE):
         notes.append(f"{SBATCH} {shown} {at} (all of a node's memory) is not used by gpuq")
         return None
@@ -251,16 +259,9 @@ def _sbatch_value(flag: str, value: str, shown: str, at: str, notes: list[str]) 
     return value
 
 
-def _typed_count(value: str, shown: str, at: str, notes: list[str], *, gres: bool) -> str:
-    """sbatch's `N` or `TYPE:N` GPUs: the count; a GPU type is not used by gpuq. In a --gres
-    a bare type (`gpu:a100`) means one GPU of it."""
-    kind, colon, count = value.rpartition(":")
-    if colon and kind:
-        notes.append(
-            f"{SBATCH} {shown} {at}: the GPU type {kind} is not used by gpuq (any GPU; "
-            "--gpu-mem asks for a size)"
-        )
-    elif gres and re.fullmatch(r"[A-Za-z][\w.-]*", value.strip()):
-        notes.append(f"{SBATCH} {shown} {at}: the GPU type {value} is not used by gpuq")
-        return "1"
-    return count
+def _typed_count(value: str, *, gres: bool) -> str:
+    """sbatch's `N` or `TYPE:N` GPUs, as gpuq's --gpus takes them (gpuq.submission checks
+    them). In a --gres a bare type (`gpu:a100`) means one GPU of it."""
+    if gres and re.fullmatch(r"[A-Za-z][\w.-]*", value.strip()):
+        return f"{value.strip()}:1"
+    return value

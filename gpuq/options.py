@@ -21,7 +21,12 @@ class Option:
 
 
 OPTIONS: tuple[Option, ...] = (
-    Option("gpus", ("--gpus", "-G"), "whole GPUs for the job", "N"),
+    Option(
+        "gpus",
+        ("--gpus", "-G"),
+        "whole GPUs for the job; TYPE:N only of that model, e.g. a100:2 (see gpuq nodes)",
+        "[TYPE:]N",
+    ),
     Option(
         "gpu_mem",
         ("--gpu-mem",),
@@ -40,6 +45,25 @@ OPTIONS: tuple[Option, ...] = (
         "a PCT% share (1-100) of one shared GPU (MPS) instead of whole GPUs; "
         "needs --gpu-mem SIZE, the share's VRAM limit",
         "PCT",
+    ),
+    Option(
+        "nodelist",
+        ("--nodelist", "-w"),
+        "run only on one of these nodes, e.g. n1,n2 or n[1-4]",
+        "NODES",
+    ),
+    Option("exclude", ("--exclude", "-x"), "never run on these nodes, e.g. n3 or n[5-6]", "NODES"),
+    Option(
+        "constraint",
+        ("--constraint", "-C"),
+        "node features: a&b (all), a|b (any); GPU types count, e.g. nvlink&a100",
+        "FEATURES",
+    ),
+    Option(
+        "partition",
+        ("--partition", "-p"),
+        "a node with this feature (partitions are node features here); P,Q: any of them",
+        "P",
     ),
     Option("cpus", ("--cpus", "-c"), "CPU cores (sets OMP_NUM_THREADS)", "N"),
     Option("mem", ("--mem",), "host memory for the whole job, e.g. 40G (bare number: MB)", "SIZE"),

@@ -22,13 +22,20 @@ from gpuq.domain.dependencies import Dependency
 from gpuq.domain.limits import MAX_SCRIPT_BYTES, brief, check_name
 from gpuq.domain.model import JobSpec, Resources, WarningSignal
 from gpuq.domain.parsing import collect_dependencies, parse_begin, submit_environment
+from gpuq.domain.placement import (
+    Placement,
+    check_feature_expression,
+    expand_nodes,
+    parse_gpu_request,
+    with_partitions,
+)
 from gpuq.domain.units import parse_duration, parse_size
 from gpuq.errors import InvalidInput
 from gpuq.options import BY_FLAG, BY_NAME, SUBMIT_LONG_FLAGS
 
 
 class SubmitWarning(UserWarning):
-    """Something in a submission that gpuq does not use (e.g. `#SBATCH --partition`); given to
+    """Something in a submission that gpuq does not use (e.g. `#SBATCH --account`); given to
     the `warnings` list of build_spec, or issued with warnings.warn when there is none."""
 
 
@@ -46,9 +53,9 @@ def build_spec(
 
     `options` are OPTIONS by name (strings as typed, or typed values). The submitter's
     environment is carried into the job (sbatch's --export=ALL), `env` entries on top, and
-    the submitter's umask is recorded. What gpuq does not use (an `#SBATCH --partition`, a GPU
-    type) is appended to `warnings`, one line each; without a list each is issued as a
-    SubmitWarning.
+    the submitter's umask is recorded. What gpuq does not use (an `#SBATCH --account`, a
+    `--gres` other than gpu) is appended to `warnings`, one line each; without a list each is
+    issued as a SubmitWarning.
     """
     notes: list[str] = [] if warnings is None else warnings
     first = len(notes)
@@ -117,6 +124,7 @@ def _spec(
         dict(os.environ if environ is None else environ) if carry_all else {},
         [*exported, *merged.get("env", ())],
     )
+    gpu_type, gpus = _gpus(merged, notes)
     return JobSpec(
         name=check_name(_text(merged, "name") or _safe_name(default_name)),
         script=text,
@@ -124,13 +132,14 @@ def _spec(
         args=tuple(args),
         env=env,
         resources=Resources(
-            gpus=_int(merged, "gpus", "--gpus", 0),
+            gpus=gpus,
             gpu_mem=_size(merged, "gpu_mem", "--gpu-mem"),
             cpus=_int(merged, "cpus", "--cpus", 1),
             mem=_size(merged, "mem", "--mem"),
             time_limit=_duration(merged, "time", "--time"),
             mig=_text(merged, "mig"),
             gpu_share=_share(merged),
+            gpu_type=gpu_type,
         ),
         qos=_text(merged, "qos"),
         nice=_int(merged, "nice", "--nice", 0),
@@ -145,6 +154,7 @@ def _spec(
         singleton=bool(merged.get("singleton")) or singleton,
         source=source,
         umask=current_umask(),
+        placement=_placement(merged),
     )
 
 
@@ -278,6 +288,45 @@ def _int(values: dict[str, Any], key: str, flag: str, default: int) -> int:
     if len(text.lstrip("+-").lstrip("0")) > 18:
         raise InvalidInput(flag, text[:60], "is far out of range")
     return int(text)
+
+
+def _gpus(values: dict[str, Any], notes: list[str]) -> tuple[str | None, int]:
+    """--gpus N or TYPE:N: (type, count). A type typed with more than the model (a100-80gb)
+    is noted: the model is what is matched; memory is --gpu-mem."""
+    value = values.get("gpus")
+    if value is None or value == "":
+        return None, 0
+    if isinstance(value, int) and not isinstance(value, bool):
+        return None, value
+    text = str(value)
+    if ":" not in text and not re.match(r"\s*[A-Za-z]", text):
+        return None, _int(values, "gpus", "--gpus", 0)
+    gpu_type, count = parse_gpu_request(text)
+    typed = text.rpartition(":")[0].strip().lower()
+    if gpu_type is not None and typed != gpu_type:
+        notes.append(
+            f"--gpus {brief(text)}: the GPU type is {gpu_type} (any {gpu_type}, whatever its "
+            "board or memory; ask for memory with --gpu-mem)"
+        )
+    return gpu_type, count
+
+
+def _placement(values: dict[str, Any]) -> Placement:
+    """--nodelist, --exclude, --constraint and --partition (a node feature, with the
+    constraint: `-C a|b -p p` is `a&p|b&p`). Node ranges (n[1-4]) are expanded here."""
+    nodelist = _text(values, "nodelist")
+    exclude = _text(values, "exclude")
+    constraint = _text(values, "constraint")
+    if constraint is not None:
+        constraint = check_feature_expression(constraint.strip())
+    partition = _text(values, "partition")
+    if partition is not None:
+        constraint = with_partitions(constraint, partition)
+    return Placement(
+        nodelist=expand_nodes(nodelist, "--nodelist") if nodelist else (),
+        exclude=expand_nodes(exclude, "--exclude") if exclude else (),
+        constraint=constraint,
+    )
 
 
 def _share(values: dict[str, Any]) -> int | None:

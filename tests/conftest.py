@@ -64,6 +64,33 @@ def store(store_url: str) -> Iterator[Store]:
         opened.close()
 
 
+@pytest.fixture(scope="session", autouse=True)
+def cli_helper_runtime() -> Iterator[Path]:
+    """The `gpuq` calls of this session start their CLI helpers (gpuq.cli.helper) in a runtime
+    folder of its own (XDG_RUNTIME_DIR, 0700), idle-limited, all stopped at the end: no helper
+    outlives the tests, and none of the session serves anything else."""
+    import shutil
+    import tempfile
+
+    from gpuq.cli.helper import stop_helpers
+
+    folder = Path(tempfile.mkdtemp(prefix="gpuq-run-"))
+    folder.chmod(0o700)
+    saved = {name: os.environ.get(name) for name in ("XDG_RUNTIME_DIR", "GPUQ_CLI_HELPER_IDLE")}
+    os.environ.update(XDG_RUNTIME_DIR=str(folder), GPUQ_CLI_HELPER_IDLE="120")
+    try:
+        yield folder
+    finally:
+        if (folder / "gpuq").exists():
+            stop_helpers(folder / "gpuq")
+        for name, value in saved.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
+        shutil.rmtree(folder, ignore_errors=True)
+
+
 def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
     """Say how many backend-parametrised tests ran on each store (CI must show both)."""
     counts = {"sqlite": 0, "postgresql": 0}

@@ -39,6 +39,7 @@ from gpuq.agent.launch import (
     launch_refusal,
 )
 from gpuq.agent.mps import MpsDaemons, MpsError, MpsShare, node_wide_mps
+from gpuq.agent.terminals import MAX_CHUNK, PtyEvent
 from gpuq.config import AgentSettings, split_addresses
 from gpuq.convert import spec_from_proto, unit_to_proto
 from gpuq.domain.units import parse_size
@@ -66,6 +67,9 @@ FENCE_CHECK_MAX = 1.0  # seconds between two looks at how long the coordinator h
 KEEPALIVE_MIN = 1.0
 KEEPALIVE_MAX = 5.0
 MPS_SCAN_EVERY = 1.0  # seconds between two looks for a node-wide MPS daemon, at least
+# bytes of terminal output waiting to be sent after which no terminal is read until they are
+# sent (the job then blocks on its writes, as on a slow terminal)
+PTY_QUEUE_MAX = 1 << 20
 
 
 @dataclass(frozen=True, slots=True)
@@ -82,7 +86,11 @@ class Agent:
         self.options = options
         self.backend = backend
         self.hub = SupervisorHub(
-            options.run_dir, self._on_report, fork_server=fork_server, on_health=self._beat_now
+            options.run_dir,
+            self._on_report,
+            fork_server=fork_server,
+            on_health=self._beat_now,
+            on_pty=self._on_pty,
         )
         # the installation's own level of job cgroups (<parent>/<key>/job_<id>): the GPU
         # processes of another installation's jobs are never taken for this one's
@@ -110,6 +118,8 @@ class Agent:
         self._reregistering = False  # the session is being ended to register anew
         self.unacked: dict[int, SupervisorReport] = {}  # ended, not yet recorded by the coordinator
         self._outgoing: list[apb.JobReport] = []
+        self._pty_out: list[apb.PtyOutput] = []  # interactive jobs' output, to send at once
+        self._pty_bytes = 0  # of data in _pty_out
         self._flush = asyncio.Event()
         self._beat_due = False  # a heartbeat goes with the next message, due or not
         self._last_usage: list[pb.GpuUsage] = []
@@ -181,6 +191,16 @@ class Agent:
             await self.mps.close()
             await self.hub.close()
             await asyncio.to_thread(self.backend.close)
+
+    async def settle(self, timeout: float) -> None:
+        """On a clean stop: give the coordinator up to `timeout` seconds to record the ends
+        already reported, so that ended jobs' folders are removed now rather than kept for
+        the next start (a job that ended just before Ctrl-C is the usual case)."""
+        deadline = asyncio.get_running_loop().time() + timeout
+        while self.unacked and self.connected.is_set():
+            if asyncio.get_running_loop().time() >= deadline:
+                return
+            await asyncio.sleep(0.02)
 
     async def _run_session(self) -> bool:
         """One session in a task of its own, so that a change of GPUs can end it (to register
@@ -292,6 +312,7 @@ class Agent:
             stub = agent_pb2_grpc.AgentLinkStub(channel)
             call = stub.Connect(metadata=metadata)
             self._outgoing.clear()  # what was unsent is rebuilt into the registration
+            self._new_pty_session()
             await call.write(apb.AgentMessage(register=self._registration()))
             first = await call.read()
             if first is grpc.aio.EOF or not first.HasField("registered"):
@@ -351,6 +372,7 @@ class Agent:
             gpu_problem=inventory.problem,
             isolation=self.gpus.isolation(),
             driver=inventory.driver,
+            features=list(s.features),
         )
 
     # ---- what the coordinator says ---------------------------------------------------------
@@ -388,6 +410,17 @@ class Agent:
                 self._report_gone(stop.job_id, stop.end_state, stop.attempt)
         for sig in message.signal:
             await self.hub.signal(sig.job_id, sig.signal)
+        for pty in message.pty:  # a terminal of a job this node runs with that attempt
+            self.hub.terminals.input(
+                pty.job_id,
+                pty.attempt,
+                data=pty.data,
+                rows=pty.rows,
+                cols=pty.cols,
+                eof=pty.eof,
+                pause=pty.pause,
+                resume=pty.resume,
+            )
 
     def _stop_is_current(self, stop: apb.StopJob) -> bool:
         """The stop is meant for the start of the job this node has (0: either side cannot
@@ -581,6 +614,7 @@ class Agent:
                     await asyncio.sleep(gap)
                 self._flush.clear()
                 message = apb.AgentMessage()
+                pty = self._take_pty()
                 if self._outgoing:
                     message.reports.extend(self._outgoing)
                     self._outgoing.clear()
@@ -596,11 +630,57 @@ class Agent:
                     beat.cancel()
                     next_beat = loop.time() + interval
                     beat = loop.call_at(next_beat, self._flush.set)
-                if message.reports or message.HasField("heartbeat"):
+                if pty and message.reports:
+                    # a job's output in a message before its end, never beside it
+                    await call.write(apb.AgentMessage(pty=pty))
+                elif pty:
+                    message.pty.extend(pty)
+                if message.reports or message.HasField("heartbeat") or message.pty:
                     await call.write(message)
                     last_sent = loop.time()
+                if pty:
+                    self.hub.terminals.throttle(self._pty_bytes > PTY_QUEUE_MAX)
         finally:
             beat.cancel()
+
+    def _on_pty(self, event: PtyEvent) -> None:
+        """An interactive job's output (or its end): out with the next message, at once;
+        consecutive output of one job shares a PtyOutput up to MAX_CHUNK bytes."""
+        last = self._pty_out[-1] if self._pty_out else None
+        if (
+            event.data
+            and last is not None
+            and (last.job_id, last.attempt) == (event.job_id, event.attempt)
+            and not (last.closed or last.problem)
+            and len(last.data) + len(event.data) <= MAX_CHUNK
+        ):
+            last.data += event.data
+        else:
+            self._pty_out.append(
+                apb.PtyOutput(
+                    job_id=event.job_id,
+                    attempt=event.attempt,
+                    data=event.data,
+                    closed=event.closed,
+                    problem=event.problem,
+                )
+            )
+        self._pty_bytes += len(event.data)
+        if self._pty_bytes > PTY_QUEUE_MAX:
+            self.hub.terminals.throttle(True)
+        self._flush.set()
+
+    def _take_pty(self) -> list[apb.PtyOutput]:
+        taken, self._pty_out, self._pty_bytes = self._pty_out, [], 0
+        return taken
+
+    def _new_pty_session(self) -> None:
+        """A new session: output of jobs whose end is unacknowledged is dropped (their end
+        goes in the registration, and no output may follow it); pauses start over."""
+        self._pty_out = [out for out in self._pty_out if out.job_id not in self.unacked]
+        self._pty_bytes = sum(len(out.data) for out in self._pty_out)
+        self.hub.terminals.resume_all()
+        self.hub.terminals.throttle(self._pty_bytes > PTY_QUEUE_MAX)
 
     def _beat_now(self) -> None:
         """Whether this node can start jobs may have changed: tell the coordinator at once."""

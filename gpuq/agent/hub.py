@@ -52,6 +52,7 @@ from gpuq.agent.jobdir import (
     write_json_atomic,
 )
 from gpuq.agent.launch import Account, LaunchSpec
+from gpuq.agent.terminals import PtyEvent, Terminals
 
 log = logging.getLogger(__name__)
 LIVENESS_CHECK = 1.0  # seconds between checks on a supervisor that is not connected
@@ -158,6 +159,8 @@ class _Job:
     ended: bool = False
     watching: bool = False  # a liveness check is scheduled
     reaping: bool = False  # its supervisor died; its processes are being stopped
+    terminal: bool = False  # an interactive job: its terminal is relayed (self.terminals)
+    ending: bool = False  # its end is being reported (after its terminal's last output)
 
 
 class _LineProtocol(asyncio.Protocol):
@@ -264,6 +267,7 @@ class SupervisorHub:
         fork_server: ForkServer | None = None,
         ack_wait: float = ACK_WAIT_DEFAULT,
         on_health: Callable[[], None] | None = None,
+        on_pty: Callable[[PtyEvent], None] | None = None,
     ) -> None:
         self.state_dir = Path(state_dir).absolute()  # supervisors chdir away from their cwd
         self.jobs_dir = self.state_dir / "jobs"
@@ -284,6 +288,10 @@ class SupervisorHub:
         self.failed_launches = 0  # refused in a row
         self._last_failure = ""  # why the last of them was refused
         self._last_failure_at = 0.0  # time.monotonic()
+        # interactive jobs' terminals: their output goes to on_pty (none: it is read and
+        # dropped, so that a job never blocks on it), always before the job's end report
+        self.terminals = Terminals(on_pty or _drop_output)
+        self._finishing: set[asyncio.Task[None]] = set()
 
     # ---- life cycle ----
 
@@ -389,11 +397,12 @@ class SupervisorHub:
     async def close(self) -> None:
         """Stop listening and let the fork server go; supervisors and jobs keep running."""
         self.closing = True
-        for task in (self._restarter, *self._reapers):
+        for task in (self._restarter, *self._reapers, *self._finishing):
             if task is not None:
                 task.cancel()
                 with contextlib.suppress(BaseException):
                     await task
+        self.terminals.close_all()
         if self.server is not None:
             self.server.close()
             await self.server.wait_closed()
@@ -419,8 +428,11 @@ class SupervisorHub:
             if not entry.name.isdigit() or int(entry.name) in self.jobs:
                 continue
             job_dir = Path(entry.path)
-            job = _Job(int(entry.name), _attempt_in(job_dir), pid=supervisor_alive(job_dir))
+            attempt, terminal = _facts_in(job_dir)
+            job = _Job(int(entry.name), attempt, pid=supervisor_alive(job_dir), terminal=terminal)
             self.jobs[job.job_id] = job
+            if terminal:
+                self.terminals.add(job.job_id, attempt)
             if job.pid is not None:
                 self._watch(job)  # it will reconnect; notice if it dies before that
             else:
@@ -438,12 +450,16 @@ class SupervisorHub:
         job_dir = self._job_dir(spec.job_id)
         text = json.dumps(spec.to_dict()).encode()
         await self._earlier_start_gone(job_dir)
-        job = self.jobs[spec.job_id] = _Job(spec.job_id, spec.attempt)
+        terminal = spec.terminal is not None
+        job = self.jobs[spec.job_id] = _Job(spec.job_id, spec.attempt, terminal=terminal)
+        if terminal:  # input that comes before the supervisor does is kept for it
+            self.terminals.add(spec.job_id, spec.attempt)
         try:
             pid = await self._spawn(job_dir, text)
         except BaseException as error:
             if self.jobs.get(spec.job_id) is job:
                 del self.jobs[spec.job_id]
+                self.terminals.discard(spec.job_id)
             if isinstance(error, LaunchRefused):
                 self._launch_failed(str(error))
             raise
@@ -605,8 +621,12 @@ class SupervisorHub:
             job = self.jobs.get(int(message["job_id"]))
             if job is None:
                 job_id = int(message["job_id"])
-                job = self.jobs[job_id] = _Job(job_id, _attempt_in(self._job_dir(job_id)))
+                attempt, terminal = _facts_in(self._job_dir(job_id))
+                job = self.jobs[job_id] = _Job(job_id, attempt, terminal=terminal)
             job.conn, job.pid, conn.job = conn, int(message["pid"]), job
+            if job.terminal and not (job.ended or job.ending):
+                self.terminals.add(job.job_id, job.attempt)
+                self.terminals.attach(job.job_id, self._job_dir(job.job_id))
             for queued in job.queued:
                 conn.send(queued)
             if {"type": "ack"} in job.queued:
@@ -632,9 +652,25 @@ class SupervisorHub:
             asyncio.get_running_loop().call_soon(self._check, job)
 
     def _report_end(self, job: _Job, result: Message) -> None:
-        if not job.ended:
+        if job.ended or job.ending:
+            return
+        report = SupervisorReport.ended(result, job.attempt)
+        if not job.terminal:
             job.ended = True
-            self._report(SupervisorReport.ended(result, job.attempt))
+            self._report(report)
+            return
+        job.ending = True  # after the last of its terminal's output
+        task = asyncio.get_running_loop().create_task(self._end_terminal_job(job, report))
+        self._finishing.add(task)
+        task.add_done_callback(self._finishing.discard)
+
+    async def _end_terminal_job(self, job: _Job, report: SupervisorReport) -> None:
+        try:
+            await self.terminals.finish(job.job_id, job.attempt)
+        except Exception:  # the end must be reported whatever happened to the terminal
+            log.exception("job %d: finishing its terminal", job.job_id)
+        job.ended = True
+        self._report(report)
 
     def _report(self, report: SupervisorReport) -> None:
         try:
@@ -719,13 +755,18 @@ class SupervisorHub:
             self._report_end(job, result)
 
 
-def _attempt_in(job_dir: Path) -> int:
-    """The attempt in a job folder's launch spec (0: none recorded, or no spec)."""
+def _facts_in(job_dir: Path) -> tuple[int, bool]:
+    """The attempt in a job folder's launch spec (0: none recorded, or no spec), and whether
+    the job is interactive (it has a terminal)."""
     try:
         spec = read_json_durable(job_dir / SPEC_FILE) or {}
-        return int(spec.get("attempt") or 0)
-    except (OSError, ValueError, TypeError):
-        return 0
+        return int(spec.get("attempt") or 0), bool(spec.get("terminal"))
+    except (OSError, ValueError, TypeError, AttributeError):
+        return 0, False
+
+
+def _drop_output(event: PtyEvent) -> None:
+    """Terminal output nobody asked for (a hub without on_pty)."""
 
 
 def _count(processes: int) -> str:

@@ -16,6 +16,7 @@ from gpuq.agent.isolation import DeviceNumber, device_rules, format_cpulist
 from gpuq.agent.mps import MpsShare, mps_environment
 from gpuq.config import ALLOCATOR_NAMES
 from gpuq.domain.model import GpuUnit, JobSpec, output_paths
+from gpuq.domain.placement import Terminal
 
 MemEnforcement = Literal["auto", "cgroup", "poll"]
 VisibleDevices = Literal["uuid", "index"]
@@ -68,6 +69,11 @@ class LaunchSpec:
     # sched_setaffinity (which cannot bind memory nodes); None: not bound
     cpuset: str | None = None
     mems: str | None = None
+    # an interactive job's terminal ({"rows", "cols", "term", "stdin_tty", "stdout_tty"}, from
+    # terminal_fields): the job runs on a pseudo-terminal that the agent relays
+    # (gpuq.agent.terminals) instead of writing output files (stdout_path is then ""). None: a
+    # batch job
+    terminal: dict[str, Any] | None = None
     extra: dict[str, Any] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
@@ -167,6 +173,8 @@ def build_launch(
         else None
     )
     stdout, stderr = output_paths(spec, order.job_id, order.user, policy.node, array)
+    if spec.terminal is not None:
+        stdout = stderr = ""  # the terminal receives both
     warning = spec.signal
     run_as = account if policy.switch_user else None
     return LaunchSpec(
@@ -194,7 +202,21 @@ def build_launch(
         device_deny=device_rules(policy.devices, order.gpus),
         cpuset=format_cpulist(cpus) or None,
         mems=format_cpulist(mems) or None,
+        terminal=terminal_fields(spec.terminal),
     )
+
+
+def terminal_fields(terminal: Terminal | None) -> dict[str, Any] | None:
+    """The launch spec's (and so spec.json's) form of an interactive job's terminal."""
+    if terminal is None:
+        return None
+    return {
+        "rows": terminal.rows,
+        "cols": terminal.cols,
+        "term": terminal.term,
+        "stdin_tty": terminal.stdin_tty,
+        "stdout_tty": terminal.stdout_tty,
+    }
 
 
 def job_environment(
@@ -237,6 +259,8 @@ def job_environment(
         env["GPUQ_ARRAY_TASK_ID"] = str(order.array_task_id)
     if mps is not None:
         env.update(mps_environment(mps))
+    if spec.terminal is not None and spec.terminal.term:
+        env["TERM"] = spec.terminal.term  # the submitter's terminal type, not the agent's
     return env
 
 

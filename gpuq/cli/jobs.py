@@ -15,9 +15,13 @@ from gpuq.domain.units import format_duration
 from gpuq.options import OPTIONS
 
 
-def submit_options(command: Callable[..., Any]) -> Callable[..., Any]:
-    """The submit flags, from the one table that #GPUQ directives also use."""
+def submit_options(
+    command: Callable[..., Any], skip: frozenset[str] = frozenset()
+) -> Callable[..., Any]:
+    """The submit flags, from the one table that #GPUQ directives also use (but `skip`)."""
     for option in reversed(OPTIONS):
+        if option.name in skip:
+            continue
         if option.is_flag:
             decorator = click.option(
                 *option.flags, option.name, is_flag=True, default=None, help=option.help
@@ -89,47 +93,161 @@ def submit(
     return 1
 
 
-def _act(obj: Any, /, verb: str, job_ids: tuple[str, ...], **kwargs: Any) -> int:
-    outcomes = getattr(obj.client(), verb)(*job_ids, **kwargs)
-    failed = False
-    for outcome in outcomes:
-        if outcome.done:
+def complete_ids(ctx: Any, param: Any, incomplete: str) -> list[Any]:
+    """Tab completion of job ids (gpuq.cli.completion, imported only when completing, and
+    nothing to offer where that module is missing)."""
+    import importlib
+
+    try:
+        completion = importlib.import_module("gpuq.cli.completion")
+    except ImportError:
+        return []
+    return list(completion.complete_job_ids(ctx, param, incomplete))
+
+
+def selection_options(command: Callable[..., Any]) -> Callable[..., Any]:
+    """`[JOB...] [-u USER] [--state STATE] [--name PATTERN]`, as scancel takes them."""
+    for decorator in reversed(
+        (
+            click.argument("job_ids", nargs=-1, shell_complete=complete_ids),
+            click.option(
+                "--user", "-u", default="", metavar="USER", help="only USER's jobs (admins)"
+            ),
+            click.option(
+                "--state",
+                "-t",
+                "states",
+                multiple=True,
+                metavar="STATE",
+                help="only jobs in STATE (PD, HD, R or names; comma lists)",
+            ),
+            click.option("--name", "-n", default="", metavar="PATTERN", help="only jobs named so"),
+            click.option("--verbose", "-v", is_flag=True, help="a line per job, also in bulk"),
+        )
+    ):
+        command = decorator(command)
+    return command
+
+
+def check_selection(
+    verb: str, job_ids: tuple[str, ...], user: str, states: tuple[str, ...], name: str
+) -> None:
+    """Ids or a filter (bad ids and states fail here, before any connection)."""
+    from gpuq.domain.dependencies import parse_job_ref
+    from gpuq.domain.states import parse_states
+
+    if not (job_ids or user or states or name):
+        raise click.UsageError(
+            f"name jobs, or select them: gpuq {verb} -u USER, --state STATE, --name PATTERN"
+        )
+    for job_id in job_ids:
+        parse_job_ref(job_id)
+    if states:
+        parse_states(states)
+
+
+def report(verb: str, outcomes: Any, verbose: bool = False, bulk: bool = False) -> int:
+    """A line per job (`job 12: held`); for a bulk request (filters, or more than
+    BULK_LINES jobs) a summary (`held 500 jobs`) unless verbose. Failures are always listed,
+    one line each on stderr; exit 2 when any failed."""
+    done = [o for o in outcomes if o.done]
+    failed = [o for o in outcomes if not o.done]
+    if verbose or not (bulk or len(done) > BULK_LINES):
+        for outcome in done:
             click.echo(f"job {outcome.job_id}: {render.printable(outcome.message)}")
-        else:
-            failed = True
-            message = render.printable(outcome.message)
-            click.echo(f"gpuq {verb}: job {outcome.job_id}: {message}", err=True)
+    else:
+        messages = sorted({o.message for o in done})
+        what = f": {render.printable(messages[0])}" if len(messages) == 1 else ""
+        click.echo(f"{PAST[verb]} {len(done)} job{'s' if len(done) != 1 else ''}{what}")
+    for outcome in failed:
+        message = render.printable(outcome.message)
+        click.echo(f"gpuq {verb}: job {outcome.job_id}: {message}", err=True)
+    if bulk and not outcomes:
+        click.echo(f"gpuq {verb}: no jobs matched", err=True)
     return 2 if failed else 0
 
 
+BULK_LINES = 20  # more jobs than this in one request: a summary line (-v: every line)
+PAST = {
+    "cancel": "cancelled",
+    "hold": "held",
+    "release": "released",
+    "requeue": "requeued",
+    "update": "updated",
+}
+
+
+def _act(
+    obj: Any,
+    /,
+    verb: str,
+    job_ids: tuple[str, ...],
+    user: str = "",
+    states: tuple[str, ...] = (),
+    name: str = "",
+    verbose: bool = False,
+    **kwargs: Any,
+) -> int:
+    check_selection(verb, job_ids, user, states, name)
+    outcomes = getattr(obj.client(), verb)(*job_ids, user=user, states=states, name=name, **kwargs)
+    return report(verb, outcomes, verbose, bulk=bool(user or states or name))
+
+
 @click.command()
-@click.argument("job_ids", nargs=-1, required=True)
+@selection_options
 @click.option("--reason", default="", help="recorded with the cancellation")
 @click.pass_obj
-def cancel(obj: Any, /, job_ids: tuple[str, ...], reason: str) -> int:
-    """Cancel jobs (JOB, ARRAY for every task, ARRAY_TASK for one). Running jobs get SIGTERM,
-    then SIGKILL after the grace period."""
-    return _act(obj, "cancel", job_ids, reason=reason)
+def cancel(
+    obj: Any,
+    /,
+    job_ids: tuple[str, ...],
+    user: str,
+    states: tuple[str, ...],
+    name: str,
+    verbose: bool,
+    reason: str,
+) -> int:
+    """Cancel jobs (JOB, ARRAY for every task, ARRAY_TASK for one), or every live job that
+    matches -u/--state/--name (`gpuq cancel -u $USER --state PD`). Running jobs get
+    SIGTERM, then SIGKILL after the grace period. One request, whatever the count."""
+    return _act(obj, "cancel", job_ids, user, states, name, verbose, reason=reason)
 
 
 @click.command()
-@click.argument("job_ids", nargs=-1, required=True)
+@selection_options
 @click.pass_obj
-def hold(obj: Any, /, job_ids: tuple[str, ...]) -> int:
-    """Keep pending jobs from starting until released."""
-    return _act(obj, "hold", job_ids)
+def hold(
+    obj: Any,
+    /,
+    job_ids: tuple[str, ...],
+    user: str,
+    states: tuple[str, ...],
+    name: str,
+    verbose: bool,
+) -> int:
+    """Keep pending jobs from starting until released (or every pending job that matches
+    -u/--state/--name)."""
+    return _act(obj, "hold", job_ids, user, states, name, verbose)
 
 
 @click.command()
-@click.argument("job_ids", nargs=-1, required=True)
+@selection_options
 @click.pass_obj
-def release(obj: Any, /, job_ids: tuple[str, ...]) -> int:
-    """Let held jobs start."""
-    return _act(obj, "release", job_ids)
+def release(
+    obj: Any,
+    /,
+    job_ids: tuple[str, ...],
+    user: str,
+    states: tuple[str, ...],
+    name: str,
+    verbose: bool,
+) -> int:
+    """Let held jobs start (or every held job that matches -u/--state/--name)."""
+    return _act(obj, "release", job_ids, user, states, name, verbose)
 
 
 @click.command()
-@click.argument("job_id")
+@click.argument("job_id", shell_complete=complete_ids)
 @click.option("--json", "as_json", is_flag=True, help="print JSON")
 @click.pass_obj
 def show(obj: Any, /, job_id: str, as_json: bool) -> int:
@@ -219,6 +337,8 @@ def _resources(res: Any) -> str:
     mem = render.size(res.mem) if res.HasField("mem") else "-"
     limit = format_duration(res.time_limit) if res.HasField("time_limit") else "qos default"
     gpus = f"1 MIG {res.mig} slice" if res.mig else f"{res.gpus} GPUs"
+    if res.gpu_type:
+        gpus = f"{res.gpu_type}: {gpus}"
     if res.gpu_share:
         gpus, gpu_mem = f"a {res.gpu_share}% share of 1 GPU", f" with {render.size(res.gpu_mem)}"
     return f"{gpus}{gpu_mem}, {res.cpus} CPUs, mem {mem}, time {limit}"
@@ -236,6 +356,7 @@ def _describe(
         ("Script", job.spec.source + (" " + " ".join(job.spec.args) if job.spec.args else "")),
         ("Folder", job.spec.workdir),
         ("Resources", _resources(res)),
+        ("Placement", render.placement_text(job.spec.placement)),
         ("Node", job.node or "-"),
         (
             "GPUs",
@@ -282,7 +403,7 @@ def _describe(
 
 
 @click.command()
-@click.argument("job_id")
+@click.argument("job_id", shell_complete=complete_ids)
 @click.option("--follow", "-f", is_flag=True, help="keep printing until the job ends")
 @click.option("--stderr", "-e", "errors", is_flag=True, help="the error file, if separate")
 @click.pass_obj

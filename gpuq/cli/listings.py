@@ -13,55 +13,216 @@ from gpuq.cli import render
 json_option = click.option("--json", "as_json", is_flag=True, help="print JSON")
 
 
+def _split(values: tuple[str, ...]) -> tuple[str, ...]:
+    """`-u a,b -u c` -> (a, b, c): each flag repeatable and a comma list, as squeue's."""
+    return tuple(part.strip() for v in values for part in v.split(",") if part.strip())
+
+
+def _states(values: tuple[str, ...]) -> frozenset[Any]:
+    """--state words (PD, R, pending, cd...): bad input fails here, before any connection."""
+    from gpuq.domain.states import parse_states
+
+    return parse_states(_split(values))
+
+
+class Look:
+    """How this command's output looks, decided when it runs (not at import: a forked helper
+    may write to a terminal it did not have when it started): colour, width, ellipsis."""
+
+    def __init__(self, colour_mode: str = "auto") -> None:
+        import os
+        import sys
+
+        stream = sys.stdout
+        self.colour = render.wants_colour(colour_mode, stream, os.environ)
+        self.width = render.output_width(stream, os.environ)
+        encoding = (getattr(stream, "encoding", None) or "").lower().replace("-", "")
+        self.ellipsis = "…" if encoding.startswith("utf") else "~"
+
+    def clip(self, line: str) -> str:
+        return line if self.width is None else render.clip(line, self.width, self.ellipsis)
+
+
+def _format(text: str | None) -> list[Any] | None:
+    if text is None:
+        return None
+    try:
+        return render.parse_format(text)
+    except ValueError as error:
+        raise click.BadParameter(str(error), param_hint="--format") from None
+
+
+user_option = click.option(
+    "--user", "-u", "users", multiple=True, help="only these users' jobs: a,b (repeatable)"
+)
+name_option = click.option(
+    "--name",
+    "-n",
+    "names",
+    multiple=True,
+    help="only names matching these shell patterns: 'sweep*',train-? (repeatable)",
+)
+format_option = click.option(
+    "--format",
+    "-o",
+    "fmt",
+    metavar="FORMAT",
+    help="squeue's field codes: '%.8i %-20j %u %t %M %b %R' (see the README)",
+)
+noheader_option = click.option("--noheader", is_flag=True, help="no header line")
+colour_option = click.option(
+    "--color",
+    "--colour",
+    "colour_mode",
+    type=click.Choice(render.COLOUR_MODES),
+    default="auto",
+    show_default=True,
+    help="colour states: auto is on a terminal only, never with NO_COLOR set",
+)
+
+QUEUE_COLUMNS = (
+    render.Column("JOBID"),
+    render.Column("NAME", shrink=8),
+    render.Column("USER", shrink=8),
+    render.Column("ST", state=True),
+    render.Column("TIME", right=True),
+    render.Column("GPUS", right=True),
+    render.Column("QOS", drop=1),
+)
+LONG_COLUMNS = (
+    render.Column("PRIORITY", right=True),
+    render.Column("QOS+AGE+FAIRSHARE-NICE"),
+    render.Column("START"),
+)
+
+
 @click.command()
-@click.option("--user", "-u", help="only this user's jobs")
+@user_option
+@click.option("--me", is_flag=True, help="only my jobs (with --user: mine too)")
+@name_option
 @click.option(
     "--state",
+    "-t",
     "-s",
     "states",
     multiple=True,
-    help="only these states: names or SLURM codes, e.g. R,PD (repeatable)",
+    help="only these states: names or SLURM codes, e.g. PD,R or pending (repeatable)",
 )
+@click.option("--nodelist", "-w", "nodes", multiple=True, help="only jobs on these nodes: a,b")
+@click.option("--array", "-r", "expand", is_flag=True, help="each array task on a line of its own")
 @click.option("--long", "-l", "long_", is_flag=True, help="priority factors and estimated start")
+@format_option
+@noheader_option
+@colour_option
 @json_option
 @click.pass_obj
 def queue(
-    obj: Any, /, user: str | None, states: tuple[str, ...], long_: bool, as_json: bool
+    obj: Any,
+    /,
+    users: tuple[str, ...],
+    me: bool,
+    names: tuple[str, ...],
+    states: tuple[str, ...],
+    nodes: tuple[str, ...],
+    expand: bool,
+    long_: bool,
+    fmt: str | None,
+    noheader: bool,
+    colour_mode: str,
+    as_json: bool,
 ) -> int:
     """Pending, held and running jobs, with why each pending job waits. An array's waiting
-    tasks show as one line, e.g. 40_[3-99%8]."""
-    from gpuq.domain.states import parse_states
-
-    wanted = parse_states(states)  # bad input fails here, before any connection
-    jobs = obj.client().list_raw(states=wanted, user=user)
+    tasks show as one line, e.g. 40_[3-99%8] (--array: one line each). Fits the terminal
+    (80 columns when piped with COLUMNS=80; nothing cut when piped without it)."""
+    wanted = _states(states)
+    if ended := sorted(s.value for s in wanted if not s.is_live):
+        raise click.BadParameter(
+            f"{', '.join(ended)}: gpuq queue lists live jobs; ended ones are in gpuq history",
+            param_hint="--state",
+        )
+    parts = _format(fmt)
+    who = _split(users) + ((getpass.getuser(),) if me else ())
+    jobs = obj.client().list_raw(
+        states=wanted,
+        users=who,
+        names=_split(names),
+        nodes=_split(nodes),
+        expand_arrays=expand,
+    )
     if as_json:
         click.echo(render.dumps([render.job_dict(j) for j in jobs]))
         return 0
-    now = time.time()
-    headers = ["JOBID", "NAME", "USER", "ST", "TIME", "GPUS", "QOS"]
-    if long_:
-        headers += ["PRIORITY", "QOS+AGE+FAIRSHARE-NICE", "START"]
+    look, now = Look(colour_mode), time.time()
+    if parts is not None:
+        lines = render.format_lines(parts, jobs, now, colour=look.colour, header=not noheader)
+        click.echo("\n".join(lines), color=look.colour)
+        return 0
+    columns = [*QUEUE_COLUMNS, *(LONG_COLUMNS if long_ else ()), render.Column("NODE/REASON")]
     rows = []
     for j in jobs:
         row = [
             render.job_id_text(j),
-            j.spec.name[:24],
+            j.spec.name,
             j.user,
             render.SHORT_STATE[j.state],
             render.elapsed(j, now),
-            f"1 ({j.spec.resources.mig})" if j.spec.resources.mig else j.spec.resources.gpus,
+            f"1 ({j.spec.resources.mig})" if j.spec.resources.mig else _gpus(j),
             j.qos,
         ]
         if long_:
             row += [render.priority(j), render.factors(j), render.estimated_start(j)]
         flagged = f" [{render.flags_text(j)}]" if j.flags else ""
         rows.append([*row, render.job_reason(j) + flagged])
-    click.echo(render.table([*headers, "NODE/REASON"], rows))
+    lines = render.layout(
+        columns,
+        rows,
+        None if long_ else look.width,  # --long: every column, as wide as it takes
+        states=[j.state for j in jobs],
+        colour=look.colour,
+        header=not noheader,
+        ellipsis=look.ellipsis,
+    )
+    if lines:
+        click.echo("\n".join(lines), color=look.colour)
     return 0
 
 
+def _gpus(job: Any) -> str:
+    """`2`, or `a100:2` for a GPU model."""
+    res = job.spec.resources
+    return f"{res.gpu_type}:{res.gpus}" if res.gpu_type else str(res.gpus)
+
+
+HISTORY_COLUMNS = (
+    render.Column("JOBID"),
+    render.Column("NAME", shrink=8),
+    render.Column("USER", shrink=8, drop=1),
+    render.Column("ST", state=True),
+    render.Column("EXIT", right=True),
+    render.Column("TIME", right=True),
+    render.Column("VRAM", right=True, drop=3),
+    render.Column("UTIL", right=True, drop=4),
+    render.Column("KWH", right=True, drop=5),
+    render.Column("NODE", shrink=6, drop=2),
+    render.Column("ENDED"),
+    render.Column("REASON", shrink=10),
+)
+
+
 @click.command()
-@click.option("--user", "-u", help="only this user's jobs")
+@user_option
+@click.option("--me", is_flag=True, help="only my jobs (with --user: mine too)")
+@click.option(  # -n stays --limit here, as it always was
+    "--name", "names", multiple=True, help="only names matching these shell patterns: 'sweep*'"
+)
+@click.option(
+    "--state", "-t", "-s", "states", multiple=True, help="only these endings: CD,F,TO,CA,OOM..."
+)
+@click.option(
+    "--since", "-S", help="ended at or after: 2026-11-01, yesterday, today, -2d, '1h ago'"
+)
+@click.option("--until", "-E", help="ended before (same forms as --since)")
+@click.option("--nodelist", "-w", "nodes", multiple=True, help="only jobs that ran on these nodes")
 @click.option(
     "--limit",
     "-n",
@@ -70,13 +231,51 @@ def queue(
     show_default=True,
     help="how many (1 to 100000)",
 )
+@format_option
+@noheader_option
+@colour_option
 @json_option
 @click.pass_obj
-def history(obj: Any, /, user: str | None, limit: int, as_json: bool) -> int:
-    """Finished jobs, newest first."""
-    jobs = obj.client().list_raw(finished=True, user=user, limit=limit)
+def history(
+    obj: Any,
+    /,
+    users: tuple[str, ...],
+    me: bool,
+    names: tuple[str, ...],
+    states: tuple[str, ...],
+    since: str | None,
+    until: str | None,
+    nodes: tuple[str, ...],
+    limit: int,
+    fmt: str | None,
+    noheader: bool,
+    colour_mode: str,
+    as_json: bool,
+) -> int:
+    """Finished jobs, newest first; the filters are applied by the database."""
+    now = time.time()
+    wanted = _states(states)
+    parts = _format(fmt)
+    start = parse_since(since, now, "--since") if since is not None else None
+    end = parse_since(until, now, "--until") if until is not None else None
+    who = _split(users) + ((getpass.getuser(),) if me else ())
+    jobs = obj.client().list_raw(
+        states=wanted,
+        finished=True,
+        users=who,
+        names=_split(names),
+        nodes=_split(nodes),
+        since=start,
+        until=end,
+        limit=limit,
+    )
     if as_json:
         click.echo(render.dumps([render.job_dict(j) for j in jobs]))
+        return 0
+    look = Look(colour_mode)
+    if parts is not None:
+        lines = render.format_lines(parts, jobs, now, colour=look.colour, header=not noheader)
+        click.echo("\n".join(lines), color=look.colour)
         return 0
     rows = []
     for j in jobs:
@@ -86,18 +285,28 @@ def history(obj: Any, /, user: str | None, limit: int, as_json: bool) -> int:
         rows.append(
             (
                 render.job_id_text(j),
-                j.spec.name[:16],
+                j.spec.name,
+                j.user,
                 render.SHORT_STATE.get(j.state, j.state),
                 code,
-                render.elapsed(j, time.time()),
+                render.elapsed(j, now),
                 *render.telemetry_cells(j),
                 j.node or "-",
                 ended[5:16] if ended != "-" else ended,  # MM-DD HH:MM
-                j.reason[:40],
+                j.reason,
             )
         )
-    headers = ("JOBID", "NAME", "ST", "EXIT", "TIME", "VRAM", "UTIL", "KWH", "NODE", "ENDED")
-    click.echo(render.table((*headers, "REASON"), rows))
+    lines = render.layout(
+        HISTORY_COLUMNS,
+        rows,
+        look.width,
+        states=[j.state for j in jobs],
+        colour=look.colour,
+        header=not noheader,
+        ellipsis=look.ellipsis,
+    )
+    if lines:
+        click.echo("\n".join(lines), color=look.colour)
     return 0
 
 
@@ -140,6 +349,8 @@ def node_dict(node: Any) -> dict[str, Any]:
         "isolation_advisory": node.isolation.startswith("advisory"),
         "driver": node.driver or None,
         "gpu_problem": node.gpu_problem or None,
+        "features": list(node.features),
+        "gpu_types": _gpu_types(node),
         "drain": (
             {"reason": node.drain_reason, "by": node.drained_by, "at": node.drained_at}
             if node.drain_reason
@@ -174,9 +385,21 @@ def node_dict(node: Any) -> dict[str, Any]:
     }
 
 
+def _gpu_types(node: Any) -> list[str]:
+    """The types of a node's GPUs, as --gpus TYPE:N and --constraint name them."""
+    from gpuq.domain.placement import gpu_type
+
+    return sorted({gpu_type(g.name) for g in node.gpus})
+
+
 def node_facts(node: Any) -> str:
-    """One line on what the node's agent said about its GPUs: driver, isolation, problems."""
+    """One line on what the node's agent said about its GPUs: driver, isolation, problems;
+    its GPU types and features (what --gpus TYPE:N and --constraint match)."""
     facts = []
+    if node.gpus:
+        facts.append("types " + ",".join(_gpu_types(node)))
+    if node.features:
+        facts.append("features " + ",".join(node.features))
     if node.gpu_problem:
         facts.append(f"no GPUs: {node.gpu_problem}")
     if node.driver:
@@ -277,10 +500,12 @@ def nodes(obj: Any, /, as_json: bool) -> int:
 
 
 @click.command()
+@colour_option
 @json_option
 @click.pass_obj
-def status(obj: Any, /, as_json: bool) -> int:
-    """At a glance: every GPU (who holds it, memory in use) and my jobs."""
+def status(obj: Any, /, colour_mode: str, as_json: bool) -> int:
+    """At a glance: every GPU (who holds it, memory in use) and my jobs; lines fit the
+    terminal (cut with an ellipsis)."""
     client = obj.client()
     found = client.nodes()
     me = getpass.getuser()
@@ -330,40 +555,64 @@ def status(obj: Any, /, as_json: bool) -> int:
         counts[job.state] = counts.get(job.state, 0) + 1
     summary = ", ".join(f"{n} {state}" for state, n in sorted(counts.items())) or "none"
     lines.append(f"My jobs ({me}): {summary}")
-    for job in jobs:
-        flagged = f" [{'; '.join(job.flags)}]" if job.flags else ""
-        lines.append(
-            f"  {render.job_id_text(job):>8} {job.spec.name[:24]:<24} "
-            f"{render.SHORT_STATE[job.state]:<3} {render.job_reason(job)}{flagged}"
-        )
+    look = Look(colour_mode)
     # every line is one line of its own: what a user or an agent said is escaped in it
-    click.echo("\n".join(render.printable(line) for line in lines))
+    out = [look.clip(render.printable(line)) for line in lines]
+    id_width = max([8, *(len(render.printable(render.job_id_text(j))) for j in jobs)])
+    out += [_status_job_line(job, look, id_width) for job in jobs]
+    click.echo("\n".join(out), color=look.colour)
     return 0
 
 
-_AGO = {"m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
+def _status_job_line(job: Any, look: Look, id_width: int) -> str:
+    """`      42 train-resnet…             R   node1`: the name cut to 24 columns, the state
+    coloured after padding, the reason cut to what the width leaves."""
+    name = render.clip(render.printable(job.spec.name), 24, look.ellipsis)
+    head = f"  {render.printable(render.job_id_text(job)):>{id_width}} {name:<24} "
+    code = render.paint(f"{render.SHORT_STATE[job.state]:<3}", job.state, look.colour)
+    flagged = f" [{'; '.join(job.flags)}]" if job.flags else ""
+    tail = render.printable(f" {render.job_reason(job)}{flagged}")
+    if look.width is not None:
+        tail = render.clip(tail, max(0, look.width - len(head) - 3), look.ellipsis)
+    return (head + code + tail).rstrip()
 
 
-def parse_since(text: str, now: float) -> float:
-    """`--since`: an ISO date or date-time (local time unless it has an offset), `today`,
-    or how long ago: `30m`, `24h`, `7d`, `2w`."""
+_AGO = {
+    **dict.fromkeys(("s", "sec", "secs", "second", "seconds"), 1),
+    **dict.fromkeys(("m", "min", "mins", "minute", "minutes"), 60),
+    **dict.fromkeys(("h", "hr", "hrs", "hour", "hours"), 3600),
+    **dict.fromkeys(("d", "day", "days"), 86400),
+    **dict.fromkeys(("w", "week", "weeks"), 7 * 86400),
+}
+_AGO_RE = r"-?\s*([0-9]{1,6})\s*([a-z]+)(\s+ago)?"
+
+
+def parse_since(text: str, now: float, flag: str = "--since") -> float:
+    """`--since`/`--until`: an ISO date or date-time (local time unless it has an offset),
+    `now`, `today`, `yesterday` (their midnight), or how long ago: `30m`, `-2d`, `1h ago`,
+    `2 weeks ago` (s, m, h, d, w and their long names)."""
     import datetime as dt
     import re
 
     from gpuq.errors import InvalidInput
 
-    raw = text.strip().lower()
-    forms = "expected a date such as 2026-11-01, a date-time, today, or 7d / 24h / 30m / 2w ago"
-    if match := re.fullmatch(r"([0-9]{1,6})\s*([mhdw])", raw):
+    raw = " ".join(text.split()).lower()[:64]
+    forms = "expected 2026-11-01, a date-time, now, today, yesterday, or -2d / 1h ago / 30m"
+    if match := re.fullmatch(_AGO_RE, raw):
+        if match[2] not in _AGO:
+            raise InvalidInput(flag, text[:60], f"unknown unit {match[2]!r}: use s, m, h, d or w")
         return now - int(match[1]) * _AGO[match[2]]
-    if raw == "today":
-        return dt.datetime.combine(dt.datetime.fromtimestamp(now).date(), dt.time()).timestamp()
+    if raw == "now":
+        return now
+    if raw in ("today", "yesterday"):
+        day = dt.datetime.fromtimestamp(now).date() - dt.timedelta(days=raw == "yesterday")
+        return dt.datetime.combine(day, dt.time()).timestamp()
     try:
         moment = dt.datetime.fromisoformat(text.strip()).timestamp()
     except (ValueError, OverflowError, OSError):
-        raise InvalidInput("--since", text[:60], forms) from None
+        raise InvalidInput(flag, text[:60], forms) from None
     if moment < 0:
-        raise InvalidInput("--since", text[:60], "is before 1970")
+        raise InvalidInput(flag, text[:60], "is before 1970")
     return moment
 
 

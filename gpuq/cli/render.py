@@ -5,7 +5,8 @@ from __future__ import annotations
 import datetime as dt
 import json
 import re
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from gpuq.domain.limits import CONTROL_RE
@@ -84,6 +85,8 @@ def job_dict(job: Any) -> dict[str, Any]:
         "priority": job.priority,
         "gpus": job.spec.resources.gpus,
         "mig": job.spec.resources.mig or None,
+        "gpu_type": job.spec.resources.gpu_type or None,
+        "placement": placement_dict(job.spec.placement),
         "cpus": job.spec.resources.cpus,
         "mem": job.spec.resources.mem if job.spec.resources.HasField("mem") else None,
         "time_limit": job.spec.resources.time_limit
@@ -112,6 +115,29 @@ def job_dict(job: Any) -> dict[str, Any]:
         "telemetry": telemetry_dict(job),
         "flags": list(job.flags),
     }
+
+
+def placement_dict(placement: Any) -> dict[str, Any] | None:
+    """A job's --nodelist, --exclude and --constraint (None: anywhere)."""
+    if not (placement.nodelist or placement.exclude or placement.constraint):
+        return None
+    return {
+        "nodelist": list(placement.nodelist),
+        "exclude": list(placement.exclude),
+        "constraint": placement.constraint or None,
+    }
+
+
+def placement_text(placement: Any) -> str:
+    """ "nodelist n1,n2; exclude n3; constraint nvlink&ib", or "anywhere"."""
+    parts = []
+    if placement.nodelist:
+        parts.append("nodelist " + ",".join(placement.nodelist))
+    if placement.exclude:
+        parts.append("exclude " + ",".join(placement.exclude))
+    if placement.constraint:
+        parts.append("constraint " + placement.constraint)
+    return "; ".join(parts) or "anywhere"
 
 
 def table(headers: Sequence[str], rows: Sequence[Sequence[object]]) -> str:
@@ -258,3 +284,317 @@ def report_dict(row: Any) -> dict[str, Any]:
         "mean_util": row.util_mean if row.HasField("util_mean") else None,
         "measured_gpu_hours": row.util_gpu_seconds / 3600,
     }
+
+
+# ---- colour, column layout and --format (issue 13): pure, decided by the caller ----------------
+
+STATE_COLOUR = {  # SGR codes: pending yellow, running green, endings that went wrong red
+    "pending": "33",
+    "held": "36",
+    "running": "32",
+    "completed": "",
+    "failed": "31",
+    "timeout": "31",
+    "out_of_memory": "31",
+    "node_fail": "31",
+    "cancelled": "35",
+    "preempted": "35",
+}
+COLOUR_MODES = ("auto", "always", "never")
+
+
+def wants_colour(mode: str, stream: Any, environ: Any) -> bool:
+    """Colour for states: never with NO_COLOR set to anything but "" (no-color.org) unless
+    asked with --color=always, never when `stream` is not a terminal (piped, redirected) or
+    TERM=dumb. Decided when a command runs, from the stream it writes to (a forked helper
+    may hold the user's terminal on fds it did not have when it started)."""
+    if mode == "always":
+        return True
+    if mode == "never" or environ.get("NO_COLOR", ""):
+        return False
+    if environ.get("TERM") == "dumb":
+        return False
+    try:
+        return bool(stream.isatty())
+    except (AttributeError, ValueError, OSError):
+        return False
+
+
+def paint(text: str, state: str, colour: bool) -> str:
+    """`text` (already padded, so colour never moves a column) in its state's colour."""
+    code = STATE_COLOUR.get(state, "") if colour else ""
+    return f"\x1b[{code}m{text}\x1b[0m" if code else text
+
+
+def output_width(stream: Any, environ: Any) -> int | None:
+    """The width to fit: COLUMNS when set, else the terminal's; None (nothing cut) when
+    the output goes to a file or a pipe, where a script reads whole values."""
+    given = environ.get("COLUMNS", "")
+    if given.isdigit() and 20 <= int(given) <= 10_000:
+        return int(given)
+    try:
+        if stream.isatty():
+            import os
+
+            return max(20, os.get_terminal_size(stream.fileno()).columns)
+    except (AttributeError, ValueError, OSError):
+        pass
+    return None
+
+
+def clip(text: str, width: int, ellipsis: str = "…") -> str:
+    """`text` cut to `width` characters, the last one an ellipsis when anything was cut."""
+    if len(text) <= width:
+        return text
+    return text[: max(0, width - len(ellipsis))] + ellipsis[:width]
+
+
+@dataclass(frozen=True, slots=True)
+class Column:
+    """A column of a listing: `shrink` the narrowest it may be cut to (None: never cut),
+    `drop` its rank among columns left out when even cut ones do not fit (0: never; the
+    highest goes first), `state` its cells coloured by the row's state."""
+
+    header: str
+    right: bool = False
+    shrink: int | None = None
+    drop: int = 0
+    state: bool = False
+
+
+SOFT_FLOOR = 16  # a cut column keeps this much while other columns can still be left out
+LAST_COLUMN_FLOOR = 24  # the last column (a reason) likewise; cut further only when no fit
+
+
+def fit_widths(columns: Sequence[Column], natural: Sequence[int], width: int | None) -> list[int]:
+    """Each column's width (0: left out) so that a line fits `width` with two spaces
+    between columns. First the cut columns (`shrink`, and always the last one) are cut
+    to a soft floor, the rightmost first; while that does not fit, columns with `drop`
+    leave (highest first); then cut columns go down to their hard floor (`shrink`; the
+    last column's header). A table that cannot fit is as narrow as it can be."""
+    widths = list(natural)
+    if width is None or not widths:
+        return widths
+    last = len(columns) - 1
+
+    def hard(i: int) -> int | None:
+        if i == last and columns[i].shrink is None:
+            return len(columns[i].header)
+        return columns[i].shrink
+
+    def soft(i: int) -> int | None:
+        least = hard(i)
+        if least is None:
+            return None
+        return max(least, LAST_COLUMN_FLOOR if i == last else SOFT_FLOOR)
+
+    def total(ws: Sequence[int]) -> int:
+        shown = [w for w in ws if w]
+        return sum(shown) + 2 * (len(shown) - 1)
+
+    def cut(ws: list[int], floor: Callable[[int], int | None]) -> list[int]:
+        for i in reversed(range(len(ws))):
+            over, least = total(ws) - width, floor(i)
+            if over <= 0:
+                break
+            if least is not None and ws[i] > least:
+                ws[i] = max(least, ws[i] - over)
+        return ws
+
+    droppable = sorted((c.drop, i) for i, c in enumerate(columns) if c.drop)
+    while total(cut(list(widths), soft)) > width and droppable:
+        widths[droppable.pop()[1]] = 0
+    return cut(cut(widths, soft), hard)
+
+
+def layout(
+    columns: Sequence[Column],
+    rows: Sequence[Sequence[object]],
+    width: int | None,
+    *,
+    states: Sequence[str] = (),
+    colour: bool = False,
+    header: bool = True,
+    ellipsis: str = "…",
+) -> list[str]:
+    """The table's lines fitted to `width` (see fit_widths): every cell through printable(),
+    long cells cut with an ellipsis, padded, then coloured (alignment never moves)."""
+    cells = [[printable(c) for c in row] for row in rows]
+    natural = [max([len(c.header)] + [len(r[i]) for r in cells]) for i, c in enumerate(columns)]
+    widths = fit_widths(columns, natural, width)
+    shown = [i for i, w in enumerate(widths) if w]
+    last = shown[-1] if shown else -1
+
+    def line(values: Sequence[str], state: str | None) -> str:
+        parts = []
+        for i in shown:
+            col, w = columns[i], widths[i]
+            text = clip(values[i], w, ellipsis)
+            padded = text.rjust(w) if col.right else text if i == last else text.ljust(w)
+            parts.append(paint(padded, state, colour) if col.state and state else padded)
+        return "  ".join(parts).rstrip()
+
+    lines = [line([c.header for c in columns], None)] if header else []
+    for n, row in enumerate(cells):
+        lines.append(line(row, states[n] if n < len(states) else None))
+    return lines
+
+
+# squeue's --format: %[.|-][width]code; `.` right-justifies, `-` (or nothing) left-justifies
+FORMAT_CODES = {
+    "i": ("JOBID", "the job id (40_3, or 40_[3-99%8] for an array's waiting tasks)"),
+    "A": ("JOBID", "the job's own number"),
+    "F": ("ARRAY_JOB_ID", "the array's id"),
+    "K": ("ARRAY_TASK_ID", "the array task's index"),
+    "j": ("NAME", "the job name"),
+    "u": ("USER", "the user"),
+    "t": ("ST", "the state, short (PD, R, CD...)"),
+    "T": ("STATE", "the state, long (PENDING, RUNNING...)"),
+    "M": ("TIME", "time used"),
+    "l": ("TIME_LIMIT", "the time limit"),
+    "D": ("NODES", "how many nodes (1)"),
+    "N": ("NODELIST", "the node"),
+    "b": ("TRES_PER_NODE", "GPUs asked for: gpu:2, gpu:a100:2, mig:3g.40gb"),
+    "r": ("REASON", "why it waits, or how it ended"),
+    "R": ("NODELIST(REASON)", "the node when running, else the reason"),
+    "V": ("SUBMIT_TIME", "when submitted"),
+    "S": ("START_TIME", "when started (or the estimated start)"),
+    "e": ("END_TIME", "when ended"),
+    "Q": ("PRIORITY", "the priority"),
+    "q": ("QOS", "the QOS"),
+    "C": ("CPUS", "CPUs"),
+    "m": ("MIN_MEMORY", "host memory"),
+}
+_FIELD_RE = re.compile(r"%([.-]?)([0-9]{0,3})([A-Za-z%])")
+
+
+@dataclass(frozen=True, slots=True)
+class Field:
+    """One %code of a --format; `width` None: as wide as the column's longest value."""
+
+    code: str
+    width: int | None = None
+    right: bool = False
+
+
+def parse_format(text: str) -> list[str | Field]:
+    """A --format string as literal text and fields: `%.10i %-20j %t` (squeue's codes,
+    FORMAT_CODES; `%%` is a percent sign). ValueError names an unknown code."""
+    parts: list[str | Field] = []
+    at = 0
+    for match in _FIELD_RE.finditer(text):
+        if match.start() > at:
+            parts.append(text[at : match.start()])
+        at = match.end()
+        align, digits, code = match.groups()
+        if code == "%":
+            parts.append("%")
+            continue
+        if code not in FORMAT_CODES:
+            raise ValueError(f"unknown field %{code}; known: " + " ".join(FORMAT_CODES))
+        parts.append(Field(code, int(digits) if digits else None, align == "."))
+    if at < len(text):
+        tail = text[at:]
+        if "%" in tail:
+            raise ValueError(f"a % without a field code in {tail!r}")
+        parts.append(tail)
+    return parts
+
+
+def _stamp(message: Any, field: str) -> str:
+    """A time as squeue shows it (2026-11-30T19:33:00), "-" when not set."""
+    try:
+        given = message.HasField(field)
+    except ValueError:  # a field without presence (submit_time): 0 is unset
+        given = bool(getattr(message, field))
+    return when(getattr(message, field) if given else None).replace(" ", "T")
+
+
+def gres(job: Any) -> str:
+    """What the job asked of GPUs, as squeue's %b: `gpu:2`, `gpu:a100:2`, `mig:3g.40gb`."""
+    res = job.spec.resources
+    if res.mig:
+        return f"mig:{res.mig}"
+    if not res.gpus:
+        return "-"
+    return f"gpu:{res.gpu_type}:{res.gpus}" if res.gpu_type else f"gpu:{res.gpus}"
+
+
+def field_value(job: Any, code: str, now: float) -> str:
+    """The text of one --format field for `job` (not yet escaped: layout escapes)."""
+    res = job.spec.resources
+    pending = job.state in ("pending", "held")
+    values: dict[str, Callable[[], object]] = {
+        "i": lambda: job_id_text(job),
+        "A": lambda: str(job.id),
+        "F": lambda: str(job.array_job_id) if job.HasField("array_job_id") else "-",
+        "K": lambda: str(job.array_task_id) if job.HasField("array_task_id") else "-",
+        "j": lambda: job.spec.name,
+        "u": lambda: job.user,
+        "t": lambda: SHORT_STATE.get(job.state, job.state),
+        "T": lambda: job.state.upper(),
+        "M": lambda: "0:00" if elapsed(job, now) == "-" else elapsed(job, now),
+        "l": lambda: format_duration(res.time_limit) if res.HasField("time_limit") else "UNLIMITED",
+        "D": lambda: "1",
+        "N": lambda: "" if pending else job.node,
+        "b": lambda: gres(job),
+        "r": lambda: job_reason(job) if pending else (job.reason or "None"),
+        "R": lambda: f"({job_reason(job)})" if pending else job_reason(job),
+        "V": lambda: _stamp(job, "submit_time"),
+        "S": lambda: (
+            _stamp(job.pending, "estimated_start")
+            if pending and job.HasField("pending")
+            else _stamp(job, "start_time")
+        ),
+        "e": lambda: _stamp(job, "end_time"),
+        "Q": lambda: priority(job) if job.HasField("pending") else str(job.priority),
+        "q": lambda: job.qos,
+        "C": lambda: str(res.cpus),
+        "m": lambda: size(res.mem if res.HasField("mem") else None),
+    }
+    return str(values[code]())
+
+
+def format_lines(
+    parts: Sequence[str | Field],
+    jobs: Sequence[Any],
+    now: float,
+    *,
+    colour: bool = False,
+    header: bool = True,
+) -> list[str]:
+    """Jobs as a --format asks: a field with a width is cut or padded to it (as squeue);
+    one without takes its column's longest value; the state fields are coloured after
+    padding. Literal text is printed as given (escaped)."""
+    fields = [p for p in parts if isinstance(p, Field)]
+    values = [[printable(field_value(j, f.code, now)) for f in fields] for j in jobs]
+    heads = [FORMAT_CODES[f.code][0] for f in fields]
+    widths = [
+        f.width
+        if f.width is not None
+        else max([len(heads[k]) if header else 0] + [len(row[k]) for row in values])
+        for k, f in enumerate(fields)
+    ]
+    last_field = len(parts) - 1 if parts and isinstance(parts[-1], Field) else -1
+
+    def line(cells: Sequence[str], state: str | None) -> str:
+        out, k = [], 0
+        for n, part in enumerate(parts):
+            if isinstance(part, str):
+                out.append(printable(part))
+                continue
+            text, w = cells[k][: widths[k]] if widths[k] else cells[k], widths[k]
+            padded = (
+                text.rjust(w)
+                if part.right
+                else text
+                if n == last_field and part.width is None
+                else text.ljust(w)
+            )
+            out.append(paint(padded, state, colour) if state and part.code in "tT" else padded)
+            k += 1
+        return "".join(out)
+
+    lines = [line(heads, None)] if header else []
+    lines += [line(row, j.state) for row, j in zip(values, jobs, strict=True)]
+    return lines

@@ -31,6 +31,7 @@ from gpuq.domain.limits import (
     shown,
 )
 from gpuq.domain.model import Job, Node, NodeState, is_advisory
+from gpuq.domain.placement import check_node_features
 from gpuq.domain.states import TRANSITIONS, JobState
 from gpuq.errors import Conflict, IllegalTransition, InvalidInput, NotFound
 from gpuq.store.api import StoreTx
@@ -56,6 +57,7 @@ class AgentLink:
         self._foreign_logged: dict[str, float] = {}  # node -> when its last was logged
         coordinator.send_starts = self.send_starts
         coordinator.send_stops = self.send_stops
+        coordinator.terminals.session_of = self._session  # interactive jobs' terminals
 
     # ---- stream lifecycle ------------------------------------------------------------------
 
@@ -79,13 +81,16 @@ class AgentLink:
             isolation=_line(message.isolation),
             driver=_line(message.driver),
             gpu_problem=_line(message.gpu_problem),
+            features=tuple(dict.fromkeys(message.features)),
         )
         # what it runs that the coordinator does not (found before the node is offered again)
         strays = [r.job_id for r in self._strays(name, message.jobs)]
         held = await co.writer.read(lambda s: s.units_used_on(name, strays)) if strays else {}
         await co.save_node(node)
         session.registered(co.settings.heartbeat_interval, co.settings.heartbeat_timeout)
-        co.cluster.nodes[name] = NodeEntry(node, last_seen=now, session=session, held=held)
+        co.cluster.nodes[name] = NodeEntry(
+            node, last_seen=now, session=session, held=held, registered=True
+        )
         if held:
             log.warning(
                 "node %s still runs jobs %s the coordinator gave up on: stopping them; their "
@@ -98,6 +103,7 @@ class AgentLink:
         except BaseException:
             self.disconnected(name, session)  # a later registration must not be refused
             raise
+        co.terminals.agent_connected(name)  # its interactive jobs' window sizes, pauses
         log.info(
             "node %s registered: %d GPUs%s", name, len(node.units), " (FAKE)" if node.fake else ""
         )
@@ -199,6 +205,11 @@ class AgentLink:
                     log.info("node %s: stopped jobs %s are gone; their GPUs are free", node, gone)
                     self.co.wake()
             self._spawn(self._record_ends(node, ends))
+
+    def pty(self, node: str, entries: Sequence[apb.PtyOutput]) -> None:
+        """Interactive jobs' terminal output (gpuq.coordinator.terminals), taken before the
+        reports of the same message: a job's output arrives before its end."""
+        self.co.terminals.output(node, entries)
 
     def _strays(self, node: str, reports: Sequence[apb.JobReport]) -> list[apb.JobReport]:
         """Jobs the agent says run there that the coordinator does not run there (not at
@@ -513,6 +524,7 @@ def check_registration(message: apb.Register) -> None:
         ):
             if value:
                 _check_unit_id(f"{where} {field_name}", value)
+    check_node_features(list(message.features), "registration: features")
     if len(message.topology) > MAX_TOPOLOGY_LINKS:
         raise InvalidInput(
             "registration: topology", len(message.topology), f"more than {MAX_TOPOLOGY_LINKS} links"

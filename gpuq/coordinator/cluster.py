@@ -63,6 +63,23 @@ class AgentSession:
             self._pending.stop.append(stop)
         self._ready.set()
 
+    def pty(self, inputs: Iterable[agent_pb2.PtyInput]) -> None:
+        """Interactive jobs' terminal traffic (gpuq.coordinator.terminals)."""
+        for entry in inputs:
+            self._room(entry.ByteSize() + _FRAMING)
+            self._pending.pty.append(entry)
+        self._ready.set()
+
+    def signal(self, signals: Iterable[agent_pb2.SignalJob]) -> None:
+        for entry in signals:
+            self._room(entry.ByteSize() + _FRAMING)
+            self._pending.signal.append(entry)
+        self._ready.set()
+
+    def backlog(self) -> int:
+        """About how many bytes wait to leave (an agent that reads slowly has many)."""
+        return self._size + len(self._full) * self.max_bytes
+
     def ack(self, job_ids: Iterable[int]) -> None:
         for job_id in job_ids:
             self._room(_FRAMING)
@@ -125,6 +142,9 @@ class NodeEntry:
     # a heartbeat (with the units' health) came since the agent registered: until then a unit
     # an ended job left dirty must not look free (the agent sends one right after registering)
     heard: bool = False
+    # its agent registered since this coordinator started: its features (memory only) are
+    # known; until then a --constraint may match it (a restart must not refuse submissions)
+    registered: bool = False
 
     def __post_init__(self) -> None:
         self.distances = {(a, b): d for a, b, d in self.node.topology}
@@ -373,6 +393,7 @@ class ClusterState:
                     mem_free=entry.node.mem - used_mem[name],
                     distances=entry.distances,
                     shares={unit: tuple(uses) for unit, uses in shares[name].items()},
+                    features=frozenset(entry.node.features) if entry.registered else None,
                     unhealthy={
                         uuid: state.reason
                         for uuid, state in states.items()

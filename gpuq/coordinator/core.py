@@ -8,19 +8,29 @@ servicers call the public coroutines here and nothing else.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import re
 import time
+from collections import Counter
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Sequence
 from dataclasses import dataclass, replace
 
 from gpuq.config import CoordinatorSettings
 from gpuq.coordinator.arrays import Arrays
 from gpuq.coordinator.cluster import ClusterState, NodeEntry, spec_size
+from gpuq.coordinator.edits import (
+    Edit,
+    Filters,
+    Update,
+    check_requeue,
+    dependency_cycle,
+    plan_update,
+    select_live,
+)
 from gpuq.coordinator.idle import IdleWatch
 from gpuq.coordinator.scheduling import SchedulingState
 from gpuq.coordinator.telemetry import RunningTelemetry
+from gpuq.coordinator.terminals import Terminals
 from gpuq.coordinator.writer import RETRY_FIRST, RETRY_MOST, StoreWriter, is_storage_error
 from gpuq.domain.dependencies import parse_job_ref
 from gpuq.domain.limits import brief, check_text
@@ -35,10 +45,11 @@ from gpuq.domain.model import (
     Node,
     NodeState,
 )
-from gpuq.domain.states import JobState
+from gpuq.domain.states import JobState, check_transition
 from gpuq.domain.units import format_duration, format_size
 from gpuq.errors import (
     GpuqError,
+    IllegalTransition,
     InvalidInput,
     NotFound,
     PermissionDenied,
@@ -47,7 +58,15 @@ from gpuq.errors import (
 )
 from gpuq.identity import new_user_token, token_digest
 from gpuq.scheduler.placement import never_fits, never_fits_reason
-from gpuq.store.api import JobQuery, NewJob, StateChange, Store, StoreTx
+from gpuq.store.api import (
+    REQUEUABLE,
+    JobEdit,
+    JobQuery,
+    NewJob,
+    StateChange,
+    Store,
+    StoreTx,
+)
 
 log = logging.getLogger(__name__)
 
@@ -62,6 +81,7 @@ KEY_TTL = 24 * 3600.0
 KEY_PURGE_EVERY = 3600.0
 KEYS_REMEMBERED = 10_000
 MAX_REQUEST_KEY = 64
+LOGGED_JOBS = 20  # an admin's action on others' jobs: logged one line per job up to this
 MAX_DRAIN_REASON = 500  # characters of an admin's drain reason
 
 
@@ -135,6 +155,10 @@ class Coordinator:
         self.idle = IdleWatch()
         # running jobs' GPU telemetry so far, from the same samples (gpuq.coordinator.telemetry)
         self.telemetry = RunningTelemetry(self)
+        # running jobs `gpuq requeue --hold` stopped: held, not pending, once they end
+        self._requeue_held: set[int] = set()
+        # interactive jobs' terminals (gpuq run, gpuq alloc): relayed, and followed here
+        self.terminals = Terminals(self)
 
     # ---- lifecycle -----------------------------------------------------------------------
 
@@ -205,8 +229,8 @@ class Coordinator:
                 f"{format_size(size)}"
             )
         views = self.cluster.node_views()
-        if views and all(never_fits(v, spec.resources) for v in views):
-            raise Unsatisfiable(never_fits_reason(views, spec.resources))
+        if views and all(never_fits(v, spec.resources, spec.placement) for v in views):
+            raise Unsatisfiable(never_fits_reason(views, spec.resources, spec.placement))
         if tier.max_submitted_jobs is not None:
             mine = sum(
                 len(j.tasks) or 1
@@ -293,50 +317,309 @@ class Coordinator:
         return ids
 
     async def cancel(
-        self, selection: Sequence[str], user: str, reason: str = "", *, admin: bool = False
+        self,
+        selection: Sequence[str],
+        user: str,
+        reason: str = "",
+        *,
+        admin: bool = False,
+        filters: Filters | None = None,
     ) -> list[Outcome]:
         why = reason or f"cancelled by {user}"
         return await self._act(
-            "cancelled", selection, user, admin, lambda job: self._cancel_one(job, why)
+            "cancelled",
+            selection,
+            user,
+            admin,
+            lambda jobs: self._cancel_many(jobs, why),
+            filters,
+            LIVE,
         )
 
     async def hold(
-        self, selection: Sequence[str], user: str, *, admin: bool = False
+        self,
+        selection: Sequence[str],
+        user: str,
+        *,
+        admin: bool = False,
+        filters: Filters | None = None,
     ) -> list[Outcome]:
         return await self._act(
             "held",
             selection,
             user,
             admin,
-            lambda job: self._change(job, JobState.HELD, f"held by {user}"),
+            lambda jobs: self._change_many(jobs, JobState.HELD, f"held by {user}"),
+            filters,
+            frozenset({JobState.PENDING}),
         )
 
     async def release(
-        self, selection: Sequence[str], user: str, *, admin: bool = False
+        self,
+        selection: Sequence[str],
+        user: str,
+        *,
+        admin: bool = False,
+        filters: Filters | None = None,
     ) -> list[Outcome]:
         return await self._act(
             "released",
             selection,
             user,
             admin,
-            lambda job: self._change(job, JobState.PENDING, f"released by {user}"),
+            lambda jobs: self._change_many(jobs, JobState.PENDING, f"released by {user}"),
+            filters,
+            frozenset({JobState.HELD}),
         )
+
+    async def update(
+        self, selection: Sequence[str], changes: Update, user: str, *, admin: bool = False
+    ) -> list[Outcome]:
+        """`gpuq update`: change waiting jobs (gpuq.coordinator.edits has the rules). Each
+        job's change is decided first; one refused change (another's job, an owner raising a
+        limit) refuses the request as a whole, before anything changes."""
+        if not changes:
+            raise InvalidInput("update", "nothing", "say what to change, e.g. --time 1:00:00")
+        if not selection:
+            raise InvalidInput("job ids", "none", "name the jobs to update")
+        return await self._act(
+            "updated",
+            selection,
+            user,
+            admin,
+            lambda jobs: self._update_many(jobs, changes, user, admin),
+        )
+
+    async def _update_many(
+        self, jobs: list[Job], changes: Update, user: str, admin: bool
+    ) -> list[str | Exception]:
+        tiers = self.settings.qos
+        edits: list[Edit] = []
+        results: list[str | Exception | Edit] = []
+        for job in jobs:
+            try:
+                edit = plan_update(job, changes, user, admin, tiers)
+            except PermissionDenied:
+                raise  # an owner asked for what only admins may: nothing changes
+            except GpuqError as exc:
+                results.append(exc)
+                continue
+            edits.append(edit)
+            results.append(edit)
+        if changes.set_dependencies and edits:
+            missing = await self.arrays.load_dependencies(changes.dependencies)
+            if missing:
+                raise InvalidInput("--after", missing[0], "no such job or array task")
+            waits_on = {
+                j.id: [d.job_id for d in j.spec.dependencies] for j in self.cluster.jobs.values()
+            }
+            for edit in edits:
+                looped = dependency_cycle(edit.job.id, changes.dependencies, waits_on)
+                if looped is not None:
+                    raise InvalidInput(
+                        "--after",
+                        str(looped),
+                        f"it waits for job {edit.job.display_id} (a cycle never starts)",
+                    )
+        if not admin:
+            self._check_qos_room(edits)
+        if edits:
+            views = self.cluster.node_views()
+            for edit in edits:
+                if views and all(
+                    never_fits(v, edit.spec.resources, edit.spec.placement) for v in views
+                ):
+                    raise Unsatisfiable(
+                        f"job {edit.job.display_id}: "
+                        + never_fits_reason(views, edit.spec.resources, edit.spec.placement)
+                    )
+        now = self.clock()
+        written = [e for e in edits if e.changes or e.to_state is not None]
+
+        def write(tx: StoreTx) -> None:
+            tx.edit_jobs(
+                [
+                    JobEdit(
+                        e.job.id,
+                        e.spec,
+                        e.qos,
+                        e.priority,
+                        f"updated by {user}: " + "; ".join(e.changes),
+                    )
+                    for e in written
+                    if e.changes
+                ],
+                now,
+            )
+            moves = [e for e in written if e.to_state is not None]
+            tx.transition(
+                [
+                    StateChange(
+                        e.job.id,
+                        e.to_state,
+                        f"{'held' if e.to_state is JobState.HELD else 'released'} by {user}",
+                    )
+                    for e in moves
+                    if e.to_state is not None
+                ],
+                now,
+            )
+
+        if written:
+            await self.writer.write(write, fail_fast=True)  # the user may retry
+        out: list[str | Exception] = []
+        for result in results:
+            if not isinstance(result, Edit):
+                out.append(result)
+                continue
+            edit = result
+            live = self.cluster.jobs.get(edit.job.id)
+            words = list(edit.changes)
+            if live is not None and edit.changes:
+                live = replace(live, spec=edit.spec, qos=edit.qos, priority=edit.priority)
+                self.cluster.put(live)
+                reason = f"updated by {user}: " + "; ".join(edit.changes)
+                self.publish(JobEvent(live.id, now, live.state, live.state, reason), live)
+            if edit.to_state is not None and live is not None:
+                verb = "held" if edit.to_state is JobState.HELD else "released"
+                self._moved(live.id, live.state, edit.to_state, f"{verb} by {user}")
+                words.append(verb)
+            out.append("updated: " + "; ".join(words) if words else "unchanged")
+        return out
+
+    def _check_qos_room(self, edits: Sequence[Edit]) -> None:
+        """A QOS's max_submitted_jobs binds owners who move jobs into it, as at submit."""
+        moving: Counter[tuple[str, str]] = Counter()
+        for edit in edits:
+            if edit.qos != edit.job.qos:
+                moving[(edit.job.user, edit.qos)] += len(edit.job.tasks) or 1
+        for (owner, qos), adding in moving.items():
+            most = self.settings.qos[qos].max_submitted_jobs
+            if most is None:
+                continue
+            mine = sum(
+                len(j.tasks) or 1
+                for j in self.cluster.jobs.values()
+                if j.user == owner and j.qos == qos
+            )
+            if mine + adding > most:
+                raise Unsatisfiable(
+                    f"qos {qos} allows {most} queued or running jobs per user; {owner} has "
+                    f"{mine} and this adds {adding}"
+                )
+
+    async def requeue(
+        self,
+        selection: Sequence[str],
+        user: str,
+        *,
+        admin: bool = False,
+        filters: Filters | None = None,
+        hold: bool = False,
+    ) -> list[Outcome]:
+        """`gpuq requeue` (SLURM's scontrol requeue): running jobs are stopped as a
+        preemption stops them and go back to the queue with the same id; ended jobs are
+        queued again at once; `hold`: held instead of pending. Jobs submitted with
+        --no-requeue are refused, as SLURM refuses them."""
+        reason = f"requeued by {user}" + (" (held)" if hold else "")
+        return await self._act(
+            "requeued",
+            selection,
+            user,
+            admin,
+            lambda jobs: self._requeue_many(jobs, reason, hold),
+            filters,
+            frozenset({JobState.RUNNING}),
+        )
+
+    async def _requeue_many(
+        self, jobs: list[Job], reason: str, hold: bool
+    ) -> list[str | Exception]:
+        results: list[str | Exception] = []
+        running: list[Job] = []
+        ended: list[Job] = []
+        for job in jobs:
+            try:
+                check_requeue(job)
+            except GpuqError as exc:
+                results.append(exc)
+                continue
+            (running if job.state is JobState.RUNNING else ended).append(job)
+            results.append("")
+        now = self.clock()
+
+        def write(tx: StoreTx) -> tuple[dict[int, JobState], list[int]]:
+            states = tx.job_states([j.id for j in running + ended])
+            stopping = [j.id for j in running if states.get(j.id) is JobState.RUNNING]
+            for job_id in stopping:
+                tx.request_stop(job_id, JobState.PREEMPTED, reason)
+            back = [j.id for j in ended if states.get(j.id) in REQUEUABLE]
+            tx.requeue_jobs(back, reason, now, hold=hold)
+            return states, stopping
+
+        states, stopping = await self.writer.write(write, fail_fast=True)
+        grace = self.settings.kill_grace
+        stops: list[StopOrder] = []
+        done: dict[int, str | Exception] = {}
+        for job in running:
+            if job.id in stopping:
+                self._stop_requested(job.id, JobState.PREEMPTED, reason)
+                if hold:
+                    self._requeue_held.add(job.id)
+                warning = job.spec.signal.signal if job.spec.signal else 15
+                stops.append(StopOrder(job.id, JobState.PREEMPTED, reason, grace, int(warning)))
+                done[job.id] = f"stopping to requeue (then SIGKILL after {grace:g} s)"
+            else:
+                done[job.id] = Unsatisfiable(
+                    f"job {job.display_id} is {states.get(job.id, 'gone')}: not requeued"
+                )
+        for job in ended:
+            state = states.get(job.id)
+            if state not in REQUEUABLE:
+                done[job.id] = Unsatisfiable(f"job {job.display_id} is {state}: not requeued")
+                continue
+            after = JobState.HELD if hold else JobState.PENDING
+            back = replace(
+                job,
+                state=after,
+                node=None,
+                end_time=None,
+                result=None,
+                stop=None,
+                reason=reason,
+                requeue_count=job.requeue_count + 1,
+            )
+            self.cluster.put(back)
+            self.publish(JobEvent(job.id, now, state, JobState.PENDING, reason), back)
+            if hold:
+                self.publish(JobEvent(job.id, now, JobState.PENDING, JobState.HELD, reason), back)
+            done[job.id] = f"requeued ({after.value})"
+        if stops:
+            self.send_stops(stops)
+        return [
+            result if result != "" else done[job.id]
+            for job, result in zip(jobs, results, strict=True)
+        ]
 
     async def _owners(self, selection: Sequence[str]) -> dict[str, str]:
         """Who owns each selected job or array (ids that name nothing are left out): read
         before anything changes, so that a request naming another's job changes nothing."""
         owners: dict[str, str] = {}
+        unknown: dict[str, int] = {}
         for text in selection:
             try:
                 job_id, _ = parse_job_ref(text)
             except InvalidInput:
                 continue
             known = self.cluster.jobs.get(job_id) or self.cluster.records.get(job_id)
-            if known is None:
-                with contextlib.suppress(NotFound):
-                    known = await self.writer.read(lambda s, i=job_id: s.get_job(i))  # type: ignore[misc]
             if known is not None:
                 owners[text] = known.user
+            else:
+                unknown[text] = job_id
+        if unknown:  # ended jobs: one read for all of them
+            query = JobQuery(job_ids=tuple(sorted(set(unknown.values()))))
+            stored = {j.id: j.user for j in await self.writer.read(lambda s: s.list_jobs(query))}
+            owners.update({t: stored[i] for t, i in unknown.items() if i in stored})
         return owners
 
     async def _act(
@@ -345,90 +628,178 @@ class Coordinator:
         selection: Sequence[str],
         user: str,
         admin: bool,
-        action: Callable[[Job], Awaitable[str]],
+        action: Callable[[list[Job]], Awaitable[list[str | Exception]]],
+        filters: Filters | None = None,
+        applies_to: frozenset[JobState] = LIVE,
     ) -> list[Outcome]:
-        """Act on the selected jobs. A user may act on their own jobs only (an admin on any:
-        logged); one job of another user's in the request refuses all of it."""
+        """Act on the selected jobs: the ids in `selection`, or (with filters and no ids)
+        every live job that matches them and that the verb applies to (`applies_to`). A user
+        may act on their own jobs only (an admin on any: logged); one job of another user's
+        in the request refuses all of it, before anything changes.
+
+        One request is one batch: the jobs are resolved first, then changed in one store
+        transaction (`action` gets them all), then one scheduling pass follows."""
+        if filters is not None and filters.user and filters.user != user and not admin:
+            raise PermissionDenied(f"only admins may act on another user's jobs ({filters.user})")
         owners = await self._owners(selection)
         for text, owner in owners.items():
             if owner != user and not admin:
                 raise PermissionDenied(f"job {brief(text)} belongs to {owner}, not to {user}")
         outcomes: list[Outcome] = []
-        for text in selection:
-            async with self.arrays.splitting:  # no task leaves an array between select and action
-                try:
-                    jobs = await self._select(text, user, admin)
-                except (InvalidInput, NotFound) as exc:
-                    outcomes.append(Outcome(text, False, str(exc)))
-                    continue
-                for job in jobs:
-                    if job.user != user and not admin:
-                        raise PermissionDenied(f"job {job.display_id} belongs to {job.user}")
-                    if job.user != user:
-                        log.warning(
-                            "admin %s %s job %s of %s", user, verb, job.display_id, job.user
-                        )
-                results = await asyncio.gather(
-                    *(action(job) for job in jobs), return_exceptions=True
+        async with self.arrays.splitting:  # no task leaves an array between select and action
+            if selection:
+                jobs, failed = await self._select_all(selection, user, admin)
+                if filters is not None:
+                    jobs = [j for j in jobs if filters.matches(j)]
+            else:
+                assert filters is not None
+                jobs, failed = select_live(self.cluster.jobs.values(), filters, user, admin), []
+                jobs = [j for j in jobs if j.state in applies_to]
+            outcomes.extend(failed)
+            for job in jobs:
+                if job.user != user and not admin:
+                    raise PermissionDenied(f"job {job.display_id} belongs to {job.user}")
+            others = [j for j in jobs if j.user != user]
+            for job in others[:LOGGED_JOBS]:
+                log.warning("admin %s %s job %s of %s", user, verb, job.display_id, job.user)
+            if len(others) > LOGGED_JOBS:
+                log.warning(
+                    "admin %s %s %d more jobs of other users", user, verb, len(others) - LOGGED_JOBS
                 )
-            for result in results:  # the whole call fails (UNAVAILABLE): the user retries
-                if isinstance(result, StorageUnavailable):
-                    self.wake()
-                    raise result
-            for job, result in zip(jobs, results, strict=True):
-                if isinstance(result, BaseException):
-                    outcomes.append(Outcome(job.display_id, False, str(result)))
-                else:
-                    outcomes.append(Outcome(job.display_id, True, str(result)))
+            try:
+                results = await action(jobs) if jobs else []
+            except StorageUnavailable:  # the whole call fails (UNAVAILABLE): the user retries
+                self.wake()
+                raise
+        for job, result in zip(jobs, results, strict=True):
+            if isinstance(result, BaseException):
+                outcomes.append(Outcome(job.display_id, False, str(result)))
+            else:
+                outcomes.append(Outcome(job.display_id, True, result))
         self.wake()
         return outcomes
 
-    async def _select(self, text: str, user: str, admin: bool = False) -> list[Job]:
-        """`123` (a job, or every live task of array 123) or `120_3` (a task not yet split
-        off its array's record is split off first, so it can be acted on alone)."""
+    async def _select_all(
+        self, selection: Sequence[str], user: str, admin: bool
+    ) -> tuple[list[Job], list[Outcome]]:
+        """The jobs the ids name (each once, in the order named) and an outcome for each id
+        that names none. Array ids are looked up in one index built for the request."""
+        by_array: dict[int, list[Job]] = {}
+        for job in self.cluster.jobs.values():
+            if job.array_job_id is not None:
+                by_array.setdefault(job.array_job_id, []).append(job)
+        jobs: dict[int, Job] = {}
+        failed: list[Outcome] = []
+        unknown: list[tuple[str, int]] = []
+        for text in selection:
+            try:
+                job_id, task = parse_job_ref(text)
+                if task is not None:
+                    found = [await self._select(text, user, admin)]
+                elif job_id in by_array:
+                    found = sorted(by_array[job_id], key=lambda j: (j.array_task_id or -1, j.id))
+                elif job_id in self.cluster.jobs:
+                    found = [self.cluster.jobs[job_id]]
+                else:
+                    unknown.append((text, job_id))
+                    continue
+            except (InvalidInput, NotFound) as exc:
+                failed.append(Outcome(text, False, str(exc)))
+                continue
+            for job in found:
+                jobs.setdefault(job.id, job)
+        if unknown:  # not live: ended jobs (or none), read in one query
+            query = JobQuery(job_ids=tuple(sorted({i for _, i in unknown})))
+            stored = {j.id: j for j in await self.writer.read(lambda s: s.list_jobs(query))}
+            for text, job_id in unknown:
+                if job_id in stored:
+                    jobs.setdefault(job_id, stored[job_id])
+                else:
+                    failed.append(Outcome(text, False, f"no job {job_id}"))
+        return list(jobs.values()), failed
+
+    async def _select(self, text: str, user: str, admin: bool = False) -> Job:
+        """`120_3`: a task not yet split off its array's record is split off first, so it
+        can be acted on alone."""
         job_id, task = parse_job_ref(text)
-        if task is not None:
-            record = self.cluster.records.get(job_id)
-            acting = record.user if admin and record is not None else user
-            return [await self.arrays.find_task(job_id, task, acting)]
-        live = [j for j in self.cluster.jobs.values() if j.array_job_id == job_id]
-        if live:
-            return sorted(live, key=lambda j: (j.array_task_id or -1, j.id))
-        job = self.cluster.jobs.get(job_id)
-        if job is None:
-            job = await self.writer.read(lambda s: s.get_job(job_id))
-        return [job]
+        assert task is not None
+        record = self.cluster.records.get(job_id)
+        acting = record.user if admin and record is not None else user
+        return await self.arrays.find_task(job_id, task, acting)
 
-    async def _cancel_one(self, job: Job, reason: str) -> str:
+    async def _cancel_many(self, jobs: list[Job], reason: str) -> list[str | Exception]:
+        """Cancel in one transaction: a running job is asked to stop (it ends when its agent
+        reports it gone), a waiting one is cancelled at once."""
         grace = self.settings.kill_grace
+        now = self.clock()
 
-        def write(tx: StoreTx) -> JobState:
-            state = tx.job_states([job.id])[job.id]
-            if state is JobState.RUNNING:
-                tx.request_stop(job.id, JobState.CANCELLED, reason)
-            elif state.is_live:
-                tx.transition([StateChange(job.id, JobState.CANCELLED, reason)], self.clock())
-            return state
+        def write(tx: StoreTx) -> dict[int, JobState]:
+            states = tx.job_states([j.id for j in jobs])
+            changes: list[StateChange] = []
+            for job in jobs:
+                state = states.get(job.id)
+                if state is JobState.RUNNING:
+                    tx.request_stop(job.id, JobState.CANCELLED, reason)
+                elif state is not None and state.is_live:
+                    changes.append(StateChange(job.id, JobState.CANCELLED, reason))
+            tx.transition(changes, now)
+            return states
 
-        state = await self.writer.write(write, fail_fast=True)  # the user may retry
-        if state is JobState.RUNNING:
-            self._stop_requested(job.id, JobState.CANCELLED, reason)
-            self.send_stops([StopOrder(job.id, JobState.CANCELLED, reason, grace)])
-            return f"stopping (SIGTERM, then SIGKILL after {grace:g} s)"
-        if not state.is_live:
-            return f"already {state.value}"
-        self._ended(job.id, state, JobState.CANCELLED, reason)
-        return "cancelled"
+        states = await self.writer.write(write, fail_fast=True)  # the user may retry
+        results: list[str | Exception] = []
+        stops: list[StopOrder] = []
+        for job in jobs:
+            state = states.get(job.id)
+            if state is None:
+                results.append(NotFound(f"no job {job.id}"))
+            elif state is JobState.RUNNING:
+                self._stop_requested(job.id, JobState.CANCELLED, reason)
+                stops.append(StopOrder(job.id, JobState.CANCELLED, reason, grace))
+                results.append(f"stopping (SIGTERM, then SIGKILL after {grace:g} s)")
+            elif not state.is_live:
+                results.append(f"already {state.value}")
+            else:
+                self._ended(job.id, state, JobState.CANCELLED, reason)
+                results.append("cancelled")
+        if stops:
+            self.send_stops(stops)
+        return results
 
-    async def _change(self, job: Job, to_state: JobState, reason: str) -> str:
-        def write(tx: StoreTx) -> JobState:
-            state = tx.job_states([job.id])[job.id]
-            tx.transition([StateChange(job.id, to_state, reason)], self.clock())
-            return state
+    async def _change_many(
+        self, jobs: list[Job], to_state: JobState, reason: str
+    ) -> list[str | Exception]:
+        """Move jobs to `to_state` in one transaction; a job the table refuses (or that is
+        gone) gets its error as its outcome and the others still change."""
+        now = self.clock()
 
-        before = await self.writer.write(write, fail_fast=True)  # the user may retry
-        self._moved(job.id, before, to_state, reason)
-        return to_state.value
+        def write(tx: StoreTx) -> list[JobState | Exception]:
+            states = tx.job_states([j.id for j in jobs])
+            befores: list[JobState | Exception] = []
+            changes: list[StateChange] = []
+            for job in jobs:
+                state = states.get(job.id)
+                if state is None:
+                    befores.append(NotFound(f"no job {job.id}"))
+                    continue
+                try:
+                    check_transition(job.id, state, to_state)
+                except IllegalTransition as exc:
+                    befores.append(exc)
+                    continue
+                befores.append(state)
+                changes.append(StateChange(job.id, to_state, reason))
+            tx.transition(changes, now)
+            return befores
+
+        befores = await self.writer.write(write, fail_fast=True)  # the user may retry
+        results: list[str | Exception] = []
+        for job, before in zip(jobs, befores, strict=True):
+            if isinstance(before, Exception):
+                results.append(before)
+            else:
+                self._moved(job.id, before, to_state, reason)
+                results.append(to_state.value)
+        return results
 
     # ---- admins: drain and resume -------------------------------------------------------------
 
@@ -612,6 +983,7 @@ class Coordinator:
         for wanted, queue in self._watchers:
             if not wanted or event.job_id in wanted or array in wanted:
                 queue.put_nowait((event, array))
+        self.terminals.published(event, job)
 
     def _moved(self, job_id: int, before: JobState, after: JobState, reason: str) -> None:
         now = self.clock()
@@ -694,6 +1066,10 @@ class Coordinator:
                 if end.state is JobState.PREEMPTED and job.spec.requeue:
                     changes.append(StateChange(end.job_id, JobState.PENDING, "requeued"))
                     moved.append((end.job_id, JobState.PREEMPTED, JobState.PENDING, "requeued"))
+                    if end.job_id in self._requeue_held:  # gpuq requeue --hold
+                        why = "held (requeued with --hold)"
+                        changes.append(StateChange(end.job_id, JobState.HELD, why))
+                        moved.append((end.job_id, JobState.PENDING, JobState.HELD, why))
                 elif end.state is JobState.NODE_FAIL and job.spec.requeue:
                     tier = self.settings.qos.get(job.qos)
                     allowed = tier.requeue_on_node_fail if tier is not None else 0
@@ -734,6 +1110,9 @@ class Coordinator:
                     )
                 )
                 self.publish(JobEvent(job_id, now, before, after, reason), job)
+            elif after is JobState.HELD:  # requeued held (gpuq requeue --hold)
+                self._requeue_held.discard(job_id)
+                self._moved(job_id, before, after, reason)
             elif job_id in requeued:  # preempted, and back in the queue just below
                 job = self.cluster.jobs[job_id]
                 self.publish(JobEvent(job_id, now, before, after, reason), job)

@@ -146,6 +146,7 @@ class Passes:
             running=co.cluster.array_running.get(record.id, 0),
             max_running=pending.array_max_running,
             blocked=blocked,
+            placement=record.spec.placement,
         )
 
     async def _apply(self, decided: Decisions, now: float) -> None:

@@ -40,7 +40,8 @@ class SchedulingState:
         return self.policy.time_limit(job.qos, job.spec.resources.time_limit)
 
     def key(self, job: Job) -> FitKey:
-        return fit_key(job.spec.resources, self.time_limit(job), job.qos, job.user)
+        spec = job.spec
+        return fit_key(spec.resources, self.time_limit(job), job.qos, job.user, spec.placement)
 
     def factors(self, job: Job, now: float) -> Factors:
         tier = self.policy.tiers.get(job.qos)
@@ -70,6 +71,7 @@ class SchedulingState:
             array_job_id=job.array_job_id,
             array_max_running=spec.array.max_running if spec.array else None,
             singleton=spec.singleton,
+            placement=spec.placement,
         )
 
     def running(self, job: Job, now: float) -> RunningJob:

@@ -348,6 +348,10 @@ async def _serve(
     chores.add_job(
         coordinator.wake, "interval", seconds=PERIODIC_PASS, max_instances=1, coalesce=True
     )
+    # interactive jobs nobody attached to within the grace are cancelled
+    chores.add_job(
+        coordinator.terminals.sweep, "interval", seconds=5.0, max_instances=1, coalesce=True
+    )
     if running.locks is not None and isinstance(running.locks.store, PgLock):
         chores.add_job(
             _watch_lock,

@@ -1,8 +1,9 @@
 """Thin gRPC servicers: learn who calls, convert proto <-> domain, call the coordinator.
 
 Who may do what (README "Security"): everyone sees every job in listings, but a job's script,
-arguments and environment only its owner and admins; cancel, hold and release: the owner or an
-admin (what an admin does to another's job is logged); drain, resume and tokens: admins.
+arguments and environment only its owner and admins; cancel, hold, release, requeue and
+update: the owner or an admin (what an admin does to another's job is logged; an owner's update
+may only lower what admins limit); drain, resume and tokens: admins.
 
 Errors become status codes in one place (`_STATUS`), and the client turns them back into
 the same exception types.
@@ -27,9 +28,13 @@ from gpuq.convert import event_to_proto, job_to_proto, spec_from_proto, spec_to_
 from gpuq.coordinator.agents import AgentLink
 from gpuq.coordinator.authority import Authority
 from gpuq.coordinator.cluster import AgentSession, UnitState, drained_text, unit_states
-from gpuq.coordinator.core import Coordinator
+from gpuq.coordinator.core import Coordinator, Outcome
 from gpuq.coordinator.cron import CronService, next_fire
+from gpuq.coordinator.edits import Filters, Update
+from gpuq.coordinator.listing import list_filters
 from gpuq.coordinator.passes import Passes, PendingDetail
+from gpuq.coordinator.terminals import check_interactive_spec, relay
+from gpuq.domain.dependencies import Dependency, DependencyKind
 from gpuq.domain.limits import MAX_JOB_ID, check_reason, check_text
 from gpuq.domain.model import CronEntry, Job, NodeState, output_paths
 from gpuq.domain.states import JobState, parse_states
@@ -252,7 +257,9 @@ class QueueServicer(queue_pb2_grpc.QueueServicer):  # type: ignore[misc]
         try:
             self._may_submit(caller)
             key = request.request_key or None  # empty: no key
-            ids = await self.co.submit(spec_from_proto(request.spec), caller.user, key)
+            spec = spec_from_proto(request.spec)
+            check_interactive_spec(spec)
+            ids = await self.co.submit(spec, caller.user, key)
         except Exception as error:
             code, message = error_status(error)
             return queue_pb2.SubmitResult(code=code.value[0], message=message)
@@ -282,6 +289,10 @@ class QueueServicer(queue_pb2_grpc.QueueServicer):  # type: ignore[misc]
         ]
         if any(not 1 <= i <= MAX_JOB_ID for i in ids):
             raise InvalidInput("job id", max(ids), f"job ids go from 1 to {MAX_JOB_ID}")
+        filters = list_filters(request)
+        if self.co.settings.hide_job_names and not caller.admin:
+            filters = filters.hiding_names(caller.user)
+        owner = request.user or None if filters.users is None else None  # else in users
         states = parse_states(request.states) if request.states else None
         if (
             request.finished
@@ -298,18 +309,24 @@ class QueueServicer(queue_pb2_grpc.QueueServicer):  # type: ignore[misc]
                 else (
                     frozenset(s for s in JobState if not s.is_live) if request.finished else None
                 ),
-                user=request.user or None,
+                user=owner,
                 job_ids=tuple(request.job_ids) or None,
                 array_job_id=request.array_job_id if request.HasField("array_job_id") else None,
                 limit=request.limit or None,
                 newest_first=request.finished,
+                users=filters.users,
+                names=filters.names,
+                nodes=filters.nodes,
+                since=filters.since,
+                until=filters.until,
+                by_end=request.finished,
             )
             jobs = await self.co.list_jobs(query)
         else:
             jobs = [
                 j
-                for j in self.co.live_jobs(request.user or None)
-                if states is None or j.state in states
+                for j in self.co.live_jobs(owner)
+                if (states is None or j.state in states) and filters.matches(j)
             ]
             if not request.expand_arrays:
                 return queue_pb2.ListJobsReply(
@@ -338,19 +355,41 @@ class QueueServicer(queue_pb2_grpc.QueueServicer):  # type: ignore[misc]
     async def _action(self, name: str, request: queue_pb2.JobSelection, caller: Caller) -> Any:
         check_count("job ids", len(request.job_ids))
         check_reason(request.reason)
+        filters = selection_filters(request)
         action = getattr(self.co, name)
         if name == "cancel":
             outcomes = await action(
-                list(request.job_ids), caller.user, request.reason, admin=caller.admin
+                list(request.job_ids),
+                caller.user,
+                request.reason,
+                admin=caller.admin,
+                filters=filters,
+            )
+        elif name == "requeue":
+            outcomes = await action(
+                list(request.job_ids),
+                caller.user,
+                admin=caller.admin,
+                filters=filters,
+                hold=request.hold,
             )
         else:
-            outcomes = await action(list(request.job_ids), caller.user, admin=caller.admin)
-        return queue_pb2.ActionReply(
-            outcomes=[
-                queue_pb2.ActionOutcome(job_id=o.job_id, done=o.done, message=o.message)
-                for o in outcomes
-            ]
+            outcomes = await action(
+                list(request.job_ids), caller.user, admin=caller.admin, filters=filters
+            )
+        return action_reply(outcomes)
+
+    @unary
+    async def Update(self, request: queue_pb2.UpdateRequest, context: Any, caller: Caller) -> Any:
+        check_count("job ids", len(request.job_ids))
+        outcomes = await self.co.update(
+            list(request.job_ids), update_from_proto(request), caller.user, admin=caller.admin
         )
+        return action_reply(outcomes)
+
+    @unary
+    async def Requeue(self, request: queue_pb2.JobSelection, context: Any, caller: Caller) -> Any:
+        return await self._action("requeue", request, caller)
 
     @unary
     async def Cancel(self, request: queue_pb2.JobSelection, context: Any, caller: Caller) -> Any:
@@ -377,6 +416,27 @@ class QueueServicer(queue_pb2_grpc.QueueServicer):  # type: ignore[misc]
                     yield queue_pb2.JobEvents(events=[event_to_proto(e) for e in batch])
             except Exception as error:
                 await self.guard.fail(context, error)
+
+    async def Attach(
+        self,
+        requests: AsyncIterator[queue_pb2.AttachRequest],
+        context: grpc.aio.ServicerContext,
+    ) -> AsyncIterator[queue_pb2.AttachReply]:
+        """An interactive job's terminal (gpuq.coordinator.terminals): the owner's only."""
+        caller = await self.guard.caller(context)
+        with self.streams.opened(caller.user) as refused:
+            if refused:
+                await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, refused)
+            try:
+                async for reply in relay(self.co.terminals, requests, caller.user, self._waits):
+                    yield reply
+            except Exception as error:
+                await self.guard.fail(context, error)
+
+    def _waits(self, job: Job) -> str:
+        """Why a pending job waits, as one line (every reason)."""
+        detail = self.passes.pending_detail(job)
+        return "; ".join(detail.waiting.reasons) if detail is not None else ""
 
     @unary
     async def Drain(self, request: queue_pb2.DrainRequest, context: Any, caller: Caller) -> Any:
@@ -431,6 +491,7 @@ class QueueServicer(queue_pb2_grpc.QueueServicer):  # type: ignore[misc]
                     drain_reason=admin.reason if admin is not None else "",
                     drained_by=admin.by if admin is not None else "",
                     drained_at=admin.at if admin is not None else None,
+                    features=list(node.features),
                 )
             )
         return queue_pb2.ListNodesReply(nodes=infos)
@@ -504,6 +565,71 @@ def check_drain_request(request: queue_pb2.DrainRequest) -> None:
     check_text("node", request.node, MAX_NODE_NAME)
     check_text("GPU", request.gpu, 96)
     check_reason(request.reason)
+
+
+def action_reply(outcomes: Sequence[Outcome]) -> queue_pb2.ActionReply:
+    return queue_pb2.ActionReply(
+        outcomes=[
+            queue_pb2.ActionOutcome(job_id=o.job_id, done=o.done, message=o.message)
+            for o in outcomes
+        ]
+    )
+
+
+def selection_filters(request: queue_pb2.JobSelection) -> Filters | None:
+    """The bulk filters of a selection (None: ids only); ids or a filter are required."""
+    check_text("user", request.user, 64)
+    check_text("--name", request.name, 128)
+    check_count("states", len(request.states))
+    filters = Filters(
+        user=request.user or None,
+        states=parse_states(request.states) if request.states else None,
+        name=request.name or None,
+    )
+    if not request.job_ids and not filters:
+        raise InvalidInput(
+            "job ids", "none", "name jobs, or select them with a user, states or a name pattern"
+        )
+    return filters or None
+
+
+def update_from_proto(request: queue_pb2.UpdateRequest) -> Update:
+    """The wire's update as the domain's (each value is checked when the new spec is built)."""
+
+    def given(field: str) -> Any:
+        return getattr(request, field) if request.HasField(field) else None
+
+    return Update(
+        time_limit=given("time_limit"),
+        qos=given("qos"),
+        nice=given("nice"),
+        set_dependencies=request.set_dependencies,
+        dependencies=tuple(
+            Dependency(d.job_id, _kind(d.kind), d.task if d.HasField("task") else None)
+            for d in request.dependencies
+        ),
+        hold=given("hold"),
+        name=given("name"),
+        set_begin_time=request.set_begin_time,
+        begin_time=given("begin_time"),
+        gpus=given("gpus"),
+        gpu_type=given("gpu_type"),
+        cpus=given("cpus"),
+        mem=given("mem"),
+        gpu_mem=given("gpu_mem"),
+        set_nodelist=request.set_nodelist,
+        nodelist=tuple(request.nodelist),
+        set_exclude=request.set_exclude,
+        exclude=tuple(request.exclude),
+        constraint=given("constraint"),
+    )
+
+
+def _kind(text: str) -> DependencyKind:
+    try:
+        return DependencyKind(text or "ok")
+    except ValueError:
+        raise InvalidInput("--after", text, "expected ok, any or notok") from None
 
 
 def check_count(what: str, count: int) -> None:
@@ -601,6 +727,8 @@ class AgentLinkServicer(agent_pb2_grpc.AgentLinkServicer):  # type: ignore[misc]
                 # the end wakes never gives a dirty unit out
                 if message.HasField("heartbeat"):
                     self.link.heartbeat(node, message.heartbeat)
+                if message.pty:  # before the reports: a job's output comes before its end
+                    self.link.pty(node, message.pty)
                 if message.reports:
                     self.link.reports(node, message.reports)
         except grpc.aio.AioRpcError:

@@ -9,16 +9,59 @@ Node features are the labels an admin gives a node in `[agent] features`.
 from __future__ import annotations
 
 import re
+from collections.abc import Iterable
 from dataclasses import dataclass
+from functools import lru_cache
 
 from gpuq.domain.limits import MAX_NODE_NAME, shown
 from gpuq.errors import InvalidInput
 
-MAX_PLACEMENT_NODES = 1024  # names in --nodelist or --exclude
+MAX_PLACEMENT_NODES = 1024  # names in --nodelist or --exclude, ranges expanded
 MAX_CONSTRAINT = 1024  # characters of a --constraint expression
+MAX_NODE_FEATURES = 64  # labels in a node's [agent] features
 GPU_TYPE_RE = re.compile(r"[a-z0-9][a-z0-9._-]{0,31}")
 FEATURE_RE = re.compile(r"[A-Za-z0-9_.+-]{1,64}")
 NODE_NAME_RE = re.compile(rf"[A-Za-z0-9_.-]{{1,{MAX_NODE_NAME}}}")
+
+# ---- GPU types: NVML product names as people type them --------------------------------------
+
+# words of an NVML name that say who made it or which line it belongs to, not which GPU it is
+_VENDOR_WORDS = frozenset({"nvidia", "tesla", "geforce", "quadro"})
+# words that say how the card is built or sold (form factor, memory, edition): one model,
+# whatever its board; memory is asked for with --gpu-mem
+_NOISE_WORDS = frozenset(
+    {
+        *("pcie", "pci", "sxm", "sxm2", "sxm3", "sxm4", "sxm5", "sxm6", "nvl", "hbm2", "hbm2e"),
+        *("hbm3", "hbm3e", "generation", "edition", "workstation", "server", "laptop", "gpu"),
+        *("max", "q", "mobile", "sff", "blackwell", "oem", "dgx"),
+    }
+)
+_SIZE_WORD = re.compile(r"[0-9]+(gb|g|mb)")
+_MIG_SUFFIX = re.compile(r"\s+MIG\s+\S+\s*$", re.IGNORECASE)
+
+
+@lru_cache(maxsize=1024)
+def gpu_type(nvml_name: str) -> str:
+    """The GPU type (what `--gpus TYPE:N` and `--constraint TYPE` name) of a unit NVML calls
+    `nvml_name`: the model, without vendor, line, board or memory words, in lower case.
+
+    "NVIDIA A100-SXM4-80GB" and "NVIDIA A100-PCIE-40GB" are "a100", "NVIDIA H100 80GB HBM3"
+    "h100", "NVIDIA RTX A6000" "a6000", "NVIDIA RTX 6000 Ada Generation" "rtx6000ada",
+    "NVIDIA GeForce RTX 4090" "rtx4090"; a MIG slice ("NVIDIA H200 MIG 3g.71gb") has its GPU's
+    type. One model is one type whatever its board: SXM and PCIe cards differ in speed, not in
+    what runs on them, and memory has its own request (--gpu-mem). An unknown name gives its
+    words run together ("Foo Bar 9" -> "foobar9"); an empty one "unknown".
+    """
+    text = _MIG_SUFFIX.sub("", nvml_name or "")
+    words = [re.sub(r"[^a-z0-9.]", "", w) for w in re.split(r"[\s\-_/()]+", text.lower())]
+    words = [w for w in words if w]
+    words = [w for w in words if w not in _VENDOR_WORDS]
+    words = [w for w in words if w not in _NOISE_WORDS and not _SIZE_WORD.fullmatch(w)]
+    if len(words) > 1 and words[0] == "rtx" and re.fullmatch(r"[a-z]+[0-9]+", words[1]):
+        words = words[1:]  # "RTX A6000": the model is A6000 (the RTX is its line)
+    token = re.sub(r"[^a-z0-9._-]", "", "".join(words))
+    token = token.lstrip("._-")[:32]
+    return token if GPU_TYPE_RE.fullmatch(token) else "unknown"
 
 
 def check_gpu_type(value: object) -> str:
@@ -30,6 +73,32 @@ def check_gpu_type(value: object) -> str:
             "a GPU type is a model name such as a100, h100 or l40s (see gpuq nodes)",
         )
     return value
+
+
+def parse_gpu_request(text: str, flag: str = "--gpus") -> tuple[str | None, int]:
+    """`N` or `TYPE:N` (sbatch's --gpus), as (type, count). A type is normalised as NVML names
+    are (`A100` and `a100-sxm4` are a100), so a user may type the model as the card says."""
+    raw = text.strip()
+    kind, colon, count = raw.rpartition(":")
+    if not colon:
+        kind, count = "", raw
+    if not re.fullmatch(r"\+?[0-9]{1,6}", count.strip()):
+        hint = (
+            f"; one {raw.lower()} GPU is {raw.lower()}:1"
+            if re.fullmatch(r"[A-Za-z]\S*", raw)
+            else ""
+        )
+        raise InvalidInput(flag, shown(text), f"expected N or TYPE:N (e.g. 2 or a100:2){hint}")
+    if not colon:
+        return None, int(count)
+    if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9 ._-]{0,63}", kind.strip()):
+        raise InvalidInput(
+            flag, shown(text), "expected N or TYPE:N, TYPE a model such as a100 (see gpuq nodes)"
+        )
+    return check_gpu_type(gpu_type(kind.strip())), int(count)
+
+
+# ---- node features and --constraint --------------------------------------------------------
 
 
 def check_feature_expression(value: object) -> str:
@@ -47,6 +116,131 @@ def check_feature_expression(value: object) -> str:
     return value
 
 
+def constraint_terms(expression: str) -> tuple[frozenset[str], ...]:
+    """The expression as alternatives, each the features (lower case) a node needs all of."""
+    return tuple(frozenset(f.lower() for f in term.split("&")) for term in expression.split("|"))
+
+
+def constraint_matches(expression: str | None, features: Iterable[str]) -> bool:
+    """Does a node with `features` satisfy `expression`? Features match without regard to
+    case (`NVLink` is nvlink): labels are typed by hand on both sides."""
+    if not expression:
+        return True
+    have = {f.lower() for f in features}
+    return any(term <= have for term in constraint_terms(expression))
+
+
+def with_partitions(constraint: str | None, partitions: str) -> str:
+    """`--partition P[,Q]` as node features: the constraint and (any of) the partitions,
+    written out with & and | (no parentheses in the grammar): `a|b` with `p` is `a&p|b&p`."""
+    names = [p.strip() for p in partitions.split(",") if p.strip()]
+    if not names:
+        raise InvalidInput("--partition", shown(partitions), "expected a partition name")
+    for name in names:
+        if not FEATURE_RE.fullmatch(name):
+            raise InvalidInput(
+                "--partition",
+                shown(partitions),
+                "a partition is a node feature (letters, digits, _ . + -)",
+            )
+    terms = constraint.split("|") if constraint else [""]
+    combined = "|".join(f"{t}&{p}" if t else p for t in terms for p in names)
+    if len(combined) > MAX_CONSTRAINT:
+        raise InvalidInput(
+            "--partition", shown(partitions), "with --constraint, too long a constraint"
+        )
+    return combined
+
+
+def check_node_features(values: object, where: str = "[agent] features") -> tuple[str, ...]:
+    """A node's features as an admin lists them (or its agent registers them): at most
+    MAX_NODE_FEATURES labels of FEATURE_RE, repeats dropped, in order."""
+    if not isinstance(values, list | tuple) or len(values) > MAX_NODE_FEATURES:
+        raise InvalidInput(
+            where, shown(values), f"expected a list of at most {MAX_NODE_FEATURES} labels"
+        )
+    for value in values:
+        if not isinstance(value, str) or not FEATURE_RE.fullmatch(value):
+            raise InvalidInput(
+                where, shown(value), "a feature is 1 to 64 letters, digits, '_', '.', '+' or '-'"
+            )
+    return tuple(dict.fromkeys(values))
+
+
+# ---- node names: n1,n2 and n[1-4,7] ------------------------------------------------------------
+
+_RANGE_RE = re.compile(r"\[([^\[\]]*)\]")
+
+
+def expand_nodes(text: str, flag: str = "--nodelist") -> tuple[str, ...]:
+    """`n1,n2`, `n[1-4,7]`, `gpu[01-16]` (widths kept, as SLURM writes them), several
+    brackets (`r[1-2]n[1-3]`): the node names, in order, without repeats; at most
+    MAX_PLACEMENT_NODES. A file name (SLURM reads `-w FILE` when it has a `/`) is refused."""
+    if not isinstance(text, str):
+        raise InvalidInput(flag, shown(text), "expected node names such as n1,n2 or n[1-4]")
+    if "/" in text:
+        raise InvalidInput(flag, shown(text), "node names, not a file: gpuq reads no node files")
+    names: dict[str, None] = {}
+    for item in _split_outside_brackets(text.strip(), flag):
+        for name in _expand_one(item.strip(), flag):
+            names[name] = None
+            if len(names) > MAX_PLACEMENT_NODES:
+                raise InvalidInput(flag, shown(text), f"more than {MAX_PLACEMENT_NODES} nodes")
+    if not names:
+        raise InvalidInput(flag, shown(text), "expected node names such as n1,n2 or n[1-4]")
+    for name in names:
+        if not NODE_NAME_RE.fullmatch(name):
+            raise InvalidInput(flag, shown(name), "not a node name")
+    return tuple(names)
+
+
+def _split_outside_brackets(text: str, flag: str) -> list[str]:
+    items: list[str] = []
+    current: list[str] = []
+    depth = 0
+    for char in text:
+        if char == "[":
+            depth += 1
+        elif char == "]":
+            depth -= 1
+        if depth not in (0, 1):
+            raise InvalidInput(flag, shown(text), "brackets do not match")
+        if char == "," and depth == 0:
+            items.append("".join(current))
+            current = []
+        else:
+            current.append(char)
+    if depth:
+        raise InvalidInput(flag, shown(text), "brackets do not match")
+    items.append("".join(current))
+    return [i for i in items if i.strip()]
+
+
+def _expand_one(item: str, flag: str) -> list[str]:
+    match = _RANGE_RE.search(item)
+    if match is None:
+        return [item]
+    head, tail = item[: match.start()], item[match.end() :]
+    numbers: list[str] = []
+    for part in match.group(1).split(","):
+        low, dash, high = part.strip().partition("-")
+        if not re.fullmatch(r"[0-9]{1,9}", low) or (dash and not re.fullmatch(r"[0-9]{1,9}", high)):
+            raise InvalidInput(flag, shown(item), "expected a range such as n[1-4,7]")
+        last = int(high) if dash else int(low)
+        if last < int(low):
+            raise InvalidInput(flag, shown(item), f"range {part} goes backwards")
+        if last - int(low) >= MAX_PLACEMENT_NODES:
+            raise InvalidInput(flag, shown(item), f"more than {MAX_PLACEMENT_NODES} nodes")
+        width = len(low) if low.startswith("0") else 0
+        numbers += [str(n).zfill(width) for n in range(int(low), last + 1)]
+        if len(numbers) > MAX_PLACEMENT_NODES:
+            raise InvalidInput(flag, shown(item), f"more than {MAX_PLACEMENT_NODES} nodes")
+    rest = _expand_one(tail, flag)
+    if len(numbers) * len(rest) > MAX_PLACEMENT_NODES:
+        raise InvalidInput(flag, shown(item), f"more than {MAX_PLACEMENT_NODES} nodes")
+    return [f"{head}{n}{r}" for n in numbers for r in rest]
+
+
 def _check_nodes(field_name: str, names: tuple[str, ...]) -> None:
     if not isinstance(names, tuple) or len(names) > MAX_PLACEMENT_NODES:
         raise InvalidInput(field_name, shown(names), f"at most {MAX_PLACEMENT_NODES} node names")
@@ -57,7 +251,11 @@ def _check_nodes(field_name: str, names: tuple[str, ...]) -> None:
 
 @dataclass(frozen=True, slots=True)
 class Placement:
-    """sbatch's --nodelist, --exclude and --constraint; empty: anywhere."""
+    """sbatch's --nodelist, --exclude and --constraint; empty: anywhere.
+
+    A gpuq job runs on one node, so `nodelist` is the nodes it may run on (any one of them),
+    not sbatch's "all of these". `constraint` matches a node's features: its `[agent]
+    features` and the types of its GPUs (a node with an A100 has the feature a100)."""
 
     nodelist: tuple[str, ...] = ()
     exclude: tuple[str, ...] = ()
@@ -71,6 +269,33 @@ class Placement:
 
     def __bool__(self) -> bool:
         return bool(self.nodelist or self.exclude or self.constraint)
+
+    def node_problem(self, node: str, features: Iterable[str] | None) -> str | None:
+        """Why this placement rules out node `node` with `features` (None: unknown yet, as
+        for a node that has not registered since the coordinator started: it may match), or
+        None when it allows it."""
+        if self.nodelist and node not in self.nodelist:
+            return f"node {node} is not in --nodelist"
+        if node in self.exclude:
+            return f"node {node} is excluded (--exclude)"
+        if (
+            self.constraint
+            and features is not None
+            and not constraint_matches(self.constraint, features)
+        ):
+            return f"node {node} lacks features {self.constraint}"
+        return None
+
+    def describe(self) -> str:
+        """ "nodelist n1,n2; exclude n3; constraint nvlink&ib" (how `gpuq show` prints it)."""
+        parts = []
+        if self.nodelist:
+            parts.append("nodelist " + ",".join(self.nodelist))
+        if self.exclude:
+            parts.append("exclude " + ",".join(self.exclude))
+        if self.constraint:
+            parts.append("constraint " + self.constraint)
+        return "; ".join(parts)
 
 
 @dataclass(frozen=True, slots=True)

@@ -7,17 +7,18 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 from gpuq.domain.model import Resources
-from gpuq.scheduler.placement import NodeView
+from gpuq.domain.placement import Placement
+from gpuq.scheduler.placement import ANYWHERE, NodeView, allowed
 
 MAX_SPLIT = 1000  # tasks split off one array in one pass: the next pass splits more
 
 
-def room_for(need: Resources, views: Iterable[NodeView]) -> int:
-    """How many jobs of this size fit in what is free now, node by node (an upper bound:
-    GPU topology and reservations may leave fewer)."""
+def room_for(need: Resources, views: Iterable[NodeView], placement: Placement = ANYWHERE) -> int:
+    """How many jobs of this size fit in what is free now, node by node, on the nodes the
+    tasks' placement allows (an upper bound: GPU topology and reservations may leave fewer)."""
     total = 0
     for view in views:
-        if not view.up:
+        if not view.up or allowed(view, placement) is not None:
             continue
         fits = [view.cpus_free // need.cpus]
         if need.mem:
@@ -41,6 +42,7 @@ def tasks_to_split(
     running: int,
     max_running: int | None,
     blocked: bool,
+    placement: Placement = ANYWHERE,
 ) -> int:
     """How many of the `left` tasks in the record to split off now, given `queued` tasks of
     the array already split and waiting and `running` ones. A `blocked` array (begin time,
@@ -48,7 +50,7 @@ def tasks_to_split(
     if blocked:
         wanted = 1
     else:
-        room = room_for(need, views)
+        room = room_for(need, views, placement)
         if max_running is not None:
             room = min(room, max(0, max_running - running))
         wanted = room + 1

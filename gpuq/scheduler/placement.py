@@ -10,6 +10,12 @@ that fits. Memory is compared by gpuq.domain.model.gpu_mem_fits (a marketed size
 A unit that is not ok (unhealthy, dirty, drained) is never given out, but still counts for
 "can never fit": it can come back.
 
+A GPU type (`--gpus a100:2`) keeps only units of that type (gpuq.domain.placement.gpu_type of
+their NVML name; a MIG slice has its GPU's), whatever else is asked: `--mig` and `--gpu-share`
+combine with it. A job's placement (--nodelist, --exclude, --constraint) rules whole nodes out
+(`Placement.node_problem`); a node's features for --constraint are its `[agent] features` and
+the types of its GPUs (`node_features`).
+
 MPS shares (`--gpu-share PCT --gpu-mem SIZE`) go to whole GPUs the admin shares (`shared`
 units). Several shares may hold one unit at once, if they are of one user (an MPS server
 serves one Unix user at a time), their percentages sum to at most 100 and their VRAM limits
@@ -23,7 +29,10 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 from gpuq.domain.model import DISTANCE_SYSTEM, GpuUnit, Resources, gpu_mem_fits
+from gpuq.domain.placement import Placement, gpu_type
 from gpuq.domain.units import format_size
+
+ANYWHERE = Placement()
 
 MAX_NAMED = 3  # units or nodes named in one reason; more are counted
 
@@ -60,6 +69,9 @@ class NodeView:
     unhealthy: Mapping[str, str] = field(default_factory=dict)
     # live MPS shares per shared unit (such a unit is not in free_units: no whole job gets it)
     shares: ShareMap = field(default_factory=dict)
+    # its `[agent] features`; None: not known yet (its agent has not registered since the
+    # coordinator started), so any constraint may match it
+    features: frozenset[str] | None = frozenset()
 
     def distance(self, a: str, b: str) -> int:
         return self.distances.get((a, b) if a < b else (b, a), DISTANCE_SYSTEM)
@@ -84,12 +96,36 @@ class NodeView:
         ]
 
 
+def node_features(node: NodeView) -> frozenset[str] | None:
+    """What --constraint matches on `node`: its features and its GPUs' types (None: its
+    features are not known yet)."""
+    if node.features is None:
+        return None
+    return node.features | {gpu_type(u.name) for u in node.units}
+
+
+def allowed(node: NodeView, placement: Placement) -> str | None:
+    """Why `placement` rules `node` out (None: the job may run there)."""
+    if not placement:
+        return None
+    return placement.node_problem(node.name, node_features(node))
+
+
+def typed(need: Resources) -> str:
+    """ "h100 GPUs" or "GPUs" (how reasons name what a job asks for), for `need.gpus`."""
+    word = "GPU" if need.gpus == 1 else "GPUs"
+    return f"{need.gpu_type} {word}" if need.gpu_type else word
+
+
 def kind_fits(units: Sequence[GpuUnit], need: Resources) -> list[GpuUnit]:
     """The units of a node with `units` that `need` may take, health and allocation aside:
     whole GPUs with enough memory, or for one MIG slice the slices that fit (smallest first),
-    or for a share the shared GPUs with at least the share's memory."""
+    or for a share the shared GPUs with at least the share's memory; of `need.gpu_type` only
+    when it names one."""
     if not need.gpus:
         return []
+    if need.gpu_type is not None:
+        units = [u for u in units if gpu_type(u.name) == need.gpu_type]
     if need.gpu_share is not None:
         return [
             u for u in units if u.shared and not u.is_mig and gpu_mem_fits(u.memory, need.gpu_mem)
@@ -110,6 +146,15 @@ def kind_problem(name: str, units: Sequence[GpuUnit], need: Resources) -> str | 
     """Why node `name` can never offer `need` the kind of unit it asks for (None: it can)."""
     if not need.gpus or len(kind_fits(units, need)) >= need.gpus:
         return None
+    if need.gpu_type is not None:
+        mine = [u for u in units if gpu_type(u.name) == need.gpu_type]
+        if not mine:
+            have = sorted({gpu_type(u.name) for u in units})
+            return f"node {name} has no {need.gpu_type} GPU" + (
+                f" (it has {', '.join(have)})" if have else ""
+            )
+        if need.mig is None and need.gpu_share is None and need.gpu_mem is None:
+            return f"node {name} has {len(mine)} {need.gpu_type} GPUs, not {need.gpus}"
     if need.gpu_share is not None:
         return f"node {name} has no shared GPU with {format_size(need.gpu_mem or 0)}"
     if need.mig is not None:
@@ -135,6 +180,8 @@ def misfit(node: NodeView, need: Resources, user: str = "") -> str | None:
             if need.gpu_share is not None:
                 return share_wanted(need) + "; ".join(share_reasons(node, need, user)[:MAX_NAMED])
             unit = f"MIG {need.mig} slices" if need.mig else "GPUs"
+            if need.gpu_type is not None:
+                unit = f"{need.gpu_type} {unit}"
             text = f"node {node.name} has {usable} of {need.gpus} {unit} free"
             return text + _named(node.not_ok(need))
     if need.cpus > node.cpus_free:
@@ -144,19 +191,69 @@ def misfit(node: NodeView, need: Resources, user: str = "") -> str | None:
     return None
 
 
-def never_fits(node: NodeView, need: Resources) -> bool:
+def never_fits(node: NodeView, need: Resources, placement: Placement = ANYWHERE) -> bool:
     """True when the node could not run the job even empty (every unit counts, healthy or not:
-    a drained or dirty unit can come back)."""
+    a drained or dirty unit can come back), or the job's placement rules the node out (a node
+    whose features are not known yet is not ruled out by a constraint)."""
     return (
-        len(kind_fits(node.units, need)) < need.gpus
+        allowed(node, placement) is not None
+        or len(kind_fits(node.units, need)) < need.gpus
         or need.cpus > node.cpus
         or (need.mem is not None and need.mem > node.mem)
     )
 
 
-def never_fits_reason(nodes: Sequence[NodeView], need: Resources) -> str:
+def placement_reason(nodes: Sequence[NodeView], placement: Placement) -> str | None:
+    """Why `placement` rules out every one of `nodes` (None: it allows some): an unknown node
+    in --nodelist, nodes excluded, features no node has."""
+    if not placement or any(allowed(n, placement) is None for n in nodes):
+        return None
+    known = {n.name for n in nodes}
+    if placement.nodelist:
+        unknown = [n for n in placement.nodelist if n not in known]
+        left = [n for n in placement.nodelist if n in known and n not in placement.exclude]
+        if not left:
+            if len(unknown) == len(placement.nodelist):
+                names = _listed(unknown)
+                return f"nodelist: {names} {'is' if len(unknown) == 1 else 'are'} not known"
+            return f"nodelist: every node of {_listed(placement.nodelist)} is excluded"
+        candidates = [n for n in nodes if n.name in left]
+    else:
+        candidates = [n for n in nodes if n.name not in placement.exclude]
+        if not candidates:
+            return f"exclude: {_listed(placement.exclude)} leaves no node"
+    have = sorted({f for n in candidates for f in (node_features(n) or ())})
+    where = " on nodes of --nodelist" if placement.nodelist else ""
+    return (
+        f"constraint: no node has {placement.constraint}{where} "
+        f"(features: {', '.join(have[:12]) or 'none'}{', ...' if len(have) > 12 else ''})"
+    )
+
+
+def _listed(names: Sequence[str]) -> str:
+    shown = ",".join(names[:MAX_NAMED])
+    return shown + (f" and {len(names) - MAX_NAMED} more" if len(names) > MAX_NAMED else "")
+
+
+def never_fits_reason(
+    nodes: Sequence[NodeView], need: Resources, placement: Placement = ANYWHERE
+) -> str:
     """Why no node could ever run `need` (the caller checked that none can), in one line."""
+    ruled_out = placement_reason(nodes, placement)
+    if ruled_out is not None:
+        return f"can never run: {ruled_out}"
+    if placement:
+        nodes = [n for n in nodes if allowed(n, placement) is None]
     with_units = [n for n in nodes if n.units]
+    if need.gpu_type is not None and not any(
+        gpu_type(u.name) == need.gpu_type for n in nodes for u in n.units
+    ):
+        have = sorted({gpu_type(u.name) for n in nodes for u in n.units})
+        where = " that --nodelist/--exclude/--constraint allow" if placement else ""
+        return (
+            f"--gpus {need.gpu_type}:{need.gpus} can never run: no node{where} has "
+            f"{need.gpu_type} GPUs (types: {', '.join(have) or 'none'})"
+        )
     if need.gpu_share is not None:
         shared = [u for n in nodes for u in n.units if u.shared and not u.is_mig]
         asked = f"--gpu-share {need.gpu_share} --gpu-mem {format_size(need.gpu_mem or 0)}"
@@ -194,8 +291,11 @@ def never_fits_reason(nodes: Sequence[NodeView], need: Resources) -> str:
     fitting = len(kind_fits(largest.units, need))
     if need.gpus > fitting:
         kind = "whole GPUs" if need.mig is None else f"MIG {need.mig} slices"
+        if need.gpu_type is not None:
+            kind = f"{need.gpu_type} {'GPUs' if need.mig is None else kind}"
+        asked = f"{need.gpu_type}:{need.gpus}" if need.gpu_type else str(need.gpus)
         return (
-            f"--gpus {need.gpus} can never run: the largest node ({largest.name}) "
+            f"--gpus {asked} can never run: the largest node ({largest.name}) "
             f"has {fitting} {kind}" + (" that fit" if need.gpu_mem is not None else "")
         )
     most_cpus = max(nodes, key=lambda n: n.cpus)
@@ -264,8 +364,10 @@ def shortage(nodes: list[NodeView], need: Resources, user: str = "") -> str:
         if free < need.gpus:
             if need.mig is not None:
                 kind = f"MIG {need.mig} slice" if need.gpus == 1 else f"MIG {need.mig} slices"
+                if need.gpu_type is not None:
+                    kind = f"{need.gpu_type} {kind}"
             else:
-                kind = "GPU" if need.gpus == 1 else "GPUs"
+                kind = typed(need)
                 if need.gpu_mem:
                     kind += f" with {format_size(need.gpu_mem)}"
             not_ok = [f"node {n.name}: {text}" for n in up for text in n.not_ok(need)]

@@ -6,6 +6,10 @@ node (the fewest free GPUs that still fits: small jobs fill partly used nodes, w
 whole) unless it would delay a reservation. The first job that cannot start gets a
 reservation: the earliest time and the exact units it will start on (EASY backfill); a job of a
 preemptible, lower tier is preempted instead when that lets it start sooner than waiting would.
+
+A job's placement (--nodelist, --exclude, --constraint) limits every step to the nodes it
+allows: placing, reserving, preempting and estimating; its GPU type limits the units (see
+gpuq.scheduler.placement).
 """
 
 from __future__ import annotations
@@ -16,14 +20,18 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, replace
 
 from gpuq.domain.model import Resources
+from gpuq.domain.placement import Placement
 from gpuq.scheduler.eligibility import Usage, blockers, never_met
 from gpuq.scheduler.placement import (
+    ANYWHERE,
     NodeView,
     ShareUse,
+    allowed,
     choose_units,
     misfit,
     never_fits,
     never_fits_reason,
+    placement_reason,
     shortage,
 )
 from gpuq.scheduler.preempt import victims_on
@@ -40,12 +48,31 @@ from gpuq.scheduler.snapshot import (
 )
 
 NEVER_ON_UP = "no node that is up can ever run it"
-FitKey = tuple[int, int | None, int, int | None, float | None, str, str | None, int | None, str]
+FitKey = tuple[
+    int,
+    int | None,
+    int,
+    int | None,
+    float | None,
+    str,
+    str | None,
+    int | None,
+    str,
+    str | None,
+    Placement,
+]
 
 
-def fit_key(need: Resources, time_limit: float | None, qos: str, user: str = "") -> FitKey:
+def fit_key(
+    need: Resources,
+    time_limit: float | None,
+    qos: str,
+    user: str = "",
+    placement: Placement = ANYWHERE,
+) -> FitKey:
     """Jobs with the same key fit, or preempt, the same way during a pass (a share's fit
-    depends on its user too: one user's shares at a time on a unit)."""
+    depends on its user too: one user's shares at a time on a unit; a GPU type and a
+    placement narrow where a job fits)."""
     return (
         need.gpus,
         need.gpu_mem,
@@ -56,6 +83,8 @@ def fit_key(need: Resources, time_limit: float | None, qos: str, user: str = "")
         need.mig,
         need.gpu_share,
         user if need.gpu_share is not None else "",
+        need.gpu_type,
+        placement,
     )
 
 
@@ -102,7 +131,11 @@ class _Pass:
     unsettled: set[FitKey] = field(default_factory=set)  # in `remaining`, not in `settled`
     looked_ahead: bool = False  # the first blocked job has had its reservation decided
     victims: set[int] = field(default_factory=set)
-    blocked_order: list[tuple[int, Resources, float | None]] = field(default_factory=list)
+    blocked_order: list[tuple[int, Resources, float | None, frozenset[str] | None]] = field(
+        default_factory=list
+    )
+    # the nodes each placement allows (None: every node), for this pass
+    allowed_nodes: dict[Placement, frozenset[str] | None] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         # a unit that is not ok (unhealthy, dirty, drained) is not free for this pass
@@ -133,7 +166,7 @@ class _Pass:
         self.unsettled = set(self.remaining)
         ahead = 0  # jobs of higher priority that wait for resources
         for job in queue:
-            key = fit_key(job.need, job.time_limit, job.qos, job.user)
+            key = fit_key(job.need, job.time_limit, job.qos, job.user, job.placement)
             if self._consider(job, key, ahead):
                 ahead += 1
             if early:
@@ -154,6 +187,16 @@ class _Pass:
         )
 
     # ---- one job -------------------------------------------------------------------------
+
+    def _allowed(self, placement: Placement) -> frozenset[str] | None:
+        """The names of the nodes `placement` allows (None: all of them)."""
+        if not placement:
+            return None
+        if placement not in self.allowed_nodes:
+            self.allowed_nodes[placement] = frozenset(
+                v.name for v in self.views if allowed(v, placement) is None
+            )
+        return self.allowed_nodes[placement]
 
     def _consider(self, job: PendingJob, key: FitKey, ahead: int) -> bool:
         """Start the job if it may; otherwise record why not. True when it is left waiting for
@@ -193,7 +236,10 @@ class _Pass:
         need = job.need
         end = self.now + job.time_limit if job.time_limit else math.inf
         best: tuple[tuple[int, int, int, str], str, list[str]] | None = None
+        only = self._allowed(job.placement)
         for name, node in self.nodes.items():
+            if only is not None and name not in only:
+                continue
             if (
                 (len(node.units) < need.gpus and need.gpu_share is None)
                 or node.cpus < need.cpus
@@ -238,19 +284,26 @@ class _Pass:
 
     def _why_not(self, job: PendingJob, key: FitKey) -> str:
         if key not in self.unfit:
-            free_now = [_free_view(n) for n in self.nodes.values()]
-            if not any(n.up and not never_fits(n, job.need) for n in self.views):
+            only = self._allowed(job.placement)
+            ruled_out = placement_reason(self.views, job.placement) if self.views else None
+            views = [v for v in self.views if only is None or v.name in only]
+            free_now = [
+                _free_view(n) for n in self.nodes.values() if only is None or n.view.name in only
+            ]
+            if ruled_out is not None:
+                reason = ruled_out
+            elif not any(n.up and not never_fits(n, job.need) for n in views):
                 # name the nodes that could run it but take no work now (down, drained)
                 down = [
                     f"node {n.name} {n.down_reason}"
-                    for n in self.views
+                    for n in views
                     if not n.up and not never_fits(n, job.need)
                 ]
-                up = [n for n in self.views if n.up]
+                up = [n for n in views if n.up]
                 reason = (
                     "; ".join(down[:3])
                     if down
-                    else f"{NEVER_ON_UP} ({never_fits_reason(up, job.need)})"
+                    else f"{NEVER_ON_UP} ({never_fits_reason(up, job.need, job.placement)})"
                     if up
                     else "no node is up"
                 )
@@ -273,7 +326,7 @@ class _Pass:
         cpus = max((n.cpus for n in up), default=0)
         targets = {r.qos for r in self.running if r.job_id not in self.victims}
         for key in list(self.unsettled):
-            gpus, _, need_cpus, _, _, qos, _, share, _ = key
+            gpus, _, need_cpus, _, _, qos, _, share, *_ = key
             # a share may join a unit that is not free: only its CPUs can rule it out here
             no_room = (gpus > block and share is None) or need_cpus > cpus
             if no_room and not any(self.policy.can_preempt(qos, t) for t in targets):
@@ -319,7 +372,10 @@ class _Pass:
         self, job: PendingJob, reserved: frozenset[str]
     ) -> tuple[float, str, tuple[str, ...], int, int] | None:
         best = None
+        only = self._allowed(job.placement)
         for name, node in self.nodes.items():
+            if only is not None and name not in only:
+                continue
             found = earliest(node, job.need, self.now, reserved, job.user)
             if found is not None and (best is None or (found[0], name) < (best[0], best[1])):
                 best = (found[0], name, found[1], found[2], found[3])
@@ -327,8 +383,9 @@ class _Pass:
 
     def _preempt_for(self, job: PendingJob, reserved: frozenset[str]) -> bool:
         options = []
+        only = self._allowed(job.placement)
         for name, node in self.nodes.items():
-            if not node.view.up:
+            if not node.view.up or (only is not None and name not in only):
                 continue
             candidates = [
                 r
@@ -370,7 +427,9 @@ class _Pass:
 
     def _wait(self, job: PendingJob, reasons: list[str]) -> None:
         self.waiting[job.job_id] = Waiting(tuple(reasons))
-        self.blocked_order.append((job.job_id, job.need, job.time_limit))
+        self.blocked_order.append(
+            (job.job_id, job.need, job.time_limit, self._allowed(job.placement))
+        )
 
     def _estimate(self) -> None:
         for reservation in self.reservations:

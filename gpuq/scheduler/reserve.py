@@ -105,12 +105,13 @@ def earliest(
 
 def estimate_starts(
     nodes: list[FreeNode],
-    jobs: list[tuple[int, Resources, float | None]],
+    jobs: list[tuple[int, Resources, float | None, frozenset[str] | None]],
     reservations: list[Reservation],
     now: float,
 ) -> dict[int, float]:
     """List scheduling of blocked jobs in queue order over the GPU units' free times: an
-    estimate of when each starts (CPUs and memory are not modelled; GPU-less jobs not either)."""
+    estimate of when each starts (CPUs and memory are not modelled; GPU-less jobs not either),
+    each on the nodes its placement allows (None: any)."""
     free_at: dict[str, dict[str, float]] = {}
     for node in nodes:
         times = dict.fromkeys(node.units, now)
@@ -123,10 +124,12 @@ def estimate_starts(
                     times[unit] = math.inf
         free_at[node.view.name] = times
     estimates: dict[int, float] = {}
-    for job_id, need, limit in jobs:
+    for job_id, need, limit, only in jobs:
         best: tuple[float, str, list[str]] | None = None
         for node in nodes:
             if not node.view.up or need.gpus == 0:
+                continue
+            if only is not None and node.view.name not in only:
                 continue
             times = free_at[node.view.name]
             eligible = sorted(

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from gpuq.config import QosTier, SchedulerSettings
 from gpuq.domain.dependencies import DependencyKind
 from gpuq.domain.model import Resources
+from gpuq.domain.placement import Placement
 from gpuq.domain.states import JobState
 
 
@@ -83,6 +84,7 @@ class PendingJob:
     array_job_id: int | None = None
     array_max_running: int | None = None
     singleton: bool = False
+    placement: Placement = field(default_factory=Placement)  # --nodelist, --exclude, --constraint
 
 
 @dataclass(frozen=True, slots=True)

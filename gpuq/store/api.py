@@ -21,8 +21,10 @@ from sqlalchemy import (
     bindparam,
     case,
     delete,
+    false,
     func,
     insert,
+    or_,
     select,
     update,
 )
@@ -93,6 +95,33 @@ class StateChange:
 
 
 @dataclass(frozen=True, slots=True)
+class JobEdit:
+    """`gpuq update` of a waiting job: its whole new spec (validated by the coordinator), its
+    qos and stored priority, and the event's reason ("updated by alice: time 1:00:00 -> ...")."""
+
+    job_id: int
+    spec: JobSpec
+    qos: str
+    priority: int
+    reason: str
+
+
+# an explicit requeue (`gpuq requeue`) is the one way back to the queue from these endings
+# (preempted and node_fail also go back by themselves: the transition table)
+REQUEUABLE = frozenset(
+    {
+        JobState.COMPLETED,
+        JobState.FAILED,
+        JobState.CANCELLED,
+        JobState.TIMEOUT,
+        JobState.PREEMPTED,
+        JobState.NODE_FAIL,
+        JobState.OUT_OF_MEMORY,
+    }
+)
+
+
+@dataclass(frozen=True, slots=True)
 class JobStart:
     job_id: int
     node: str
@@ -114,6 +143,15 @@ class JobQuery:
     node: str | None = None
     limit: int | None = None
     newest_first: bool = False
+    # listing filters (gpuq queue / history): each given one must match; a tuple matches
+    # any of its values. `since`/`until` bound end_time for ended jobs (by_end) and
+    # submit_time otherwise; `names` are shell patterns (gpuq.domain.patterns)
+    users: tuple[str, ...] | None = None
+    names: tuple[str, ...] | None = None
+    nodes: tuple[str, ...] | None = None
+    since: float | None = None
+    until: float | None = None
+    by_end: bool = False
 
 
 class Store:
@@ -155,6 +193,7 @@ class Store:
             stmt = stmt.where(jobs.c.array_job_id == query.array_job_id)
         if query.node is not None:
             stmt = stmt.where(jobs.c.node == query.node)
+        stmt = self._listing_filters(stmt, query)
         if query.array_job_id is not None:  # an array's tasks by index (its record first)
             stmt = stmt.order_by(func.coalesce(jobs.c.array_task_id, -1), jobs.c.id)
         else:
@@ -169,6 +208,29 @@ class Store:
         return [
             _job_from_row(row, units.get(row.id, ()), specs, measured.get(row.id)) for row in rows
         ]
+
+    def _listing_filters(self, stmt: Any, query: JobQuery) -> Any:
+        """The listing filters as SQL, so a history of millions is filtered (and limited) by
+        the database, never loaded to be filtered here. Names: GLOB on SQLite (native),
+        a POSIX regex on PostgreSQL (no GLOB there), both from one parse of the pattern."""
+        from gpuq.domain.patterns import to_glob, to_posix_regex
+
+        if query.users is not None:
+            stmt = stmt.where(jobs.c.user.in_(sorted(set(query.users))))
+        if query.nodes is not None:
+            stmt = stmt.where(jobs.c.node.in_(sorted(set(query.nodes))))
+        when = jobs.c.end_time if query.by_end else jobs.c.submit_time
+        if query.since is not None:
+            stmt = stmt.where(when >= query.since)
+        if query.until is not None:
+            stmt = stmt.where(when < query.until)
+        if query.names is not None:
+            if self.engine.dialect.name == "sqlite":
+                found = [jobs.c.name.op("GLOB")(to_glob(p)) for p in query.names]
+            else:
+                found = [jobs.c.name.op("~")(to_posix_regex(p)) for p in query.names]
+            stmt = stmt.where(or_(*found)) if found else stmt.where(false())
+        return stmt
 
     def find_task(self, array_job_id: int, task: int) -> Job | None:
         """Task `task` of the array: its own row, or the record that still stands for it."""
@@ -518,6 +580,62 @@ class StoreTx:
         if released:
             self.conn.execute(_RELEASE, {"ids": sorted(released), "now": now})
 
+    def edit_jobs(self, edits: Sequence[JobEdit], now: float) -> None:
+        """Rewrite waiting (pending or held) jobs' specs and the columns that mirror them, with
+        one event each (its state unchanged), in one statement per table; all or none: a job
+        that is gone raises NotFound, one that is no longer waiting IllegalTransition."""
+        if not edits:
+            return
+        rows = self._lock_jobs(e.job_id for e in edits)
+        events: list[dict[str, Any]] = []
+        for edit in edits:
+            row = rows.get(edit.job_id)
+            if row is None:
+                raise NotFound(f"no job {edit.job_id}")
+            state = JobState(row["state"])
+            if state not in (JobState.PENDING, JobState.HELD):
+                raise IllegalTransition(edit.job_id, state.value, "an updated spec")
+            events.append(_event(edit.job_id, now, state, state, edit.reason))
+        self.conn.execute(_EDIT_JOB, [_edit_row(e) for e in edits])
+        self.conn.execute(_INSERT_EVENT, events)
+
+    def requeue_jobs(
+        self, job_ids: Sequence[int], reason: str, now: float, *, hold: bool = False
+    ) -> None:
+        """Ended jobs back to the queue with the same ids (`gpuq requeue`): pending, or held
+        with `hold`; requeue_count + 1, the last run's node, end and result cleared, an event
+        per step. All or none: a job that is not ended raises IllegalTransition."""
+        if not job_ids:
+            return
+        rows = self._lock_jobs(job_ids)
+        events: list[dict[str, Any]] = []
+        for job_id in job_ids:
+            row = rows.get(job_id)
+            if row is None:
+                raise NotFound(f"no job {job_id}")
+            current = JobState(row["state"])
+            if current not in REQUEUABLE:
+                raise IllegalTransition(job_id, current.value, JobState.PENDING.value)
+            row.update(
+                state=(JobState.HELD if hold else JobState.PENDING).value,
+                reason=reason,
+                requeue_count=row["requeue_count"] + 1,
+                node=None,
+                end_time=None,
+                exit_code=None,
+                signal=None,
+                stop_state=None,
+                stop_reason=None,
+            )
+            events.append(_event(job_id, now, current, JobState.PENDING, reason))
+            if hold:
+                events.append(_event(job_id, now, JobState.PENDING, JobState.HELD, reason))
+        self.conn.execute(
+            _UPDATE_MUTABLE,
+            [{"b_id": i, **{f"b_{c}": rows[i][c] for c in _MUTABLE}} for i in sorted(set(job_ids))],
+        )
+        self.conn.execute(_INSERT_EVENT, events)
+
     def start_jobs(self, starts: Sequence[JobStart], now: float) -> None:
         """pending -> running with the given GPU units; all or none.
 
@@ -803,6 +921,28 @@ _RELEASE = (
     .values(live=False, released_at=bindparam("now"))
 )
 _INSERT_ALLOCATION = insert(allocations)
+_EDITED = ("name", "qos", "priority", "gpus", "gpu_mem", "cpus", "mem", "time_limit", "spec")
+_EDIT_JOB = (
+    update(jobs)
+    .where(jobs.c.id == bindparam("b_id"))
+    .values({c: bindparam(f"b_{c}") for c in _EDITED})
+)
+
+
+def _edit_row(edit: JobEdit) -> dict[str, Any]:
+    res = edit.spec.resources
+    return {
+        "b_id": edit.job_id,
+        "b_name": edit.spec.name,
+        "b_qos": edit.qos,
+        "b_priority": edit.priority,
+        "b_gpus": res.gpus,
+        "b_gpu_mem": res.gpu_mem,
+        "b_cpus": res.cpus,
+        "b_mem": res.mem,
+        "b_time_limit": res.time_limit,
+        "b_spec": json.dumps(spec_to_dict(edit.spec), separators=(",", ":")),
+    }
 
 
 def _claim_key(dialect: Any) -> Any:

@@ -6,20 +6,14 @@ job whose GPUs stay at one figure with no output is flagged possibly hung."""
 
 from __future__ import annotations
 
-import contextlib
-import queue
 import sys
-import threading
 import time
 from pathlib import Path
 
-import grpc
 from e2e_cluster import Cluster, wait_for
+from raw_agent import RawAgent
 
-from gpuq.identity import create_key_file, node_metadata
 from gpuq.v1 import agent_pb2 as apb
-from gpuq.v1 import agent_pb2_grpc
-from gpuq.v1 import types_pb2 as pb
 
 GIB = 1 << 30
 # normal: flag only; reaper: cancel idle jobs. Both: 2 s windows.
@@ -39,72 +33,17 @@ hung_window = 0
 """
 
 
-class RawAgent:
+class IdleAgent(RawAgent):
     """A node that runs no processes: it takes starts, answers stops with an end, and every
     0.2 s sends a heartbeat whose job samples carry `utils[job]` (per unit; unset: 0 %) and
-    `output[job]` (growing for jobs in `writing`)."""
+    output that grows for jobs in `writing`."""
 
     def __init__(self, cluster: Cluster, node: str, gpus: int) -> None:
-        self.uuids = [f"GPU-{node}-{i}" for i in range(gpus)]
         self.utils: dict[int, list[float | None]] = {}
-        self.output: dict[int, int] = {}
         self.writing: set[int] = set()  # jobs whose output grows at every heartbeat
-        self.running: dict[int, apb.JobLaunch] = {}
-        self.stops: list[apb.StopJob] = []
-        self._outbox: queue.Queue[apb.AgentMessage | None] = queue.Queue()
-        self._lock = threading.Lock()
-        self._closed = threading.Event()
-        key = create_key_file(cluster.home / "nodes" / f"{node}.key")
-        self._channel = grpc.insecure_channel(f"unix:{cluster.home / 'gpuq.sock'}")
-        register = apb.Register(
-            node=node,
-            cpus=8,
-            mem=64 * GIB,
-            fake=True,
-            gpus=[
-                pb.GpuUnit(uuid=u, index=i, name="fake", memory=80 * GIB)
-                for i, u in enumerate(self.uuids)
-            ],
-        )
-        self._outbox.put(apb.AgentMessage(register=register))
-        self._stream = agent_pb2_grpc.AgentLinkStub(self._channel).Connect(
-            iter(self._outbox.get, None), metadata=(node_metadata(node, key),)
-        )
-        self._threads = [
-            threading.Thread(target=self._read, daemon=True),
-            threading.Thread(target=self._beat, daemon=True),
-        ]
-        for thread in self._threads:
-            thread.start()
+        super().__init__(cluster, node, gpus, sampler=self._idle_sample)
 
-    def _read(self) -> None:
-        with contextlib.suppress(grpc.RpcError):
-            for message in self._stream:
-                with self._lock:
-                    for launch in message.start:
-                        self.running[launch.job_id] = launch
-                    for stop in message.stop:
-                        self.stops.append(stop)
-                        self.running.pop(stop.job_id, None)
-                        ended = apb.JobReport(
-                            job_id=stop.job_id,
-                            kind=apb.JobReport.ENDED,
-                            end_state=stop.end_state,
-                            result=pb.JobResult(reason=stop.reason, signal=15),
-                            at=time.time(),
-                            attempt=stop.attempt,
-                        )
-                        self._outbox.put(apb.AgentMessage(reports=[ended]))
-
-    def _beat(self) -> None:
-        while not self._closed.wait(0.2):
-            with self._lock:
-                samples = [self._sample(job_id, launch) for job_id, launch in self.running.items()]
-            usage = [pb.GpuUsage(uuid=u, health="ok") for u in self.uuids]
-            heartbeat = apb.Heartbeat(at=time.time(), usage=usage, jobs=samples)
-            self._outbox.put(apb.AgentMessage(heartbeat=heartbeat))
-
-    def _sample(self, job_id: int, launch: apb.JobLaunch) -> apb.JobSample:
+    def _idle_sample(self, job_id: int, launch: apb.JobLaunch) -> apb.JobSample:
         utils = self.utils.get(job_id, [0.0] * len(launch.gpus))
         units = [
             apb.UnitSample(uuid=u, memory=GIB, **({} if util is None else {"util": util}))
@@ -115,17 +54,8 @@ class RawAgent:
             at=time.time(),
             gpu_mem=GIB * len(units),
             units=units,
-            output_bytes=self.output.get(job_id, 0)
-            + (int(time.time() * 1000) if job_id in self.writing else 0),
+            output_bytes=int(time.time() * 1000) if job_id in self.writing else 0,
         )
-
-    def close(self) -> None:
-        self._closed.set()
-        self._outbox.put(None)
-        self._stream.cancel()
-        self._channel.close()
-        for thread in self._threads:
-            thread.join(5)
 
 
 def flags(cluster: Cluster, job_id: int) -> list[str]:
@@ -138,7 +68,7 @@ def notes(cluster: Cluster, job_id: int) -> list[str]:
     return [e.reason for e in events if e.from_state == e.to_state]
 
 
-def started(cluster: Cluster, agent: RawAgent, job_id: int) -> None:
+def started(cluster: Cluster, agent: IdleAgent, job_id: int) -> None:
     cluster.wait_state(job_id, "running")
     wait_for(lambda: job_id in agent.running, what=f"job {job_id}'s start to reach the agent")
 
@@ -146,7 +76,7 @@ def started(cluster: Cluster, agent: RawAgent, job_id: int) -> None:
 def test_idle_jobs_are_flagged_cleared_and_cancelled_by_qos(tmp_path: Path) -> None:
     cluster = Cluster(tmp_path, CONFIG)
     cluster.start_coordinator()
-    agent = RawAgent(cluster, "raw", gpus=4)
+    agent = IdleAgent(cluster, "raw", gpus=4)
     try:
         cluster.wait_node("raw", "up")
         watched = cluster.submit("sleep 600", gpus=1)
@@ -185,7 +115,7 @@ def test_idle_jobs_are_flagged_cleared_and_cancelled_by_qos(tmp_path: Path) -> N
 def test_a_multi_gpu_job_stuck_at_one_figure_is_possibly_hung(tmp_path: Path) -> None:
     cluster = Cluster(tmp_path, CONFIG)
     cluster.start_coordinator()
-    agent = RawAgent(cluster, "raw", gpus=2)
+    agent = IdleAgent(cluster, "raw", gpus=2)
     try:
         cluster.wait_node("raw", "up")
         job = cluster.submit("sleep 600", gpus=2)

@@ -6,104 +6,36 @@ ENDED reports). What it reports is kept with each job, `gpuq show` prints the ef
 
 from __future__ import annotations
 
-import contextlib
 import json
-import queue
-import threading
 import time
 from pathlib import Path
 
-import grpc
 import pytest
 from e2e_cluster import Cluster, wait_for
+from raw_agent import RawAgent
 
-from gpuq.identity import create_key_file, node_metadata
 from gpuq.v1 import agent_pb2 as apb
-from gpuq.v1 import agent_pb2_grpc
 from gpuq.v1 import types_pb2 as pb
 
 GIB = 1 << 30
 
 
-class ReportingAgent:
+class ReportingAgent(RawAgent):
     """Takes starts and runs nothing; every 0.2 s a heartbeat whose samples carry `so_far[job]`
     (when set); `end(job, telemetry)` reports the job completed with those figures."""
 
     def __init__(self, cluster: Cluster, node: str, gpus: int) -> None:
-        self.uuids = [f"GPU-{node}-{i}" for i in range(gpus)]
-        self.running: dict[int, apb.JobLaunch] = {}
         self.so_far: dict[int, pb.GpuTelemetry] = {}
-        self._outbox: queue.Queue[apb.AgentMessage | None] = queue.Queue()
-        self._lock = threading.Lock()
-        self._closed = threading.Event()
-        key = create_key_file(cluster.home / "nodes" / f"{node}.key")
-        self._channel = grpc.insecure_channel(f"unix:{cluster.home / 'gpuq.sock'}")
-        register = apb.Register(
-            node=node,
-            cpus=8,
-            mem=64 * GIB,
-            fake=True,
-            gpus=[
-                pb.GpuUnit(uuid=u, index=i, name="fake", memory=80 * GIB)
-                for i, u in enumerate(self.uuids)
-            ],
-        )
-        self._outbox.put(apb.AgentMessage(register=register))
-        self._stream = agent_pb2_grpc.AgentLinkStub(self._channel).Connect(
-            iter(self._outbox.get, None), metadata=(node_metadata(node, key),)
-        )
-        self._threads = [
-            threading.Thread(target=self._read, daemon=True),
-            threading.Thread(target=self._beat, daemon=True),
-        ]
-        for thread in self._threads:
-            thread.start()
+        super().__init__(cluster, node, gpus, sampler=self._reported)
 
-    def _read(self) -> None:
-        with contextlib.suppress(grpc.RpcError):
-            for message in self._stream:
-                with self._lock:
-                    for launch in message.start:
-                        self.running[launch.job_id] = launch
-
-    def _beat(self) -> None:
-        while not self._closed.wait(0.2):
-            with self._lock:
-                samples = [
-                    apb.JobSample(
-                        job_id=job_id,
-                        at=time.time(),
-                        gpu_mem=GIB,
-                        units=[apb.UnitSample(uuid=u, util=50.0, memory=GIB) for u in launch.gpus],
-                        **({"so_far": self.so_far[job_id]} if job_id in self.so_far else {}),
-                    )
-                    for job_id, launch in self.running.items()
-                ]
-            usage = [pb.GpuUsage(uuid=u, health="ok") for u in self.uuids]
-            heartbeat = apb.Heartbeat(at=time.time(), usage=usage, jobs=samples)
-            self._outbox.put(apb.AgentMessage(heartbeat=heartbeat))
-
-    def end(self, job_id: int, telemetry: pb.GpuTelemetry | None) -> None:
-        with self._lock:
-            launch = self.running.pop(job_id)
-        report = apb.JobReport(
+    def _reported(self, job_id: int, launch: apb.JobLaunch) -> apb.JobSample:
+        return apb.JobSample(
             job_id=job_id,
-            kind=apb.JobReport.ENDED,
-            end_state="completed",
-            result=pb.JobResult(exit_code=0, reason="exit code 0"),
             at=time.time(),
-            attempt=launch.attempt,
-            **({"telemetry": telemetry} if telemetry is not None else {}),
+            gpu_mem=GIB,
+            units=[apb.UnitSample(uuid=u, util=50.0, memory=GIB) for u in launch.gpus],
+            **({"so_far": self.so_far[job_id]} if job_id in self.so_far else {}),
         )
-        self._outbox.put(apb.AgentMessage(reports=[report]))
-
-    def close(self) -> None:
-        self._closed.set()
-        self._outbox.put(None)
-        self._stream.cancel()
-        self._channel.close()
-        for thread in self._threads:
-            thread.join(5)
 
 
 def measured(peak_gib: float, util: float | None, joules: float | None) -> pb.GpuTelemetry:
@@ -143,10 +75,10 @@ def test_report_totals_match_the_jobs_records(setup: tuple[Cluster, ReportingAge
             wait_for(lambda job=job: job in agent.running, what=f"job {job}'s start")
         agent.so_far[beat] = measured(3.0, 80.0, 7.2e5)
         time.sleep(1.0)  # a few heartbeats carry it
-        agent.end(big, measured(31.0, 12.0, 6.84e6))
-        agent.end(small, measured(2.5, None, 3.6e5))  # utilisation unknown
-        agent.end(quiet, None)
-        agent.end(beat, None)  # the latest heartbeat's figures stand in
+        agent.end(big, telemetry=measured(31.0, 12.0, 6.84e6))
+        agent.end(small, telemetry=measured(2.5, None, 3.6e5))  # utilisation unknown
+        agent.end(quiet)
+        agent.end(beat)  # the latest heartbeat's figures stand in
         jobs = [cluster.wait_state(j, "completed") for j in (big, small, quiet, beat)]
 
         # the figures are kept with each job

@@ -67,7 +67,7 @@ def test_sbatch_lines_are_read_and_unused_ones_warned(queue: Cluster) -> None:
     script.write_text(
         "#!/bin/bash\n"
         "#SBATCH --gpus=2 --job-name=from-sbatch\n"
-        "#SBATCH --partition=x\n"
+        "#SBATCH --account=x\n"
         "#SBATCH -t 5 --output=sb-%j.txt\n"
         "#GPUQ --gpus 1\n"  # #GPUQ wins over #SBATCH
         'echo "gpus=$GPUQ_GPUS name=$GPUQ_JOB_NAME"\n'
@@ -75,7 +75,7 @@ def test_sbatch_lines_are_read_and_unused_ones_warned(queue: Cluster) -> None:
     result = queue.gpuq("submit", str(script))
     job_id = submitted(result)
     assert result.stderr.splitlines() == [
-        "gpuq submit: warning: #SBATCH --partition=x (line 3) is not used by gpuq"
+        "gpuq submit: warning: #SBATCH --account=x (line 3) is not used by gpuq"
     ]
     job = queue.wait_state(job_id, "completed")
     assert (job.spec.resources.gpus, job.spec.resources.time_limit) == (1, 300)

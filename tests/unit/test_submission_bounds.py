@@ -683,14 +683,14 @@ def test_sbatch_lines_are_read(tmp_path: Path) -> None:
 def test_sbatch_gres_and_gpu_types(tmp_path: Path) -> None:
     notes: list[str] = []
     built = spec(script=write(tmp_path, "#SBATCH --gres=gpu:a100:2\n"), warnings=notes)
-    assert built.resources.gpus == 2
-    assert notes == [
-        "#SBATCH --gres=gpu:a100:2 (line 2): the GPU type a100 is not used by gpuq (any GPU; "
-        "--gpu-mem asks for a size)"
-    ]
+    assert (built.resources.gpu_type, built.resources.gpus) == ("a100", 2)
+    assert notes == []
+    bare = spec(script=write(tmp_path, "#SBATCH --gres=gpu:h100\n")).resources
+    assert (bare.gpu_type, bare.gpus) == ("h100", 1)
     assert spec(script=write(tmp_path, "#SBATCH --gres=gpu:3\n")).resources.gpus == 3
     assert spec(script=write(tmp_path, "#SBATCH --gres=gpu\n")).resources.gpus == 1
-    assert spec(script=write(tmp_path, "#SBATCH -G a100:2\n"), warnings=[]).resources.gpus == 2
+    typed = spec(script=write(tmp_path, "#SBATCH -G a100:2\n"), warnings=[]).resources
+    assert (typed.gpu_type, typed.gpus) == ("a100", 2)
     assert spec(script=write(tmp_path, "#SBATCH --gpus-per-node=4\n")).resources.gpus == 4
     assert spec(script=write(tmp_path, "#SBATCH -c4\n")).resources.cpus == 4
     assert spec(script=write(tmp_path, "#SBATCH --nice\n")).nice == 100
@@ -701,8 +701,8 @@ def test_sbatch_options_gpuq_does_not_use_are_warnings(tmp_path: Path) -> None:
     built = spec(
         script=write(
             tmp_path,
-            "#SBATCH --partition=x\n"
-            "#SBATCH -p gpu -A lab --exclusive -N 2\n"
+            "#SBATCH --account=x\n"
+            "#SBATCH -A lab --exclusive -N 2\n"
             "#SBATCH --mem=0 --time=UNLIMITED --export=HOME\n"
             '#SBATCH --comment="unbalanced\n'
             "#SBATCH --gres=gpu:1,shard:2\n",
@@ -711,8 +711,7 @@ def test_sbatch_options_gpuq_does_not_use_are_warnings(tmp_path: Path) -> None:
     )
     assert built.resources.gpus == 1 and built.resources.mem is None
     assert notes == [
-        "#SBATCH --partition=x (line 2) is not used by gpuq",
-        "#SBATCH -p gpu (line 3) is not used by gpuq",
+        "#SBATCH --account=x (line 2) is not used by gpuq",
         "#SBATCH -A lab (line 3) is not used by gpuq",
         "#SBATCH --exclusive (line 3) is not used by gpuq",
         "#SBATCH -N 2 (line 3) is not used by gpuq",
@@ -728,9 +727,9 @@ def test_sbatch_options_gpuq_does_not_use_are_warnings(tmp_path: Path) -> None:
 def test_without_a_list_warnings_are_python_warnings(tmp_path: Path) -> None:
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        spec(script=write(tmp_path, "#SBATCH --partition=x\n"))
+        spec(script=write(tmp_path, "#SBATCH --account=x\n"))
     assert [str(w.message) for w in caught if w.category is SubmitWarning] == [
-        "#SBATCH --partition=x (line 2) is not used by gpuq"
+        "#SBATCH --account=x (line 2) is not used by gpuq"
     ]
 
 

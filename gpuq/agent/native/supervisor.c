@@ -31,6 +31,15 @@
  * Cgroups: the job's groups are <cgroup_parent>/<cgroup_key>/job_<id>, the key being the
  * installation's (gpuq.agent.launch.cgroup_key), so that two installations never share one.
  *
+ * Interactive jobs (spec.json has a "terminal"): the job runs on a pseudo-terminal instead of
+ * output files. The supervisor opens it (window size and modes from the spec), the job's main
+ * process becomes a session leader with the terminal as its controlling terminal and as its
+ * fds 0, 1 and 2, and the supervisor keeps the master open for its own life (so that an agent
+ * that restarts neither hangs the job up nor loses what it wrote). It serves the master on
+ * `<job_dir>/pty.sock` (0600, the supervisor's user): each connection from a process of its
+ * own euid (SO_PEERCRED) gets one byte "T" with the master fd (SCM_RIGHTS); any other gets
+ * "N" and no fd. The agent (gpuq/agent/terminals.py) relays the terminal from there.
+ *
  * Isolation: the job's GPUs other than its own are denied in its devices group (devices.deny
  * on cgroup v1, a BPF_PROG_TYPE_CGROUP_DEVICE program on v2), its CPUs bound by its cpuset
  * group (else sched_setaffinity). Where the machine allows no device rule the job still runs,
@@ -48,11 +57,13 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sched.h>
+#include <sys/ioctl.h>
 #include <sys/prctl.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/un.h>
 #include <sys/wait.h>
+#include <termios.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -75,7 +86,8 @@
 #define MAX_SECONDS 1e12       /* about 31,700 years: any real limit or grace */
 
 enum { T_WARN, T_LIMIT, T_KILL, T_MEM, T_CONNECT, T_GIVE_UP, T_COUNT };
-enum { STEP_GROUP, STEP_CGROUP, STEP_CPUS, STEP_USER, STEP_CHDIR, STEP_STDOUT, STEP_STDERR, STEP_EXEC, STEP_COUNT };
+enum { STEP_GROUP, STEP_CGROUP, STEP_CPUS, STEP_USER, STEP_CHDIR, STEP_STDOUT, STEP_STDERR, STEP_EXEC, STEP_TERMINAL, STEP_COUNT };
+#define PTY_SOCKET "pty.sock" /* in the job folder: the terminal's master, for the agent */
 
 typedef struct {
     long long job_id;
@@ -95,6 +107,9 @@ typedef struct {
     gid_t *groups;    /* with has_uid: its groups, as initgroups(3) sets them (getgrouplist) */
     int ngroups;
     mode_t umask; /* with has_umask: the job's umask; output files are 0666 less it */
+    int has_terminal;  /* an interactive job: it runs on a pseudo-terminal, no output files */
+    int rows, cols;    /* its window size (0: not set) */
+    int stdin_tty, stdout_tty; /* the submitter's: without them no ECHO, no OPOST */
 } launch_spec;
 
 typedef struct {
@@ -123,6 +138,8 @@ typedef struct {
     int acked;
     int wake_r, wake_w;
     int sock; /* the hub link, -1 when not connected */
+    int pty_master, pty_slave; /* an interactive job's terminal (-1: none); the slave until spawned */
+    int pty_listen; /* pty.sock, where the agent gets the master (-1: none) */
     buf in, out;
 } supervisor;
 
@@ -365,6 +382,34 @@ static int int_field(const jval *root, const char *key, long long min, long long
     return 0;
 }
 
+/* A flag: absent or null leaves `fallback`; 0 when of another type. */
+static int bool_field(const jval *object, const char *key, int fallback, int *out) {
+    const jval *v = json_get(object, key);
+    *out = fallback;
+    if (v == NULL || v->type == J_NULL) return 1;
+    if (v->type != J_BOOL) return 0;
+    *out = v->boolean;
+    return 1;
+}
+
+/* terminal: absent or null, a batch job; else {"rows","cols","stdin_tty","stdout_tty"} (the
+ * term goes to the job as TERM in its environment). NULL, or what is wrong. */
+static const char *read_terminal(launch_spec *spec, const jval *root) {
+    const jval *terminal = json_get(root, "terminal");
+    long long rows = 0, cols = 0;
+    int present;
+    if (terminal == NULL || terminal->type == J_NULL) return NULL;
+    if (terminal->type != J_OBJ) return "field terminal is not an object";
+    if (int_field(terminal, "rows", 0, 65535, &rows, &present) != 0 || int_field(terminal, "cols", 0, 65535, &cols, &present) != 0)
+        return "field terminal has rows or cols out of 0 to 65535";
+    if (!bool_field(terminal, "stdin_tty", 1, &spec->stdin_tty) || !bool_field(terminal, "stdout_tty", 1, &spec->stdout_tty))
+        return "field terminal has stdin_tty or stdout_tty that is not a boolean";
+    spec->has_terminal = 1;
+    spec->rows = (int)rows;
+    spec->cols = (int)cols;
+    return NULL;
+}
+
 /* cgroup_parent and cgroup_key (one name: [A-Za-z0-9_-], never "." or ".."); the job's groups
  * are <parent>/<key>/job_<id>. NULL, or the field that is unusable. */
 static const char *cgroup_location(launch_spec *spec, const jval *root) {
@@ -450,7 +495,8 @@ static int read_spec(supervisor *s, const char *text, size_t len, const char **p
     spec->gid = (gid_t)gid;
     spec->has_umask = json_int(root, "umask", 0, 0777, &umask_value);
     spec->umask = spec->has_umask ? (mode_t)umask_value : 0;
-    if ((field = read_isolation(spec, root)) != NULL || (field = resolve_account(spec)) != NULL) {
+    if ((field = read_isolation(spec, root)) != NULL || (field = read_terminal(spec, root)) != NULL
+        || (field = resolve_account(spec)) != NULL) {
         snprintf(bad, sizeof bad, "spec.json: %s", field);
         *problem = bad;
         return -1;
@@ -477,9 +523,12 @@ typedef struct {
     const char *script;
     int cgroup_fds[CG_ROLES], cgroup_required[CG_ROLES], ncgroups; /* cgroup.procs of each group */
     int ngroups, err_fd;
+    int tty; /* an interactive job's terminal (the slave), or -1 */
     gid_t *groups;
     const cpu_set_t *affinity; /* NULL: no binding here */
 } child_args;
+
+static void __attribute__((noreturn)) exec_job(const child_args *a, int target);
 
 static void __attribute__((noreturn)) child(const child_args *a) {
     const launch_spec *spec = a->spec;
@@ -488,7 +537,11 @@ static void __attribute__((noreturn)) child(const child_args *a) {
     gid_t *groups = a->groups;
     int flags = O_WRONLY | O_CREAT | O_CLOEXEC | (spec->append ? O_APPEND : O_TRUNC);
     int target = -1;
-    if (setpgid(0, 0) != 0) child_fail(err_fd, STEP_GROUP);
+    /* an interactive job leads a session of its own whose controlling terminal is its pty (so
+     * that ^C, ^Z and SIGWINCH reach it, as on a login); a batch job only leads a group */
+    if (a->tty >= 0) {
+        if (setsid() < 0 || ioctl(a->tty, TIOCSCTTY, 0) != 0) child_fail(err_fd, STEP_TERMINAL);
+    } else if (setpgid(0, 0) != 0) child_fail(err_fd, STEP_GROUP);
     /* "0": me; a group that only gathers the job's processes is worth no failed start, one
      * that enforces (--mem, device rules, CPUs) is: the job must not run without it */
     for (int i = 0; i < a->ncgroups; i++)
@@ -513,6 +566,11 @@ static void __attribute__((noreturn)) child(const child_args *a) {
         if (spec->has_gid && (getgid() != spec->gid || getegid() != spec->gid)) child_fail(err_fd, STEP_USER);
     }
     if (chdir(spec->cwd) != 0) child_fail(err_fd, STEP_CHDIR);
+    if (a->tty >= 0) {
+        if (spec->has_umask) umask(spec->umask);
+        if (dup2(a->tty, 0) < 0 || dup2(a->tty, 1) < 0 || dup2(a->tty, 2) < 0) child_fail(err_fd, STEP_TERMINAL);
+        exec_job(a, target);
+    }
     int in = open("/dev/null", O_RDONLY | O_CLOEXEC);
     if (in < 0 || dup2(in, 0) < 0) child_fail(err_fd, STEP_CHDIR);
     /* the submitter's umask, for the output files and for what the job creates (this child has
@@ -528,6 +586,14 @@ static void __attribute__((noreturn)) child(const child_args *a) {
     if (strcmp(spec->stderr_path, spec->stdout_path) != 0 && (err = open(spec->stderr_path, flags, mode)) < 0)
         child_fail(err_fd, STEP_STDERR);
     if (dup2(out, 1) < 0 || dup2(err, 2) < 0) child_fail(err_fd, STEP_STDOUT);
+    exec_job(a, target);
+}
+
+/* The end of child(): default signal handling, then the script (by path, else by fd). */
+static void __attribute__((noreturn)) exec_job(const child_args *a, int target) {
+    const launch_spec *spec = a->spec;
+    const char *script = a->script;
+    int err_fd = a->err_fd;
     struct sigaction dfl = {.sa_handler = SIG_DFL};
     for (int sig = 1; sig < NSIG; sig++)
         if (sig != SIGKILL && sig != SIGSTOP) sigaction(sig, &dfl, NULL);
@@ -552,7 +618,7 @@ static pid_t __attribute__((noinline)) vfork_child(const child_args *args) {
 }
 
 static void spawn_job(supervisor *s, const char *script, const child_args *joins) {
-    static const char *const steps[] = {"create a process group", "join the job's cgroup", "bind the job's CPUs", "switch user", "chdir to ", "open ", "open ", "execute "};
+    static const char *const steps[] = {"create a process group", "join the job's cgroup", "bind the job's CPUs", "switch user", "chdir to ", "open ", "open ", "execute ", "attach the job's terminal"};
     const launch_spec *spec = &s->spec;
     int pipe_fds[2];
     if (pipe2(pipe_fds, O_CLOEXEC) != 0) {
@@ -567,6 +633,7 @@ static void spawn_job(supervisor *s, const char *script, const child_args *joins
     args.script = script;
     args.ngroups = spec->has_uid ? spec->ngroups : 0;
     args.err_fd = pipe_fds[1];
+    args.tty = s->pty_slave;
     args.groups = spec->has_uid ? spec->groups : NULL;
     pid_t pid = vfork_child(&args);
     int fork_errno = errno;
@@ -999,6 +1066,102 @@ static void open_joins(supervisor *s, child_args *joins, int devices_required, i
     joins->affinity = s->use_affinity ? &s->affinity : NULL;
 }
 
+/* ---- an interactive job's terminal ---- */
+
+/* The slave's modes and size as the spec says, and its owner the job's user (as a login's
+ * terminal is: group tty, 0620), so that the job may open /dev/tty and its pts again. */
+static int set_up_slave(supervisor *s, int slave) {
+    const launch_spec *spec = &s->spec;
+    struct termios mode;
+    if (tcgetattr(slave, &mode) != 0) return -1;
+    mode.c_iflag |= IUTF8;
+    if (!spec->stdin_tty) mode.c_lflag &= ~(tcflag_t)(ECHO | ECHONL); /* piped input is not echoed */
+    if (!spec->stdout_tty) mode.c_oflag &= ~(tcflag_t)OPOST; /* piped output keeps its bare \n */
+    if (tcsetattr(slave, TCSANOW, &mode) != 0) return -1;
+    struct winsize size = {.ws_row = (unsigned short)spec->rows, .ws_col = (unsigned short)spec->cols};
+    if (spec->rows && spec->cols && ioctl(slave, TIOCSWINSZ, &size) != 0) return -1;
+    if (spec->has_uid) {
+        struct group *tty = getgrnam("tty");
+        gid_t gid = tty ? tty->gr_gid : spec->gid;
+        if (fchown(slave, spec->uid, gid) != 0 || fchmod(slave, tty ? 0620 : 0600) != 0) return -1;
+    }
+    return 0;
+}
+
+/* pty.sock in the job folder, 0600 (the folder may be passable by the job's user). The path
+ * is bound relative to the folder: a long folder name must not exceed sun_path. */
+static int listen_terminal(supervisor *s) {
+    struct sockaddr_un address = {.sun_family = AF_UNIX};
+    snprintf(address.sun_path, sizeof address.sun_path, "%s", PTY_SOCKET);
+    int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+    if (fd < 0) return -1;
+    if (chdir(s->job_dir) != 0) { close(fd); return -1; }
+    unlink(PTY_SOCKET);
+    mode_t old = umask(0177); /* one thread: the umask is this process's alone */
+    int ok = bind(fd, (struct sockaddr *)&address, sizeof address) == 0;
+    umask(old);
+    int saved = errno;
+    if (chdir("/") != 0) { /* hold no folder busy */
+    }
+    errno = saved;
+    if (!ok || listen(fd, 8) != 0) { saved = errno; close(fd); errno = saved; return -1; }
+    s->pty_listen = fd;
+    return 0;
+}
+
+/* The terminal of an interactive job, before it starts; 0, or -1 with the launch error set. */
+static int open_terminal(supervisor *s) {
+    char name[128];
+    const char *what = "open a pseudo-terminal";
+    int master = posix_openpt(O_RDWR | O_NOCTTY | O_CLOEXEC), slave = -1;
+    if (master < 0 || grantpt(master) != 0 || unlockpt(master) != 0 || ptsname_r(master, name, sizeof name) != 0) goto fail;
+    /* O_NOCTTY: the supervisor leads a session of its own, and must not take the terminal */
+    if ((slave = open(name, O_RDWR | O_NOCTTY | O_CLOEXEC)) < 0) goto fail;
+    what = "set up the terminal";
+    if (set_up_slave(s, slave) != 0) goto fail;
+    what = "serve the terminal on " PTY_SOCKET;
+    if (listen_terminal(s) != 0) goto fail;
+    s->pty_master = master;
+    s->pty_slave = slave;
+    return 0;
+fail:
+    snprintf(s->launch_error, sizeof s->launch_error, "launch failed: cannot %s: %s", what, strerror(errno));
+    if (slave >= 0) close(slave);
+    if (master >= 0) close(master);
+    return -1;
+}
+
+/* Everyone waiting on pty.sock: the agent's user (this process's euid) gets the master. */
+static void on_terminal_client(supervisor *s) {
+    for (;;) {
+        int client = accept4(s->pty_listen, NULL, NULL, SOCK_CLOEXEC);
+        if (client < 0) return; /* none left (EAGAIN), or nothing to do about it */
+        struct ucred peer;
+        socklen_t len = sizeof peer;
+        char answer = 'N';
+        struct iovec data = {&answer, 1};
+        union {
+            struct cmsghdr align;
+            char space[CMSG_SPACE(sizeof(int))];
+        } control;
+        memset(&control, 0, sizeof control);
+        struct msghdr message = {.msg_iov = &data, .msg_iovlen = 1};
+        if (getsockopt(client, SOL_SOCKET, SO_PEERCRED, &peer, &len) == 0 && peer.uid == geteuid()) {
+            answer = 'T';
+            message.msg_control = control.space;
+            message.msg_controllen = sizeof control.space;
+            struct cmsghdr *header = CMSG_FIRSTHDR(&message);
+            header->cmsg_level = SOL_SOCKET;
+            header->cmsg_type = SCM_RIGHTS;
+            header->cmsg_len = CMSG_LEN(sizeof(int));
+            memcpy(CMSG_DATA(header), &s->pty_master, sizeof(int));
+        }
+        /* a fresh connection's buffer takes one byte at once: this never blocks */
+        (void)sendmsg(client, &message, MSG_NOSIGNAL | MSG_DONTWAIT);
+        close(client);
+    }
+}
+
 static void start(supervisor *s, const char *script) {
     const launch_spec *spec = &s->spec;
     /* every job gets groups of its own where they can be made, so that the end (or the hub,
@@ -1017,7 +1180,11 @@ static void start(supervisor *s, const char *script) {
     open_joins(s, &joins, devices_required, cpus_required);
     write_isolation(s);
     s->started_at = wall_time();
-    spawn_job(s, script, &joins);
+    if (!spec->has_terminal || open_terminal(s) == 0) spawn_job(s, script, &joins);
+    if (s->pty_slave >= 0) { /* the job's now: its last close is the terminal's end (EIO) */
+        close(s->pty_slave);
+        s->pty_slave = -1;
+    }
     for (int i = 0; i < joins.ncgroups; i++)
         if (joins.cgroup_fds[i] >= 0) close(joins.cgroup_fds[i]);
     if (s->launch_error[0]) {
@@ -1078,11 +1245,14 @@ static void run(supervisor *s, const char *script) {
             int ms = wait <= 0 ? 0 : (int)fmin(wait * 1000 + 1, 1e9);
             if (timeout < 0 || ms < timeout) timeout = ms;
         }
-        struct pollfd fds[2] = {{s->wake_r, POLLIN, 0}, {s->sock, (short)(POLLIN | (s->out.len ? POLLOUT : 0)), 0}};
-        int n = poll(fds, s->sock >= 0 ? 2 : 1, timeout);
+        /* wake, the terminal's socket (always there when the job has one), the hub link */
+        struct pollfd fds[3] = {{s->wake_r, POLLIN, 0}, {s->pty_listen, POLLIN, 0}, {s->sock, (short)(POLLIN | (s->out.len ? POLLOUT : 0)), 0}};
+        int link = s->sock >= 0;
+        int n = poll(fds, 3, timeout); /* a negative fd is skipped */
         if (n > 0) {
             if (fds[0].revents) drain(s->wake_r);
-            if (s->sock >= 0 && fds[1].revents) on_link(s, fds[1].revents);
+            if (fds[1].revents) on_terminal_client(s);
+            if (link && s->sock >= 0 && fds[2].revents) on_link(s, fds[2].revents);
         }
         if (run_timers(s)) return;
     }
@@ -1111,6 +1281,7 @@ int supervise(const char *job_dir, double ack_wait) {
     s.ack_wait = ack_wait;
     s.me = getpid();
     s.sock = s.wake_r = s.wake_w = -1;
+    s.pty_master = s.pty_slave = s.pty_listen = -1;
     s.tree_signalled = -1e9;
     if (chdir("/") != 0) { /* hold no folder busy; every path here is absolute */
     }

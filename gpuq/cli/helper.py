@@ -1,0 +1,465 @@
+"""The CLI helper: one process per user and installation that has the CLI's modules (click,
+grpc, the protobuf descriptors, the command modules) loaded, so that a `gpuq` call costs a
+fork instead of a 100+ ms import (see gpuq.cli.main for the stub on the other end).
+
+Per call it forks a child that becomes the caller (gpuq.cli.helper_child: its fds 0-2, working
+folder, umask, environment, stdio encodings, argv) and runs the one CLI entry,
+gpuq.cli.commands.run. The child says its pid at once (the stub forwards signals to it) and its
+exit code once it closed the caller's fds; the parent sends the wait status when the child ends
+(what counts when the child was killed). A stub that goes away first (killed) gets its child
+SIGHUP then SIGTERM, and SIGKILL if it lingers.
+
+Rules it keeps:
+- No grpc channel (nor any thread) in the parent: only children talk to the coordinator, so
+  fork never copies gRPC's state.
+- Only its own uid may call (SO_PEERCRED on every connection); a request can only run the gpuq
+  CLI, with the caller's own fds, folder and environment.
+- It never runs old code: a fingerprint of its code (mtime and size of every module of the gpuq
+  package, and of the folders its dependencies live in) is checked before each call; when it
+  changed, the helper answers "stale" (the stub runs the call itself) and leaves.
+- One helper per socket: a POSIX lock held for life; a new one binds a temporary name and renames
+  it over the socket, so a dead one's socket is replaced. It leaves after GPUQ_CLI_HELPER_IDLE
+  seconds (600) without calls, and on SIGTERM, removing its socket.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import os
+import selectors
+import signal
+import socket
+import struct
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from gpuq.cli.helper_request import LEFT, MAX_ENVIRON, TOOK, spare
+from gpuq.cli.main import (
+    BYPASS,
+    COMMANDS,
+    EXIT,
+    IDLE_VAR,
+    private_folder,
+)
+
+DEFAULT_IDLE = 600.0
+HANGUP_GRACE = 10.0  # seconds from SIGHUP+SIGTERM to SIGKILL for an abandoned child
+STOP_GRACE = 5.0  # the same when the helper itself is told to stop
+CHECK_EVERY = 5.0  # seconds between checks that the socket is still there and ours
+# what the helper's own environment keeps of the first caller's (each call brings its own)
+KEPT_VARS = frozenset({"PATH", "HOME", "LANG", "TMPDIR", "USER", "LOGNAME", "XDG_RUNTIME_DIR"})
+KEPT_PREFIXES = ("LC_", "PYTHON", "GPUQ_CLI_HELPER", "GRPC_")
+# loaded before the first call (each only if it imports): what the client commands use
+PRELOAD = (
+    "gpuq.cli.commands",
+    "gpuq.client",
+    "gpuq.config",
+    "gpuq.submission",
+    "gpuq.directives",
+    "gpuq.convert",
+    "gpuq.domain.dependencies",
+    "gpuq.domain.placement",
+    "gpuq.domain.states",
+    "gpuq.cli.render",
+    "google.protobuf.json_format",
+    "grpc._channel",  # grpc loads these on the first channel
+    "grpc._simple_stubs",
+    "grpc.experimental",
+    "getpass",
+    "pwd",
+    "locale",
+    "encodings.ascii",
+    "importlib.metadata",
+    "email.parser",  # what importlib.metadata reads a version with (`gpuq --version`)
+    "email.feedparser",
+    "ctypes",  # a spare's PR_SET_PDEATHSIG
+)
+BOOT = (
+    "import sys; sys.path[0] = sys.argv[2]; from gpuq.cli.helper import serve; serve(sys.argv[1])"
+)
+
+
+# ---- starting and stopping helpers ---------------------------------------------------------
+
+
+def start_helper(path: str) -> None:
+    """Start a helper for `path` in the background (its own session, stdio on /dev/null, an
+    environment of its own). A second one, started at the same time, finds the lock taken and
+    leaves. Never fails the caller."""
+    package_parent = str(Path(__file__).resolve().parent.parent.parent)
+    env = {k: v for k, v in os.environ.items() if k in KEPT_VARS or k.startswith(KEPT_PREFIXES)}
+    try:
+        devnull = os.open(os.devnull, os.O_RDWR | os.O_CLOEXEC)
+    except OSError:
+        return
+    try:
+        os.posix_spawn(
+            sys.executable,
+            [sys.executable, "-c", BOOT, path, package_parent],
+            env,
+            file_actions=[(os.POSIX_SPAWN_DUP2, devnull, fd) for fd in (0, 1, 2)],
+            setsid=True,
+        )
+    except OSError:
+        pass
+    finally:
+        os.close(devnull)
+
+
+def stop_helpers(folder: Path, timeout: float = 10.0) -> list[int]:
+    """SIGTERM every helper serving a socket in `folder` and wait until each has let go of its
+    lock (SIGKILL at the deadline); their pids. For tests and for `gpuq` upgrades by hand."""
+    held = {}
+    for lock in folder.glob("cli-*.lock"):
+        pid = _holder(lock)
+        if pid:
+            held[lock] = pid
+            with contextlib.suppress(OSError):
+                os.kill(pid, signal.SIGTERM)
+    deadline = time.monotonic() + timeout
+    for lock, pid in held.items():
+        while _holder(lock) and time.monotonic() < deadline:
+            time.sleep(0.02)
+        if _holder(lock):
+            with contextlib.suppress(OSError):
+                os.kill(pid, signal.SIGKILL)
+    return list(held.values())
+
+
+def _holder(lock: Path) -> int | None:
+    """The pid of the helper holding `lock` (it writes its pid there), or None when free."""
+    try:
+        fd = os.open(lock, os.O_RDONLY | os.O_CLOEXEC)
+    except OSError:
+        return None
+    try:
+        try:
+            fcntl.lockf(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+        except OSError:
+            text = os.pread(fd, 32, 0).strip()
+            return int(text) if text.isdigit() else None
+        return None  # we got it, so nobody holds it; closing lets go
+    finally:
+        os.close(fd)
+
+
+def lock_path(path: str) -> str:
+    return path.removesuffix(".sock") + ".lock"
+
+
+# ---- the code's fingerprint ----------------------------------------------------------------
+
+
+def code_fingerprint(package: Path | None = None) -> tuple[tuple[str, int, int], ...]:
+    """(name, mtime_ns, size) of every module and extension of the gpuq package, and of the
+    folders that hold the CLI's dependencies (pip changes them when it installs): ~0.5 ms."""
+    root = str(package or Path(__file__).resolve().parent.parent)
+    found = []
+    folders = [root]
+    while folders:
+        with os.scandir(folders.pop()) as entries:
+            for entry in entries:
+                if entry.is_dir(follow_symlinks=False):
+                    if entry.name != "__pycache__":
+                        folders.append(entry.path)
+                elif entry.name.endswith((".py", ".so")):
+                    st = entry.stat()
+                    found.append((entry.path, st.st_mtime_ns, st.st_size))
+    for name in ("click", "grpc", "google.protobuf"):
+        module = sys.modules.get(name)
+        where = getattr(module, "__file__", None)
+        if where:
+            site = os.path.dirname(os.path.dirname(where))
+            with contextlib.suppress(OSError):
+                found.append((site, os.stat(site).st_mtime_ns, 0))
+    return tuple(found)
+
+
+def preload() -> None:
+    """Import what the CLI's commands will need, so that children find it loaded. A command
+    module that does not import (absent, or half-written) is left to the child, which then
+    reports it exactly as the slow path would."""
+    import importlib
+
+    names = list(PRELOAD)
+    names += sorted({m for c, m in COMMANDS.items() if c not in BYPASS})
+    for name in names:
+        with contextlib.suppress(Exception):
+            importlib.import_module(name)
+
+
+# ---- the server ----------------------------------------------------------------------------
+
+
+@dataclass
+class Session:
+    """One call: the stub's connection (None once it went away) and the child running it."""
+
+    pid: int
+    pidfd: int
+    conn: socket.socket | None
+    kill_at: float | None = None
+
+
+@dataclass
+class Spare:
+    """The child forked ahead of the next call, waiting in accept (gpuq.cli.helper_request)."""
+
+    pid: int
+    pidfd: int
+    control: socket.socket
+
+
+@dataclass
+class Helper:
+    path: str
+    lock: int
+    fingerprint: tuple[tuple[str, int, int], ...]
+    idle: float
+    sessions: dict[int, Session] = field(default_factory=dict)
+    listener: socket.socket | None = None
+    spare: Spare | None = None
+    stopping: bool = False
+    last_call: float = field(default_factory=time.monotonic)
+    selector: selectors.BaseSelector = field(default_factory=selectors.DefaultSelector)
+    inode: int = 0
+    # the last caller's settings variables (gpuq.cli.helper_request.settings_environ): the
+    # next spare connects a client with them while it waits
+    last_environ: bytes = b""
+
+    def listen(self) -> None:
+        """Bind a temporary name, then rename it over the socket: a stale socket (a helper
+        that was killed) is replaced, and callers never see a half-made one. Only spares
+        accept on it; this process forks them and keeps count."""
+        listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        temporary = f"{self.path}.{os.getpid()}.tmp"
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(temporary)
+        listener.bind(temporary)
+        listener.listen(128)
+        os.rename(temporary, self.path)
+        self.inode = os.stat(self.path).st_ino
+        self.listener = listener
+        wake_read, wake_write = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
+        signal.set_wakeup_fd(wake_write)
+        self.selector.register(wake_read, selectors.EVENT_READ, self._drain)
+        for number in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+            signal.signal(number, self._stop)
+        self._fork_spare()
+
+    def loop(self) -> None:
+        while self.listener is not None or self.sessions:
+            now = time.monotonic()
+            idle = now - self.last_call >= self.idle
+            if self.listener is not None and not self.sessions and idle:
+                self.retire()
+                continue
+            timeout = min(self._next_deadline(now), CHECK_EVERY)
+            for key, _ in self.selector.select(timeout):
+                key.data(key.fileobj)
+            self._kill_lingering()
+            if self.listener is not None and not self._still_ours():
+                self.retire()  # its folder was removed, or the socket replaced: nobody calls
+
+    def _still_ours(self) -> bool:
+        try:
+            return os.stat(self.path).st_ino == self.inode
+        except OSError:
+            return False
+
+    def _next_deadline(self, now: float) -> float:
+        deadlines = [s.kill_at for s in self.sessions.values() if s.kill_at is not None]
+        if self.listener is not None and not self.sessions:
+            deadlines.append(self.last_call + self.idle)
+        return max(0.0, min(deadlines) - now) if deadlines else 60.0
+
+    def retire(self) -> None:
+        """Stop taking calls: the spare and the socket go, then the lock (a successor may
+        start at once). Calls under way run to their end."""
+        if self.listener is None:
+            return
+        self._drop_spare()
+        if self._still_ours():
+            with contextlib.suppress(OSError):
+                os.unlink(self.path)
+        self.listener.close()
+        self.listener = None
+        os.close(self.lock)
+
+    def _stop(self, number: int, frame: Any) -> None:
+        self.stopping = True
+
+    def _drain(self, fd: Any) -> None:
+        with contextlib.suppress(OSError):
+            os.read(fd, 512)
+        if self.stopping and self.listener is not None:
+            self.retire()
+            for session in self.sessions.values():
+                self._end(session, STOP_GRACE, (signal.SIGTERM, signal.SIGCONT))
+
+    # ---- spares
+
+    def _fork_spare(self) -> None:
+        assert self.listener is not None
+        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+        pid = os.fork()
+        if pid == 0:
+            ours.close()
+            spare(self.listener, theirs, code_fingerprint, self.fingerprint, self.last_environ)
+        theirs.close()
+        self.spare = Spare(pid, os.pidfd_open(pid), ours)
+        self.selector.register(ours, selectors.EVENT_READ, self._spare_says)
+        self.selector.register(self.spare.pidfd, selectors.EVENT_READ, self._spare_ended)
+
+    def _spare_says(self, control: Any) -> None:
+        """The spare took a call (its connection comes along), or found the code changed."""
+        spare_ = self.spare
+        assert spare_ is not None
+        try:
+            message, ancillary, _, _ = control.recvmsg(MAX_ENVIRON, socket.CMSG_SPACE(4))
+        except OSError:
+            message, ancillary = b"", []
+        fds = [
+            struct.unpack("i", data[:4])[0]
+            for level, kind, data in ancillary
+            if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS and len(data) >= 4
+        ]
+        if message[:1] == TOOK and fds:
+            self.last_call = time.monotonic()
+            self.last_environ = message[1:]
+            self.selector.unregister(control)
+            control.close()
+            self.spare = None
+            self._track(spare_.pid, spare_.pidfd, socket.socket(fileno=fds[0]))
+            self._fork_spare()
+            return
+        for fd in fds:
+            os.close(fd)
+        if message == LEFT:
+            self.retire()
+        elif not message:
+            self.selector.unregister(control)  # it died: _spare_ended follows
+
+    def _spare_ended(self, pidfd: Any) -> None:
+        spare_ = self.spare
+        if spare_ is None or os.waitpid(spare_.pid, os.WNOHANG)[0] == 0:
+            return
+        self._close_spare(spare_)
+        if self.listener is not None:
+            self._fork_spare()  # a spare that failed: the next; SIGKILLed ones are not kept
+
+    def _drop_spare(self) -> None:
+        spare_ = self.spare
+        if spare_ is not None:
+            with contextlib.suppress(OSError):
+                signal.pidfd_send_signal(spare_.pidfd, signal.SIGKILL)
+            with contextlib.suppress(ChildProcessError):
+                os.waitpid(spare_.pid, 0)
+            self._close_spare(spare_)
+
+    def _close_spare(self, spare_: Spare) -> None:
+        for thing in (spare_.control, spare_.pidfd):
+            with contextlib.suppress(KeyError, ValueError):
+                self.selector.unregister(thing)
+        spare_.control.close()
+        os.close(spare_.pidfd)
+        self.spare = None
+
+    # ---- calls
+
+    def _track(self, pid: int, pidfd: int, conn: socket.socket) -> None:
+        session = Session(pid, pidfd, conn)
+        self.sessions[pid] = session
+        self.selector.modify(pidfd, selectors.EVENT_READ, lambda _: self._reap(session))
+        self.selector.register(conn, selectors.EVENT_READ, lambda _: self._check(session))
+
+    def _check(self, session: Session) -> None:
+        """The stub's connection is readable: it went away (killed) unless it sent bytes."""
+        assert session.conn is not None
+        try:
+            gone = not session.conn.recv(64)
+        except OSError:
+            gone = True
+        if gone:
+            self._hangup(session)
+
+    def _hangup(self, session: Session) -> None:
+        if session.conn is not None:
+            with contextlib.suppress(KeyError, ValueError):
+                self.selector.unregister(session.conn)
+            session.conn.close()
+            session.conn = None
+        self._end(session, HANGUP_GRACE, (signal.SIGHUP, signal.SIGTERM, signal.SIGCONT))
+
+    def _end(self, session: Session, grace: float, signals: tuple[int, ...]) -> None:
+        for number in signals:
+            with contextlib.suppress(OSError):
+                signal.pidfd_send_signal(session.pidfd, number)
+        if session.kill_at is None:
+            session.kill_at = time.monotonic() + grace
+
+    def _kill_lingering(self) -> None:
+        now = time.monotonic()
+        for session in self.sessions.values():
+            if session.kill_at is not None and now >= session.kill_at:
+                with contextlib.suppress(OSError):
+                    signal.pidfd_send_signal(session.pidfd, signal.SIGKILL)
+                session.kill_at = now + HANGUP_GRACE
+
+    def _reap(self, session: Session) -> None:
+        pid, status = os.waitpid(session.pid, os.WNOHANG)
+        if pid == 0:
+            return
+        self.selector.unregister(session.pidfd)
+        os.close(session.pidfd)
+        del self.sessions[session.pid]
+        if session.conn is not None:
+            self.selector.unregister(session.conn)
+            with contextlib.suppress(OSError):
+                session.conn.sendall(EXIT + struct.pack("!i", status))
+            session.conn.close()
+        self.last_call = time.monotonic()
+
+
+# ---- the helper process --------------------------------------------------------------------
+
+
+def serve(path: str) -> None:
+    """The helper's main (started by start_helper): lock, load, listen, serve, leave."""
+    os.closerange(3, 1 << 20)  # nothing of the first caller's but what it means to pass
+    os.chdir("/")
+    if not private_folder(os.path.dirname(path), os.getuid()):
+        os._exit(0)
+    lock = os.open(lock_path(path), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+    try:
+        fcntl.lockf(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        os._exit(0)  # another helper serves (or is starting): it wins
+    os.ftruncate(lock, 0)
+    os.pwrite(lock, str(os.getpid()).encode(), 0)
+    before = code_fingerprint()  # before loading: a change while loading is seen
+    preload()
+    fingerprint = code_fingerprint()  # now with the dependencies' folders, listed last
+    if fingerprint[: len(before)] != before:
+        fingerprint = ()  # changed under us: the first call finds it stale
+    if not private_folder(os.path.dirname(path), os.getuid()):
+        os._exit(0)  # removed while loading (a test session ended)
+    import gc
+
+    gc.freeze()  # children then leave the loaded objects' pages shared
+    helper = Helper(path, lock, fingerprint, _idle())
+    helper.listen()
+    helper.loop()
+    os._exit(0)
+
+
+def _idle() -> float:
+    try:
+        value = float(os.environ.get(IDLE_VAR, DEFAULT_IDLE))
+    except ValueError:
+        return DEFAULT_IDLE
+    return value if value > 0 else DEFAULT_IDLE

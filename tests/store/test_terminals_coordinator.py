@@ -1,0 +1,91 @@
+"""Interactive jobs' lifetime on the coordinator (gpuq.coordinator.terminals), with a short
+grace: a job nobody attaches to is cancelled when the grace is over, one that is attached is
+not; after a restart (a new Coordinator on the same store) every interactive job starts
+detached, with a full grace to be attached again. On a real store, with no agent."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable
+from dataclasses import replace
+
+import pytest
+from helpers import make_spec
+
+from gpuq.config import CoordinatorSettings
+from gpuq.coordinator.core import Coordinator
+from gpuq.coordinator.terminals import NEVER_ATTACHED, check_interactive_spec
+from gpuq.domain.arrays import ArraySpec
+from gpuq.domain.placement import Terminal
+from gpuq.domain.states import JobState
+from gpuq.errors import InvalidInput
+from gpuq.store.api import Store
+
+GRACE = 0.3
+
+
+def interactive(**kwargs: object) -> object:
+    return replace(make_spec(gpus=1, **kwargs), terminal=Terminal())
+
+
+def run(store: Store, body: Callable[[Coordinator], Awaitable[None]]) -> None:
+    async def main() -> None:
+        co = Coordinator(store, CoordinatorSettings())
+        co.terminals.grace = GRACE
+        await co.start()
+        try:
+            await body(co)
+        finally:
+            await co.close()
+
+    asyncio.run(main())
+
+
+async def ended(co: Coordinator, job_id: int) -> None:
+    for _ in range(500):
+        if job_id not in co.cluster.jobs:
+            return
+        await asyncio.sleep(0.01)
+    raise AssertionError(f"job {job_id} did not end")
+
+
+def test_the_grace_cancels_a_job_nobody_attached_to(store: Store) -> None:
+    kept: list[int] = []
+
+    async def body(co: Coordinator) -> None:
+        [lonely] = await co.submit(interactive(), "alice")  # type: ignore[arg-type]
+        [attached] = await co.submit(interactive(), "alice")  # type: ignore[arg-type]
+        state = await co.terminals.open(attached, "alice")
+        # attached when the coordinator goes down (its client reattaches after the restart)
+        [restarted] = await co.submit(interactive(), "alice")  # type: ignore[arg-type]
+        await co.terminals.open(restarted, "alice")
+        kept.append(restarted)
+        await co.terminals.sweep()
+        assert lonely in co.cluster.jobs  # within the grace
+        await asyncio.sleep(GRACE + 0.05)
+        await co.terminals.sweep()
+        await ended(co, lonely)
+        job = await co.writer.read(lambda s: s.get_job(lonely))
+        assert (job.state, job.reason) == (JobState.CANCELLED, NEVER_ATTACHED)
+        assert co.cluster.jobs[attached].state is JobState.PENDING
+        co.terminals.close(state)  # its stream went away: cancelled at once
+        await ended(co, attached)
+
+    run(store, body)
+
+    async def after_restart(co: Coordinator) -> None:
+        job_id = kept[0]
+        assert co.cluster.jobs[job_id].state is JobState.PENDING
+        await co.terminals.sweep()  # detached since now: a full grace
+        assert job_id in co.cluster.jobs
+        await asyncio.sleep(GRACE + 0.05)
+        await co.terminals.sweep()
+        await ended(co, job_id)
+
+    run(store, after_restart)
+
+
+def test_an_interactive_job_is_one_job() -> None:
+    with pytest.raises(InvalidInput, match="one job"):
+        check_interactive_spec(interactive(array=ArraySpec.parse("0-3")))  # type: ignore[arg-type]
+    check_interactive_spec(interactive())  # type: ignore[arg-type]
