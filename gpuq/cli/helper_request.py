@@ -57,18 +57,20 @@ def spare(
                 fd = struct.pack("i", conn.fileno())
                 said = TOOK + settings_environ(request.environ)
                 control.sendmsg([said], [(socket.SOL_SOCKET, socket.SCM_RIGHTS, fd)])
+                _die_with(None)  # a command outlives a killed helper (its stub waits for it)
                 run_as_caller(request, conn.fileno(), (listener.fileno(), control.fileno()))
     finally:
         os._exit(0)
 
 
-def _die_with(parent: int) -> None:
+def _die_with(parent: int | None) -> None:
     """A spare dies with its helper (PR_SET_PDEATHSIG): one left behind would keep accepting
-    on a dead helper's socket, unlimited by the idle time."""
+    on a dead helper's socket, unlimited by the idle time. None: no longer (a spare that took
+    a call is that call: killing the helper must not kill a `gpuq run` session with it)."""
     import ctypes
 
-    ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
-    if os.getppid() != parent:
+    ctypes.CDLL(None, use_errno=True).prctl(1, 0 if parent is None else signal.SIGKILL)
+    if parent is not None and os.getppid() != parent:
         os._exit(0)
 
 

@@ -249,6 +249,40 @@ def test_sigint_reaches_the_child_and_sigkill_of_the_stub_ends_it(
     wait_for(lambda: not pid_alive(child), what="the child of a killed stub to end")
 
 
+def test_a_command_outlives_a_killed_helper(cluster: Cluster, runtime: Path) -> None:
+    """kill -9 of the helper must not take a running command (a `gpuq run` session, a
+    `gpuq logs -f`) with it: the command goes on and its exit status still reaches the stub."""
+    warm(cluster, runtime)
+    job_id = cluster.submit("echo first; sleep 60")
+    cluster.wait_state(job_id, "running")
+    env = {**cluster.env, "XDG_RUNTIME_DIR": str(runtime), "GPUQ_CLI_HELPER": "debug"}
+    process = subprocess.Popen(
+        [sys.executable, "-m", "gpuq.cli.main", "logs", "-f", str(job_id)],
+        cwd=cluster.root,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    assert process.stderr is not None and process.stdout is not None
+    line = process.stderr.readline()
+    assert line.startswith(THROUGH), line
+    assert process.stdout.readline() == "first\n"
+    child = int(line.removeprefix(THROUGH))
+    helper = _parent_of(child)
+    os.kill(helper, signal.SIGKILL)
+    wait_for(lambda: not pid_alive(helper), what="the helper to die")
+    assert pid_alive(child)
+    cluster.client().cancel(job_id)
+    assert process.wait(30) == 0  # logs -f ends when the job does, as without a helper
+    assert not pid_alive(child)
+
+
+def _parent_of(pid: int) -> int:
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return int(fields[1])
+
+
 def test_another_user_cannot_use_the_helper(cluster: Cluster, unix_user: UnixUser) -> None:
     """Even with the folder opened to them, another uid's connection is closed unanswered."""
     above = Path(tempfile.mkdtemp(prefix="gpuq-rt-"))  # pytest's folders are 0700 above
