@@ -100,8 +100,12 @@ async def stub_and_agent(tmp_path: Path) -> AsyncIterator[StubCoordinator]:
     command = [sys.executable, "-m", "gpuq.cli.main", "--home", str(home), "agent"]
     command += ["--node-name", "n1", "--fake-gpus", "1", "--coordinator", address]
     log = open(tmp_path / "agent.log", "wb")  # noqa: SIM115 - lives with the process
-    agent = subprocess.Popen(
-        [*command, "--log-level", "debug"], env=env, stdout=log, stderr=subprocess.STDOUT
+    agent = subprocess.Popen(  # cwd: not the checkout, whose gpuq has no compiled part in CI
+        [*command, "--log-level", "debug"],
+        cwd=tmp_path,
+        env=env,
+        stdout=log,
+        stderr=subprocess.STDOUT,
     )
     try:
         await stub.wait("the registration", lambda: agent.poll() is None and stub.received, 30)
