@@ -24,6 +24,7 @@ from gpuq.cli.main import DECLINED, MAGIC, STALE
 
 MAX_REQUEST = 16 << 20
 REQUEST_TIMEOUT = 5.0
+BUSY_WAIT = 2.0  # seconds a new spare leaves the call before it alone, at most
 MAX_ENVIRON = 64 << 10  # the settings variables a spare passes on with TOOK
 TOOK, LEFT = b"T", b"S"  # spare -> helper: took a call (with its fd); code changed, leaving
 _WARM: list[Any] = []  # keeps gRPC started in this spare (a closed last channel stops it)
@@ -35,20 +36,25 @@ def spare(
     control: socket.socket,
     fingerprint: Callable[[], object],
     known: object,
-    environ: bytes = b"",
+    warm: tuple[bytes, int | None] = (b"", None),
+    parent: int = 0,
 ) -> NoReturn:
     """Wait for a call on `listener`, tell the helper on `control`, run it; never returns.
-    `environ`: the last caller's settings variables (see _warm_up)."""
+    `warm`: the last caller's settings variables, and the pidfd of its call (see _warm_up).
+    `parent`: the helper's pid as it forked (a spare forked just as the helper was killed
+    must not take init, its new parent, for the helper, and outlive it)."""
     from gpuq.cli.helper_child import run_as_caller
 
-    parent = os.getppid()
-
     try:
-        _die_with(parent)
-        _keep_only(listener.fileno(), control.fileno())  # before gRPC makes fds of its own
+        _die_with(parent or os.getppid())
+        environ, busy = warm
+        kept = (listener.fileno(), control.fileno(), *(() if busy is None else (busy,)))
+        _keep_only(*kept)  # before gRPC makes fds of its own
         signal.set_wakeup_fd(-1)
         for number in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
             signal.signal(number, signal.SIG_DFL)  # the helper ends a spare with SIGTERM
+        if busy is not None:
+            _after(busy, listener)
         _warm_up(environ)
         while True:
             conn, _ = listener.accept()
@@ -89,6 +95,16 @@ def settings_environ(environ: Iterable[tuple[bytes, bytes]]) -> bytes:
     chosen = [k + b"=" + v for k, v in environ if k.startswith(b"GPUQ_") or k == b"HOME"]
     blob = b"\0".join(chosen)
     return blob if len(blob) < MAX_ENVIRON - 1 else b""
+
+
+def _after(busy: int, listener: socket.socket) -> None:
+    """Wait until the call before this spare ended (its pidfd), or a call waits, or
+    BUSY_WAIT passed: the warm-up that follows must not take CPU from that call."""
+    import select
+
+    with contextlib.suppress(OSError):
+        select.select([busy, listener.fileno()], [], [], BUSY_WAIT)
+    os.close(busy)
 
 
 def _warm_up(environ: bytes) -> None:
