@@ -310,10 +310,6 @@ def _orphaned(pid: int) -> int:
 def _slow_path(args: list[str], path: str | None) -> NoReturn:
     """Run the command in this process; then, when `path` is set, start a helper for next
     time (after the command, so that the two do not compete for the CPU)."""
-    if sys.flags.no_site:  # scripts/gpuq starts without site; the CLI's libraries need it
-        import site
-
-        site.main()
     from gpuq.cli.commands import run
 
     code = run(args)
