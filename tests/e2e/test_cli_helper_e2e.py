@@ -214,47 +214,9 @@ def test_changed_code_makes_the_helper_refuse_and_leave(
     wait_for(lambda: not pid_alive(helper_pid), what="the stale helper to leave")
 
 
-def test_sigint_reaches_the_child_and_sigkill_of_the_stub_ends_it(
-    cluster: Cluster, runtime: Path
-) -> None:
-    warm(cluster, runtime)
-    job_id = cluster.submit("echo first; sleep 60")
-    cluster.wait_state(job_id, "running")
-
-    def follow() -> tuple[subprocess.Popen[str], int]:
-        env = {**cluster.env, "XDG_RUNTIME_DIR": str(runtime), "GPUQ_CLI_HELPER": "debug"}
-        process = subprocess.Popen(
-            [sys.executable, "-m", "gpuq.cli.main", "logs", "-f", str(job_id)],
-            cwd=cluster.root,
-            env=env,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-        )
-        assert process.stderr is not None and process.stdout is not None
-        line = process.stderr.readline()
-        assert line.startswith(THROUGH), line
-        assert process.stdout.readline() == "first\n"
-        return process, int(line.removeprefix(THROUGH))
-
-    interrupted, child = follow()
-    interrupted.send_signal(signal.SIGINT)
-    assert interrupted.wait(20) == 130
-    assert interrupted.stderr is not None
-    assert interrupted.stderr.read() == "\ngpuq: aborted\n"
-    wait_for(lambda: not pid_alive(child), what="the interrupted child to end")
-    killed, child = follow()
-    killed.kill()
-    killed.wait(20)
-    wait_for(lambda: not pid_alive(child), what="the child of a killed stub to end")
-
-
-def test_a_command_outlives_a_killed_helper(cluster: Cluster, runtime: Path) -> None:
-    """kill -9 of the helper must not take a running command (a `gpuq run` session, a
-    `gpuq logs -f`) with it: the command goes on and its exit status still reaches the stub."""
-    warm(cluster, runtime)
-    job_id = cluster.submit("echo first; sleep 60")
-    cluster.wait_state(job_id, "running")
+def follow_logs(cluster: Cluster, runtime: Path, job_id: int) -> tuple[subprocess.Popen[str], int]:
+    """`gpuq logs -f JOB` through the helper, once its first line ("first") is out; and the
+    pid of the helper's child that runs it."""
     env = {**cluster.env, "XDG_RUNTIME_DIR": str(runtime), "GPUQ_CLI_HELPER": "debug"}
     process = subprocess.Popen(
         [sys.executable, "-m", "gpuq.cli.main", "logs", "-f", str(job_id)],
@@ -268,7 +230,35 @@ def test_a_command_outlives_a_killed_helper(cluster: Cluster, runtime: Path) -> 
     line = process.stderr.readline()
     assert line.startswith(THROUGH), line
     assert process.stdout.readline() == "first\n"
-    child = int(line.removeprefix(THROUGH))
+    return process, int(line.removeprefix(THROUGH))
+
+
+def test_sigint_reaches_the_child_and_sigkill_of_the_stub_ends_it(
+    cluster: Cluster, runtime: Path
+) -> None:
+    warm(cluster, runtime)
+    job_id = cluster.submit("echo first; sleep 60")
+    cluster.wait_state(job_id, "running")
+
+    interrupted, child = follow_logs(cluster, runtime, job_id)
+    interrupted.send_signal(signal.SIGINT)
+    assert interrupted.wait(20) == 130
+    assert interrupted.stderr is not None
+    assert interrupted.stderr.read() == "\ngpuq: aborted\n"
+    wait_for(lambda: not pid_alive(child), what="the interrupted child to end")
+    killed, child = follow_logs(cluster, runtime, job_id)
+    killed.kill()
+    killed.wait(20)
+    wait_for(lambda: not pid_alive(child), what="the child of a killed stub to end")
+
+
+def test_a_command_outlives_a_killed_helper(cluster: Cluster, runtime: Path) -> None:
+    """kill -9 of the helper must not take a running command (a `gpuq run` session, a
+    `gpuq logs -f`) with it: the command goes on and its exit status still reaches the stub."""
+    warm(cluster, runtime)
+    job_id = cluster.submit("echo first; sleep 60")
+    cluster.wait_state(job_id, "running")
+    process, child = follow_logs(cluster, runtime, job_id)
     helper = _parent_of(child)
     os.kill(helper, signal.SIGKILL)
     wait_for(lambda: not pid_alive(helper), what="the helper to die")

@@ -10,8 +10,6 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import shutil
-import tempfile
 import threading
 from collections.abc import Iterator
 from pathlib import Path
@@ -20,7 +18,7 @@ import grpc
 import pytest
 import unix_users
 from e2e_cluster import Cluster, wait_for
-from unix_users import UnixUser, needs_root, run_as
+from unix_users import UnixUser, run_as
 
 from gpuq.identity import create_key_file, node_metadata
 from gpuq.v1 import agent_pb2 as apb
@@ -28,30 +26,10 @@ from gpuq.v1 import agent_pb2_grpc, queue_pb2, queue_pb2_grpc
 
 pytestmark = pytest.mark.timeout(120)
 user_homes = unix_users.user_homes
+shared_root = unix_users.shared_root
+users = unix_users.two_users
 unix_user = unix_users.unix_user
 other_user = unix_users.unix_user  # a second user (a fixture of its own name)
-
-
-@pytest.fixture
-def shared_root() -> Iterator[Path]:
-    """A folder every user may pass through, for a cluster whose sockets they call."""
-    needs_root()
-    folder = Path(tempfile.mkdtemp(prefix="gpuqt-cluster-"))
-    folder.chmod(0o755)
-    try:
-        yield folder
-    finally:
-        shutil.rmtree(folder, ignore_errors=True)
-
-
-@pytest.fixture
-def users(user_homes: Path) -> Iterator[tuple[UnixUser, UnixUser]]:
-    first, second = unix_users.make_user(user_homes), unix_users.make_user(user_homes)
-    try:
-        yield first, second
-    finally:
-        unix_users.remove_user(first)
-        unix_users.remove_user(second)
 
 
 def start(root: Path, config: str = "") -> Cluster:

@@ -5,39 +5,18 @@ Root (who runs CI) is an admin; alice and bob are not."""
 
 from __future__ import annotations
 
-import shutil
-import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 import unix_users
 from e2e_cluster import Cluster, wait_for
-from unix_users import UnixUser, needs_root, run_as
+from unix_users import UnixUser, run_as
 
 pytestmark = pytest.mark.timeout(180)
 user_homes = unix_users.user_homes
-
-
-@pytest.fixture
-def shared_root() -> Iterator[Path]:
-    needs_root()
-    folder = Path(tempfile.mkdtemp(prefix="gpuqt-update-"))
-    folder.chmod(0o755)
-    try:
-        yield folder
-    finally:
-        shutil.rmtree(folder, ignore_errors=True)
-
-
-@pytest.fixture
-def users(user_homes: Path) -> Iterator[tuple[UnixUser, UnixUser]]:
-    first, second = unix_users.make_user(user_homes), unix_users.make_user(user_homes)
-    try:
-        yield first, second
-    finally:
-        unix_users.remove_user(first)
-        unix_users.remove_user(second)
+shared_root = unix_users.shared_root
+users = unix_users.two_users
 
 
 @pytest.fixture

@@ -144,6 +144,28 @@ def unix_user(user_homes: Path) -> Iterator[UnixUser]:
         remove_user(user)
 
 
+@pytest.fixture
+def two_users(user_homes: Path) -> Iterator[tuple[UnixUser, UnixUser]]:
+    first, second = make_user(user_homes), make_user(user_homes)
+    try:
+        yield first, second
+    finally:
+        remove_user(first)
+        remove_user(second)
+
+
+@pytest.fixture
+def shared_root() -> Iterator[Path]:
+    """A folder every user may pass through, for a cluster whose sockets they call."""
+    needs_root()
+    folder = Path(tempfile.mkdtemp(prefix="gpuqt-cluster-"))
+    folder.chmod(0o755)
+    try:
+        yield folder
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
+
+
 def readable_by_all(path: Path) -> bool:
     """Whether any user can read `path`: every folder above it passable by others, it readable."""
     path = path.resolve()
