@@ -526,6 +526,12 @@ class Client:
         reply: queue_pb2.ReportReply = self._call("Report", request)
         return builtins.list(reply.rows)
 
+    def web_login(self) -> queue_pb2.WebLoginReply:
+        """A one-time link (valid for a minute, once) that signs the caller in to the web
+        dashboard (gpuq web); Unsatisfiable when the coordinator serves no dashboard."""
+        reply: queue_pb2.WebLoginReply = self._call("WebLogin", queue_pb2.WebLoginRequest())
+        return reply
+
     # ---- plumbing --------------------------------------------------------------------------
 
     def call_metadata(self, index: int | None = None) -> tuple[tuple[str, str], ...]:

@@ -9,16 +9,19 @@ The config file is the first of `--config`, `$GPUQ_CONFIG`, `$GPUQ_HOME/config.t
 from __future__ import annotations
 
 import difflib
+import ipaddress
 import math
 import os
 import re
 import socket
 import tomllib
+import urllib.parse
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, NoReturn
 
+from gpuq.domain.notify import check_mail_user, check_notify_url, parse_mail_types
 from gpuq.errors import ConfigError, InvalidInput
 
 DEFAULT_TCP_PORT = 7817
@@ -138,6 +141,26 @@ class CoordinatorSettings:
     # calls in progress at once, streams included (more are refused RESOURCE_EXHAUSTED); one
     # user keeps at most 128 submit and watch streams open
     max_concurrent_rpcs: int = 2048
+    # Prometheus metrics (README "Metrics"): HOST:PORT of a plain-HTTP /metrics endpoint; None:
+    # off. Anything but loopback needs tls_cert (then it is HTTPS) or insecure_tcp
+    metrics_listen: str | None = None
+    # the web dashboard (README "Dashboard"): HOST:PORT; None: off. HTTPS with tls_cert/tls_key;
+    # plaintext only on loopback unless insecure_tcp, as for listen
+    web_listen: str | None = None
+    # the dashboard's address as browsers reach it (a proxy, a DNS name), for `gpuq web`'s
+    # links; None: from web_listen
+    web_url: str | None = None
+    # notifications (README "Notifications"): the local MTA, called as `mail_program -oi --
+    # RECIPIENT` with the message on stdin, as SLURM's MailProg
+    mail_program: str = "/usr/sbin/sendmail"
+    mail_from: str | None = None  # None: gpuq@<this host>
+    # networks a user's --notify webhook may reach besides public addresses (CIDRs): loopback,
+    # private and link-local addresses are refused unless listed, so that a job cannot make the
+    # coordinator call services only it can reach
+    notify_allow: tuple[str, ...] = ()
+    notify_retries: int = 5  # further attempts of a failed webhook or mail, backing off
+    # URLs told of node and GPU health changes (an admin's own: any address)
+    admin_webhooks: tuple[str, ...] = ()
     qos: dict[str, QosTier] = field(default_factory=default_qos_tiers)
     scheduler: SchedulerSettings = field(default_factory=SchedulerSettings)
 
@@ -197,6 +220,10 @@ class ClientSettings:
     tls_ca: str | None = None  # the site CA that signed the coordinator's certificate
     # a per-user token an admin issued (`gpuq admin token USER`); None: ~/.config/gpuq/token
     token_file: str | None = None
+    # defaults for `gpuq submit` where the script and the command line say nothing: a webhook
+    # for every job (--notify) and mail types (--mail-type, e.g. "END,FAIL")
+    notify_url: str | None = None
+    mail_type: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -589,6 +616,66 @@ def _features(value: Any, source: str, key: str) -> tuple[str, ...]:
         raise ConfigError(source, key, exc.value, exc.problem) from None
 
 
+def _web_url(value: Any, source: str, key: str) -> str:
+    text = _string(value, source, key)
+    parts = urllib.parse.urlsplit(text)
+    if parts.scheme not in ("http", "https") or not parts.netloc or parts.query or parts.fragment:
+        raise ConfigError(source, key, value, "expected http(s)://HOST[:PORT][/PATH]")
+    return text.rstrip("/")
+
+
+def _mail_from(value: Any, source: str, key: str) -> str:
+    text = _string(value, source, key)
+    try:
+        check_mail_user(text)
+    except InvalidInput:
+        raise ConfigError(source, key, value, "expected an address like gpuq@example.org") from None
+    return text
+
+
+def _networks(value: Any, source: str, key: str) -> tuple[str, ...]:
+    if not isinstance(value, list):
+        raise ConfigError(source, key, value, 'expected a list of networks, e.g. ["10.0.0.0/8"]')
+    found = []
+    for item in value:
+        try:
+            found.append(str(ipaddress.ip_network(item, strict=False)))
+        except (TypeError, ValueError):
+            raise ConfigError(source, key, item, "not a network (e.g. 10.0.0.0/8)") from None
+    return tuple(found)
+
+
+def _webhooks(value: Any, source: str, key: str) -> tuple[str, ...]:
+    if not isinstance(value, list):
+        raise ConfigError(source, key, value, 'expected a list of URLs, e.g. ["https://..."]')
+    found = []
+    for item in value:
+        try:
+            check_notify_url(item)
+        except InvalidInput as exc:
+            raise ConfigError(source, key, item, str(exc)) from None
+        found.append(item)
+    return tuple(found)
+
+
+def _notify_url(value: Any, source: str, key: str) -> str:
+    text = _string(value, source, key)
+    try:
+        check_notify_url(text)
+    except InvalidInput as exc:
+        raise ConfigError(source, key, value, exc.problem) from None
+    return text
+
+
+def _mail_type(value: Any, source: str, key: str) -> str:
+    text = _string(value, source, key)
+    try:
+        parse_mail_types(text)
+    except InvalidInput as exc:
+        raise ConfigError(source, key, value, exc.problem) from None
+    return text
+
+
 def _table(value: Any, source: str, key: str) -> dict[str, Any]:
     if not isinstance(value, dict):
         raise ConfigError(source, key, value, f"expected a table (a section), not {_kind(value)}")
@@ -617,6 +704,14 @@ RULES: dict[str, dict[str, Check]] = {
         "insecure_tcp": _boolean,
         "nodes_dir": _absolute_path,
         "max_concurrent_rpcs": _integer(8, 100_000),
+        "metrics_listen": _listen,
+        "web_listen": _listen,
+        "web_url": _web_url,
+        "mail_program": _absolute_path,
+        "mail_from": _mail_from,
+        "notify_allow": _networks,
+        "notify_retries": _integer(0, 20),
+        "admin_webhooks": _webhooks,
     },
     "scheduler": {
         "weight_age": _number(0, MAX_WEIGHT),
@@ -670,6 +765,8 @@ RULES: dict[str, dict[str, Check]] = {
     "client": {
         "tls_ca": _absolute_path,
         "token_file": _absolute_path,
+        "notify_url": _notify_url,
+        "mail_type": _mail_type,
     },
 }
 # the sections' names for RULES (a [qos.NAME] section has the rules of "qos")

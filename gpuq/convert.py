@@ -62,6 +62,9 @@ def spec_to_proto(spec: JobSpec) -> pb.JobSpec:
             exclude=list(spec.placement.exclude),
             constraint=spec.placement.constraint or "",
         ),
+        mail_types=list(spec.mail_types),
+        mail_user=spec.mail_user or "",
+        notify_url=spec.notify_url or "",
     )
     if spec.terminal is not None:
         term = spec.terminal
@@ -152,6 +155,9 @@ def _spec_dict(message: pb.JobSpec) -> dict[str, Any]:
             if message.HasField("terminal")
             else None
         ),
+        "mail_types": list(message.mail_types),
+        "mail_user": message.mail_user or None,
+        "notify_url": message.notify_url or None,
     }
 
 

@@ -161,6 +161,8 @@ _SBATCH_OPTIONS = {
     "-C": "constraint",
     "--partition": "partition",  # a node feature in gpuq (gpuq.domain.placement)
     "-p": "partition",
+    "--mail-type": "mail_type",
+    "--mail-user": "mail_user",
 }
 # take no value (so an unknown one among them does not swallow the next word)
 _SBATCH_NO_VALUE = frozenset(

@@ -98,6 +98,15 @@ OPTIONS: tuple[Option, ...] = (
     Option("no_requeue", ("--no-requeue",), "do not requeue after a preemption", is_flag=True),
     Option("singleton", ("--singleton",), "one running job per user and name", is_flag=True),
     Option("chdir", ("--chdir", "-D"), "working folder (default: the current one)", "DIR"),
+    Option(
+        "mail_type",
+        ("--mail-type",),
+        "mail on BEGIN, END, FAIL, REQUEUE, TIME_LIMIT[_50|_80|_90], INVALID_DEPEND, "
+        "ARRAY_TASKS, ALL or NONE, e.g. END,FAIL",
+        "TYPES",
+    ),
+    Option("mail_user", ("--mail-user",), "who gets the mail (default: you)", "USER"),
+    Option("notify", ("--notify",), "POST each state change as JSON to this http(s) URL", "URL"),
 )
 BY_FLAG = {flag: option for option in OPTIONS for flag in option.flags}
 BY_NAME = {option.name: option for option in OPTIONS}

@@ -21,6 +21,7 @@ from gpuq.domain.arrays import ArraySpec
 from gpuq.domain.dependencies import Dependency
 from gpuq.domain.limits import MAX_SCRIPT_BYTES, brief, check_name
 from gpuq.domain.model import JobSpec, Resources, WarningSignal
+from gpuq.domain.notify import parse_mail_types
 from gpuq.domain.parsing import collect_dependencies, parse_begin, submit_environment
 from gpuq.domain.placement import (
     Placement,
@@ -47,19 +48,21 @@ def build_spec(
     environ: Mapping[str, str] | None = None,
     now: float | None = None,
     warnings: list[str] | None = None,
+    defaults: Mapping[str, Any] | None = None,
     **options: Any,
 ) -> JobSpec:
     """A validated JobSpec; raises InvalidInput naming the option for anything wrong.
 
     `options` are OPTIONS by name (strings as typed, or typed values). The submitter's
     environment is carried into the job (sbatch's --export=ALL), `env` entries on top, and
-    the submitter's umask is recorded. What gpuq does not use (an `#SBATCH --account`, a
-    `--gres` other than gpu) is appended to `warnings`, one line each; without a list each is
-    issued as a SubmitWarning.
+    the submitter's umask is recorded. `defaults` (options by name, e.g. the user's
+    `[client] mail_type`) apply where neither a directive nor `options` sets one. What gpuq
+    does not use (an `#SBATCH --account`, a `--gres` other than gpu) is appended to
+    `warnings`, one line each; without a list each is issued as a SubmitWarning.
     """
     notes: list[str] = [] if warnings is None else warnings
     first = len(notes)
-    spec = _build(script, args, wrap, environ, now, notes, options)
+    spec = _build(script, args, wrap, environ, now, notes, options, defaults or {})
     if warnings is None:
         for note in notes[first:]:
             _warnings.warn(note, SubmitWarning, stacklevel=2)
@@ -74,8 +77,9 @@ def _build(
     now: float | None,
     notes: list[str],
     options: dict[str, Any],
+    defaults: Mapping[str, Any],
 ) -> JobSpec:
-    unknown = set(options) - set(BY_NAME)
+    unknown = (set(options) | set(defaults)) - set(BY_NAME)
     if unknown:
         raise InvalidInput("option", sorted(unknown)[0], "unknown submit option")
     if (script is None) == (wrap is None):
@@ -92,7 +96,7 @@ def _build(
         text = read_script(script)
         source, default_name = _script_path(script), Path(script).name
     header = Header(text, notes)
-    merged = merge(merge(header.sbatch, header.gpuq), options)
+    merged = merge(merge(merge(dict(defaults), header.sbatch), header.gpuq), options)
     origins = {**header.sbatch_origins, **header.gpuq_origins}
     for name, value in options.items():
         if value is not None and value is not False and value != ():
@@ -155,6 +159,9 @@ def _spec(
         source=source,
         umask=current_umask(),
         placement=_placement(merged),
+        mail_types=_mail_types(merged.get("mail_type")),
+        mail_user=_text(merged, "mail_user"),
+        notify_url=_text(merged, "notify"),
     )
 
 
@@ -371,6 +378,15 @@ def _begin(value: Any, now: float | None) -> float | None:
     if isinstance(value, int | float) and not isinstance(value, bool):
         return value  # a timestamp already; JobSpec bounds it
     return parse_begin(str(value), now)
+
+
+def _mail_types(value: Any) -> tuple[str, ...]:
+    """--mail-type END,FAIL (or a list of names) in MAIL_TYPES' order; () when not asked for."""
+    if value is None or value == "":
+        return ()
+    if isinstance(value, list | tuple):
+        value = ",".join(str(v) for v in value)
+    return parse_mail_types(str(value))
 
 
 def _signal(value: Any, notes: list[str]) -> WarningSignal | None:

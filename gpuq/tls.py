@@ -250,14 +250,16 @@ def is_loopback_host(host: str) -> bool:
         return False
 
 
-def check_listen_security(listen: str, tls_on: bool, insecure_tcp: bool) -> None:
+def check_listen_security(
+    listen: str, tls_on: bool, insecure_tcp: bool, crossing: str = "tokens"
+) -> None:
     """Refuse plaintext TCP on an address other than loopback, unless the admin said so
-    ([coordinator] insecure_tcp = true): tokens would cross the network readable."""
+    ([coordinator] insecure_tcp = true): `crossing` would cross the network readable."""
     host = listen.rpartition(":")[0]
     if tls_on or insecure_tcp or is_loopback_host(host):
         return
     raise GpuqError(
-        f"refusing to listen on {listen} without TLS (tokens would cross the network in "
+        f"refusing to listen on {listen} without TLS ({crossing} would cross the network in "
         "plaintext): set [coordinator] tls_cert and tls_key (`gpuq admin certs` makes them), "
         "listen on 127.0.0.1, or set [coordinator] insecure_tcp = true to accept plaintext"
     )
@@ -273,6 +275,11 @@ def check_coordinator_tls(settings: Settings) -> None:
         check_listen_security(cfg.listen, credentials is not None, cfg.insecure_tcp)
     if cfg.agent_listen:
         agent_server_credentials(settings)
+    tls_on = bool(cfg.tls_cert and cfg.tls_key)
+    if cfg.web_listen:  # the dashboard (gpuq.web.app)
+        check_listen_security(cfg.web_listen, tls_on, cfg.insecure_tcp, "session cookies")
+    if cfg.metrics_listen:  # unauthenticated, as Prometheus expects (gpuq.coordinator.metrics)
+        check_listen_security(cfg.metrics_listen, tls_on, cfg.insecure_tcp, "the metrics")
 
 
 def peer_common_name(context: Any) -> str | None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import sys
 import time
 from collections.abc import Callable
@@ -70,7 +71,9 @@ def submit(
             "gpuq submit",
             f"{flag} after the script is passed to the script; put gpuq options before the script",
         )
-    spec = build_spec_warning("gpuq submit", script=script, args=args, wrap=wrap, **options)
+    spec = build_spec_warning(
+        "gpuq submit", script=script, args=args, wrap=wrap, defaults=_defaults(obj), **options
+    )
     client = obj.client()
     ids = client.submit_spec(spec)
     job_id = ids[0]  # an array's id, for an array
@@ -383,6 +386,11 @@ def _describe(
         lines.append(("Array", f"{job.array_job_id}: {total} tasks: {counts}"))
     if job.requeue_count:
         lines.append(("Requeued", f"{job.requeue_count} times"))
+    if job.spec.mail_types:
+        to = job.spec.mail_user or ("(hidden)" if not job.spec.script else job.user)
+        lines.append(("Mail", f"{','.join(job.spec.mail_types)} to {to}"))
+    if job.spec.notify_url:
+        lines.append(("Notify", job.spec.notify_url))
     lines += telemetry_lines(job, capacity)
     if job.state == "pending":
         lines.append(("Waiting because", render.job_reason(job)))
@@ -435,6 +443,19 @@ def _copy_from(path: Path, offset: int) -> int:
     sys.stdout.buffer.write(data)
     sys.stdout.flush()
     return offset + len(data)
+
+
+def _defaults(obj: Any) -> dict[str, Any]:
+    """A user's own defaults, GPUQ_NOTIFY and GPUQ_MAIL_TYPE in their environment (a line in
+    ~/.bashrc), else the site's `[client] notify_url` and `mail_type`: used where the script
+    and the command line set neither."""
+    client = obj.settings().client
+    found: dict[str, Any] = {}
+    if notify := os.environ.get("GPUQ_NOTIFY") or client.notify_url:
+        found["notify"] = notify
+    if mail_type := os.environ.get("GPUQ_MAIL_TYPE") or client.mail_type:
+        found["mail_type"] = mail_type
+    return found
 
 
 def build_spec_warning(command: str, /, **kwargs: Any) -> Any:

@@ -42,6 +42,7 @@ COMMANDS = {
     "alloc": "gpuq.cli.interactive",
     "history": "gpuq.cli.listings",
     "report": "gpuq.cli.listings",
+    "web": "gpuq.cli.web",
     "nodes": "gpuq.cli.listings",
     "completion": "gpuq.cli.completion",
     "cron": "gpuq.cli.cron",

@@ -28,6 +28,7 @@ from gpuq.coordinator.edits import (
     select_live,
 )
 from gpuq.coordinator.idle import IdleWatch
+from gpuq.coordinator.notifier import Notifier
 from gpuq.coordinator.scheduling import SchedulingState
 from gpuq.coordinator.telemetry import RunningTelemetry
 from gpuq.coordinator.terminals import Terminals
@@ -151,6 +152,8 @@ class Coordinator:
         self.send_starts: Callable[[Sequence[Job]], None] = lambda jobs: None
         # set by gpuq.coordinator.passes: run one scheduling pass
         self.run_pass: Callable[[], Awaitable[None]] | None = None
+        # told of every job event once watchers are (gpuq.coordinator.metrics counts them)
+        self.observe: Callable[[JobEvent, Job | None], None] = lambda event, job: None
         # running jobs' idle and hung flags, from their agents' samples (gpuq.coordinator.agents)
         self.idle = IdleWatch()
         # running jobs' GPU telemetry so far, from the same samples (gpuq.coordinator.telemetry)
@@ -159,6 +162,8 @@ class Coordinator:
         self._requeue_held: set[int] = set()
         # interactive jobs' terminals (gpuq run, gpuq alloc): relayed, and followed here
         self.terminals = Terminals(self)
+        # mail and webhooks on state changes, admins' webhooks on health changes
+        self.notifier = Notifier(self)
 
     # ---- lifecycle -----------------------------------------------------------------------
 
@@ -179,6 +184,7 @@ class Coordinator:
         self.cluster.drains = {(d.node, d.unit): d for d in drains}
         self.writer.start()
         self._tasks.append(asyncio.create_task(self._schedule_loop(), name="scheduler"))
+        self.notifier.start()
         self.wake()
         log.info("coordinator started: %d live jobs, %d known nodes", len(jobs), len(nodes))
 
@@ -190,6 +196,7 @@ class Coordinator:
             if entry.session is not None:
                 entry.session.close()
         await self.telemetry.close()
+        await self.notifier.close()
         await self.writer.close()
 
     def wake(self) -> None:
@@ -924,6 +931,10 @@ class Coordinator:
         if task is not None:
             job_id = (await self.arrays.find_task(job_id, task)).id
         job, events = await self.writer.read(lambda s: (s.get_job(job_id), s.events(job_id)))
+        if job.state is JobState.RUNNING:  # the figures of its latest heartbeat, not yet stored
+            latest = self.telemetry.latest(job.id, job.start_count)
+            if latest is not None:
+                job = replace(job, telemetry=latest)
         counts: dict[JobState, int] = {}
         if job.array_job_id == job.id:
             array = job.id
@@ -984,6 +995,8 @@ class Coordinator:
             if not wanted or event.job_id in wanted or array in wanted:
                 queue.put_nowait((event, array))
         self.terminals.published(event, job)
+        self.notifier.published(event, job)
+        self.observe(event, job)
 
     def _moved(self, job_id: int, before: JobState, after: JobState, reason: str) -> None:
         now = self.clock()

@@ -269,6 +269,16 @@ class Passes:
         """Why the job waits (every reason) and when it may start, from a full pass that
         starts nothing, at most once a second, and its priority factors."""
         co = self.co
+        waiting = self.explained().get(job.id)
+        if waiting is None:
+            return None
+        priority = co.cluster.priority.get(job.id, 0.0)
+        return PendingDetail(waiting, priority, co.sched.factors(job, co.clock()))
+
+    def explained(self) -> dict[int, Waiting]:
+        """Why each queued job waits, from a full pass that starts nothing, at most once a
+        second (listings and metrics scrapes share it)."""
+        co = self.co
         now = co.clock()
         if now - self._explained_at > EXPLAIN_EVERY:
             try:
@@ -278,11 +288,7 @@ class Passes:
                 self._explained = {}
                 co.wake()
             self._explained_at = now
-        waiting = self._explained.get(job.id)
-        if waiting is None:
-            return None
-        priority = co.cluster.priority.get(job.id, 0.0)
-        return PendingDetail(waiting, priority, co.sched.factors(job, now))
+        return self._explained
 
     def rerank(self) -> None:
         """Recompute fair shares and every pending job's priority, then schedule."""

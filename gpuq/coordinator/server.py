@@ -27,7 +27,7 @@ import os
 import socket
 import threading
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -41,6 +41,7 @@ from gpuq.coordinator.agents import AgentLink
 from gpuq.coordinator.authority import AuthInterceptor, Authority, serve_handshake
 from gpuq.coordinator.core import Coordinator
 from gpuq.coordinator.cron import CronService
+from gpuq.coordinator.metrics import Metrics
 from gpuq.coordinator.passes import Passes
 from gpuq.coordinator.servicers import AgentLinkServicer, QueueServicer, _Guard
 from gpuq.domain.limits import MAX_REQUEST_BYTES
@@ -49,6 +50,8 @@ from gpuq.identity import create_key_file
 from gpuq.store.api import Store
 from gpuq.store.engine import FileLock, PgLock, parse_database_url, storage_unavailable
 from gpuq.v1 import agent_pb2_grpc, queue_pb2_grpc
+from gpuq.web.app import WebApp
+from gpuq.web.http import HttpServer, serve_http, server_ssl_context
 
 log = logging.getLogger(__name__)
 ADDRESS_FILE = "coordinator.json"
@@ -97,11 +100,15 @@ class RunningCoordinator:
     socket_path: Path | None = None
     socket_id: tuple[int, int] | None = None  # (st_dev, st_ino) of the socket this one made
     handshake: asyncio.AbstractServer | None = None
+    # the HTTP endpoints ([coordinator] metrics_listen, web_listen), closed first on stop
+    http: list[HttpServer] = field(default_factory=list)
 
     async def stop(self, grace: float = 1.0) -> None:
         self.chores.shutdown(wait=False)
         if self.handshake is not None:
             self.handshake.close()
+        for endpoint in self.http:
+            await endpoint.close()
         await self.server.stop(grace)
         await self.coordinator.close()
         self.coordinator.store.close()
@@ -265,6 +272,9 @@ async def _start(
         with contextlib.suppress(Exception):
             if chores.running:
                 chores.shutdown(wait=False)
+        for endpoint in running.http:
+            with contextlib.suppress(Exception):
+                await endpoint.close()
         with contextlib.suppress(Exception):
             await server.stop(0)
         with contextlib.suppress(Exception):
@@ -327,9 +337,17 @@ async def _serve(
         await asyncio.to_thread(
             running.locks.update, unix=unix_address, tcp=tcp_address, agent=agent_address
         )
+    await _start_http(settings, running, servicer, authority, passes)
+    endpoints = {endpoint.name: endpoint.address for endpoint in running.http}
     (settings.home / ADDRESS_FILE).write_text(
         json.dumps(
-            {"unix": unix_address, "tcp": tcp_address, "agent": agent_address, "pid": os.getpid()}
+            {
+                "unix": unix_address,
+                "tcp": tcp_address,
+                "agent": agent_address,
+                "pid": os.getpid(),
+                **endpoints,
+            }
         )
     )
     tick = max(0.2, min(cfg.heartbeat_timeout / 4, 2.0))
@@ -369,6 +387,30 @@ async def _serve(
         f" and {tcp_address}{' (TLS)' if cfg.tls_cert else ''}" if tcp_address else "",
         f", agents on {agent_address} (mutual TLS)" if agent_address else "",
     )
+
+
+async def _start_http(
+    settings: Settings,
+    running: RunningCoordinator,
+    servicer: QueueServicer,
+    authority: Authority,
+    passes: Passes,
+) -> None:
+    """The metrics and dashboard ports, where configured (their TLS rules were checked before
+    the store opened: gpuq.tls.check_coordinator_tls)."""
+    cfg = settings.coordinator
+    context = server_ssl_context(settings)
+    if cfg.metrics_listen:
+        metrics = Metrics(running.coordinator, passes.explained)
+        metrics.install()
+        endpoint = await serve_http(cfg.metrics_listen, metrics.handle, context, name="metrics")
+        running.http.append(endpoint)
+    if cfg.web_listen:
+        app = WebApp(servicer, authority, cfg.web_url)
+        endpoint = await serve_http(cfg.web_listen, app.handle, context, name="web")
+        running.http.append(endpoint)
+        app.address, app.secure = endpoint.address, context is not None
+        servicer.web_login = app.login_link
 
 
 def _private_sqlite_file(settings: Settings) -> None:

@@ -186,6 +186,8 @@ class QueueServicer(queue_pb2_grpc.QueueServicer):  # type: ignore[misc]
         self.cron = cron
         self.guard = guard
         self.streams = StreamCount(MAX_STREAMS_PER_USER)
+        # the web dashboard's sign-in links (gpuq.web.app.WebApp.login_link), when it is on
+        self.web_login: Callable[[Caller, str | None], tuple[str, float]] | None = None
 
     @unary
     async def AddCron(self, request: queue_pb2.AddCronRequest, context: Any, caller: Caller) -> Any:
@@ -223,6 +225,9 @@ class QueueServicer(queue_pb2_grpc.QueueServicer):  # type: ignore[misc]
         message.spec.ClearField("script")
         message.spec.ClearField("args")
         message.spec.ClearField("env")
+        # a webhook URL or an address may carry a secret (a token in the URL)
+        message.spec.ClearField("notify_url")
+        message.spec.ClearField("mail_user")
         if self.co.settings.hide_job_names:
             message.spec.name = "(hidden)"
         return message
@@ -542,6 +547,20 @@ class QueueServicer(queue_pb2_grpc.QueueServicer):  # type: ignore[misc]
                 for r in rows
             ]
         )
+
+    @unary
+    async def WebLogin(
+        self, request: queue_pb2.WebLoginRequest, context: Any, caller: Caller
+    ) -> Any:
+        """A one-time link that signs the caller in to the dashboard (gpuq web)."""
+        if self.web_login is None:
+            raise Unsatisfiable(
+                "the web dashboard is off on this coordinator (an admin sets "
+                "[coordinator] web_listen)"
+            )
+        metadata = dict(context.invocation_metadata() or ()) if context is not None else {}
+        url, expires = self.web_login(caller, metadata.get(METADATA_KEY))
+        return queue_pb2.WebLoginReply(url=url, expires=expires)
 
 
 def _unit_health(uuid: str, state: UnitState) -> queue_pb2.UnitHealth:

@@ -17,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import math
+from collections import deque
 from collections.abc import Iterable, Sequence
 from typing import TYPE_CHECKING
 
@@ -35,6 +36,9 @@ log = logging.getLogger(__name__)
 SERIES_STEP = 30.0  # seconds: at most one series point per job this often
 SERIES_CAP = 2880  # points per job (a day at SERIES_STEP); older ones are thinned past it
 FLUSH_EVERY = 30.0  # seconds between writes of running jobs' telemetry and series
+# the dashboard's chart of a running job (gpuq.web): its latest points, not yet stored
+RECENT_STEP = 2.0  # seconds: at most one recent point per job this often
+RECENT_POINTS = 90  # recent points kept per running job (3 minutes at RECENT_STEP)
 
 
 class RunningTelemetry:
@@ -46,6 +50,7 @@ class RunningTelemetry:
         self._points: list[SeriesPoint] = []
         self._flush_at = 0.0
         self._flushing: asyncio.Task[None] | None = None
+        self._recent: dict[int, deque[SeriesPoint]] = {}  # running job -> latest points
 
     def running(self, node: str, samples: Sequence[apb.JobSample]) -> None:
         """A heartbeat's samples of the jobs on `node`."""
@@ -58,12 +63,14 @@ class RunningTelemetry:
                 self._so_far[job.id] = (job.start_count, telemetry_from_proto(sample.so_far))
                 self._changed.add(job.id)
             at = sample.at if math.isfinite(sample.at) and 0 < sample.at <= now + 60 else now
+            point = SeriesPoint(job.id, at, min(sample.gpu_mem, 2**62), _mean_util(sample))
+            recent = self._recent.setdefault(job.id, deque(maxlen=RECENT_POINTS))
+            if not recent or at - recent[-1].at >= RECENT_STEP or at < recent[-1].at:
+                recent.append(point)
             last = self._last_point.get(job.id)
             if last is None or at - last >= SERIES_STEP or at < last:
                 self._last_point[job.id] = at
-                self._points.append(
-                    SeriesPoint(job.id, at, min(sample.gpu_mem, 2**62), _mean_util(sample))
-                )
+                self._points.append(point)
         if (self._changed or self._points) and now >= self._flush_at and self._flushing is None:
             self._flush_at = now + FLUSH_EVERY
             self._flushing = asyncio.get_running_loop().create_task(self._flush())
@@ -76,11 +83,24 @@ class RunningTelemetry:
         return kept[1]
 
     def forget(self, job_ids: Iterable[int]) -> None:
-        """These jobs ended: their final figures are stored with the end."""
+        """These jobs ended: their final figures are stored with the end, and their recent
+        points after the last series point are stored with the next flush, so a short job's
+        chart keeps its detail (at most RECENT_POINTS more points per job)."""
         for job_id in job_ids:
             self._so_far.pop(job_id, None)
             self._changed.discard(job_id)
-            self._last_point.pop(job_id, None)
+            last = self._last_point.pop(job_id, None)
+            recent = self._recent.pop(job_id, None) or ()
+            self._points.extend(p for p in recent if last is None or p.at > last)
+
+    def recent(self, job_id: int) -> list[SeriesPoint]:
+        """A job's points not stored yet, oldest first: a running job's latest (at most one
+        per RECENT_STEP; its stored series lags by up to FLUSH_EVERY + SERIES_STEP), or an
+        ended job's that wait for the next flush."""
+        ring = self._recent.get(job_id)
+        if ring is not None:
+            return list(ring)
+        return [p for p in self._points if p.job_id == job_id]
 
     async def close(self) -> None:
         if self._flushing is not None:

@@ -69,6 +69,8 @@ class StoreWriter:
         self._task: asyncio.Task[None] | None = None
         self.down_since: float | None = None  # monotonic time the current outage began
         self.outages = 0  # outages seen since the start (tests and diagnostics)
+        # told how long each commit took, as the writer waited for it (gpuq.coordinator.metrics)
+        self.on_commit: Callable[[float], None] = lambda seconds: None
 
     def start(self) -> None:
         self._task = asyncio.get_running_loop().create_task(self._run(), name="store-writer")
@@ -123,10 +125,12 @@ class StoreWriter:
                 self.down_since = None
                 delay = RETRY_FIRST
                 continue
+            started = time.perf_counter()
             if self.store.engine.dialect.name == "sqlite":
                 outcomes = self._commit(batch)
             else:
                 outcomes = await loop.run_in_executor(self._executor, self._commit, batch)
+            self.on_commit(time.perf_counter() - started)
             again: list[_Item] = []
             lost: BaseException | None = None
             for item, (ok, value) in zip(batch, outcomes, strict=True):

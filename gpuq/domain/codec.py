@@ -57,6 +57,9 @@ def spec_to_dict(spec: JobSpec) -> dict[str, Any]:
         "umask": spec.umask,
         **({"placement": _placement_dict(spec.placement)} if spec.placement else {}),
         **({"terminal": dataclasses.asdict(spec.terminal)} if spec.terminal else {}),
+        **({"mail_types": list(spec.mail_types)} if spec.mail_types else {}),
+        **({"mail_user": spec.mail_user} if spec.mail_user is not None else {}),
+        **({"notify_url": spec.notify_url} if spec.notify_url is not None else {}),
     }
 
 
@@ -135,6 +138,9 @@ def spec_from_dict(data: dict[str, Any], *, checked: bool = False) -> JobSpec:
             else Placement()
         ),
         terminal=build(Terminal, **terminal) if (terminal := data.get("terminal")) else None,
+        mail_types=tuple(data.get("mail_types", ())),
+        mail_user=data.get("mail_user"),
+        notify_url=data.get("notify_url"),
     )
 
 

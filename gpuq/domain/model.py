@@ -34,6 +34,7 @@ from gpuq.domain.limits import (
     check_text,
     shown,
 )
+from gpuq.domain.notify import check_mail_types, check_mail_user, check_notify_url
 from gpuq.domain.placement import Placement, Terminal, check_gpu_type
 from gpuq.domain.states import JobState
 from gpuq.errors import InvalidInput
@@ -234,6 +235,11 @@ class JobSpec:
     umask: int | None = None  # the submitter's: output files are created with it
     placement: Placement = field(default_factory=Placement)
     terminal: Terminal | None = None  # an interactive job (gpuq run, gpuq alloc)
+    # SLURM's --mail-type (gpuq.domain.notify.MAIL_TYPES, in that order) and --mail-user
+    # (None: the job's user, delivered by the local MTA)
+    mail_types: tuple[str, ...] = ()
+    mail_user: str | None = None
+    notify_url: str | None = None  # --notify: a webhook told of every state change
 
     def __post_init__(self) -> None:
         check_name(self.name)
@@ -272,6 +278,11 @@ class JobSpec:
             raise InvalidInput("--begin", shown(begin), "must be a time from 1970 to 2100")
         if self.umask is not None:
             check_range("umask", self.umask, 0, 0o777)
+        check_mail_types(self.mail_types)
+        if self.mail_user is not None:
+            check_mail_user(self.mail_user)
+        if self.notify_url is not None:
+            check_notify_url(self.notify_url)
 
 
 @dataclass(frozen=True, slots=True)

@@ -7,6 +7,18 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 
 DESCRIPTOR: _descriptor.FileDescriptor
 
+class WebLoginRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class WebLoginReply(_message.Message):
+    __slots__ = ("url", "expires")
+    URL_FIELD_NUMBER: _ClassVar[int]
+    EXPIRES_FIELD_NUMBER: _ClassVar[int]
+    url: str
+    expires: float
+    def __init__(self, url: _Optional[str] = ..., expires: _Optional[float] = ...) -> None: ...
+
 class UpdateRequest(_message.Message):
     __slots__ = ("job_ids", "time_limit", "qos", "nice", "set_dependencies", "dependencies", "hold", "name", "set_begin_time", "begin_time", "gpus", "gpu_type", "cpus", "mem", "gpu_mem", "set_nodelist", "nodelist", "set_exclude", "exclude", "constraint")
     JOB_IDS_FIELD_NUMBER: _ClassVar[int]

@@ -129,6 +129,11 @@ class QueueStub:
                 request_serializer=gpuq_dot_v1_dot_queue__pb2.AttachRequest.SerializeToString,
                 response_deserializer=gpuq_dot_v1_dot_queue__pb2.AttachReply.FromString,
                 _registered_method=True)
+        self.WebLogin = channel.unary_unary(
+                '/gpuq.v1.Queue/WebLogin',
+                request_serializer=gpuq_dot_v1_dot_queue__pb2.WebLoginRequest.SerializeToString,
+                response_deserializer=gpuq_dot_v1_dot_queue__pb2.WebLoginReply.FromString,
+                _registered_method=True)
 
 
 class QueueServicer:
@@ -272,6 +277,14 @@ class QueueServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def WebLogin(self, request, context):
+        """A one-time link that signs the caller in to the web dashboard (gpuq web): valid for a
+        minute and once; FAILED_PRECONDITION when the dashboard is off ([coordinator] web_listen).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_QueueServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -369,6 +382,11 @@ def add_QueueServicer_to_server(servicer, server):
                     servicer.Attach,
                     request_deserializer=gpuq_dot_v1_dot_queue__pb2.AttachRequest.FromString,
                     response_serializer=gpuq_dot_v1_dot_queue__pb2.AttachReply.SerializeToString,
+            ),
+            'WebLogin': grpc.unary_unary_rpc_method_handler(
+                    servicer.WebLogin,
+                    request_deserializer=gpuq_dot_v1_dot_queue__pb2.WebLoginRequest.FromString,
+                    response_serializer=gpuq_dot_v1_dot_queue__pb2.WebLoginReply.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -884,6 +902,33 @@ class Queue:
             '/gpuq.v1.Queue/Attach',
             gpuq_dot_v1_dot_queue__pb2.AttachRequest.SerializeToString,
             gpuq_dot_v1_dot_queue__pb2.AttachReply.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def WebLogin(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/gpuq.v1.Queue/WebLogin',
+            gpuq_dot_v1_dot_queue__pb2.WebLoginRequest.SerializeToString,
+            gpuq_dot_v1_dot_queue__pb2.WebLoginReply.FromString,
             options,
             channel_credentials,
             insecure,

@@ -77,7 +77,7 @@ class WarningSignal(_message.Message):
     def __init__(self, signal: _Optional[int] = ..., seconds: _Optional[int] = ...) -> None: ...
 
 class JobSpec(_message.Message):
-    __slots__ = ("name", "script", "args", "workdir", "env", "resources", "qos", "nice", "output", "error", "array", "dependencies", "hold", "begin_time", "signal", "no_requeue", "singleton", "source", "umask", "placement", "terminal")
+    __slots__ = ("name", "script", "args", "workdir", "env", "resources", "qos", "nice", "output", "error", "array", "dependencies", "hold", "begin_time", "signal", "no_requeue", "singleton", "source", "umask", "placement", "terminal", "mail_types", "mail_user", "notify_url")
     class EnvEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -106,6 +106,9 @@ class JobSpec(_message.Message):
     UMASK_FIELD_NUMBER: _ClassVar[int]
     PLACEMENT_FIELD_NUMBER: _ClassVar[int]
     TERMINAL_FIELD_NUMBER: _ClassVar[int]
+    MAIL_TYPES_FIELD_NUMBER: _ClassVar[int]
+    MAIL_USER_FIELD_NUMBER: _ClassVar[int]
+    NOTIFY_URL_FIELD_NUMBER: _ClassVar[int]
     name: str
     script: str
     args: _containers.RepeatedScalarFieldContainer[str]
@@ -127,7 +130,10 @@ class JobSpec(_message.Message):
     umask: int
     placement: Placement
     terminal: Terminal
-    def __init__(self, name: _Optional[str] = ..., script: _Optional[str] = ..., args: _Optional[_Iterable[str]] = ..., workdir: _Optional[str] = ..., env: _Optional[_Mapping[str, str]] = ..., resources: _Optional[_Union[Resources, _Mapping]] = ..., qos: _Optional[str] = ..., nice: _Optional[int] = ..., output: _Optional[str] = ..., error: _Optional[str] = ..., array: _Optional[_Union[ArraySpec, _Mapping]] = ..., dependencies: _Optional[_Iterable[_Union[Dependency, _Mapping]]] = ..., hold: _Optional[bool] = ..., begin_time: _Optional[float] = ..., signal: _Optional[_Union[WarningSignal, _Mapping]] = ..., no_requeue: _Optional[bool] = ..., singleton: _Optional[bool] = ..., source: _Optional[str] = ..., umask: _Optional[int] = ..., placement: _Optional[_Union[Placement, _Mapping]] = ..., terminal: _Optional[_Union[Terminal, _Mapping]] = ...) -> None: ...
+    mail_types: _containers.RepeatedScalarFieldContainer[str]
+    mail_user: str
+    notify_url: str
+    def __init__(self, name: _Optional[str] = ..., script: _Optional[str] = ..., args: _Optional[_Iterable[str]] = ..., workdir: _Optional[str] = ..., env: _Optional[_Mapping[str, str]] = ..., resources: _Optional[_Union[Resources, _Mapping]] = ..., qos: _Optional[str] = ..., nice: _Optional[int] = ..., output: _Optional[str] = ..., error: _Optional[str] = ..., array: _Optional[_Union[ArraySpec, _Mapping]] = ..., dependencies: _Optional[_Iterable[_Union[Dependency, _Mapping]]] = ..., hold: _Optional[bool] = ..., begin_time: _Optional[float] = ..., signal: _Optional[_Union[WarningSignal, _Mapping]] = ..., no_requeue: _Optional[bool] = ..., singleton: _Optional[bool] = ..., source: _Optional[str] = ..., umask: _Optional[int] = ..., placement: _Optional[_Union[Placement, _Mapping]] = ..., terminal: _Optional[_Union[Terminal, _Mapping]] = ..., mail_types: _Optional[_Iterable[str]] = ..., mail_user: _Optional[str] = ..., notify_url: _Optional[str] = ...) -> None: ...
 
 class JobResult(_message.Message):
     __slots__ = ("exit_code", "signal", "reason")

@@ -1,0 +1,542 @@
+"""Telling people: mail through the local MTA (SLURM's --mail-type), users' webhooks
+(--notify URL) and admins' webhooks (node and GPU health).
+
+Coordinator.publish hands every event to `published`, which only looks at the job's spec and
+queues it: nothing here blocks or slows the scheduling path. A task decides (gpuq.domain.notices)
+what each event means and starts one delivery task per message; deliveries run blocking I/O in
+a small pool of threads of their own, at most a few at once per receiving host, so that one slow
+or dead receiver delays others little. At most MAX_PENDING events and deliveries wait; beyond
+that they are dropped, counted and logged (once a minute).
+
+Users' URLs may not reach the coordinator's own networks (SSRF): the host is resolved once, the
+address checked (gpuq.domain.notices.address_allowed, with [coordinator] notify_allow) and the
+connection made to that address; HTTPS checks the certificate against the URL's host name.
+
+`sent` counts outcomes for the metrics: (kind, outcome), kind "mail" or "webhook" (admin ones
+too), outcome "sent", "failed" (given up) or "dropped" (the queue was full).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import http.client
+import logging
+import socket
+import ssl
+import time
+from collections.abc import Coroutine
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+from urllib.parse import urlsplit
+
+from gpuq import __version__
+from gpuq.coordinator.cluster import unit_states
+from gpuq.domain.model import Job, JobEvent
+from gpuq.domain.notices import (
+    Change,
+    HealthChange,
+    address_allowed,
+    backoff,
+    due_warnings,
+    health_changes,
+    mail_kinds,
+    mail_message,
+    passed_warnings,
+    redact,
+    retryable,
+    triggered,
+)
+from gpuq.domain.notify import check_mail_user
+from gpuq.domain.states import JobState
+from gpuq.errors import InvalidInput
+
+if TYPE_CHECKING:
+    from gpuq.coordinator.core import Coordinator
+
+log = logging.getLogger(__name__)
+
+MAX_PENDING = 10_000  # events and deliveries waiting, at most
+THREADS = 8  # blocking deliveries at once
+PER_HOST = 2  # of them to one receiving host (or to the MTA)
+HTTP_TIMEOUT = 10.0
+MAIL_TIMEOUT = 30.0
+TICK = 1.0  # seconds between looks at time limits and at nodes' health
+DROP_LOG_EVERY = 60.0
+DIRTY_GRACE = 60.0  # seconds a unit stays dirty before admins are told
+REMEMBERED = 10_000  # arrays whose BEGIN or END mail went out, remembered at most
+
+
+class Refused(Exception):
+    """A delivery that no retry can help (a refused address, a 4xx answer)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Delivery:
+    kind: str  # "mail" or "webhook"
+    target: str  # a recipient, or a URL
+    data: bytes
+    trusted: bool = False  # an admin's webhook: any address
+
+
+class Notifier:
+    def __init__(self, co: Coordinator) -> None:
+        self.co = co
+        self.sent: collections.Counter[tuple[str, str]] = collections.Counter()
+        self._inbox: collections.deque[tuple[JobEvent, Job]] = collections.deque()
+        self._wake = asyncio.Event()
+        self._pending = 0  # inbox items and deliveries not yet done
+        self._tasks: set[asyncio.Task[None]] = set()
+        self._pool: ThreadPoolExecutor | None = None
+        self._hosts: dict[str, asyncio.Semaphore] = {}
+        self._dropped_logged = 0.0
+        self._array_begun: collections.OrderedDict[int, None] = collections.OrderedDict()
+        self._array_ended: collections.OrderedDict[int, None] = collections.OrderedDict()
+        self._warned: dict[tuple[int, int], set[str]] = {}  # (job, start) -> warnings sent
+        self._health: dict[tuple[str, str], tuple[str, str, int | None]] | None = None
+        self._dirty_since: dict[tuple[str, str], float] = {}  # unit -> dirty since
+        self._closed = False
+
+    @property
+    def pending(self) -> int:
+        """Events and deliveries waiting or in progress."""
+        return self._pending
+
+    # ---- lifecycle -----------------------------------------------------------------------
+
+    def start(self) -> None:
+        self._spawn(self._run())
+        self._spawn(self._tick())
+
+    async def close(self) -> None:
+        """Stop at once: what is still queued or retrying is given up (and logged)."""
+        self._closed = True
+        tasks = list(self._tasks)
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        if self._pool is not None:
+            self._pool.shutdown(wait=False, cancel_futures=True)
+        if self._pending:
+            log.warning("notifications: %d not delivered at shutdown", self._pending)
+
+    def _spawn(self, coro: Coroutine[Any, Any, None]) -> None:
+        task = asyncio.ensure_future(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._done)
+
+    def _done(self, task: asyncio.Task[None]) -> None:
+        self._tasks.discard(task)
+        if not task.cancelled() and task.exception() is not None:
+            log.error("notification failed", exc_info=task.exception())
+
+    # ---- the scheduling path: queue only ------------------------------------------------
+
+    def published(self, event: JobEvent, job: Job | None) -> None:
+        """An event of `job` (Coordinator.publish): queued when its job asked to be told."""
+        if job is None or self._closed:
+            return
+        spec = job.spec
+        if not spec.mail_types and spec.notify_url is None:
+            return
+        if event.from_state is event.to_state:
+            return  # an update, not a state change
+        if not self._room(
+            [k for k, v in (("mail", spec.mail_types), ("webhook", spec.notify_url)) if v]
+        ):
+            return
+        self._inbox.append((event, job))
+        self._wake.set()
+
+    def _room(self, kinds: list[str]) -> bool:
+        if self._pending < MAX_PENDING:
+            self._pending += 1
+            return True
+        for kind in kinds:
+            self.sent[(kind, "dropped")] += 1
+        now = time.monotonic()
+        if now - self._dropped_logged >= DROP_LOG_EVERY:
+            self._dropped_logged = now
+            log.warning(
+                "notifications: %d waiting; dropping more (%d dropped so far)",
+                self._pending,
+                sum(n for (_, outcome), n in self.sent.items() if outcome == "dropped"),
+            )
+        return False
+
+    # ---- deciding ------------------------------------------------------------------------
+
+    async def _run(self) -> None:
+        while True:
+            await self._wake.wait()
+            self._wake.clear()
+            while self._inbox:
+                event, job = self._inbox.popleft()
+                try:
+                    await self._decide(event, job)
+                except asyncio.CancelledError:
+                    raise
+                except Exception:
+                    log.exception("notification for job %d not decided", event.job_id)
+                finally:
+                    self._pending -= 1
+
+    async def _decide(self, event: JobEvent, job: Job) -> None:
+        co = self.co
+        spec = job.spec
+        ended = not event.to_state.is_live
+        if ended:
+            # the store has the result by now (memory follows it): exit code, times
+            job_id = event.job_id
+            try:
+                job = await co.writer.read(lambda s: s.get_job(job_id))
+            except Exception as exc:  # the store blinked: tell without the exit code
+                log.debug("job %d not read for its notification: %s", job_id, exc)
+        # preempted or lost, and put straight back in the queue: a requeue, not an end
+        current = co.cluster.jobs.get(event.job_id)
+        requeued = ended and current is not None and current.state.is_live
+        change = _change(event, job, co.cluster.jobs.get(event.job_id))
+        split = event.from_state is None and job.array_job_id not in (None, job.id)
+        if spec.notify_url is not None and not split:  # a split task is no state change
+            self._deliver(Delivery("webhook", spec.notify_url, change.body()))
+        kinds = mail_kinds(
+            spec.mail_types, triggered(event.from_state, event.to_state, event.reason, requeued)
+        )
+        if not kinds:
+            return
+        array = job.array_job_id
+        if (
+            array is not None
+            and "ARRAY_TASKS" not in spec.mail_types
+            and kinds
+            & {
+                "BEGIN",
+                "END",
+                "FAIL",
+                "TIME_LIMIT",
+            }
+        ):
+            await self._array_mail(change, kinds, array, job)
+            return
+        self._mail(change, kinds, job)
+
+    async def _array_mail(
+        self, change: Change, kinds: frozenset[str], array: int, job: Job
+    ) -> None:
+        """SLURM without ARRAY_TASKS: one BEGIN when its first task starts, one END (FAIL)
+        when its last task ends, with the tasks' counts."""
+        if "BEGIN" in kinds:
+            if array not in self._array_begun:
+                _remember(self._array_begun, array)
+                self._mail(change, frozenset({"BEGIN"}), job)
+            return
+        if self.co._is_live(array) or array in self._array_ended:
+            return
+        _remember(self._array_ended, array)
+        try:
+            states = await self.co.writer.read(lambda s: s.array_states([array]))
+        except Exception as exc:
+            log.debug("array %d not read for its notification: %s", array, exc)
+            states = {}
+        counts = {state.value: n for state, n in states.get(array, {}).items()}
+        wanted = set(job.spec.mail_types)
+        found = {"END"} & wanted
+        if any(JobState(s) is not JobState.COMPLETED for s in counts) and "FAIL" in wanted:
+            found.add("FAIL")
+        if JobState.TIMEOUT.value in counts and "TIME_LIMIT" in wanted:
+            found.add("TIME_LIMIT")
+        if found:
+            self._mail(change, frozenset(found), job, counts or {change.state: 1})
+
+    def _mail(
+        self,
+        change: Change,
+        kinds: frozenset[str],
+        job: Job,
+        array_counts: dict[str, int] | None = None,
+    ) -> None:
+        recipient = job.spec.mail_user or job.user
+        try:
+            check_mail_user(recipient)  # never an option to the MTA, never a header's break
+        except InvalidInput:
+            log.warning("job %d: no mail to %r: not an address", job.id, recipient[:80])
+            self.sent[("mail", "failed")] += 1
+            return
+        message = mail_message(change, kinds, self._sender(), recipient, array_counts)
+        self._deliver(Delivery("mail", recipient, message.as_bytes()))
+
+    def _sender(self) -> str:
+        return self.co.settings.mail_from or f"gpuq@{socket.gethostname()}"
+
+    # ---- the periodic look: time limits, health ------------------------------------------
+
+    async def _tick(self) -> None:
+        while True:
+            try:
+                self._time_limits()
+                self._health_look()
+            except Exception:
+                log.exception("notifications: periodic look failed")
+            await asyncio.sleep(TICK)
+
+    def _time_limits(self) -> None:
+        co = self.co
+        now = co.clock()
+        running: set[tuple[int, int]] = set()
+        for job in co.cluster.in_state(JobState.RUNNING):
+            wanted = [t for t in job.spec.mail_types if t.startswith("TIME_LIMIT_")]
+            if not wanted or job.start_time is None:
+                continue
+            limit = co.effective_time_limit(job)
+            if limit is None:
+                continue
+            key = (job.id, job.start_count)
+            running.add(key)
+            elapsed = now - job.start_time
+            sent = self._warned.setdefault(key, set())
+            due = due_warnings(wanted, elapsed, limit, sent)
+            sent.update(passed_warnings(elapsed, limit))
+            if due:
+                change = _change(JobEvent(job.id, now, job.state, job.state, ""), job, job)
+                self._mail(change, frozenset(due), job)
+        for key in set(self._warned) - running:
+            del self._warned[key]
+
+    def _health_look(self) -> None:
+        hooks = self.co.settings.admin_webhooks
+        if not hooks:
+            return
+        co = self.co
+        at = co.clock()
+        now: dict[tuple[str, str], tuple[str, str, int | None]] = {}
+        for name, entry in co.cluster.nodes.items():
+            down = entry.down_reason(co.cluster.drains.get((name, "")))
+            if down is None:
+                state = "up"
+            elif entry.node.state.value != "up" or not entry.connected:
+                state = "down"
+            else:
+                state = "drained"
+            now[(name, "")] = (state, down or "", None)
+            states = unit_states(entry, co.cluster.drains)
+            for unit in entry.node.units:
+                unit_state = states.get(unit.uuid)
+                if unit_state is not None:
+                    health = self._settled((name, unit.uuid), unit_state.health.value, at)
+                    reason = unit_state.reason if health == unit_state.health.value else ""
+                    now[(name, unit.uuid)] = (health, reason, unit.index)
+        before, self._health = self._health, now
+        if before is None:
+            return  # the first look: what is, not a change
+        for change in health_changes(before, now, co.clock()):
+            self.health_changed(change)
+
+    def _settled(self, key: tuple[str, str], health: str, at: float) -> str:
+        """A unit is dirty for a few seconds after most job ends (the agent waits for the
+        job's GPU processes to go): it counts as ok until it stayed dirty DIRTY_GRACE seconds,
+        so admins hear of a stuck GPU, not of every job's end."""
+        if health != "dirty":
+            self._dirty_since.pop(key, None)
+            return health
+        since = self._dirty_since.setdefault(key, at)
+        return health if at - since >= DIRTY_GRACE else "ok"
+
+    def health_changed(self, change: HealthChange) -> None:
+        """To every admin webhook."""
+        for url in self.co.settings.admin_webhooks:
+            self._deliver(Delivery("webhook", url, change.body(), trusted=True))
+
+    # ---- delivering ----------------------------------------------------------------------
+
+    def _deliver(self, delivery: Delivery) -> None:
+        if self._closed or not self._room([delivery.kind]):
+            return
+        self._spawn(self._attempts(delivery))
+
+    async def _attempts(self, delivery: Delivery) -> None:
+        retries = self.co.settings.notify_retries
+        shown = delivery.target if delivery.kind == "mail" else redact(delivery.target)
+        try:
+            for attempt in range(retries + 1):
+                try:
+                    async with self._slot(delivery):
+                        await self._once(delivery)
+                    self.sent[(delivery.kind, "sent")] += 1
+                    return
+                except Refused as exc:
+                    log.warning("%s to %s refused: %s", delivery.kind, shown, exc)
+                    break
+                except Exception as exc:  # a connection error, a 5xx, a failed MTA
+                    if attempt == retries:
+                        log.warning(
+                            "%s to %s failed %d times; giving up: %s",
+                            delivery.kind,
+                            shown,
+                            attempt + 1,
+                            exc,
+                        )
+                        break
+                    log.info("%s to %s failed (%s); trying again", delivery.kind, shown, exc)
+                await asyncio.sleep(backoff(attempt))
+            self.sent[(delivery.kind, "failed")] += 1
+        finally:
+            self._pending -= 1
+
+    def _slot(self, delivery: Delivery) -> asyncio.Semaphore:
+        if delivery.kind == "mail":
+            key = "mail"
+        else:
+            try:
+                key = urlsplit(delivery.target).hostname or ""
+            except ValueError:
+                key = ""
+        if len(self._hosts) > 1000:  # forget the idle ones
+            self._hosts = {k: s for k, s in self._hosts.items() if s.locked()}
+        return self._hosts.setdefault(key, asyncio.Semaphore(PER_HOST))
+
+    async def _once(self, delivery: Delivery) -> None:
+        if delivery.kind == "mail":
+            await self._send_mail(delivery.target, delivery.data)
+            return
+        if self._pool is None:
+            self._pool = ThreadPoolExecutor(THREADS, thread_name_prefix="gpuq-notify")
+        allow = () if delivery.trusted else self.co.settings.notify_allow
+        loop = asyncio.get_running_loop()
+        await loop.run_in_executor(
+            self._pool, post, delivery.target, delivery.data, delivery.trusted, allow
+        )
+
+    async def _send_mail(self, recipient: str, data: bytes) -> None:
+        """`mail_program -oi -- RECIPIENT`, the message on stdin (SLURM's MailProg way)."""
+        process = await asyncio.create_subprocess_exec(
+            self.co.settings.mail_program,
+            "-oi",
+            "--",
+            recipient,
+            stdin=asyncio.subprocess.PIPE,
+            stdout=asyncio.subprocess.DEVNULL,
+            stderr=asyncio.subprocess.PIPE,
+        )
+        try:
+            _, errors = await asyncio.wait_for(process.communicate(data), MAIL_TIMEOUT)
+        except (TimeoutError, asyncio.CancelledError):
+            process.kill()
+            await process.wait()
+            raise
+        if process.returncode != 0:
+            said = errors.decode(errors="replace").strip()[:200]
+            raise OSError(f"{self.co.settings.mail_program} exited {process.returncode}: {said}")
+
+
+def _remember(seen: collections.OrderedDict[int, None], key: int) -> None:
+    seen[key] = None
+    while len(seen) > REMEMBERED:
+        seen.popitem(last=False)
+
+
+def _change(event: JobEvent, job: Job, live: Job | None) -> Change:
+    result = job.result
+    start = job.start_time if job.start_time is not None else (live.start_time if live else None)
+    return Change(
+        job_id=event.job_id,
+        array_job_id=job.array_job_id,
+        array_task_id=job.array_task_id,
+        name=job.spec.name,
+        user=job.user,
+        from_state=event.from_state.value if event.from_state is not None else None,
+        state=event.to_state.value,
+        reason=event.reason,
+        at=event.at,
+        exit_code=result.exit_code if result is not None else None,
+        signal=result.signal if result is not None else None,
+        submit_time=job.submit_time,
+        start_time=event.at if event.to_state is JobState.RUNNING else start,
+        end_time=job.end_time if not event.to_state.is_live else None,
+    )
+
+
+# ---- HTTP, in a thread ---------------------------------------------------------------------
+
+
+class _PinnedHTTP(http.client.HTTPConnection):
+    """Connects to the address that was checked, not to whatever the name resolves to now."""
+
+    def __init__(self, host: str, port: int, address: str, timeout: float) -> None:
+        super().__init__(host, port, timeout=timeout)
+        self._address = address
+
+    def connect(self) -> None:
+        self.sock = socket.create_connection((self._address, self.port), self.timeout)
+
+
+class _PinnedHTTPS(http.client.HTTPSConnection):
+    def __init__(
+        self, host: str, port: int, address: str, timeout: float, context: ssl.SSLContext
+    ) -> None:
+        super().__init__(host, port, timeout=timeout, context=context)
+        self._address = address
+        self._tls = context
+
+    def connect(self) -> None:
+        raw = socket.create_connection((self._address, self.port), self.timeout)
+        try:
+            self.sock = self._tls.wrap_socket(raw, server_hostname=self.host)
+        except BaseException:
+            raw.close()
+            raise
+
+
+def resolve(host: str, port: int, trusted: bool, allow: tuple[str, ...]) -> str:
+    """The address to connect to: the first the name resolves to that a user's webhook may
+    reach (any, for an admin's). Refused when none may."""
+    try:
+        found = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+    except socket.gaierror as exc:
+        raise OSError(f"cannot resolve the host: {exc.strerror}") from None
+    addresses = [str(info[4][0]) for info in found]
+    for address in addresses:
+        if trusted or address_allowed(address, allow):
+            return address
+    raise Refused(
+        f"the host resolves to {', '.join(sorted(set(addresses))[:4])}: not a public address "
+        "and not in [coordinator] notify_allow"
+    )
+
+
+def post(url: str, body: bytes, trusted: bool, allow: tuple[str, ...]) -> int:
+    """POST `body` as JSON; the status when 2xx. Raises Refused for what a retry cannot
+    help (a refused address, a redirect, another 4xx), OSError for what it may."""
+    parts = urlsplit(url)
+    host = parts.hostname or ""
+    https = parts.scheme == "https"
+    port = parts.port or (443 if https else 80)
+    address = resolve(host, port, trusted, allow)
+    connection: http.client.HTTPConnection
+    if https:
+        connection = _PinnedHTTPS(host, port, address, HTTP_TIMEOUT, ssl.create_default_context())
+    else:
+        connection = _PinnedHTTP(host, port, address, HTTP_TIMEOUT)
+    path = parts.path or "/"
+    if parts.query:
+        path += "?" + parts.query
+    headers = {"Content-Type": "application/json", "User-Agent": f"gpuq/{__version__}"}
+    if parts.username is not None:  # user:password@host: basic authentication
+        import base64
+
+        pair = f"{parts.username}:{parts.password or ''}".encode()
+        headers["Authorization"] = "Basic " + base64.b64encode(pair).decode()
+    try:
+        connection.request("POST", path, body=body, headers=headers)
+        response = connection.getresponse()
+        status = response.status
+        response.read(65536)
+    except http.client.HTTPException as exc:
+        raise OSError(f"bad HTTP answer: {type(exc).__name__}") from None
+    finally:
+        connection.close()
+    if 200 <= status < 300:
+        return status
+    if retryable(status):
+        raise OSError(f"HTTP {status}")
+    raise Refused(f"HTTP {status}")

@@ -1,0 +1,275 @@
+"""Who a dashboard request comes from: one-time sign-in tickets, session cookies, rate limits.
+
+A browser signs in with a ticket `gpuq web` got for its caller (the WebLogin RPC), or with a
+per-user token pasted into the sign-in page. Either gives it a session cookie. Tickets and
+cookies are signed (HMAC-SHA256) with the coordinator's key (GPUQ_HOME/auth.key), each kind under
+its own label, so neither passes for the other nor for a handshake credential (gpuq.identity):
+
+    ticket:  gw1t.<payload>.<mac>   payload: base64url JSON {u, i, d, e, n}
+    session: gw1s.<payload>.<mac>   payload: base64url JSON {u, i, h, d, e, n}
+
+u: the user, i: the uid (None: unknown), h: how the browser signed in ("ticket" or "token"),
+d: the first 16 hex digits of the token's digest when a token stands behind the session (the
+session ends when that token is revoked), e: expiry (Unix seconds), n: a random nonce. A
+ticket is good for TICKET_TTL seconds and once: its nonce is remembered until it expires. A
+session ends at its expiry, at logout (its nonce is remembered until then), or when its
+token is revoked. Nothing here does I/O; time comes from the caller.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import hashlib
+import heapq
+import hmac
+import json
+import secrets
+from collections import deque
+from dataclasses import dataclass
+from typing import Any
+
+from gpuq.identity import TOKEN_PREFIX, Unauthenticated, token_digest
+
+TICKET_TTL = 60.0  # seconds a sign-in link is good for
+SESSION_TTL = 12 * 3600.0  # seconds a dashboard session lasts
+TICKET_LABEL = "gw1t"
+SESSION_LABEL = "gw1s"
+DIGEST_PART = 16  # hex digits of a token's digest a session names
+MAX_SIGNED = 1024  # characters of a ticket or cookie value; longer is refused unread
+MAX_REMEMBERED = 100_000  # used tickets and ended sessions remembered at once
+COOKIE = "gpuq_session"
+LOGIN_ATTEMPTS = 10  # sign-in attempts per peer per LOGIN_WINDOW
+LOGIN_WINDOW = 60.0
+MAX_PEERS = 10_000  # peers whose attempts are counted at once
+
+
+@dataclass(frozen=True, slots=True)
+class Session:
+    user: str
+    uid: int | None
+    how: str  # "ticket" or "token"
+    digest: str  # DIGEST_PART hex digits of the token behind it, or ""
+    expires: float
+    nonce: str
+
+
+def _mac(key: bytes, label: str, payload: str) -> str:
+    return hmac.new(key, f"{label}.{payload}".encode(), hashlib.sha256).hexdigest()
+
+
+def _sign(key: bytes, label: str, fields: dict[str, Any]) -> str:
+    raw = json.dumps(fields, separators=(",", ":"), sort_keys=True).encode()
+    payload = base64.urlsafe_b64encode(raw).decode().rstrip("=")
+    return f"{label}.{payload}.{_mac(key, label, payload)}"
+
+
+def _open(key: bytes, label: str, text: str, what: str) -> dict[str, Any]:
+    """The fields of a value this key signed under `label`; Unauthenticated otherwise."""
+    parts = text.split(".")
+    if len(text) > MAX_SIGNED or len(parts) != 3 or parts[0] != label:
+        raise Unauthenticated(f"not a gpuq {what}")
+    payload, mac = parts[1], parts[2]
+    if not hmac.compare_digest(_mac(key, label, payload), mac):
+        raise Unauthenticated(f"a {what} this coordinator did not sign (restarted with a new key?)")
+    try:
+        fields = json.loads(base64.urlsafe_b64decode(payload + "=" * (-len(payload) % 4)))
+    except (ValueError, binascii.Error):
+        raise Unauthenticated(f"a malformed {what}") from None
+    if not isinstance(fields, dict):
+        raise Unauthenticated(f"a malformed {what}")
+    return fields
+
+
+def _user_fields(fields: dict[str, Any], what: str) -> tuple[str, int | None, str, float, str]:
+    user, uid, digest = fields.get("u"), fields.get("i"), fields.get("d", "")
+    expires, nonce = fields.get("e"), fields.get("n")
+    if (
+        not isinstance(user, str)
+        or not user
+        or not (uid is None or (isinstance(uid, int) and not isinstance(uid, bool)))
+        or not isinstance(digest, str)
+        or not isinstance(expires, int | float)
+        or not isinstance(nonce, str)
+    ):
+        raise Unauthenticated(f"a malformed {what}")
+    return user, uid, digest, float(expires), nonce
+
+
+class Remembered:
+    """Nonces until their expiry (used tickets, ended sessions), bounded."""
+
+    def __init__(self, limit: int = MAX_REMEMBERED) -> None:
+        self.limit = limit
+        self._nonces: set[str] = set()
+        self._expiries: list[tuple[float, str]] = []  # a heap: the first to expire first
+
+    def __contains__(self, nonce: str) -> bool:
+        return nonce in self._nonces
+
+    def add(self, nonce: str, until: float, now: float) -> None:
+        self.purge(now)
+        if len(self._nonces) >= self.limit:
+            # full: refused, never forgotten early (a used ticket must stay used)
+            raise Unauthenticated("too many sign-ins at once; try again in a minute")
+        self._nonces.add(nonce)
+        heapq.heappush(self._expiries, (until, nonce))
+
+    def purge(self, now: float) -> None:
+        while self._expiries and self._expiries[0][0] < now:
+            _, nonce = heapq.heappop(self._expiries)
+            self._nonces.discard(nonce)
+
+
+class Sessions:
+    """Tickets and session cookies signed with `key`."""
+
+    def __init__(self, key: bytes) -> None:
+        self.key = key
+        self.used_tickets = Remembered()
+        self.ended_sessions = Remembered()
+
+    # ---- tickets -----------------------------------------------------------------------------
+
+    def ticket(
+        self, user: str, uid: int | None, now: float, authorization: str | None = None
+    ) -> tuple[str, float]:
+        """A one-time ticket for `user` and when it expires. `authorization`: the metadata of
+        the call that asked for it; a token there stands behind the session too."""
+        expires = now + TICKET_TTL
+        fields = {
+            "u": user,
+            "i": uid,
+            "d": token_part(authorization),
+            "e": expires,
+            "n": secrets.token_urlsafe(12),
+        }
+        return _sign(self.key, TICKET_LABEL, fields), expires
+
+    def redeem(self, ticket: str, now: float) -> Session:
+        """The session a ticket opens; Unauthenticated when it is not one of ours, expired or
+        was used already."""
+        user, uid, digest, expires, nonce = _user_fields(
+            _open(self.key, TICKET_LABEL, ticket, "sign-in link"), "sign-in link"
+        )
+        if expires < now:
+            raise Unauthenticated("the sign-in link expired; run gpuq web again")
+        self.used_tickets.purge(now)
+        if nonce in self.used_tickets:
+            raise Unauthenticated("the sign-in link was used already; run gpuq web again")
+        self.used_tickets.add(nonce, expires, now)
+        return self.session(user, uid, "ticket", digest, now)
+
+    # ---- sessions ----------------------------------------------------------------------------
+
+    def session(self, user: str, uid: int | None, how: str, digest: str, now: float) -> Session:
+        return Session(user, uid, how, digest, now + SESSION_TTL, secrets.token_urlsafe(12))
+
+    def cookie_value(self, session: Session) -> str:
+        fields = {
+            "u": session.user,
+            "i": session.uid,
+            "h": session.how,
+            "d": session.digest,
+            "e": session.expires,
+            "n": session.nonce,
+        }
+        return _sign(self.key, SESSION_LABEL, fields)
+
+    def check(self, value: str, now: float) -> Session:
+        """The session a cookie value names, signature and expiry and logout checked (whether
+        its token still stands is the caller's to check: `token_stands`)."""
+        fields = _open(self.key, SESSION_LABEL, value, "session")
+        user, uid, digest, expires, nonce = _user_fields(fields, "session")
+        how = fields.get("h")
+        if how not in ("ticket", "token"):
+            raise Unauthenticated("a malformed session")
+        if expires < now:
+            raise Unauthenticated("the session expired; sign in again")
+        if nonce in self.ended_sessions:
+            raise Unauthenticated("signed out")
+        return Session(user, uid, how, digest, expires, nonce)
+
+    def end(self, session: Session, now: float) -> None:
+        """Logout: the cookie is refused from now on, whoever still holds it."""
+        if session.nonce not in self.ended_sessions:
+            self.ended_sessions.add(session.nonce, session.expires, now)
+
+
+def token_part(authorization: str | None) -> str:
+    """The part of a token's digest a session keeps, for a `Token ...` authorization; ''."""
+    scheme, _, value = (authorization or "").partition(" ")
+    if scheme != "Token" or not value:
+        return ""
+    return token_digest(value)[:DIGEST_PART]
+
+
+def token_user(tokens: dict[str, str], token: str) -> tuple[str, str]:
+    """(user, digest part) of a pasted per-user token; Unauthenticated when not a live one."""
+    token = token.strip()
+    if not token.startswith(TOKEN_PREFIX) or len(token) > 256:
+        raise Unauthenticated(f"not a gpuq token (they start with {TOKEN_PREFIX})")
+    digest = token_digest(token)
+    user = tokens.get(digest)
+    if user is None:
+        raise Unauthenticated("an unknown or revoked gpuq token")
+    return user, digest[:DIGEST_PART]
+
+
+def token_stands(tokens: dict[str, str], session: Session) -> bool:
+    """A session with a token behind it lasts while that token is not revoked."""
+    if not session.digest:
+        return True
+    return any(d.startswith(session.digest) and user == session.user for d, user in tokens.items())
+
+
+def cookie_header(value: str, secure: bool, max_age: int = int(SESSION_TTL)) -> str:
+    """Set-Cookie for a session (max_age 0: remove it)."""
+    parts = [f"{COOKIE}={value}", "Path=/", "HttpOnly", "SameSite=Strict", f"Max-Age={max_age}"]
+    if secure:
+        parts.append("Secure")
+    return "; ".join(parts)
+
+
+def cookie_of(header: str | None) -> str | None:
+    """The session cookie's value in a Cookie header."""
+    for part in (header or "").split(";"):
+        name, _, value = part.strip().partition("=")
+        if name == COOKIE and value:
+            return value
+    return None
+
+
+class RateLimit:
+    """At most `limit` attempts per key within `window` seconds (a sliding window)."""
+
+    def __init__(
+        self, limit: int = LOGIN_ATTEMPTS, window: float = LOGIN_WINDOW, peers: int = MAX_PEERS
+    ) -> None:
+        self.limit = limit
+        self.window = window
+        self.peers = peers
+        self._seen: dict[str, deque[float]] = {}
+
+    def allow(self, key: str, now: float) -> bool:
+        times = self._seen.get(key)
+        if times is None:
+            if len(self._seen) >= self.peers:
+                self._seen = {
+                    k: t for k, t in self._seen.items() if t and t[-1] > now - self.window
+                }
+                if len(self._seen) >= self.peers:
+                    return False
+            times = self._seen[key] = deque()
+        while times and times[0] <= now - self.window:
+            times.popleft()
+        if len(times) >= self.limit:
+            return False
+        times.append(now)
+        return True
+
+
+def peer_host(peer: str) -> str:
+    """The host of a "host:port" peer (attempts are counted per host)."""
+    host, sep, port = peer.rpartition(":")
+    return host if sep and port.isdigit() else peer

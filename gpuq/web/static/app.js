@@ -1,0 +1,653 @@
+// The gpuq dashboard: plain DOM, no framework, no build step. Every bit of server text goes
+// in through textContent or attributes (job names and reasons are users' text), never as HTML.
+
+window.__loadId = `${Date.now()}-${Math.random()}`;
+
+const main = document.getElementById("main");
+const statusLine = document.getElementById("status");
+const liveBadge = document.getElementById("live");
+const GIB = 1024 ** 3;
+const LIVE = new Set(["pending", "held", "running"]);
+
+let me = null; // {user, admin}
+let view = null; // {load: async () => void, poll?: seconds}
+let firstRender = true;
+
+class Unauthorized extends Error {}
+class ApiError extends Error {
+  constructor(status, message) {
+    super(message);
+    this.status = status;
+  }
+}
+
+// ---- helpers ---------------------------------------------------------------------------
+
+function h(tag, props = {}, ...children) {
+  const node = document.createElement(tag);
+  for (const [key, value] of Object.entries(props)) {
+    if (value === undefined || value === null || value === false) continue;
+    if (key === "class") node.className = value;
+    else if (key === "text") node.textContent = value;
+    else if (key.startsWith("on")) node.addEventListener(key.slice(2), value);
+    else node.setAttribute(key, value === true ? "" : String(value));
+  }
+  for (const child of children.flat(Infinity)) {
+    if (child === undefined || child === null || child === false) continue;
+    node.append(child instanceof Node ? child : document.createTextNode(String(child)));
+  }
+  return node;
+}
+
+async function api(path, options = {}) {
+  const init = { credentials: "same-origin", headers: { Accept: "application/json" }, ...options };
+  if (options.method === "POST") {
+    init.headers = { ...init.headers, "Content-Type": "application/json", "X-Gpuq": "1" };
+  }
+  const reply = await fetch(path, init);
+  if (reply.status === 401) throw new Unauthorized();
+  const text = await reply.text();
+  let body = null;
+  try {
+    body = text ? JSON.parse(text) : {};
+  } catch {
+    body = null;
+  }
+  if (!reply.ok) {
+    const said = body && (body.error || body.message || body.detail);
+    throw new ApiError(reply.status, said || text.trim() || `${reply.status} ${reply.statusText}`);
+  }
+  if (body === null) throw new ApiError(reply.status, "the server's reply is not JSON");
+  return body;
+}
+
+function say(message) {
+  statusLine.textContent = message;
+}
+
+const num = (value) => (value === undefined || value === null ? 0 : Number(value));
+
+function gib(bytes) {
+  const g = num(bytes) / GIB;
+  return g >= 10 || g === 0 ? g.toFixed(0) : g.toFixed(1);
+}
+
+function clock(seconds) {
+  if (!seconds) return "";
+  const date = new Date(seconds * 1000);
+  const today = new Date().toDateString() === date.toDateString();
+  return today
+    ? date.toLocaleTimeString([], { hour12: false })
+    : `${date.toLocaleDateString()} ${date.toLocaleTimeString([], { hour12: false })}`;
+}
+
+function span(seconds) {
+  let s = Math.max(0, Math.round(seconds));
+  const days = Math.floor(s / 86400);
+  s -= days * 86400;
+  const hh = String(Math.floor(s / 3600)).padStart(2, "0");
+  const mm = String(Math.floor((s % 3600) / 60)).padStart(2, "0");
+  const ss = String(s % 60).padStart(2, "0");
+  return `${days ? `${days}-` : ""}${hh}:${mm}:${ss}`;
+}
+
+const now = () => Date.now() / 1000;
+
+function jobLabel(job) {
+  if (job.array_tasks) return `${job.id}_[${job.array_tasks}]`;
+  if (job.array_job_id !== undefined && job.array_task_id !== undefined) {
+    return `${job.array_job_id}_${job.array_task_id}`;
+  }
+  return String(job.id);
+}
+
+const jobLink = (job) => h("a", { href: `/jobs/${job.id}`, "data-job-link": job.id }, jobLabel(job));
+const userLink = (user) => h("a", { href: `/users/${encodeURIComponent(user)}` }, user);
+const stateBadge = (state) => h("span", { class: `state state-${state}`, "data-state": state }, state);
+
+function table(caption, headers, rows, props = {}) {
+  return h(
+    "table",
+    props,
+    h("caption", { class: "sr" }, caption),
+    h("thead", {}, h("tr", {}, headers.map((name) => h("th", { scope: "col" }, name)))),
+    h("tbody", {}, rows),
+  );
+}
+
+function facts(pairs) {
+  return h(
+    "dl",
+    { class: "facts" },
+    pairs.filter(([, value]) => value !== undefined && value !== null && value !== "")
+      .map(([name, value]) => h("div", {}, h("dt", {}, name), h("dd", {}, value))),
+  );
+}
+
+function resultText(job) {
+  const r = job.result;
+  if (!r) return "";
+  const parts = [];
+  if (r.exit_code !== undefined) parts.push(`exit ${r.exit_code}`);
+  if (r.signal !== undefined) parts.push(`signal ${r.signal}`);
+  if (r.reason) parts.push(r.reason);
+  return parts.join(", ");
+}
+
+function pendingText(job) {
+  const parts = [];
+  if (job.pending && job.pending.reasons) parts.push(job.pending.reasons.join("; "));
+  else if (job.reason) parts.push(job.reason);
+  if (job.pending && job.pending.estimated_start) {
+    parts.push(`est. start ${clock(job.pending.estimated_start)}`);
+  }
+  return parts.join(" · ");
+}
+
+// ---- the cluster view ------------------------------------------------------------------
+
+function gpuCard(node, unit, usage, health, holders, jobsById) {
+  const used = num(usage && usage.memory_used);
+  const total = num(unit.memory);
+  const state = (health && health.health) || (usage && usage.health) || "ok";
+  const why = (health && health.reason) || (usage && usage.health_reason) || "";
+  const bar = h("div", { class: "fill" });
+  bar.style.width = `${total ? Math.min(100, (used / total) * 100).toFixed(1) : 0}%`;
+  const util = usage && typeof usage.utilization === "number" ? `${usage.utilization} %` : "—";
+  const holder = holders.length
+    ? h(
+        "p",
+        { class: "holder" },
+        holders.map((id, i) => {
+          const job = jobsById.get(String(id));
+          return [
+            i ? ", " : "job ",
+            h("a", { href: `/jobs/${id}`, "data-job-link": id }, job ? jobLabel(job) : String(id)),
+            job ? [" · ", userLink(job.user)] : "",
+          ];
+        }),
+      )
+    : h("p", { class: "holder free" }, node.state === "up" && state === "ok" ? "free" : "not available");
+  return h(
+    "article",
+    {
+      class: `gpu health-${state}${holders.length ? " busy" : ""}`,
+      "data-gpu-uuid": unit.uuid,
+      "data-health": state,
+      "data-holder": holders.join(",") || undefined,
+    },
+    h(
+      "h3",
+      {},
+      `GPU ${unit.index ?? 0}`,
+      unit.mig_profile ? ` · ${unit.mig_profile}` : "",
+      h("span", { class: "model" }, unit.name || ""),
+    ),
+    h("span", { class: `badge health-${state}`, title: why || undefined }, state),
+    h(
+      "div",
+      { class: "meter", role: "img", "aria-label": `memory ${gib(used)} of ${gib(total)} GiB` },
+      bar,
+    ),
+    h("p", { class: "figures" }, h("span", {}, `${gib(used)} / ${gib(total)} GiB`), h("span", {}, `util ${util}`)),
+    holder,
+  );
+}
+
+function queueRow(job) {
+  const running = job.state === "running";
+  const time = running && job.start_time
+    ? span(now() - job.start_time)
+    : `submitted ${clock(job.submit_time)}`;
+  const resources = (job.spec && job.spec.resources) || {};
+  return h(
+    "tr",
+    { "data-job-id": job.id, "data-state": job.state },
+    h("td", {}, jobLink(job)),
+    h("td", {}, userLink(job.user)),
+    h("td", { class: "name" }, (job.spec && job.spec.name) || ""),
+    h("td", {}, stateBadge(job.state)),
+    h("td", { class: "num" }, String(resources.gpus || 0)),
+    h("td", { class: "num" }, time),
+    h("td", { class: "reason" }, running ? job.node || "" : pendingText(job)),
+  );
+}
+
+function finishedRow(job) {
+  const elapsed = job.start_time && job.end_time ? span(job.end_time - job.start_time) : "";
+  return h(
+    "tr",
+    { "data-job-id": job.id, "data-state": job.state },
+    h("td", {}, jobLink(job)),
+    h("td", {}, userLink(job.user)),
+    h("td", { class: "name" }, (job.spec && job.spec.name) || ""),
+    h("td", {}, stateBadge(job.state)),
+    h("td", { class: "num" }, clock(job.end_time)),
+    h("td", { class: "num" }, elapsed),
+    h("td", { class: "reason" }, resultText(job)),
+  );
+}
+
+async function clusterView() {
+  const [nodes, live, finished] = await Promise.all([
+    api("/api/nodes"),
+    api("/api/jobs"),
+    api("/api/jobs?finished=1&limit=20"),
+  ]);
+  const jobs = live.jobs || [];
+  const jobsById = new Map(jobs.map((job) => [String(job.id), job]));
+  // who holds a GPU: the jobs it is allocated to, and any job its agent saw using it
+  const holding = new Map();
+  const hold = (uuid, id) => {
+    const ids = holding.get(uuid) || new Set();
+    ids.add(String(id));
+    holding.set(uuid, ids);
+  };
+  for (const job of jobs) if (job.state === "running") for (const uuid of job.gpus || []) hold(uuid, job.id);
+  let total = 0;
+  let busy = 0;
+  let free = 0;
+  const sections = (nodes.nodes || []).map((node) => {
+    const usage = new Map((node.usage || []).map((u) => [u.uuid, u]));
+    const health = new Map((node.health || []).map((u) => [u.uuid, u]));
+    const units = node.gpus || [];
+    const cards = units.map((unit) => {
+      total += 1;
+      const u = usage.get(unit.uuid);
+      const hl = health.get(unit.uuid);
+      for (const id of (u && u.job_ids) || []) hold(unit.uuid, id);
+      const holders = [...(holding.get(unit.uuid) || [])];
+      if (holders.length || (node.gpus_used || []).includes(unit.uuid)) busy += 1;
+      else if (node.state === "up" && (!hl || hl.health === "ok")) free += 1;
+      return gpuCard(node, unit, u, hl, holders, jobsById);
+    });
+    const why = node.drain_reason ? `drained: ${node.drain_reason}` : node.reason || node.gpu_problem || "";
+    return h(
+      "section",
+      { class: "node", "data-node": node.name, "aria-labelledby": `node-${node.name}` },
+      h(
+        "h2",
+        { id: `node-${node.name}` },
+        node.name,
+        " ",
+        h("span", { class: `state node-${node.state}`, "data-node-state": node.state }, node.state),
+        why ? h("span", { class: "why" }, why) : "",
+      ),
+      cards.length ? h("div", { class: "cards" }, cards) : h("p", { class: "muted" }, "no GPUs"),
+    );
+  });
+  const count = (state) => jobs.filter((job) => job.state === state).length;
+  const summary = h(
+    "p",
+    { class: "summary", id: "summary" },
+    `${total} GPUs: ${busy} allocated, ${free} free · ${count("running")} running, `,
+    `${count("pending")} pending, ${count("held")} held`,
+  );
+  const ended = finished.jobs || [];
+  render(
+    h("h1", {}, "Cluster"),
+    summary,
+    sections.length ? sections : h("p", { class: "muted" }, "No nodes have registered."),
+    h("h2", {}, "Queue"),
+    jobs.length
+      ? table("Live jobs", ["Job", "User", "Name", "State", "GPUs", "Time", "Reason / node"], jobs.map(queueRow), { id: "queue" })
+      : h("p", { class: "muted", id: "queue-empty" }, "No jobs are waiting or running."),
+    h("h2", {}, "Recently finished"),
+    ended.length
+      ? table("Finished jobs", ["Job", "User", "Name", "State", "Ended", "Elapsed", "Result"], ended.map(finishedRow), { id: "finished" })
+      : h("p", { class: "muted" }, "None yet."),
+  );
+  if (!performance.getEntriesByName("gpuq-cards").length) performance.mark("gpuq-cards");
+}
+
+// ---- the job view ----------------------------------------------------------------------
+
+async function act(verb, job) {
+  try {
+    const reply = await api(`/api/jobs/${job.id}/${verb}`, { method: "POST", body: "{}" });
+    const lines = (reply.outcomes || []).map((o) => `${o.job_id}: ${o.message || (o.done ? "done" : "not done")}`);
+    say(lines.join("; ") || `${verb}: no reply`);
+  } catch (error) {
+    if (error instanceof Unauthorized) return loginView();
+    say(`${verb} failed: ${error.message}`);
+  }
+  refresh();
+}
+
+function actions(job) {
+  if (!me || !(me.admin || me.user === job.user) || !LIVE.has(job.state)) return null;
+  const buttons = [h("button", { type: "button", "data-action": "cancel", onclick: () => act("cancel", job) }, "Cancel")];
+  if (job.state === "pending") {
+    buttons.push(h("button", { type: "button", "data-action": "hold", onclick: () => act("hold", job) }, "Hold"));
+  }
+  if (job.state === "held") {
+    buttons.push(h("button", { type: "button", "data-action": "release", onclick: () => act("release", job) }, "Release"));
+  }
+  return h("div", { class: "actions" }, buttons);
+}
+
+async function optional(path) {
+  try {
+    return await api(path);
+  } catch (error) {
+    if (error instanceof Unauthorized) throw error;
+    return { error: error.message };
+  }
+}
+
+async function jobView(id) {
+  const asked = api(`/api/jobs/${id}`);
+  // no output before its first start (and no console error for a 404 to say so)
+  const tail = asked.then((d) =>
+    d.job.start_time || d.job.start_count ? optional(`/api/jobs/${id}/log`) : { error: "No output yet: the job has not started." },
+  );
+  const [{ seriesChart }, detail, series, log, nodes] = await Promise.all([
+    import("/static/chart.js"), // only the job page draws a chart
+    asked,
+    optional(`/api/jobs/${id}/series`),
+    tail,
+    optional("/api/nodes"),
+  ]);
+  const job = detail.job;
+  const spec = job.spec || {};
+  const res = spec.resources || {};
+  const held = new Set(job.gpus || []);
+  let gpuMem = 0;
+  for (const node of nodes.nodes || []) {
+    for (const unit of node.gpus || []) if (held.has(unit.uuid)) gpuMem += num(unit.memory);
+  }
+  const end = job.end_time || (job.state === "running" ? now() : 0);
+  const elapsed = job.start_time && end ? span(end - job.start_time) : "";
+  const t = job.telemetry;
+  const efficiency = t
+    ? facts([
+        ["GPU utilisation", t.util_mean !== undefined ? `${t.util_mean.toFixed(0)} % mean${t.util_p95 !== undefined ? `, ${t.util_p95.toFixed(0)} % p95` : ""}` : "unknown"],
+        ["GPU memory", `${gib(t.peak_gpu_mem)} GiB peak${gpuMem ? ` of ${gib(gpuMem)} GiB` : ""}`],
+        ["Energy", t.energy !== undefined ? `${(t.energy / 3600).toFixed(1)} Wh` : ""],
+        ["Samples", `${t.samples || 0} over ${span(t.seconds || 0)}`],
+      ])
+    : h("p", { class: "muted" }, "No GPU figures (yet).");
+  const points = (series && series.points) || [];
+  const events = detail.events || [];
+  const logBody = log.error || log.missing
+    ? h("p", { class: "muted", id: "log-error" }, log.error || log.missing)
+    : [
+        h("p", { class: "muted" }, log.path || "", log.truncated ? ` (last ${log.text.length} characters of ${log.size} bytes)` : ""),
+        h("pre", { id: "log", tabindex: "0" }, log.text || ""),
+      ];
+  render(
+    h("h1", {}, `Job ${jobLabel(job)} `, h("span", { class: "name" }, spec.name || ""), " ", stateBadge(job.state)),
+    actions(job),
+    facts([
+      ["User", userLink(job.user)],
+      ["State", job.state + (job.reason && job.reason !== job.state ? ` (${job.reason})` : "")],
+      ["Waiting for", job.state === "pending" ? pendingText(job) : ""],
+      ["Result", resultText(job)],
+      ["Submitted", clock(job.submit_time)],
+      ["Started", clock(job.start_time)],
+      ["Ended", clock(job.end_time)],
+      ["Elapsed", elapsed],
+      ["QOS", job.qos || spec.qos],
+      ["Flags", (job.flags || []).join("; ")],
+    ]),
+    h("h2", {}, "Resources"),
+    facts([
+      ["GPUs", String(res.gpus || 0) + (res.gpu_type ? ` × ${res.gpu_type}` : "") + (res.mig ? ` (MIG ${res.mig})` : "") + (res.gpu_share ? ` (${res.gpu_share} % share)` : "")],
+      ["GPU memory", res.gpu_mem ? `≥ ${gib(res.gpu_mem)} GiB per GPU` : ""],
+      ["CPUs", String(res.cpus || 0)],
+      ["Memory", res.mem ? `${gib(res.mem)} GiB` : ""],
+      ["Time limit", res.time_limit ? span(num(res.time_limit)) : "QOS default"],
+      ["Node", job.node],
+      ["GPUs held", (job.gpus || []).join(", ")],
+      ["Enforcement", job.gpu_enforcement],
+    ]),
+    h("h2", {}, "Efficiency"),
+    efficiency,
+    h("figure", { class: "chart-box" }, seriesChart(points, gpuMem), h("figcaption", { class: "muted" }, series.error ? series.error : `${points.length} sample${points.length === 1 ? "" : "s"}${job.state === "running" ? " (the latest every few seconds)" : ""}`)),
+    h("h2", {}, "State history"),
+    table(
+      "State history",
+      ["Time", "From", "To", "Reason"],
+      events.map((e) => h("tr", {}, h("td", {}, clock(e.at)), h("td", {}, e.from_state || "—"), h("td", {}, stateBadge(e.to_state)), h("td", { class: "reason" }, e.reason || ""))),
+      { id: "events" },
+    ),
+    h("h2", {}, "Log"),
+    logBody,
+  );
+  view.poll = job.state === "running" ? 5 : 0;
+}
+
+// ---- the user view ---------------------------------------------------------------------
+
+async function userView(name) {
+  const data = await api(`/api/users/${encodeURIComponent(name)}`);
+  const report = data.report || {};
+  const fair = data.fairshare || {};
+  const jobs = data.jobs || [];
+  const fairText = (key) => (typeof fair[key] === "number" ? fair[key].toFixed(3) : fair[key]);
+  render(
+    h("h1", {}, `User ${data.user || name}`),
+    facts([
+      ["GPU-hours", (num(report.gpu_seconds) / 3600).toFixed(1)],
+      ["Jobs ended", String(num(report.jobs))],
+      ["Energy", report.energy !== undefined ? `${(report.energy / 3.6e6).toFixed(2)} kWh` : ""],
+      ["Mean GPU utilisation", report.util_mean !== undefined ? `${report.util_mean.toFixed(0)} %` : "unknown"],
+      ["Fair-share usage", fairText("usage")],
+      ["Fair-share factor", fairText("factor")],
+      ["Running GPUs", String(num(data.running_gpus))],
+    ]),
+    h("h2", {}, "Live jobs"),
+    jobs.length
+      ? table("Live jobs", ["Job", "User", "Name", "State", "GPUs", "Time", "Reason / node"], jobs.map(queueRow), { id: "queue" })
+      : h("p", { class: "muted" }, "No jobs are waiting or running."),
+  );
+}
+
+// ---- signing in ------------------------------------------------------------------------
+
+async function signIn(body) {
+  const reply = await fetch("/api/login", {
+    method: "POST",
+    credentials: "same-origin",
+    headers: { "Content-Type": "application/json", "X-Gpuq": "1" },
+    body: JSON.stringify(body),
+  });
+  if (!reply.ok) {
+    let said = "";
+    try {
+      const data = await reply.json();
+      said = data.error || data.message || "";
+    } catch {
+      said = "";
+    }
+    throw new Error(said || `sign-in refused (${reply.status})`);
+  }
+}
+
+function loginView(problem) {
+  view = null;
+  closeEvents();
+  setLive("off");
+  const input = h("input", { id: "token", name: "token", type: "password", autocomplete: "off", required: true, placeholder: "gpuqt_…" });
+  const error = h("p", { class: "error", role: "alert", id: "login-error" }, problem || "");
+  const form = h(
+    "form",
+    {
+      class: "login",
+      onsubmit: async (event) => {
+        event.preventDefault();
+        try {
+          await signIn({ token: input.value.trim() });
+          location.replace("/");
+        } catch (e) {
+          error.textContent = e.message;
+        }
+      },
+    },
+    h("label", { for: "token" }, "gpuq token"),
+    input,
+    h("button", { type: "submit" }, "Sign in"),
+  );
+  render(
+    h("h1", {}, "Sign in"),
+    h("p", {}, "Run ", h("code", {}, "gpuq web"), " on the cluster to get a sign-in link, or paste a gpuq token."),
+    form,
+    error,
+  );
+}
+
+async function loginFromTicket() {
+  const ticket = new URLSearchParams(location.hash.slice(1)).get("ticket");
+  history.replaceState(null, "", "/login"); // the ticket leaves the address bar (and history)
+  if (!ticket) return loginView();
+  try {
+    await signIn({ ticket });
+    location.replace("/");
+  } catch (error) {
+    loginView(`${error.message}: the link works once and for a minute; run gpuq web again.`);
+  }
+}
+
+// ---- rendering, routing and live updates -----------------------------------------------
+
+function render(...children) {
+  // a log being read (scrolled up) stays where it is; one at its end follows new output
+  const old = document.getElementById("log");
+  const logAt = old && old.scrollTop + old.clientHeight < old.scrollHeight - 4 ? old.scrollTop : null;
+  const focused = document.activeElement && document.activeElement.dataset ? document.activeElement.dataset.action : null;
+  main.replaceChildren(...children.flat().filter((c) => c !== null && c !== undefined && c !== ""));
+  main.removeAttribute("aria-busy");
+  const pre = document.getElementById("log");
+  if (pre) pre.scrollTop = logAt === null ? pre.scrollHeight : logAt;
+  if (focused) main.querySelector(`[data-action="${focused}"]`)?.focus();
+  if (firstRender) {
+    firstRender = false;
+    performance.mark("gpuq-first-render");
+  }
+}
+
+let pending = null;
+let pollTimer = null;
+let loading = false;
+let again = false;
+
+async function refresh() {
+  if (!view) return;
+  if (loading) {
+    again = true;
+    return;
+  }
+  loading = true;
+  clearTimeout(pollTimer);
+  try {
+    await view.load();
+    document.body.dataset.loaded = String((Number(document.body.dataset.loaded) || 0) + 1);
+  } catch (error) {
+    if (error instanceof Unauthorized) loginView();
+    else if (view) render(h("h1", {}, "Not available"), h("p", { class: "error", role: "alert" }, error.message));
+  } finally {
+    loading = false;
+  }
+  if (again) {
+    again = false;
+    return refresh();
+  }
+  if (view && view.poll) pollTimer = setTimeout(refresh, view.poll * 1000);
+}
+
+function soon() {
+  clearTimeout(pending);
+  pending = setTimeout(refresh, 250);
+}
+
+let events = null;
+
+function setLive(state) {
+  liveBadge.dataset.live = state;
+  liveBadge.textContent = state;
+}
+
+function openEvents() {
+  events = new EventSource("/api/events");
+  let opened = false;
+  events.addEventListener("open", () => {
+    setLive("live");
+    if (opened) soon(); // back after a break: what changed meanwhile
+    opened = true;
+  });
+  events.addEventListener("refused", (event) => say(JSON.parse(event.data).error || "live updates refused"));
+  events.addEventListener("error", () => {
+    setLive("reconnecting");
+    if (events.readyState === EventSource.CLOSED) {
+      // refused (signed out?): try again after checking who we are
+      closeEvents();
+      setTimeout(() => whoAmI().then((ok) => ok && view && openEvents()), 3000);
+    }
+  });
+  events.addEventListener("signed-out", () => loginView("Signed out: sign in again."));
+  events.addEventListener("jobs", soon);
+  events.addEventListener("nodes", soon);
+}
+
+function closeEvents() {
+  if (events) events.close();
+  events = null;
+}
+
+async function whoAmI() {
+  try {
+    me = await api("/api/me");
+  } catch (error) {
+    if (error instanceof Unauthorized) {
+      loginView();
+      return false;
+    }
+    throw error;
+  }
+  document.getElementById("who").textContent = me.admin ? `${me.user} (admin)` : me.user;
+  const mine = document.getElementById("nav-me");
+  mine.href = `/users/${encodeURIComponent(me.user)}`;
+  mine.hidden = false;
+  document.getElementById("logout").hidden = false;
+  return true;
+}
+
+async function start() {
+  document.getElementById("logout").addEventListener("click", async () => {
+    try {
+      await fetch("/api/logout", { method: "POST", credentials: "same-origin", headers: { "X-Gpuq": "1" } });
+    } finally {
+      location.replace("/login");
+    }
+  });
+  const path = location.pathname;
+  if (path === "/login") {
+    // a sign-in link opened on the sign-in page changes only the fragment: no new load
+    window.addEventListener("hashchange", () => location.hash.includes("ticket=") && loginFromTicket());
+    if (location.hash.includes("ticket=")) return loginFromTicket();
+    return loginView();
+  }
+  let match;
+  if ((match = path.match(/^\/jobs\/(\d+(?:_\d+)?)\/?$/))) {
+    const id = match[1];
+    document.title = `gpuq: job ${id}`;
+    view = { load: () => jobView(id) };
+  } else if ((match = path.match(/^\/users\/([^/]+)\/?$/))) {
+    const name = decodeURIComponent(match[1]);
+    document.title = `gpuq: ${name}`;
+    view = { load: () => userView(name) };
+  } else {
+    document.title = "gpuq: cluster";
+    view = { load: clusterView };
+  }
+  try {
+    if (!(await whoAmI())) return;
+  } catch (error) {
+    render(h("h1", {}, "The dashboard cannot reach gpuq"), h("p", { class: "error", role: "alert" }, error.message));
+    return;
+  }
+  await refresh();
+  if (view) openEvents();
+}
+
+start();

@@ -1,0 +1,190 @@
+"""gpuq.web.http: the small HTTP server of the metrics and dashboard ports, over real sockets."""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import http.client
+import socket
+from collections.abc import AsyncIterator, Callable, Coroutine
+from typing import Any
+
+import pytest
+
+from gpuq.errors import GpuqError
+from gpuq.web import http as web_http
+from gpuq.web.http import EventStream, Request, Response, serve_http
+
+
+def run(test: Callable[..., Coroutine[Any, Any, None]]) -> Callable[..., None]:
+    """A coroutine test run to completion in a fresh event loop."""
+
+    @functools.wraps(test)
+    def wrapper(*args: Any, **kwargs: Any) -> None:
+        asyncio.run(test(*args, **kwargs))
+
+    return wrapper
+
+
+async def echo(request: Request) -> Response | EventStream:
+    if request.path == "/boom":
+        raise RuntimeError("handler bug")
+    text = f"{request.method} {request.path} {sorted(request.query.items())} {len(request.body)}"
+    return Response(200, text.encode(), headers=[("x-peer-secure", str(request.secure))])
+
+
+def fetch(address: str, method: str, path: str, body: bytes | None = None) -> tuple[int, bytes]:
+    host, _, port = address.rpartition(":")
+    conn = http.client.HTTPConnection(host, int(port), timeout=10)
+    try:
+        conn.request(method, path, body=body)
+        reply = conn.getresponse()
+        return reply.status, reply.read()
+    finally:
+        conn.close()
+
+
+def raw(address: str, data: bytes, timeout: float = 10.0) -> bytes:
+    host, _, port = address.rpartition(":")
+    with socket.create_connection((host, int(port)), timeout=timeout) as sock:
+        sock.sendall(data)
+        chunks = []
+        while chunk := sock.recv(65536):
+            chunks.append(chunk)
+        return b"".join(chunks)
+
+
+@run
+async def test_requests_are_parsed_and_answered() -> None:
+    server = await serve_http("127.0.0.1:0", echo, name="web")
+    try:
+        status, body = await asyncio.to_thread(fetch, server.address, "GET", "/a%20b/c?x=1&x=2&y=")
+        assert status == 200
+        assert body == b"GET /a b/c [('x', '1'), ('y', '')] 0"
+        status, body = await asyncio.to_thread(fetch, server.address, "POST", "/p", b"12345")
+        assert (status, body) == (200, b"POST /p [] 5")
+        status, body = await asyncio.to_thread(fetch, server.address, "HEAD", "/h")
+        assert (status, body) == (200, b"")
+        status, body = await asyncio.to_thread(fetch, server.address, "GET", "/boom")
+        assert (status, body) == (500, b"internal error\n")
+    finally:
+        await server.close()
+
+
+@run
+async def test_keep_alive_serves_several_requests_on_one_connection() -> None:
+    server = await serve_http("127.0.0.1:0", echo, name="web")
+    try:
+        two = (
+            b"GET /1 HTTP/1.1\r\nHost: x\r\n\r\n"
+            b"GET /2 HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"
+        )
+        reply = await asyncio.to_thread(raw, server.address, two)
+        assert reply.count(b"HTTP/1.1 200") == 2
+        assert b"GET /1 []" in reply and b"GET /2 []" in reply
+    finally:
+        await server.close()
+
+
+@run
+async def test_bad_and_oversized_requests_get_one_error_and_a_close() -> None:
+    server = await serve_http("127.0.0.1:0", echo, name="web")
+    try:
+        reply = await asyncio.to_thread(raw, server.address, b"NONSENSE\r\n\r\n")
+        assert reply.startswith(b"HTTP/1.1 400")
+        big = b"POST / HTTP/1.1\r\nHost: x\r\nContent-Length: 10000000\r\n\r\n"
+        reply = await asyncio.to_thread(raw, server.address, big)
+        assert reply.startswith(b"HTTP/1.1 413")
+        huge_header = b"GET / HTTP/1.1\r\nHost: x\r\nX: " + b"a" * 40000 + b"\r\n\r\n"
+        reply = await asyncio.to_thread(raw, server.address, huge_header)
+        assert reply.startswith(b"HTTP/1.1 431")
+        bad_utf8 = b"GET /%ff HTTP/1.1\r\nHost: x\r\n\r\n"
+        reply = await asyncio.to_thread(raw, server.address, bad_utf8)
+        assert reply.startswith(b"HTTP/1.1 400")
+    finally:
+        await server.close()
+
+
+@run
+async def test_a_client_that_never_finishes_its_request_is_cut_off(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(web_http, "REQUEST_TIMEOUT", 0.3)
+    server = await serve_http("127.0.0.1:0", echo, name="web")
+    try:
+        loop = asyncio.get_running_loop()
+        started = loop.time()
+        reply = await asyncio.to_thread(raw, server.address, b"GET / HTTP/1.1\r\nHost: x\r\n")
+        assert reply == b""  # closed without an answer
+        assert loop.time() - started < 5.0
+    finally:
+        await server.close()
+
+
+@run
+async def test_an_event_stream_ends_when_the_client_goes() -> None:
+    closed = asyncio.Event()
+    sent = asyncio.Event()
+
+    async def events() -> AsyncIterator[bytes]:
+        try:
+            yield b"retry: 2000\n\n"
+            sent.set()
+            while True:
+                await asyncio.sleep(0.05)
+                yield b": ping\n\n"
+        finally:
+            closed.set()
+
+    async def handler(request: Request) -> Response | EventStream:
+        return EventStream(events())
+
+    server = await serve_http("127.0.0.1:0", handler, name="web")
+    try:
+        host, _, port = server.address.rpartition(":")
+        reader, writer = await asyncio.open_connection(host, int(port))
+        writer.write(b"GET /api/events HTTP/1.1\r\nHost: x\r\n\r\n")
+        head = await asyncio.wait_for(reader.readuntil(b"retry: 2000"), 5.0)
+        assert b"text/event-stream" in head
+        await asyncio.wait_for(sent.wait(), 5.0)
+        writer.close()
+        await asyncio.wait_for(closed.wait(), 5.0)  # the generator's cleanup ran
+    finally:
+        await server.close()
+
+
+@run
+async def test_close_ends_open_streams_and_stops_listening() -> None:
+    closed = asyncio.Event()
+
+    async def forever() -> AsyncIterator[bytes]:
+        try:
+            while True:
+                yield b": ping\n\n"
+                await asyncio.sleep(0.05)
+        finally:
+            closed.set()
+
+    async def handler(request: Request) -> Response | EventStream:
+        return EventStream(forever())
+
+    server = await serve_http("127.0.0.1:0", handler, name="web")
+    host, _, port = server.address.rpartition(":")
+    reader, writer = await asyncio.open_connection(host, int(port))
+    writer.write(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n")
+    await asyncio.wait_for(reader.readuntil(b": ping"), 5.0)
+    await asyncio.wait_for(server.close(), 5.0)
+    assert closed.is_set()
+    writer.close()
+    with pytest.raises(OSError):
+        await asyncio.open_connection(host, int(port))
+
+
+@run
+async def test_a_port_in_use_is_one_clear_error() -> None:
+    server = await serve_http("127.0.0.1:0", echo, name="metrics")
+    try:
+        with pytest.raises(GpuqError, match=r"cannot listen on .*metrics_listen"):
+            await serve_http(server.address, echo, name="metrics")
+    finally:
+        await server.close()
