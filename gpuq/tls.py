@@ -117,9 +117,9 @@ def _public_bytes(public_key: Any) -> bytes:
     return data
 
 
-def server_credentials(settings: Settings) -> grpc.ServerCredentials | None:
-    """TLS for the `listen` port: the coordinator's certificate, no client certificate asked
-    for (users authenticate with tokens). None when tls_cert and tls_key are not set."""
+def coordinator_cert_files(settings: Settings) -> tuple[str, str] | None:
+    """The coordinator's certificate and key files ([coordinator] tls_cert, tls_key), which
+    every TCP port of it presents; None when neither is set."""
     cfg = settings.coordinator
     if not cfg.tls_cert and not cfg.tls_key:
         return None
@@ -131,7 +131,16 @@ def server_credentials(settings: Settings) -> grpc.ServerCredentials | None:
             cfg.tls_cert or cfg.tls_key,
             f"needs [coordinator] {missing} too",
         )
-    pair = load_key_pair(cfg.tls_cert, cfg.tls_key, "coordinator")
+    return cfg.tls_cert, cfg.tls_key
+
+
+def server_credentials(settings: Settings) -> grpc.ServerCredentials | None:
+    """TLS for the `listen` port: the coordinator's certificate, no client certificate asked
+    for (users authenticate with tokens). None when tls_cert and tls_key are not set."""
+    files = coordinator_cert_files(settings)
+    if files is None:
+        return None
+    pair = load_key_pair(*files, "coordinator")
     # no root certificates: grpc asks no client for a certificate here, so no name on this
     # port can come from a certificate nobody verified (tests/unit/test_certs.py)
     return grpc.ssl_server_credentials([pair])

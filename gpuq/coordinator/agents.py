@@ -4,18 +4,17 @@ heartbeats, and the two chores that watch agents (heartbeat timeouts, time-limit
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import math
 import re
 from collections import defaultdict
-from collections.abc import Coroutine, Sequence
+from collections.abc import Sequence
 from dataclasses import replace
 from functools import partial
-from typing import Any
 
 from gpuq.convert import result_from_proto, spec_to_proto, telemetry_from_proto, unit_from_proto
 from gpuq.coordinator import idle
+from gpuq.coordinator.background import Background
 from gpuq.coordinator.cluster import AgentSession, NodeEntry
 from gpuq.coordinator.core import Coordinator, Ending, StopOrder
 from gpuq.domain.limits import (
@@ -53,7 +52,7 @@ _OVER = (apb.JobReport.ENDED, apb.JobReport.NOT_STARTED)
 class AgentLink:
     def __init__(self, coordinator: Coordinator) -> None:
         self.co = coordinator
-        self._tasks: set[asyncio.Task[None]] = set()
+        self._background = Background("handling agent reports")
         self._foreign_logged: dict[str, float] = {}  # node -> when its last was logged
         coordinator.send_starts = self.send_starts
         coordinator.send_stops = self.send_stops
@@ -171,7 +170,7 @@ class AgentLink:
             sample = sample_from_proto(message, job.gpus, now)
             decisions = co.idle.observe(sample, job.start_count, tier)
             if decisions:
-                self._spawn(self._act_on(job, decisions))
+                self._background.spawn(self._act_on(job, decisions))
         if co.idle.tracks:
             jobs = co.cluster.jobs
             co.idle.prune(lambda i: i in jobs and jobs[i].state is JobState.RUNNING)
@@ -204,7 +203,7 @@ class AgentLink:
                 if gone:
                     log.info("node %s: stopped jobs %s are gone; their GPUs are free", node, gone)
                     self.co.wake()
-            self._spawn(self._record_ends(node, ends))
+            self._background.spawn(self._record_ends(node, ends))
 
     def pty(self, node: str, entries: Sequence[apb.PtyOutput]) -> None:
         """Interactive jobs' terminal output (gpuq.coordinator.terminals), taken before the
@@ -440,16 +439,6 @@ class AgentLink:
             stopping.append(order)
         if stopping:
             self.send_stops(stopping)
-
-    def _spawn(self, coro: Coroutine[Any, Any, None]) -> None:
-        task = asyncio.ensure_future(coro)
-        self._tasks.add(task)
-        task.add_done_callback(self._done)
-
-    def _done(self, task: asyncio.Task[None]) -> None:
-        self._tasks.discard(task)
-        if not task.cancelled() and task.exception() is not None:
-            log.error("handling agent reports failed", exc_info=task.exception())
 
 
 def _note(tx: StoreTx, job_id: int, at: float, text: str) -> None:

@@ -25,13 +25,13 @@ import logging
 import socket
 import ssl
 import time
-from collections.abc import Coroutine
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 from urllib.parse import urlsplit
 
 from gpuq import __version__
+from gpuq.coordinator.background import Background
 from gpuq.coordinator.cluster import unit_states
 from gpuq.domain.model import Job, JobEvent
 from gpuq.domain.notices import (
@@ -87,7 +87,7 @@ class Notifier:
         self._inbox: collections.deque[tuple[JobEvent, Job]] = collections.deque()
         self._wake = asyncio.Event()
         self._pending = 0  # inbox items and deliveries not yet done
-        self._tasks: set[asyncio.Task[None]] = set()
+        self._background = Background("a notification")
         self._pool: ThreadPoolExecutor | None = None
         self._hosts: dict[str, asyncio.Semaphore] = {}
         self._dropped_logged = 0.0
@@ -106,30 +106,17 @@ class Notifier:
     # ---- lifecycle -----------------------------------------------------------------------
 
     def start(self) -> None:
-        self._spawn(self._run())
-        self._spawn(self._tick())
+        self._background.spawn(self._run())
+        self._background.spawn(self._tick())
 
     async def close(self) -> None:
         """Stop at once: what is still queued or retrying is given up (and logged)."""
         self._closed = True
-        tasks = list(self._tasks)
-        for task in tasks:
-            task.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
+        await self._background.cancel()
         if self._pool is not None:
             self._pool.shutdown(wait=False, cancel_futures=True)
         if self._pending:
             log.warning("notifications: %d not delivered at shutdown", self._pending)
-
-    def _spawn(self, coro: Coroutine[Any, Any, None]) -> None:
-        task = asyncio.ensure_future(coro)
-        self._tasks.add(task)
-        task.add_done_callback(self._done)
-
-    def _done(self, task: asyncio.Task[None]) -> None:
-        self._tasks.discard(task)
-        if not task.cancelled() and task.exception() is not None:
-            log.error("notification failed", exc_info=task.exception())
 
     # ---- the scheduling path: queue only ------------------------------------------------
 
@@ -352,7 +339,7 @@ class Notifier:
     def _deliver(self, delivery: Delivery) -> None:
         if self._closed or not self._room([delivery.kind]):
             return
-        self._spawn(self._attempts(delivery))
+        self._background.spawn(self._attempts(delivery))
 
     async def _attempts(self, delivery: Delivery) -> None:
         retries = self.co.settings.notify_retries

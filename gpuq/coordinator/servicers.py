@@ -344,12 +344,14 @@ class QueueServicer(queue_pb2_grpc.QueueServicer):  # type: ignore[misc]
         return queue_pb2.ListJobsReply(jobs=[self._brief(j, caller) for j in jobs])
 
     def _brief(self, job: Job, caller: Caller, explained: Job | None = None) -> pb.Job:
-        """A listing leaves out the job's script, arguments and environment (anyone's: they
-        are most of a job's size, and a queue of thousands must fit in a reply), and of the
+        """A listing leaves out the job's script, arguments, environment, webhook and mail
+        address (anyone's: they are most of a job's size, and a queue of thousands must fit in a
+        reply), and of the
         array's task list keeps the tasks the entry stands for (GetJob has them all).
         A collapsed array's entry waits for the reasons of its first waiting task."""
         message = self._with_pending(job, explained)
-        for part in ("script", "args", "env"):
+        # a webhook URL or a mail address may carry a secret too: GetJob has them for the owner
+        for part in ("script", "args", "env", "notify_url", "mail_user"):
             message.spec.ClearField(part)
         if self.co.settings.hide_job_names and not caller.admin and job.user != caller.user:
             message.spec.name = "(hidden)"

@@ -24,11 +24,12 @@ import contextlib
 import logging
 import math
 from collections import deque
-from collections.abc import AsyncIterator, Callable, Coroutine, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from gpuq.convert import result_to_proto
+from gpuq.coordinator.background import Background
 from gpuq.domain.limits import MAX_JOB_ID, clean_line
 from gpuq.domain.model import Job, JobEvent, JobSpec, parse_signal
 from gpuq.domain.states import JobState
@@ -93,7 +94,7 @@ class Terminals:
         self.session_of: Callable[[str], AgentSession | None] = lambda node: None
         self.grace = ATTACH_GRACE
         self._logged: dict[str, float] = {}  # node -> when its stray output was last logged
-        self._tasks: set[asyncio.Task[None]] = set()
+        self._background = Background("cancelling an interactive job")
 
     # ---- attaching (the Attach stream) ---------------------------------------------------
 
@@ -150,7 +151,7 @@ class Terminals:
         state.room.set()
         if state.paused:
             self._control(state, resume=True)
-        self._spawn(self._cancel(state, reason))
+        self._background.spawn(self._cancel(state, reason))
 
     async def _cancel(self, state: TerminalState, reason: str) -> None:
         outcomes = await self.co.cancel([str(state.job_id)], state.user, reason)
@@ -417,16 +418,6 @@ class Terminals:
         for job_id, state in list(self.states.items()):
             if job_id not in self.co.cluster.jobs and not state.attached:
                 del self.states[job_id]
-
-    def _spawn(self, coro: Coroutine[Any, Any, None]) -> None:
-        task = asyncio.ensure_future(coro)
-        self._tasks.add(task)
-        task.add_done_callback(self._done)
-
-    def _done(self, task: asyncio.Task[None]) -> None:
-        self._tasks.discard(task)
-        if not task.cancelled() and task.exception() is not None:
-            log.error("cancelling an interactive job failed", exc_info=task.exception())
 
 
 async def relay(

@@ -24,7 +24,8 @@ from dataclasses import dataclass, field
 import h11
 
 from gpuq.config import Settings
-from gpuq.errors import ConfigError, GpuqError
+from gpuq.errors import GpuqError
+from gpuq.tls import coordinator_cert_files
 
 log = logging.getLogger(__name__)
 
@@ -94,21 +95,16 @@ class HttpServer:
 def server_ssl_context(settings: Settings) -> ssl.SSLContext | None:
     """TLS for an HTTP port with the coordinator's certificate ([coordinator] tls_cert and
     tls_key, as its gRPC port); None when neither is set."""
-    cfg = settings.coordinator
-    if not cfg.tls_cert and not cfg.tls_key:
+    files = coordinator_cert_files(settings)
+    if files is None:
         return None
-    if not cfg.tls_cert or not cfg.tls_key:
-        given, missing = ("tls_cert", "tls_key") if cfg.tls_cert else ("tls_key", "tls_cert")
-        raise ConfigError(
-            "config", f"[coordinator] {given}", cfg.tls_cert or cfg.tls_key, f"needs {missing} too"
-        )
     context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
     context.minimum_version = ssl.TLSVersion.TLSv1_2
     try:
-        context.load_cert_chain(cfg.tls_cert, cfg.tls_key)
+        context.load_cert_chain(*files)
     except (OSError, ssl.SSLError) as exc:
         raise GpuqError(
-            f"cannot use the certificate {cfg.tls_cert} with the key {cfg.tls_key}: {exc}"
+            f"cannot use the certificate {files[0]} with the key {files[1]}: {exc}"
         ) from None
     return context
 

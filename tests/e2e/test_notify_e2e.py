@@ -190,3 +190,27 @@ def test_bad_notify_options_exit_2_and_queue_nothing(
     job = cluster.submit("true", mail_type="END", notify=f"{receiver.url}/show")
     shown = cluster.gpuq("show", str(job))
     assert "END to " in shown.stdout and f"{receiver.url}/show" in shown.stdout
+
+
+def test_a_users_own_defaults_come_from_the_environment(
+    setup: tuple[Cluster, Receiver, Path],
+) -> None:
+    cluster, receiver, _ = setup
+    cluster.env["GPUQ_NOTIFY"] = f"{receiver.url}/mine"
+    cluster.env["GPUQ_MAIL_TYPE"] = "fail"
+    try:
+        done = cluster.gpuq("submit", "--parsable", "--hold", "--wrap", "true")
+        assert done.returncode == 0, done.stderr
+        spec = cluster.client().get(int(done.stdout.strip())).spec
+        assert (spec.notify_url, spec.mail_types) == (f"{receiver.url}/mine", ("FAIL",))
+        # the command line wins over the environment
+        done = cluster.gpuq(
+            "submit", "--parsable", "--hold", "--mail-type", "END", "--wrap", "true"
+        )
+        spec = cluster.client().get(int(done.stdout.strip())).spec
+        assert spec.mail_types == ("END",)
+        cluster.env["GPUQ_NOTIFY"] = "ftp://nope"
+        done = cluster.gpuq("submit", "--hold", "--wrap", "true")
+        assert done.returncode == 2 and "--notify" in done.stderr
+    finally:
+        del cluster.env["GPUQ_NOTIFY"], cluster.env["GPUQ_MAIL_TYPE"]

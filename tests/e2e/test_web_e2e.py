@@ -186,17 +186,28 @@ def test_dashboard_for_two_users(shared_root: Path, users: tuple[UnixUser, UnixU
         # ---- the API: what gpuq shows ----------------------------------------------------
         status, _, nodes = web_alice.call("GET", "/api/nodes")
         assert status == 200 and [n["name"] for n in nodes["nodes"]] == ["n1"]
+        secrets = ("--env", "TOKEN=s3cret", "--notify", "https://hooks.example.org/h0okkey")
         held = submit_as(
-            alice, cluster.home, "--hold", "--env", "TOKEN=s3cret", "--wrap", "echo hi"
+            alice,
+            cluster.home,
+            "--hold",
+            *secrets,
+            "--mail-user",
+            "m4il@example.org",
+            "--mail-type",
+            "END",
+            "--wrap",
+            "echo hi",
         )
         status, _, jobs = web_bob.call("GET", "/api/jobs")
         assert status == 200 and [j["id"] for j in jobs["jobs"]] == [held]
-        assert "s3cret" not in json.dumps(jobs)
+        hidden = ("s3cret", "h0okkey", "m4il@")
+        assert not any(secret in json.dumps(jobs) for secret in hidden)
         status, _, detail = web_bob.call("GET", f"/api/jobs/{held}")
         assert status == 200 and detail["job"]["user"] == alice.name
-        assert "s3cret" not in json.dumps(detail)
+        assert not any(secret in json.dumps(detail) for secret in hidden)
         status, _, detail = web_alice.call("GET", f"/api/jobs/{held}")
-        assert "s3cret" in json.dumps(detail) and detail["events"]
+        assert all(secret in json.dumps(detail) for secret in hidden) and detail["events"]
         assert web_alice.call("GET", "/api/jobs/999999")[0] == 404
 
         # ---- changes: own jobs only, with the header, from this site ---------------------
