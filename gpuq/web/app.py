@@ -303,11 +303,12 @@ class WebApp:
 
     async def _login(self, request: Request) -> Response:
         now = self.clock()
-        if not self.login_limit.allow(peer_host(request.peer), now):
-            raise HttpError(429, "too many sign-in attempts; wait a minute")
+        peer = peer_host(request.peer)
+        if self.login_limit.blocked(peer, now):
+            raise HttpError(429, "too many failed sign-ins; wait a minute")
         try:
             body = json.loads(request.body or b"{}")
-        except ValueError:
+        except (ValueError, RecursionError):  # RecursionError: "[[[[..." nested past Python's
             raise HttpError(400, 'expected JSON: {"ticket": ...} or {"token": ...}') from None
         if not isinstance(body, dict):
             raise HttpError(400, "expected a JSON object")
@@ -323,6 +324,7 @@ class WebApp:
                 raise HttpError(400, 'expected {"ticket": ...} or {"token": "gpuqt_..."}')
             caller = self._served(session)
         except Unauthenticated as exc:
+            self.login_limit.failed(peer, now)
             raise HttpError(401, str(exc)) from None
         value = self.sessions.cookie_value(session)
         log.info("dashboard: %s signed in by %s from %s", caller.user, session.how, request.peer)

@@ -5,7 +5,8 @@ httpx and uvicorn); this module does the I/O on asyncio streams in the coordinat
 loop, so handlers read the coordinator's memory without locks. It bounds what one client can make
 the coordinator hold or wait for: a header block of 16 KiB, a body of 64 KiB, 10 s to send a
 request (a slow-loris client is cut off), 30 s idle between keep-alive requests, 30 s for a
-write to drain, and MAX_CONNECTIONS connections at once (more are closed unanswered).
+write to drain, and MAX_CONNECTIONS connections at once, MAX_PER_HOST of them from one client
+address (more are closed unanswered).
 
 Handlers get a plain Request and return a Response, or an EventStream for server-sent events:
 its chunks are written as they come, and the iterator is closed when the client goes away.
@@ -14,6 +15,7 @@ its chunks are written as they come, and the iterator is closed when the client 
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import logging
 import ssl
@@ -36,6 +38,7 @@ IDLE_TIMEOUT = 30.0  # seconds a kept-alive connection may wait for its next req
 WRITE_TIMEOUT = 30.0  # seconds a write may wait for a client that does not read
 HANDSHAKE_TIMEOUT = 10.0  # seconds for a TLS handshake
 MAX_CONNECTIONS = 512
+MAX_PER_HOST = 64  # of them from one client address: one host cannot hold every slot
 MAX_QUERY_FIELDS = 50
 READ_SIZE = 65536
 
@@ -79,6 +82,7 @@ class HttpServer:
         self.address = address  # HOST:PORT as bound
         self.server: asyncio.Server | None = None
         self.connections: set[asyncio.Task[None]] = set()
+        self.per_host: collections.Counter[str] = collections.Counter()  # connections per client
 
     async def close(self) -> None:
         """Stop listening and end every connection, event streams included."""
@@ -121,12 +125,22 @@ async def serve_http(
     endpoint = HttpServer(name, listen)
 
     def accept(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        if len(endpoint.connections) >= MAX_CONNECTIONS:
+        peer = writer.get_extra_info("peername")
+        host = str(peer[0]) if peer else "?"
+        if len(endpoint.connections) >= MAX_CONNECTIONS or endpoint.per_host[host] >= MAX_PER_HOST:
             writer.close()
             return
         task = asyncio.create_task(_serve_connection(reader, writer, handler, ssl_context))
         endpoint.connections.add(task)
-        task.add_done_callback(endpoint.connections.discard)
+        endpoint.per_host[host] += 1
+
+        def done(task: asyncio.Task[None]) -> None:
+            endpoint.connections.discard(task)
+            endpoint.per_host[host] -= 1
+            if not endpoint.per_host[host]:
+                del endpoint.per_host[host]
+
+        task.add_done_callback(done)
 
     try:
         server = await asyncio.start_server(

@@ -39,7 +39,7 @@ DIGEST_PART = 16  # hex digits of a token's digest a session names
 MAX_SIGNED = 1024  # characters of a ticket or cookie value; longer is refused unread
 MAX_REMEMBERED = 100_000  # used tickets and ended sessions remembered at once
 COOKIE = "gpuq_session"
-LOGIN_ATTEMPTS = 10  # sign-in attempts per peer per LOGIN_WINDOW
+LOGIN_ATTEMPTS = 10  # failed sign-ins per peer per LOGIN_WINDOW
 LOGIN_WINDOW = 60.0
 MAX_PEERS = 10_000  # peers whose attempts are counted at once
 
@@ -207,8 +207,10 @@ def token_part(authorization: str | None) -> str:
 def token_user(tokens: dict[str, str], token: str) -> tuple[str, str]:
     """(user, digest part) of a pasted per-user token; Unauthenticated when not a live one."""
     token = token.strip()
-    if not token.startswith(TOKEN_PREFIX) or len(token) > 256:
+    if not token.startswith(TOKEN_PREFIX):
         raise Unauthenticated(f"not a gpuq token (they start with {TOKEN_PREFIX})")
+    if len(token) > 256:
+        raise Unauthenticated("not a gpuq token (too long)")
     digest = token_digest(token)
     user = tokens.get(digest)
     if user is None:
@@ -241,7 +243,8 @@ def cookie_of(header: str | None) -> str | None:
 
 
 class RateLimit:
-    """At most `limit` attempts per key within `window` seconds (a sliding window)."""
+    """At most `limit` failed sign-ins per key (a client's host) within `window` seconds (a
+    sliding window): enough to stop guessing, while signing in again and again still works."""
 
     def __init__(
         self, limit: int = LOGIN_ATTEMPTS, window: float = LOGIN_WINDOW, peers: int = MAX_PEERS
@@ -251,22 +254,26 @@ class RateLimit:
         self.peers = peers
         self._seen: dict[str, deque[float]] = {}
 
-    def allow(self, key: str, now: float) -> bool:
+    def blocked(self, key: str, now: float) -> bool:
+        """`key` failed `limit` times within the window (or too many other peers are being
+        counted to count it: memory stays bounded)."""
         times = self._seen.get(key)
         if times is None:
-            if len(self._seen) >= self.peers:
-                self._seen = {
-                    k: t for k, t in self._seen.items() if t and t[-1] > now - self.window
-                }
-                if len(self._seen) >= self.peers:
-                    return False
-            times = self._seen[key] = deque()
+            return not self._room(now)
         while times and times[0] <= now - self.window:
             times.popleft()
-        if len(times) >= self.limit:
-            return False
-        times.append(now)
-        return True
+        return len(times) >= self.limit
+
+    def failed(self, key: str, now: float) -> None:
+        if key not in self._seen and not self._room(now):
+            return
+        self._seen.setdefault(key, deque()).append(now)
+
+    def _room(self, now: float) -> bool:
+        """Room to count one more peer, after forgetting those with no failure in the window."""
+        if len(self._seen) >= self.peers:
+            self._seen = {k: t for k, t in self._seen.items() if t and t[-1] > now - self.window}
+        return len(self._seen) < self.peers
 
 
 def peer_host(peer: str) -> str:

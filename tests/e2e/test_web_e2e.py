@@ -143,6 +143,14 @@ def test_dashboard_for_two_users(shared_root: Path, users: tuple[UnixUser, UnixU
         tampered = f"{label}.{payload}.{'0' * len(mac)}"
         status, _, answer = anonymous.call("POST", "/api/login", {"ticket": tampered}, CSRF)
         assert status == 401 and anonymous.cookie is None, answer
+        # malformed bodies: one clear 400 each, nothing logged as an internal error
+        host, _, port = address.rpartition(":")
+        for raw in (b"[" * 30_000, b"\xff\xfe", b"null", b'{"ticket": 5}'):
+            conn = http.client.HTTPConnection(host, int(port), timeout=10)
+            conn.request("POST", "/api/login", body=raw, headers=CSRF)
+            reply = conn.getresponse()
+            assert reply.status == 400, (raw[:10], reply.read())
+            conn.close()
         # a sign-in is a change: it needs the dashboard's header
         status, _, answer = anonymous.call("POST", "/api/login", {"ticket": ticket})
         assert status == 403 and "X-Gpuq" in answer["error"]

@@ -188,3 +188,30 @@ async def test_a_port_in_use_is_one_clear_error() -> None:
             await serve_http(server.address, echo, name="metrics")
     finally:
         await server.close()
+
+
+@run
+async def test_one_client_cannot_hold_every_connection(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(web_http, "MAX_PER_HOST", 3)
+    server = await serve_http("127.0.0.1:0", echo, name="web")
+    try:
+        host, _, port = server.address.rpartition(":")
+        held = [await asyncio.open_connection(host, int(port)) for _ in range(3)]
+        reader, writer = await asyncio.open_connection(host, int(port))
+        assert await asyncio.wait_for(reader.read(10), 5.0) == b""  # closed unanswered
+        writer.close()
+        for _, held_writer in held:
+            held_writer.close()
+        # once they are gone, the client is served again
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + 5.0
+        while True:
+            try:
+                status, _ = await asyncio.to_thread(fetch, server.address, "GET", "/again")
+                break
+            except (ConnectionError, http.client.HTTPException):
+                assert loop.time() < deadline
+                await asyncio.sleep(0.05)
+        assert status == 200
+    finally:
+        await server.close()

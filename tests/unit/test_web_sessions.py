@@ -140,13 +140,17 @@ def test_cookie_headers() -> None:
     assert cookie_of("gpuq_sessionx=1") is None and cookie_of(None) is None
 
 
-def test_login_rate_limit_per_peer() -> None:
+def test_failed_sign_ins_are_limited_per_peer() -> None:
     limit = RateLimit(limit=3, window=60.0, peers=2)
-    assert all(limit.allow("10.0.0.1", NOW + i) for i in range(3))
-    assert not limit.allow("10.0.0.1", NOW + 3)
-    assert limit.allow("10.0.0.2", NOW + 3)
-    assert limit.allow("10.0.0.1", NOW + 61)  # the window moved
-    assert not limit.allow("10.0.0.3", NOW + 62)  # too many peers counted at once
-    assert limit.allow("10.0.0.3", NOW + 200)  # the old ones are forgotten
+    for i in range(3):
+        assert not limit.blocked("10.0.0.1", NOW + i)
+        limit.failed("10.0.0.1", NOW + i)
+    assert limit.blocked("10.0.0.1", NOW + 3)
+    assert not limit.blocked("10.0.0.2", NOW + 3)
+    limit.failed("10.0.0.2", NOW + 3)
+    assert not limit.blocked("10.0.0.1", NOW + 61)  # the window moved
+    limit.failed("10.0.0.1", NOW + 61)
+    assert limit.blocked("10.0.0.3", NOW + 62)  # too many peers counted at once
+    assert not limit.blocked("10.0.0.3", NOW + 200)  # the old ones are forgotten
     assert peer_host("127.0.0.1:5555") == "127.0.0.1"
     assert peer_host("::1:5555") == "::1" and peer_host("?") == "?"
