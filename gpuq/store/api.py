@@ -63,6 +63,7 @@ from gpuq.store.tables import (
     job_telemetry,
     jobs,
     nodes,
+    notifications,
     submission_keys,
     usage,
     user_tokens,
@@ -152,6 +153,21 @@ class JobQuery:
     since: float | None = None
     until: float | None = None
     by_end: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class Notification:
+    """A mail or webhook in the outbox (gpuq.coordinator.notifier): written before its first
+    attempt, deleted once sent or given up, so that a coordinator's next start resumes it."""
+
+    kind: str  # "mail" or "webhook"
+    target: str  # the recipient, or the URL
+    body: bytes  # the mail message, or the JSON
+    trusted: bool = False  # an admin's webhook: any address
+    attempts: int = 0  # attempts failed so far
+    next_at: float = 0.0  # Unix seconds of the next attempt
+    created_at: float = 0.0
+    id: int | None = None  # None until stored
 
 
 class Store:
@@ -429,6 +445,35 @@ class Store:
             )
             for row in rows
         ]
+
+    def due_notifications(self, now: float, limit: int) -> list[Notification]:
+        """Outbox rows whose next attempt is due (next_at <= now), oldest first, at most
+        `limit`."""
+        stmt = (
+            select(notifications)
+            .where(notifications.c.next_at <= now)
+            .order_by(notifications.c.created_at, notifications.c.id)
+            .limit(limit)
+        )
+        with self.engine.connect() as conn:
+            return [
+                Notification(
+                    row.kind,
+                    row.target,
+                    bytes(row.body),
+                    bool(row.trusted),
+                    row.attempts,
+                    row.next_at,
+                    row.created_at,
+                    row.id,
+                )
+                for row in conn.execute(stmt)
+            ]
+
+    def count_notifications(self) -> int:
+        """Outbox rows waiting (due or not)."""
+        with self.engine.connect() as conn:
+            return int(conn.execute(select(func.count()).select_from(notifications)).scalar_one())
 
 
 class StoreTx:
@@ -781,6 +826,45 @@ class StoreTx:
             older = list(ids)
             older = older[: len(older) // 2]
             self.conn.execute(delete(job_series).where(job_series.c.id.in_(older[1::2])))
+
+    def add_notifications(self, items: Sequence[Notification]) -> list[int]:
+        """Put mails and webhooks in the outbox (their `id` is ignored); their ids, in order."""
+        stmt = insert(notifications).returning(notifications.c.id)
+        return [
+            int(
+                self.conn.execute(
+                    stmt,
+                    {
+                        "kind": item.kind,
+                        "target": item.target,
+                        "body": item.body,
+                        "trusted": item.trusted,
+                        "attempts": item.attempts,
+                        "next_at": item.next_at,
+                        "created_at": item.created_at,
+                    },
+                ).scalar_one()
+            )
+            for item in items
+        ]
+
+    def delete_notifications(self, ids: Iterable[int]) -> int:
+        """Take sent (or given up) mails and webhooks out of the outbox; how many were there."""
+        wanted = list(ids)
+        if not wanted:
+            return 0
+        result = self.conn.execute(delete(notifications).where(notifications.c.id.in_(wanted)))
+        return int(result.rowcount)
+
+    def retry_notification(self, notification_id: int, attempts: int, next_at: float) -> bool:
+        """Record a failed attempt: `attempts` failed so far, the next at `next_at`. False when
+        the row is gone (sent or given up meanwhile)."""
+        result = self.conn.execute(
+            update(notifications)
+            .where(notifications.c.id == notification_id)
+            .values(attempts=attempts, next_at=next_at)
+        )
+        return bool(result.rowcount)
 
     def set_usage(self, user: str, gpu_seconds: float, at: float) -> None:
         values = {"b_user": user, "b_gpu_seconds": gpu_seconds, "b_updated_at": at}

@@ -16,6 +16,7 @@ from sqlalchemy import (
     ForeignKey,
     Index,
     Integer,
+    LargeBinary,
     MetaData,
     String,
     Table,
@@ -220,3 +221,20 @@ job_series = Table(
     Column("util", Float, nullable=True),  # percent, mean over its units; NULL: unknown
 )
 Index("ix_job_series_job_id_at", job_series.c.job_id, job_series.c.at)
+
+# the notifications outbox (gpuq.coordinator.notifier): a mail or webhook is written here before
+# it is first attempted and deleted once sent or given up, so that one a coordinator was still
+# trying or waiting to retry when it stopped (or was killed) is resumed by the next start
+notifications = Table(
+    "notifications",
+    metadata,
+    Column("id", Id, primary_key=True, autoincrement=True),
+    Column("kind", String(16), nullable=False),  # "mail" or "webhook"
+    Column("target", Text, nullable=False),  # the recipient, or the URL
+    Column("body", LargeBinary, nullable=False),  # the mail message, or the JSON
+    Column("trusted", Boolean, nullable=False),  # an admin's webhook: any address
+    Column("attempts", Integer, nullable=False),  # attempts failed so far
+    Column("next_at", Float, nullable=False),  # Unix seconds of the next attempt
+    Column("created_at", Float, nullable=False),
+)
+Index("ix_notifications_next_at", notifications.c.next_at)

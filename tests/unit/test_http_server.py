@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import gzip
 import http.client
 import socket
 from collections.abc import AsyncIterator, Callable, Coroutine
@@ -213,5 +214,42 @@ async def test_one_client_cannot_hold_every_connection(monkeypatch: pytest.Monke
                 assert loop.time() < deadline
                 await asyncio.sleep(0.05)
         assert status == 200
+    finally:
+        await server.close()
+
+
+@run
+async def test_text_is_gzipped_for_clients_that_take_it() -> None:
+    text = ('gpuq_jobs{state="pending"} 1\n' * 200).encode()
+
+    async def handler(request: Request) -> Response | EventStream:
+        if request.path == "/small":
+            return Response(200, b"tiny")
+        if request.path == "/png":
+            return Response(200, b"\x89PNG" * 1000, "image/png")
+        return Response(200, text, "text/plain; version=0.0.4")
+
+    def get(path: str, accept: str | None) -> tuple[bytes, dict[str, str]]:
+        host, _, port = server.address.rpartition(":")
+        conn = http.client.HTTPConnection(host, int(port), timeout=10)
+        try:
+            conn.request("GET", path, headers={"Accept-Encoding": accept} if accept else {})
+            reply = conn.getresponse()
+            return reply.read(), {k.lower(): v for k, v in reply.getheaders()}
+        finally:
+            conn.close()
+
+    server = await serve_http("127.0.0.1:0", handler, name="metrics")
+    try:
+        body, headers = await asyncio.to_thread(get, "/metrics", "gzip, deflate")
+        assert headers["content-encoding"] == "gzip" and headers["vary"] == "accept-encoding"
+        assert gzip.decompress(body) == text and len(body) < len(text) / 5
+        for refused in (None, "identity", "gzip;q=0", "br"):
+            body, headers = await asyncio.to_thread(get, "/metrics", refused)
+            assert body == text and "content-encoding" not in headers, refused
+        body, headers = await asyncio.to_thread(get, "/small", "gzip")
+        assert body == b"tiny" and "content-encoding" not in headers
+        body, headers = await asyncio.to_thread(get, "/png", "gzip")
+        assert "content-encoding" not in headers and "vary" not in headers
     finally:
         await server.close()
