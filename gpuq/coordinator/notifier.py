@@ -8,6 +8,17 @@ a small pool of threads of their own, at most a few at once per receiving host, 
 or dead receiver delays others little. At most MAX_PENDING events and deliveries wait; beyond
 that they are dropped, counted and logged (once a minute).
 
+Deliveries survive a coordinator's crash or restart: each is first written to the store's
+outbox (the `notifications` table, through the writer, which batches), then attempted; sent or
+given up, its row is deleted; a failure worth retrying records its attempts and the time of the
+next one there. `start` resumes the rows an earlier coordinator left (attempts counted on, a
+user's webhook checked against SSRF again at send time, like any), before any new delivery is
+written, so none is loaded twice; `close` leaves unsent rows for the next start. So a delivery
+goes out at least once: one in flight when the coordinator dies may go out again. The store
+being down never blocks the scheduling path (events only queue here) nor loses what is in
+memory: a delivery whose row cannot be written is still attempted, from memory only (logged
+once per outage). Events not yet turned into deliveries are still memory only.
+
 Users' URLs may not reach the coordinator's own networks (SSRF): the host is resolved once, the
 address checked (gpuq.domain.notices.address_allowed, with [coordinator] notify_allow) and the
 connection made to that address; HTTPS checks the certificate against the URL's host name.
@@ -22,6 +33,7 @@ import asyncio
 import collections
 import http.client
 import logging
+import math
 import socket
 import ssl
 import time
@@ -51,6 +63,7 @@ from gpuq.domain.notices import (
 from gpuq.domain.notify import check_mail_user
 from gpuq.domain.states import JobState
 from gpuq.errors import InvalidInput
+from gpuq.store.api import Notification
 
 if TYPE_CHECKING:
     from gpuq.coordinator.core import Coordinator
@@ -97,6 +110,9 @@ class Notifier:
         self._health: dict[tuple[str, str], tuple[str, str, int | None]] | None = None
         self._dirty_since: dict[tuple[str, str], float] = {}  # unit -> dirty since
         self._closed = False
+        self._resumed = asyncio.Event()  # the outbox was read: new rows may be written
+        self._outbox_down = False  # an outbox write failed (logged once until one lands)
+        self._unkept = 0  # deliveries in memory only (their row could not be written)
 
     @property
     def pending(self) -> int:
@@ -106,17 +122,48 @@ class Notifier:
     # ---- lifecycle -----------------------------------------------------------------------
 
     def start(self) -> None:
+        self._background.spawn(self._resume())
         self._background.spawn(self._run())
         self._background.spawn(self._tick())
 
     async def close(self) -> None:
-        """Stop at once: what is still queued or retrying is given up (and logged)."""
+        """Stop at once: deliveries waiting or retrying stay in the outbox for the next start;
+        what only memory held (events not yet decided, rows not written) is lost (logged)."""
         self._closed = True
+        unkept = self._unkept + len(self._inbox)
         await self._background.cancel()
         if self._pool is not None:
             self._pool.shutdown(wait=False, cancel_futures=True)
         if self._pending:
-            log.warning("notifications: %d not delivered at shutdown", self._pending)
+            log.warning(
+                "notifications: %d not delivered at shutdown: %d wait in the store for the "
+                "next start, %d were in memory only and are lost",
+                self._pending,
+                self._pending - unkept,
+                unkept,
+            )
+
+    async def _resume(self) -> None:
+        """Take up the outbox rows an earlier coordinator left (its crash, its restart)."""
+        room = max(0, MAX_PENDING - self._pending)
+        try:
+            rows = await self.co.writer.read(lambda s: s.due_notifications(math.inf, room))
+        except Exception as exc:
+            log.warning("notifications: the outbox was not read (%s); it waits a restart", exc)
+            return
+        finally:
+            self._resumed.set()
+        for row in rows:
+            if self._closed or row.id is None:
+                return
+            if self._pending >= MAX_PENDING:  # left in the store, for a later start
+                log.warning("notifications: the outbox holds more than there is room for")
+                return
+            self._pending += 1
+            delivery = Delivery(row.kind, row.target, row.body, row.trusted)
+            self._background.spawn(self._attempts(delivery, row.id, row.attempts, row.next_at))
+        if rows:
+            log.info("notifications: %d resumed from the outbox", len(rows))
 
     # ---- the scheduling path: queue only ------------------------------------------------
 
@@ -341,16 +388,34 @@ class Notifier:
             return
         self._background.spawn(self._attempts(delivery))
 
-    async def _attempts(self, delivery: Delivery) -> None:
+    async def _attempts(
+        self,
+        delivery: Delivery,
+        row_id: int | None = None,
+        first: int = 0,
+        next_at: float | None = None,
+    ) -> None:
+        """Deliver, retrying with backoff. A new delivery (row_id None) is written to the
+        outbox first; a resumed one (its row, `first` attempts failed) waits until `next_at`."""
         retries = self.co.settings.notify_retries
         shown = delivery.target if delivery.kind == "mail" else redact(delivery.target)
+        unkept = False
         try:
-            for attempt in range(retries + 1):
+            if row_id is None:
+                row_id = await self._keep(delivery)
+                unkept = row_id is None
+                self._unkept += unkept
+            elif next_at is not None and next_at > self.co.clock():
+                await asyncio.sleep(next_at - self.co.clock())
+            outcome = "failed"
+            if first > retries:
+                log.warning("%s to %s failed %d times; giving up", delivery.kind, shown, first)
+            for attempt in range(first, retries + 1):
                 try:
                     async with self._slot(delivery):
                         await self._once(delivery)
-                    self.sent[(delivery.kind, "sent")] += 1
-                    return
+                    outcome = "sent"
+                    break
                 except Refused as exc:
                     log.warning("%s to %s refused: %s", delivery.kind, shown, exc)
                     break
@@ -365,10 +430,62 @@ class Notifier:
                         )
                         break
                     log.info("%s to %s failed (%s); trying again", delivery.kind, shown, exc)
-                await asyncio.sleep(backoff(attempt))
-            self.sent[(delivery.kind, "failed")] += 1
+                delay = backoff(attempt)
+                if row_id is not None:
+                    self._retry_later(row_id, attempt + 1, self.co.clock() + delay)
+                await asyncio.sleep(delay)
+            self.sent[(delivery.kind, outcome)] += 1
+            if row_id is not None:
+                self._background.spawn(self._forget(row_id))
         finally:
             self._pending -= 1
+            self._unkept -= unkept
+
+    async def _keep(self, delivery: Delivery) -> int | None:
+        """Write a new delivery to the outbox: its row's id, None when the store refused (it
+        is then attempted from memory only). Waits until the outbox left by an earlier
+        coordinator is read, so that this row is not resumed a second time."""
+        await self._resumed.wait()
+        now = self.co.clock()
+        row = Notification(
+            delivery.kind, delivery.target, delivery.data, delivery.trusted, 0, now, now
+        )
+        try:
+            [row_id] = await self.co.writer.write(
+                lambda tx: tx.add_notifications([row]), fail_fast=True
+            )
+        except Exception as exc:
+            if not self._outbox_down:
+                self._outbox_down = True
+                log.warning(
+                    "notifications: the outbox cannot be written (%s); deliveries are "
+                    "attempted from memory only (a restart loses those waiting) until it can",
+                    exc,
+                )
+            return None
+        if self._outbox_down:
+            self._outbox_down = False
+            log.warning("notifications: the outbox is written again")
+        return row_id
+
+    def _retry_later(self, row_id: int, attempts: int, next_at: float) -> None:
+        """Record a failed attempt in the outbox, at best: should the store be down, a
+        restart only counts fewer attempts."""
+
+        async def record() -> None:
+            try:
+                await self.co.writer.write(
+                    lambda tx: tx.retry_notification(row_id, attempts, next_at), fail_fast=True
+                )
+            except Exception as exc:
+                log.debug("notification %d: its attempts not recorded: %s", row_id, exc)
+
+        self._background.spawn(record())
+
+    async def _forget(self, row_id: int) -> None:
+        """Delete a sent (or given up) delivery's row; a store that is down is waited out, so
+        that a later start does not send it again (it still may, if this one stops first)."""
+        await self.co.writer.write(lambda tx: tx.delete_notifications([row_id]))
 
     def _slot(self, delivery: Delivery) -> asyncio.Semaphore:
         if delivery.kind == "mail":

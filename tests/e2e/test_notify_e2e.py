@@ -6,6 +6,7 @@ from __future__ import annotations
 import email
 import email.policy
 import json
+import sqlite3
 import sys
 import threading
 from collections.abc import Iterator
@@ -23,6 +24,18 @@ with open({log!r}, "a") as out:
     out.write(json.dumps({{"argv": sys.argv[1:], "message": data}}) + "\\n")
 """
 
+# an MTA that fails (exit 75, EX_TEMPFAIL) until the file `gate` exists; every try is logged
+FLAKY_MTA = """#!{python}
+import json, os, sys
+data = sys.stdin.buffer.read().decode("utf-8", "replace")
+ok = os.path.exists({gate!r})
+with open({log!r}, "a") as out:
+    out.write(json.dumps({{"argv": sys.argv[1:], "message": data, "ok": ok}}) + "\\n")
+if not ok:
+    print("mail queue unavailable", file=sys.stderr)
+    sys.exit(75)
+"""
+
 
 class Receiver:
     """An HTTP server on `host`:0 that records POSTs; `answers` are the statuses to give, in
@@ -31,6 +44,8 @@ class Receiver:
     def __init__(self, host: str) -> None:
         self.posts: list[tuple[str, dict[str, str], Any]] = []
         self.answers: list[int] = []
+        self.failing = False  # answer 500 to everything while set
+        self.statuses: list[int] = []  # given to each of `posts`
         self.lock = threading.Lock()
         owner = self
 
@@ -41,6 +56,8 @@ class Receiver:
                 with owner.lock:
                     owner.posts.append((self.path, dict(self.headers), body))
                     status = owner.answers.pop(0) if owner.answers else 200
+                    status = 500 if owner.failing else status
+                    owner.statuses.append(status)
                 self.send_response(status)
                 self.send_header("Content-Length", "0")
                 self.end_headers()
@@ -57,6 +74,15 @@ class Receiver:
     def received(self, path: str) -> list[Any]:
         with self.lock:
             return [body for p, _, body in self.posts if p.split("?")[0] == path]
+
+    def delivered(self, path: str) -> list[Any]:
+        """The bodies of POSTs to `path` that were answered 2xx."""
+        with self.lock:
+            return [
+                body
+                for (p, _, body), status in zip(self.posts, self.statuses, strict=True)
+                if p.split("?")[0] == path and 200 <= status < 300
+            ]
 
     def close(self) -> None:
         self.server.shutdown()
@@ -214,3 +240,66 @@ def test_a_users_own_defaults_come_from_the_environment(
         assert done.returncode == 2 and "--notify" in done.stderr
     finally:
         del cluster.env["GPUQ_NOTIFY"], cluster.env["GPUQ_MAIL_TYPE"]
+
+
+def outbox(cluster: Cluster) -> int:
+    """Rows in the coordinator's notifications outbox."""
+    with sqlite3.connect(cluster.home / "gpuq.db") as db:
+        return int(db.execute("SELECT count(*) FROM notifications").fetchone()[0])
+
+
+def test_a_webhook_and_a_mail_retrying_survive_a_killed_coordinator(tmp_path: Path) -> None:
+    receiver = Receiver("127.0.0.1")
+    receiver.failing = True
+    gate = tmp_path / "mta-works"
+    mail_log = tmp_path / "mail.jsonl"
+    mta = tmp_path / "flaky-sendmail"
+    mta.write_text(FLAKY_MTA.format(python=sys.executable, log=str(mail_log), gate=str(gate)))
+    mta.chmod(0o755)
+    cluster = Cluster(
+        tmp_path / "cluster",
+        f'mail_program = "{mta}"\n'
+        'notify_allow = ["127.0.0.1/32"]\n'
+        "notify_retries = 20\n",  # backing off 1, 2, 4... s: still retrying when killed
+    )
+    try:
+        cluster.start_coordinator()
+        cluster.start_agent("a", "1xH100-80GB")
+        job = cluster.submit(
+            "true", mail_type="END", mail_user="ada@example.org", notify=f"{receiver.url}/crash"
+        )
+        cluster.wait_state(job, "completed")
+
+        def tried(state: str) -> int:
+            return sum(1 for b in receiver.received("/crash") if b["state"] == state)
+
+        # every delivery failed at least twice (so the outbox holds attempts) before the kill
+        wait_for(lambda: tried("completed") >= 2, 30, "the end's webhook to fail twice")
+        wait_for(lambda: len(mails(mail_log)) >= 2, 30, "the mail to fail twice")
+        assert outbox(cluster) == 4  # three state changes' webhooks and the END mail
+        cluster.kill(cluster.coordinator)
+        assert receiver.delivered("/crash") == [] and not any(m["ok"] for m in mails(mail_log))
+        receiver.failing = False
+        gate.touch()
+        cluster.start_coordinator()
+
+        def delivered() -> bool:
+            states = sorted(b["state"] for b in receiver.delivered("/crash"))
+            mailed = [m for m in mails(mail_log) if m["ok"]]
+            return states == ["completed", "pending", "running"] and len(mailed) == 1
+
+        wait_for(delivered, 60, "the webhooks and the mail after the restart")
+        # nothing left to send: no second copy can come
+        wait_for(lambda: outbox(cluster) == 0, 30, "the outbox to be emptied")
+        states = sorted(b["state"] for b in receiver.delivered("/crash"))
+        assert states == ["completed", "pending", "running"]
+        [mail] = [m for m in mails(mail_log) if m["ok"]]
+        assert mail["argv"] == ["-oi", "--", "ada@example.org"]
+        message = email.message_from_string(mail["message"], policy=email.policy.default)
+        assert str(message["Subject"]).startswith(f"gpuq Job_id={job} ")
+        assert all(b["job_id"] == job for b in receiver.delivered("/crash"))
+        log = (cluster.root / "coordinator.log").read_text()
+        assert "resumed from the outbox" in log
+    finally:
+        cluster.close()
+        receiver.close()
