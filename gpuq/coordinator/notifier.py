@@ -71,6 +71,7 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 MAX_PENDING = 10_000  # events and deliveries waiting, at most
+MAX_PENDING_PER_USER = 1_000  # of them about one user's jobs
 THREADS = 8  # blocking deliveries at once
 PER_HOST = 2  # of them to one receiving host (or to the MTA)
 HTTP_TIMEOUT = 10.0
@@ -91,6 +92,7 @@ class Delivery:
     target: str  # a recipient, or a URL
     data: bytes
     trusted: bool = False  # an admin's webhook: any address
+    owner: str = ""  # the user whose job it tells of ("": an admin's, or resumed from the store)
 
 
 class Notifier:
@@ -109,6 +111,7 @@ class Notifier:
         self._warned: dict[tuple[int, int], set[str]] = {}  # (job, start) -> warnings sent
         self._health: dict[tuple[str, str], tuple[str, str, int | None]] | None = None
         self._dirty_since: dict[tuple[str, str], float] = {}  # unit -> dirty since
+        self._by_user: collections.Counter[str] = collections.Counter()  # pending per owner
         self._closed = False
         self._resumed = asyncio.Event()  # the outbox was read: new rows may be written
         self._outbox_down = False  # an outbox write failed (logged once until one lands)
@@ -177,27 +180,42 @@ class Notifier:
         if event.from_state is event.to_state:
             return  # an update, not a state change
         if not self._room(
-            [k for k, v in (("mail", spec.mail_types), ("webhook", spec.notify_url)) if v]
+            [k for k, v in (("mail", spec.mail_types), ("webhook", spec.notify_url)) if v],
+            job.user,
         ):
             return
         self._inbox.append((event, job))
         self._wake.set()
 
-    def _room(self, kinds: list[str]) -> bool:
-        if self._pending < MAX_PENDING:
+    def _room(self, kinds: list[str], owner: str = "") -> bool:
+        """Room for one more event or delivery: MAX_PENDING in all, MAX_PENDING_PER_USER of one
+        user's (so that one user's thousands of jobs with a dead webhook cannot crowd out
+        everyone else's); taken until `_release`."""
+        mine = self._by_user[owner] if owner else 0
+        if self._pending < MAX_PENDING and mine < MAX_PENDING_PER_USER:
             self._pending += 1
+            if owner:
+                self._by_user[owner] += 1
             return True
         for kind in kinds:
             self.sent[(kind, "dropped")] += 1
         now = time.monotonic()
         if now - self._dropped_logged >= DROP_LOG_EVERY:
             self._dropped_logged = now
+            full = f"{owner} has {mine}" if mine >= MAX_PENDING_PER_USER else f"{self._pending}"
             log.warning(
-                "notifications: %d waiting; dropping more (%d dropped so far)",
-                self._pending,
+                "notifications: %s waiting; dropping more (%d dropped so far)",
+                full,
                 sum(n for (_, outcome), n in self.sent.items() if outcome == "dropped"),
             )
         return False
+
+    def _release(self, owner: str) -> None:
+        self._pending -= 1
+        if owner:
+            self._by_user[owner] -= 1
+            if not self._by_user[owner]:
+                del self._by_user[owner]
 
     # ---- deciding ------------------------------------------------------------------------
 
@@ -214,7 +232,7 @@ class Notifier:
                 except Exception:
                     log.exception("notification for job %d not decided", event.job_id)
                 finally:
-                    self._pending -= 1
+                    self._release(job.user)
 
     async def _decide(self, event: JobEvent, job: Job) -> None:
         co = self.co
@@ -233,7 +251,7 @@ class Notifier:
         change = _change(event, job, co.cluster.jobs.get(event.job_id))
         split = event.from_state is None and job.array_job_id not in (None, job.id)
         if spec.notify_url is not None and not split:  # a split task is no state change
-            self._deliver(Delivery("webhook", spec.notify_url, change.body()))
+            self._deliver(Delivery("webhook", spec.notify_url, change.body(), owner=job.user))
         kinds = mail_kinds(
             spec.mail_types, triggered(event.from_state, event.to_state, event.reason, requeued)
         )
@@ -298,7 +316,7 @@ class Notifier:
             self.sent[("mail", "failed")] += 1
             return
         message = mail_message(change, kinds, self._sender(), recipient, array_counts)
-        self._deliver(Delivery("mail", recipient, message.as_bytes()))
+        self._deliver(Delivery("mail", recipient, message.as_bytes(), owner=job.user))
 
     def _sender(self) -> str:
         return self.co.settings.mail_from or f"gpuq@{socket.gethostname()}"
@@ -384,7 +402,7 @@ class Notifier:
     # ---- delivering ----------------------------------------------------------------------
 
     def _deliver(self, delivery: Delivery) -> None:
-        if self._closed or not self._room([delivery.kind]):
+        if self._closed or not self._room([delivery.kind], delivery.owner):
             return
         self._background.spawn(self._attempts(delivery))
 
@@ -438,7 +456,7 @@ class Notifier:
             if row_id is not None:
                 self._background.spawn(self._forget(row_id))
         finally:
-            self._pending -= 1
+            self._release(delivery.owner)
             self._unkept -= unkept
 
     async def _keep(self, delivery: Delivery) -> int | None:

@@ -296,3 +296,24 @@ def test_client_defaults_are_checked() -> None:
         check_setting("client", "mail_type", "SOMETIMES", "test")
     with pytest.raises(ConfigError):
         check_setting("client", "notify_url", "gopher://x", "test")
+
+
+def test_one_users_notifications_cannot_crowd_out_everyone_elses(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A user with thousands of jobs and a dead webhook fills their own share of the
+    notifier's room, not everyone's."""
+    from types import SimpleNamespace
+
+    from gpuq.coordinator import notifier as notifier_module
+
+    monkeypatch.setattr(notifier_module, "MAX_PENDING", 10)
+    monkeypatch.setattr(notifier_module, "MAX_PENDING_PER_USER", 3)
+    notifier = notifier_module.Notifier(SimpleNamespace())  # type: ignore[arg-type]
+    assert [notifier._room(["webhook"], "mallory") for _ in range(5)] == [True] * 3 + [False] * 2
+    assert notifier.sent[("webhook", "dropped")] == 2
+    assert all(notifier._room(["mail"], "ada") for _ in range(3))
+    assert notifier._room(["webhook"])  # an admin's webhook: only the total counts
+    notifier._release("mallory")
+    assert notifier._room(["webhook"], "mallory")  # room again once one is done
+    assert notifier.pending == 7
