@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import replace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
+
+if TYPE_CHECKING:
+    from gpuq.config import Settings
 
 log_option = click.option(
     "--log-level",
@@ -64,17 +68,52 @@ def _listen(listen: str) -> str | None:
     return checked
 
 
+def http_options(command: Callable[..., Any]) -> Callable[..., Any]:
+    """--web and --metrics: [coordinator] web_listen and metrics_listen from the command line."""
+    command = click.option(
+        "--metrics", metavar="HOST:PORT", help="serve Prometheus /metrics here (loopback)"
+    )(command)
+    return click.option(
+        "--web", metavar="HOST:PORT", help="serve the web dashboard here (gpuq web signs in)"
+    )(command)
+
+
+def _with_http(settings: Settings, web: str | None, metrics: str | None) -> Settings:
+    from gpuq.config import check_setting
+
+    cfg = settings.coordinator
+    if web is not None:
+        cfg = replace(
+            cfg, web_listen=check_setting("coordinator", "web_listen", web, "command line", "--web")
+        )
+    if metrics is not None:
+        checked = check_setting(
+            "coordinator", "metrics_listen", metrics, "command line", "--metrics"
+        )
+        cfg = replace(cfg, metrics_listen=checked)
+    return replace(settings, coordinator=cfg)
+
+
 @click.command()
 @agent_options
 @click.option("--listen", metavar="HOST:PORT", help="also listen on TCP (default: socket only)")
+@http_options
 @log_option
 @click.pass_obj
-def serve(obj: Any, /, listen: str | None, log_level: str, **agent: Any) -> None:
+def serve(
+    obj: Any,
+    /,
+    listen: str | None,
+    web: str | None,
+    metrics: str | None,
+    log_level: str,
+    **agent: Any,
+) -> None:
     """Run a coordinator and a local agent (state in GPUQ_HOME, SQLite). Ctrl-C stops them;
     running jobs keep running and are picked up at the next start."""
     from gpuq.daemons import run_serve, serve_settings, setup_logging
 
-    settings = _agent_settings(obj.settings(), **agent)
+    settings = _with_http(_agent_settings(obj.settings(), **agent), web, metrics)
     _check_agent(settings.agent)
     setup_logging(log_level)
     run_serve(serve_settings(settings, _listen(listen) if listen is not None else None))
@@ -82,6 +121,7 @@ def serve(obj: Any, /, listen: str | None, log_level: str, **agent: Any) -> None
 
 @click.command()
 @click.option("--listen", metavar="HOST:PORT", help="TCP address (default 127.0.0.1:7817)")
+@http_options
 @click.option(
     "--standby",
     is_flag=True,
@@ -90,11 +130,19 @@ def serve(obj: Any, /, listen: str | None, log_level: str, **agent: Any) -> None
 )
 @log_option
 @click.pass_obj
-def coordinator(obj: Any, /, listen: str | None, standby: bool | None, log_level: str) -> None:
+def coordinator(
+    obj: Any,
+    /,
+    listen: str | None,
+    web: str | None,
+    metrics: str | None,
+    standby: bool | None,
+    log_level: str,
+) -> None:
     """Run the coordinator alone (a lab server runs it as gpuq-coordinator.service)."""
     from gpuq.daemons import run_coordinator, setup_logging
 
-    settings = obj.settings()
+    settings = _with_http(obj.settings(), web, metrics)
     if listen is not None:
         settings = replace(
             settings, coordinator=replace(settings.coordinator, listen=_listen(listen))

@@ -134,3 +134,30 @@ def test_plaintext_metrics_on_a_public_address_are_refused_at_start(tmp_path: Pa
     assert "refusing to listen on 0.0.0.0:0 without TLS (the metrics would" in started.stderr
     assert started.stderr.count("refusing") == 1, started.stderr
     assert not (cluster.home / "coordinator.json").exists()
+
+
+def test_gpuq_serve_takes_the_ports_from_its_command_line(tmp_path: Path) -> None:
+    """`gpuq serve --web HOST:PORT --metrics HOST:PORT`: no config file needed to try them."""
+    cluster = Cluster(tmp_path)
+    try:
+        cluster.coordinator = cluster._spawn(
+            ["serve", "--fake-gpus", "1", "--web", "127.0.0.1:0", "--metrics", "127.0.0.1:0"],
+            "serve",
+        )
+        found = wait_for(
+            lambda: (cluster.home / "coordinator.json").exists() and address_file(cluster),
+            what="gpuq serve to start",
+        )
+        assert {"web", "metrics"} <= set(found)
+        wait_for(
+            lambda: (
+                [v for (name, _), v in scrape(cluster).items() if name == "gpuq_node_gpus"] == [1]
+            ),
+            what="the local agent's GPU in the metrics",
+        )
+        link = cluster.gpuq("web")
+        assert link.returncode == 0 and link.stdout.startswith(f"http://{found['web']}/login#")
+        refused = cluster.gpuq("serve", "--web", "nonsense")
+        assert refused.returncode == 2 and "--web" in refused.stderr
+    finally:
+        cluster.close()
