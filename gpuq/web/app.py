@@ -56,6 +56,7 @@ from gpuq.web.sessions import (
     token_user,
 )
 
+MAX_SSE_EVENTS = 200  # events in one `jobs` message; beyond them, only how many more
 log = logging.getLogger(__name__)
 M = TypeVar("M", bound=Message)
 
@@ -462,8 +463,11 @@ class WebApp:
                     if batch is not None:
                         while not queue.empty():
                             batch.extend(queue.get_nowait())
-                        events = [_dict(event_to_proto(e)) for e in batch]
-                        yield _sse("jobs", {"events": events})
+                        # a page refetches on any of them: a 10,000-task array's cancel is
+                        # not 10,000 events to every open browser
+                        events = [_dict(event_to_proto(e)) for e in batch[:MAX_SSE_EVENTS]]
+                        more = max(0, len(batch) - MAX_SSE_EVENTS)
+                        yield _sse("jobs", {"events": events, "more": more})
                     if watching.done():
                         return  # the feed ended (the coordinator stops)
                     now = loop.time()
