@@ -13,9 +13,8 @@ from pathlib import Path
 
 import pytest
 from e2e_cluster import Cluster, wait_for
-from prometheus_client.parser import text_string_to_metric_families
-
-Samples = dict[tuple[str, frozenset[tuple[str, str]]], float]
+from helpers import Samples, metric_samples
+from helpers import metric_value as value
 
 
 @pytest.fixture
@@ -39,15 +38,7 @@ def scrape(cluster: Cluster) -> Samples:
         assert answer.status == 200
         assert answer.headers["content-type"].startswith("text/plain")
         text = answer.read().decode()
-    return {
-        (s.name, frozenset(s.labels.items())): s.value
-        for family in text_string_to_metric_families(text)
-        for s in family.samples
-    }
-
-
-def value(samples: Samples, name: str, **labels: str) -> float:
-    return samples.get((name, frozenset(labels.items())), 0.0)
+    return metric_samples(text)
 
 
 def test_counters_and_histograms_move_as_jobs_run(cluster: Cluster) -> None:

@@ -12,8 +12,8 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from helpers import make_spec
-from prometheus_client.parser import text_string_to_metric_families
+from helpers import Samples, make_spec, metric_samples
+from helpers import metric_value as value
 
 from gpuq.config import CoordinatorSettings
 from gpuq.coordinator.cluster import AgentSession, NodeEntry
@@ -36,7 +36,6 @@ UNITS = (
     GpuUnit("GPU-a-1", 1, "NVIDIA H100", 80 * GiB, "0:1e"),
     GpuUnit("MIG-a-2-0", 2, "NVIDIA H100 MIG 3g.40gb", 40 * GiB, "0:21", "GPU-a-2", "3g.40gb"),
 )
-Samples = dict[tuple[str, frozenset[tuple[str, str]]], float]
 
 
 @pytest.fixture
@@ -50,15 +49,7 @@ def store(tmp_path: Path) -> Iterator[Store]:
 
 def scrape(metrics: Metrics) -> Samples:
     text = metrics.exposition().decode()
-    return {
-        (s.name, frozenset(s.labels.items())): s.value
-        for family in text_string_to_metric_families(text)
-        for s in family.samples
-    }
-
-
-def value(samples: Samples, name: str, **labels: str) -> float:
-    return samples.get((name, frozenset(labels.items())), 0.0)
+    return metric_samples(text)
 
 
 class Clock:
