@@ -99,7 +99,7 @@ class Authority:
             user = self.tokens.get(token_digest(value))
             if user is None:
                 raise Unauthenticated("an unknown or revoked gpuq token")
-            return self._served(user, _user_uid(user), "token"), now + 60.0
+            return self._served(user, user_uid(user), "token"), now + 60.0
         if scheme == "Node":
             node, _, key = value.partition(" ")
             check_node_name(node)
@@ -173,7 +173,8 @@ def _user_name(uid: int) -> str | None:
         return None
 
 
-def _user_uid(user: str) -> int | None:
+def user_uid(user: str) -> int | None:
+    """The uid of a user name on this machine; None when there is none."""
     try:
         return pwd.getpwnam(user).pw_uid
     except KeyError:

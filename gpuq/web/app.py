@@ -21,7 +21,6 @@ import hashlib
 import json
 import logging
 import os
-import pwd
 import re
 import socket
 import stat
@@ -37,7 +36,7 @@ from google.protobuf.json_format import MessageToDict
 from google.protobuf.message import Message
 
 from gpuq.convert import event_to_proto
-from gpuq.coordinator.authority import Authority
+from gpuq.coordinator.authority import Authority, user_uid
 from gpuq.coordinator.servicers import MAX_STREAMS_PER_USER, QueueServicer, error_status
 from gpuq.domain.limits import MAX_JOB_ID, check_text
 from gpuq.domain.states import JobState
@@ -144,6 +143,7 @@ class WebApp:
         self.address = ""  # HOST:PORT as bound (set once it listens)
         self.secure = False  # served over TLS
         self._static: dict[str, _Static] = {}
+        self._nodes_memo: tuple[float, tuple[Any, ...]] | None = None  # (loop time, state)
 
     # ---- sign-in links (the WebLogin RPC) ------------------------------------------------
 
@@ -319,7 +319,7 @@ class WebApp:
                 session = self.sessions.redeem(ticket, now)
             elif isinstance(token, str) and token:
                 user, digest = token_user(self.authority.tokens, token)
-                uid = _uid_of(user)
+                uid = user_uid(user)
                 session = self.sessions.session(user, uid, "token", digest, now)
             else:
                 raise HttpError(400, 'expected {"ticket": ...} or {"token": "gpuqt_..."}')
@@ -393,7 +393,7 @@ class WebApp:
         path = job.stdout_path if stream == "stdout" else job.stderr_path
         if not path:
             raise NotFound(f"job {job.id} has no {stream} file")
-        uid = _uid_of(job.user)
+        uid = user_uid(job.user)
         if uid is None:
             raise PermissionDenied(f"{job.user} has no uid on the coordinator's machine")
         try:
@@ -491,7 +491,12 @@ class WebApp:
                     await watching
 
     def _nodes_state(self) -> tuple[Any, ...]:
-        """What `gpuq nodes` shows that heartbeats change (not when each was seen)."""
+        """What `gpuq nodes` shows that heartbeats change (not when each was seen). Every open
+        stream asks every NODES_CHECK seconds: one look serves them all. A heartbeat replaces
+        a node's usage messages, never changes them, so they are kept and compared by value."""
+        now = asyncio.get_running_loop().time()
+        if self._nodes_memo is not None and now - self._nodes_memo[0] < NODES_CHECK / 2:
+            return self._nodes_memo[1]
         cluster = self.co.cluster
         nodes = [
             (
@@ -499,12 +504,14 @@ class WebApp:
                 entry.node.state,
                 entry.session is None,
                 entry.drained,
-                tuple(str(u) for u in entry.usage),
+                entry.usage,
                 len(cluster.running_on(name)),
             )
             for name, entry in sorted(cluster.nodes.items())
         ]
-        return (*nodes, len(cluster.drains))
+        state = (*nodes, len(cluster.drains))
+        self._nodes_memo = (now, state)
+        return state
 
 
 def read_tail(path: str, uid: int) -> dict[str, Any]:
@@ -544,13 +551,6 @@ def read_tail(path: str, uid: int) -> dict[str, Any]:
         "size": size,
         "truncated": start > 0,
     }
-
-
-def _uid_of(user: str) -> int | None:
-    try:
-        return pwd.getpwnam(user).pw_uid
-    except KeyError:
-        return None
 
 
 def _lean(reply: M, *jobs: Any) -> M:
