@@ -10,6 +10,7 @@ import json
 import os
 import pwd
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -80,6 +81,20 @@ def until(driver: Any, condition: str, what: str, timeout: float = 30.0) -> Any:
         text = driver.execute_script("return document.body.innerText;")
         message = f"timed out after {timeout} s waiting for {what}; the page says:\n{text}"
         raise AssertionError(message) from None
+
+
+def click(driver: Any, css: str, timeout: float = 10.0) -> None:
+    """Click an element of a view that live updates re-render: one replaced between finding
+    it and clicking it is found again (as a user's click lands on the new button)."""
+    from selenium.common.exceptions import StaleElementReferenceException
+
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            driver.find_element("css selector", css).click()
+            return
+        except StaleElementReferenceException:
+            assert time.monotonic() < deadline, f"{css} kept being replaced"
 
 
 def test_dashboard_shows_gpus_and_a_job_live_with_its_chart(cluster: Cluster, driver: Any) -> None:
@@ -166,12 +181,12 @@ def test_dashboard_shows_gpus_and_a_job_live_with_its_chart(cluster: Cluster, dr
     held = cluster.submit("sleep 60", gpus=1, name="held-e2e", hold=True)
     driver.get(f"{base}/jobs/{held}")
     until(driver, f"{state} === 'held'", "the held job's page")
-    driver.find_element("css selector", "button[data-action=release]").click()
+    click(driver, "button[data-action=release]")
     cluster.wait_state(held, "pending", "running")
     until(driver, f"['pending', 'running'].includes({state})", "the page to show it released")
     outcome = "document.getElementById('status').textContent"
     until(driver, f"{outcome}.startsWith('{held}: ')", "the release's outcome")
-    driver.find_element("css selector", "button[data-action=cancel]").click()
+    click(driver, "button[data-action=cancel]")
     cluster.wait_state(held, "cancelled")
     until(driver, f"{state} === 'cancelled'", "the page to show it cancelled")
     assert not driver.find_elements("css selector", "button[data-action]")
