@@ -25,7 +25,7 @@ from gpuq.identity import create_key_file, read_key_file
 if TYPE_CHECKING:
     from gpuq.agent.agent import Agent
     from gpuq.agent.forkserver import ForkServer
-    from gpuq.coordinator.server import RunningCoordinator
+    from gpuq.coordinator.serving import RunningCoordinator
 
 log = logging.getLogger("gpuq")
 
@@ -108,7 +108,8 @@ async def _start_coordinator(
 ) -> RunningCoordinator | None:
     """The coordinator, started; None when `stopped` is set first (a standby can wait long
     for its turn, and SIGTERM must still end it)."""
-    from gpuq.coordinator.server import StandbyStopped, start_coordinator
+    from gpuq.coordinator.locks import StandbyStopped
+    from gpuq.coordinator.serving import start_coordinator
 
     if not settings.coordinator.standby:
         return await start_coordinator(settings, on_fatal=on_fatal)

@@ -1,8 +1,9 @@
 """The errors gpuq raises, shared by the core, the servers and the client.
 
 Each error carries what a person needs to act on it; the servicers map them to gRPC status codes
-in one place (gpuq.coordinator.errors) and the client maps them back, so a user of the Python API
-and a user of the CLI see the same message.
+in one place (gpuq.coordinator.front.rpc_calls), and say which error it was by its kind
+(ERROR_KINDS, sent as the trailing metadata `gpuq-error`); the client maps them back, so a user
+of the Python API and a user of the CLI see the same message and the same exception type.
 """
 
 from __future__ import annotations
@@ -74,6 +75,31 @@ class ConfigError(InvalidInput):
         self.value = value
         self.problem = problem
         GpuqError.__init__(self, f"{source}: {key} = {_shown(value)}: {problem}")
+
+
+# an error's kind on the wire (trailing metadata ERROR_KIND_KEY, SubmitResult.error_kind): the
+# exception type a client raises again. The most specific kind wins (StoreInUse is a
+# StorageUnavailable, ConfigError an InvalidInput: both travel as their base's kind).
+ERROR_KIND_KEY = "gpuq-error"
+ERROR_KINDS: dict[str, type[GpuqError]] = {
+    "invalid_input": InvalidInput,
+    "unsatisfiable": Unsatisfiable,
+    "not_found": NotFound,
+    "permission_denied": PermissionDenied,
+    "illegal_transition": IllegalTransition,
+    "double_booking": DoubleBooking,
+    "conflict": Conflict,
+    "storage_unavailable": StorageUnavailable,
+}
+
+
+def error_kind(error: GpuqError) -> str:
+    """The kind an error travels as ("" for one without a kind of its own)."""
+    for cls in type(error).__mro__:
+        for kind, known in ERROR_KINDS.items():
+            if cls is known:
+                return kind
+    return ""
 
 
 def _shown(value: object) -> str:

@@ -2,10 +2,10 @@
 
 Two kinds, so that a scrape costs little and nothing is counted twice:
 
-- Events (counters, histograms) are counted as they happen, from the hooks the coordinator
-  already has: every job event passes Coordinator.observe (submissions, starts, ends, and the
-  queue wait and run time they close), every scheduling pass goes through
-  Coordinator.run_pass, every group commit reports its duration (StoreWriter.on_commit).
+- Events (counters, histograms) are counted as they happen: Metrics listens on the event bus
+  (gpuq.coordinator.changes.event_bus) to every job event (submissions, starts, ends, and the
+  queue wait and run time they close), to every scheduling pass's duration, and to every
+  group commit's.
 - State (jobs by state, pending reasons, nodes, GPUs, fair share) is read at scrape time
   from the coordinator's memory by `StateCollector`. The scrape runs on the event loop (the
   HTTP server is asyncio), so memory is read between two of its changes, without locks.
@@ -19,17 +19,22 @@ name or free text, so the number of series does not grow with the number of jobs
 
 from __future__ import annotations
 
-import time
 from collections import Counter
-from collections.abc import Awaitable, Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass
 
 from prometheus_client import CollectorRegistry, Histogram, generate_latest
 from prometheus_client import Counter as PromCounter
 from prometheus_client.exposition import choose_encoder
 from prometheus_client.metrics_core import CounterMetricFamily, GaugeMetricFamily, Metric
 
-from gpuq.coordinator.cluster import NodeEntry
-from gpuq.coordinator.core import Coordinator
+from gpuq.config import CoordinatorSettings
+from gpuq.coordinator.jobs.array_tasks import ArrayTasks
+from gpuq.coordinator.jobs.idle_rules import IdleWatch
+from gpuq.coordinator.memory.live_jobs import LiveJobs
+from gpuq.coordinator.memory.node_table import NodeEntry, NodeTable
+from gpuq.coordinator.memory.scheduler_inputs import SchedulerInputs
+from gpuq.coordinator.notifications import Notifier
 from gpuq.domain.model import GpuUnit, Health, Job, JobEvent, NodeState
 from gpuq.domain.states import JobState
 from gpuq.scheduler.plan import NEVER_ON_UP
@@ -146,15 +151,25 @@ def node_state(entry: NodeEntry, admin_drained: bool) -> str:
     return "up"
 
 
-class Metrics:
-    """The instruments of one coordinator and the hooks that feed them."""
+@dataclass(frozen=True, slots=True)
+class MetricSources:
+    """The parts of the coordinator a scrape reads (memory only, on the event loop)."""
 
-    def __init__(
-        self,
-        coordinator: Coordinator,
-        explain: Callable[[], dict[int, Waiting]] | None = None,
-    ) -> None:
-        self.co = coordinator
+    settings: CoordinatorSettings
+    jobs: LiveJobs
+    nodes: NodeTable
+    inputs: SchedulerInputs
+    arrays: ArrayTasks
+    idle: IdleWatch
+    notifier: Notifier
+    clock: Callable[[], float]
+    explain: Callable[[], dict[int, Waiting]] | None = None
+
+
+class Metrics:
+    """The instruments of one coordinator; assemble() subscribes them to the event bus."""
+
+    def __init__(self, sources: MetricSources) -> None:
         self.registry = CollectorRegistry()
         registry = self.registry
         self.submitted = PromCounter(
@@ -208,28 +223,10 @@ class Metrics:
         # when each pending job was queued (submitted, released, requeued) in this process;
         # a job loaded at start counts from its submit time
         self._queued_at: dict[int, float] = {}
-        registry.register(StateCollector(coordinator, explain))
-
-    def install(self) -> None:
-        """Hook into the coordinator: its job events, its passes, its store writer."""
-        self.co.observe = self.observe
-        self.co.writer.on_commit = self.write_time.observe
-        inner = self.co.run_pass
-        if inner is not None:
-            self.co.run_pass = self._timed(inner)
-
-    def _timed(self, run: Callable[[], Awaitable[None]]) -> Callable[[], Awaitable[None]]:
-        async def timed() -> None:
-            started = time.perf_counter()
-            try:
-                await run()
-            finally:
-                self.pass_time.observe(time.perf_counter() - started)
-
-        return timed
+        registry.register(StateCollector(sources))
 
     def observe(self, event: JobEvent, job: Job | None) -> None:
-        """Count one job event (Coordinator.publish). `job` is the job as it was before the
+        """Count one job event (an event bus listener). `job` is the job as it was before the
         change, or as it is after a start or a submission."""
         before, after = event.from_state, event.to_state
         if before is None:
@@ -278,11 +275,9 @@ class Metrics:
 class StateCollector:
     """What the coordinator's memory says now, read at each scrape."""
 
-    def __init__(
-        self, coordinator: Coordinator, explain: Callable[[], dict[int, Waiting]] | None
-    ) -> None:
-        self.co = coordinator
-        self.explain = explain
+    def __init__(self, sources: MetricSources) -> None:
+        self.co = sources
+        self.explain = sources.explain
 
     def describe(self) -> Iterable[Metric]:
         return []  # names are not reserved: the families vary with the cluster
@@ -299,7 +294,7 @@ class StateCollector:
         for qos in co.settings.qos:  # every configured tier shows, at 0 when empty
             for state in LIVE_STATES:
                 by_state[(state.value, qos)] += 0
-        for job in co.cluster.jobs.values():
+        for job in co.jobs.jobs.values():
             by_state[(job.state.value, job.qos)] += len(job.tasks) or 1
         jobs = GaugeMetricFamily(
             "gpuq_jobs",
@@ -312,7 +307,7 @@ class StateCollector:
         yield jobs
 
         reasons: Counter[str] = Counter(dict.fromkeys(REASONS, 0))
-        pending = [j for j in co.cluster.in_state(JobState.PENDING)]
+        pending = [j for j in co.jobs.in_state(JobState.PENDING)]
         if pending:
             explained = self.explain() if self.explain is not None else {}
             for job in pending:
@@ -334,7 +329,7 @@ class StateCollector:
 
     def _nodes(self) -> Iterator[Metric]:
         co = self.co
-        cluster = co.cluster
+        nodes_table = co.nodes
         states: Counter[str] = Counter(dict.fromkeys(NODE_STATES, 0))
         total = _node_gauge("gpuq_node_gpus", "GPU units the node has (whole GPUs and MIG slices).")
         allocated = _node_gauge(
@@ -376,15 +371,15 @@ class StateCollector:
         )
         running: dict[str, set[str]] = {}
         idle_units: dict[str, set[str]] = {}
-        for job in cluster.in_state(JobState.RUNNING):
+        for job in co.jobs.in_state(JobState.RUNNING):
             if job.node is None:
                 continue
             running.setdefault(job.node, set()).update(job.gpus)
             track = co.idle.tracks.get(job.id)
             if track is not None and track.start == job.start_count and "idle" in track.flags:
                 idle_units.setdefault(job.node, set()).update(job.gpus)
-        for name, entry in sorted(cluster.nodes.items()):
-            whole = cluster.drains.get((name, ""))
+        for name, entry in sorted(nodes_table.nodes.items()):
+            whole = nodes_table.drains.get((name, ""))
             states[node_state(entry, whole is not None)] += 1
             units = {u.uuid: u for u in entry.node.units}
             held = set(running.get(name, set()))
@@ -400,7 +395,7 @@ class StateCollector:
                 [name],
                 len(units)
                 if whole is not None
-                else sum(1 for u in units if (name, u) in cluster.drains),
+                else sum(1 for u in units if (name, u) in nodes_table.drains),
             )
             for unit in entry.node.units:
                 capacity.add_metric(
@@ -434,7 +429,7 @@ class StateCollector:
             "scheduler ranks by (users with usage only).",
             labels=["user"],
         )
-        for user, value in sorted(co.sched.current_usage(co.clock()).items()):
+        for user, value in sorted(co.inputs.current_usage(co.clock()).items()):
             usage.add_metric([user], value)
         yield usage
         factor = GaugeMetricFamily(
@@ -443,11 +438,11 @@ class StateCollector:
             "last recalculation.",
             labels=["user"],
         )
-        for user, value in sorted(co.sched.shares.items()):
+        for user, value in sorted(co.inputs.shares.items()):
             factor.add_metric([user], value)
         yield factor
         gpus: Counter[str] = Counter()
-        for job in co.cluster.in_state(JobState.RUNNING):
+        for job in co.jobs.in_state(JobState.RUNNING):
             gpus[job.user] += len(job.gpus)
         running = GaugeMetricFamily(
             "gpuq_user_running_gpus",

@@ -166,14 +166,16 @@ class SubmitRequest(_message.Message):
     def __init__(self, spec: _Optional[_Union[_types_pb2.JobSpec, _Mapping]] = ..., request_key: _Optional[str] = ...) -> None: ...
 
 class SubmitResult(_message.Message):
-    __slots__ = ("job_ids", "code", "message")
+    __slots__ = ("job_ids", "code", "message", "error_kind")
     JOB_IDS_FIELD_NUMBER: _ClassVar[int]
     CODE_FIELD_NUMBER: _ClassVar[int]
     MESSAGE_FIELD_NUMBER: _ClassVar[int]
+    ERROR_KIND_FIELD_NUMBER: _ClassVar[int]
     job_ids: _containers.RepeatedScalarFieldContainer[int]
     code: int
     message: str
-    def __init__(self, job_ids: _Optional[_Iterable[int]] = ..., code: _Optional[int] = ..., message: _Optional[str] = ...) -> None: ...
+    error_kind: str
+    def __init__(self, job_ids: _Optional[_Iterable[int]] = ..., code: _Optional[int] = ..., message: _Optional[str] = ..., error_kind: _Optional[str] = ...) -> None: ...
 
 class GetJobRequest(_message.Message):
     __slots__ = ("job_id", "task")

@@ -222,18 +222,20 @@ class Job(_message.Message):
     def __init__(self, id: _Optional[int] = ..., spec: _Optional[_Union[JobSpec, _Mapping]] = ..., user: _Optional[str] = ..., state: _Optional[str] = ..., submit_time: _Optional[float] = ..., start_time: _Optional[float] = ..., end_time: _Optional[float] = ..., node: _Optional[str] = ..., gpus: _Optional[_Iterable[str]] = ..., result: _Optional[_Union[JobResult, _Mapping]] = ..., requeue_count: _Optional[int] = ..., array_job_id: _Optional[int] = ..., array_task_id: _Optional[int] = ..., reason: _Optional[str] = ..., pending: _Optional[_Union[PendingInfo, _Mapping]] = ..., stdout_path: _Optional[str] = ..., stderr_path: _Optional[str] = ..., priority: _Optional[int] = ..., qos: _Optional[str] = ..., stop_reason: _Optional[str] = ..., stop_state: _Optional[str] = ..., array_tasks: _Optional[str] = ..., start_count: _Optional[int] = ..., telemetry: _Optional[_Union[GpuTelemetry, _Mapping]] = ..., gpu_enforcement: _Optional[str] = ..., flags: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class JobEvent(_message.Message):
-    __slots__ = ("job_id", "at", "from_state", "to_state", "reason")
+    __slots__ = ("job_id", "at", "from_state", "to_state", "reason", "cause")
     JOB_ID_FIELD_NUMBER: _ClassVar[int]
     AT_FIELD_NUMBER: _ClassVar[int]
     FROM_STATE_FIELD_NUMBER: _ClassVar[int]
     TO_STATE_FIELD_NUMBER: _ClassVar[int]
     REASON_FIELD_NUMBER: _ClassVar[int]
+    CAUSE_FIELD_NUMBER: _ClassVar[int]
     job_id: int
     at: float
     from_state: str
     to_state: str
     reason: str
-    def __init__(self, job_id: _Optional[int] = ..., at: _Optional[float] = ..., from_state: _Optional[str] = ..., to_state: _Optional[str] = ..., reason: _Optional[str] = ...) -> None: ...
+    cause: str
+    def __init__(self, job_id: _Optional[int] = ..., at: _Optional[float] = ..., from_state: _Optional[str] = ..., to_state: _Optional[str] = ..., reason: _Optional[str] = ..., cause: _Optional[str] = ...) -> None: ...
 
 class GpuUnit(_message.Message):
     __slots__ = ("uuid", "index", "name", "memory", "pci_bus_id", "parent_uuid", "mig_profile", "shared")

@@ -35,11 +35,11 @@ import grpc
 from google.protobuf.json_format import MessageToDict
 from google.protobuf.message import Message
 
-from gpuq.convert import event_to_proto
-from gpuq.coordinator.authority import Authority, user_uid
-from gpuq.coordinator.servicers import MAX_STREAMS_PER_USER, QueueServicer, error_status
+from gpuq.coordinator.access.authority import Authority, user_uid
+from gpuq.coordinator.front.grpc_queue import MAX_STREAMS_PER_USER
+from gpuq.coordinator.front.rpc_calls import StreamCount, error_status
+from gpuq.coordinator.server import Coordinator
 from gpuq.domain.limits import MAX_JOB_ID, check_text
-from gpuq.domain.states import JobState
 from gpuq.errors import InvalidInput, NotFound, PermissionDenied
 from gpuq.identity import Caller, Unauthenticated
 from gpuq.v1 import queue_pb2
@@ -126,14 +126,16 @@ class WebApp:
 
     def __init__(
         self,
-        servicer: QueueServicer,
+        coordinator: Coordinator,
+        streams: StreamCount,
         authority: Authority,
         web_url: str | None = None,
         static_dir: Path = STATIC,
         clock: Callable[[], float] = time.time,
     ) -> None:
-        self.servicer = servicer
-        self.co = servicer.co
+        self.queries = coordinator.queries
+        self.commands = coordinator.commands
+        self.streams = streams  # the Watch RPC's: a user's streams count together
         self.authority = authority
         self.web_url = web_url
         self.static_dir = static_dir
@@ -170,8 +172,8 @@ class WebApp:
         except HttpError as error:
             answer = _json(error.status, {"error": error.message})
         except Exception as error:
-            code, message = error_status(error)  # logs an unexpected one
-            status = HTTP_STATUS.get(code, 500)
+            rpc = error_status(error)  # logs an unexpected one
+            status, message = HTTP_STATUS.get(rpc.code, 500), rpc.message
             if status == 500:
                 message = "internal error (see the coordinator's log)"
             answer = _json(status, {"error": message})
@@ -365,22 +367,26 @@ class WebApp:
         admin = authority.is_admin(session.user, session.uid)
         return Caller(session.user, session.uid, admin=admin, how=f"web {session.how}")
 
-    async def _rpc(self, name: str, request: Message, caller: Caller) -> Any:
-        """The servicer's answer to `caller` (its method, without the gRPC wrapper)."""
-        method = getattr(QueueServicer, name).__wrapped__
-        return await method(self.servicer, request, None, caller)
+    async def _rpc(self, name: str, request: Any, caller: Caller) -> Any:
+        """The front door's answer to `caller`, as the RPC `name` answers it."""
+        queries = self.queries
+        if name == "GetJob":
+            return await queries.get_job(caller, request)
+        if name == "ListJobs":
+            return await queries.list_jobs(caller, request)
+        if name == "ListNodes":
+            return queries.list_nodes()
+        if name == "Report":
+            return await queries.report(request)
+        if name in ("Cancel", "Hold", "Release"):
+            return await self.commands.act(name, caller, request)
+        raise NotFound(f"no such call {name}")
 
     async def _series(self, job_text: str, caller: Caller) -> dict[str, Any]:
         detail = await self._rpc("GetJob", _get_request(job_text), caller)
         job_id = int(detail.job.id)
-        stored = await self.co.writer.read(lambda s: s.series(job_id))
-        last = stored[-1].at if stored else float("-inf")
-        recent = [p for p in self.co.telemetry.recent(job_id) if p.at > last]
-        return {
-            "points": [
-                {"at": p.at, "gpu_mem": p.gpu_mem, "util": p.util} for p in [*stored, *recent]
-            ]
-        }
+        points = await self.queries.series(job_id)
+        return {"points": [{"at": p.at, "gpu_mem": p.gpu_mem, "util": p.util} for p in points]}
 
     async def _log(self, job_text: str, query: dict[str, str], caller: Caller) -> dict[str, Any]:
         stream = query.get("stream", "stdout")
@@ -405,20 +411,17 @@ class WebApp:
         check_text("user", name, 64)
         report = await self._rpc("Report", queue_pb2.ReportRequest(user=name), caller)
         row = next((r for r in report.rows if r.user == name), None)
-        now = self.clock()
-        sched = self.co.sched
+        usage, factor = self.queries.fair_share(name)
         listing = await self._rpc(
             "ListJobs", queue_pb2.ListJobsRequest(user=name, with_pending_info=True), caller
         )
-        running_gpus = sum(
-            len(j.gpus) for j in self.co.live_jobs(name) if j.state is JobState.RUNNING
-        )
+        running_gpus = self.queries.running_gpus(name)
         return {
             "user": name,
             "report": _dict(row) if row is not None else None,
             "fairshare": {
-                "usage": sched.current_usage(now).get(name, 0.0),
-                "factor": sched.shares.get(name, 1.0),
+                "usage": usage,
+                "factor": factor,
             },
             "running_gpus": running_gpus,
             "jobs": _dict(_lean(listing, *listing.jobs)).get("jobs", []),
@@ -427,7 +430,7 @@ class WebApp:
     # ---- live updates --------------------------------------------------------------------
 
     def _events(self, request: Request, caller: Caller) -> EventStream:
-        streams = self.servicer.streams
+        streams = self.streams
         if streams.open[caller.user] >= streams.limit:
             raise HttpError(
                 429, f"{caller.user} has {MAX_STREAMS_PER_USER} streams open already (the most)"
@@ -436,7 +439,7 @@ class WebApp:
         return EventStream(self._event_feed(caller.user, value))
 
     async def _event_feed(self, user: str, cookie: str) -> AsyncIterator[bytes]:
-        with self.servicer.streams.opened(user) as refused:
+        with self.streams.opened(user) as refused:
             if refused:
                 yield f"event: refused\ndata: {json.dumps({'error': refused})}\n\n".encode()
                 return
@@ -444,8 +447,8 @@ class WebApp:
             queue: asyncio.Queue[list[Any]] = asyncio.Queue()
 
             async def follow() -> None:
-                async for batch in self.co.watch(()):
-                    queue.put_nowait(batch)
+                async for batch in self.queries.watch(()):
+                    queue.put_nowait(list(batch.events))
 
             loop = asyncio.get_running_loop()
             watching = asyncio.create_task(follow())
@@ -465,7 +468,7 @@ class WebApp:
                             batch.extend(queue.get_nowait())
                         # a page refetches on any of them: a 10,000-task array's cancel is
                         # not 10,000 events to every open browser
-                        events = [_dict(event_to_proto(e)) for e in batch[:MAX_SSE_EVENTS]]
+                        events = [_dict(e) for e in batch[:MAX_SSE_EVENTS]]
                         more = max(0, len(batch) - MAX_SSE_EVENTS)
                         yield _sse("jobs", {"events": events, "more": more})
                     if watching.done():
@@ -497,19 +500,7 @@ class WebApp:
         now = asyncio.get_running_loop().time()
         if self._nodes_memo is not None and now - self._nodes_memo[0] < NODES_CHECK / 2:
             return self._nodes_memo[1]
-        cluster = self.co.cluster
-        nodes = [
-            (
-                name,
-                entry.node.state,
-                entry.session is None,
-                entry.drained,
-                entry.usage,
-                len(cluster.running_on(name)),
-            )
-            for name, entry in sorted(cluster.nodes.items())
-        ]
-        state = (*nodes, len(cluster.drains))
+        state = self.queries.nodes_state()
         self._nodes_memo = (now, state)
         return state
 

@@ -338,7 +338,7 @@ print(subprocess.Popen([sys.executable, "-m", "gpuq.cli.main", "--home", home, "
 def test_one_user_cannot_take_every_stream(tmp_path: Path) -> None:
     """Streams last: one user keeps at most MAX_STREAMS_PER_USER open; the next is refused
     RESOURCE_EXHAUSTED at once, and others are still served."""
-    from gpuq.coordinator.servicers import MAX_STREAMS_PER_USER
+    from gpuq.coordinator.front.grpc_queue import MAX_STREAMS_PER_USER
 
     cluster = Cluster(tmp_path)
     cluster.start_coordinator()

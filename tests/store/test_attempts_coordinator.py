@@ -6,15 +6,14 @@ and its agent link, on a real store (SQLite and PostgreSQL), with a stand-in age
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Callable
 
+from harness import message_with, run, submit, until
 from helpers import make_spec
 
 from gpuq.config import CoordinatorSettings, QosTier
-from gpuq.coordinator.agents import NOT_RECEIVED, AgentLink
-from gpuq.coordinator.cluster import AgentSession
-from gpuq.coordinator.core import Coordinator
-from gpuq.coordinator.passes import Passes
+from gpuq.coordinator.nodes.agent_link import NOT_RECEIVED
+from gpuq.coordinator.nodes.agent_session import AgentSession
+from gpuq.coordinator.server import Coordinator, assemble
 from gpuq.domain.states import JobState
 from gpuq.store.api import Store
 from gpuq.v1 import agent_pb2 as apb
@@ -27,51 +26,17 @@ def register(jobs: list[apb.JobReport] | None = None) -> apb.Register:
     return apb.Register(node="n1", gpus=[GPU], cpus=4, mem=1 << 34, fake=True, jobs=jobs or [])
 
 
-def run(
-    store: Store,
-    body: Callable[[Coordinator, AgentLink], Awaitable[None]],
-    settings: CoordinatorSettings | None = None,
-) -> None:
-    async def main() -> None:
-        co = Coordinator(store, settings or CoordinatorSettings())
-        link = AgentLink(co)
-        Passes(co)
-        await co.start()
-        try:
-            await body(co, link)
-        finally:
-            await co.close()
-
-    asyncio.run(main())
-
-
-async def until(condition: Callable[[], object], timeout: float = 10.0) -> None:
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + timeout
-    while not condition():
-        assert loop.time() < deadline, "timed out"
-        await asyncio.sleep(0.01)
-
-
-async def message_with(session: AgentSession, field: str) -> apb.CoordinatorMessage:
-    """The next message to the agent that carries `field` (start, stop, ack)."""
-    while True:
-        message = await asyncio.wait_for(session.next_message(), 10)
-        assert message is not None
-        if getattr(message, field):
-            return message
-
-
 async def launched(session: AgentSession) -> list[apb.JobLaunch]:
     return list((await message_with(session, "start")).start)
 
 
 def test_starts_carry_attempts_and_unreceived_starts_go_back_to_pending(store: Store) -> None:
-    async def body(co: Coordinator, link: AgentLink) -> None:
+    async def body(co: Coordinator) -> None:
+        link = co.link
         session = AgentSession("n1")
         await link.register(register(), session)
         link.heartbeat("n1", apb.Heartbeat())  # its units' health: they may be given out
-        [job_id] = await co.submit(make_spec(gpus=1), "alice")
+        [job_id] = await submit(co, make_spec(gpus=1), "alice")
         [first] = await launched(session)
         assert (first.job_id, first.attempt) == (job_id, 1)
 
@@ -81,7 +46,7 @@ def test_starts_carry_attempts_and_unreceived_starts_go_back_to_pending(store: S
         link.reports("n1", [stale])
         message = await message_with(session, "ack")
         assert list(message.ack) == [job_id]
-        assert co.cluster.jobs[job_id].state is JobState.RUNNING
+        assert co.jobs.jobs[job_id].state is JobState.RUNNING
 
         # handed back unstarted: pending again, then started once more as attempt 2
         back = apb.JobReport(job_id=job_id, kind=apb.JobReport.NOT_STARTED, attempt=1)
@@ -109,19 +74,19 @@ def test_starts_carry_attempts_and_unreceived_starts_go_back_to_pending(store: S
         message = await message_with(session, "stop")
         stops = [(s.job_id, s.attempt) for s in message.stop]
         assert stops == [(job_id, 2)]
-        await until(lambda: co.cluster.jobs[job_id].state is JobState.PENDING)
+        await until(lambda: co.jobs.jobs[job_id].state is JobState.PENDING)
         await asyncio.sleep(0.2)  # passes run meanwhile: the GPU is held
-        assert co.cluster.jobs[job_id].start_count == 3
+        assert co.jobs.jobs[job_id].start_count == 3
         gone = apb.JobReport(job_id=job_id, kind=apb.JobReport.ENDED, end_state="cancelled")
         gone.attempt = 2
         link.reports("n1", [gone])
-        await until(lambda: co.cluster.jobs[job_id].start_count == 4)
+        await until(lambda: co.jobs.jobs[job_id].start_count == 4)
 
         # it ends for real
         done = apb.JobReport(job_id=job_id, kind=apb.JobReport.ENDED, end_state="completed")
         done.attempt = 4
         link.reports("n1", [done])
-        await until(lambda: job_id not in co.cluster.jobs)
+        await until(lambda: job_id not in co.jobs.jobs)
 
     run(store, body)
     job = store.get_job(job_id_of(store))
@@ -150,26 +115,27 @@ def test_a_job_lost_with_its_node_is_requeued_as_often_as_its_qos_allows(store: 
     tiers = {"normal": QosTier("normal"), "never": QosTier("never", requeue_on_node_fail=0)}
     ids: dict[str, int] = {}
 
-    async def body(co: Coordinator, link: AgentLink) -> None:
+    async def body(co: Coordinator) -> None:
+        link = co.link
         session = AgentSession("n1")
         two = apb.Register(node="n1", gpus=[GPU, pb.GpuUnit(uuid="GPU-2", index=1)], cpus=4)
         two.mem = 1 << 34
         await link.register(two, session)
         link.heartbeat("n1", apb.Heartbeat())  # its units' health: they may be given out
-        ids["once"] = (await co.submit(make_spec("once", gpus=1), "alice"))[0]
-        ids["never"] = (await co.submit(make_spec("never", gpus=1, qos="never"), "alice"))[0]
-        await until(lambda: all(co.cluster.jobs[i].state is JobState.RUNNING for i in ids.values()))
-        await co.fail_node_jobs("n1", "no word from its agent for 300 s")
-        assert co.cluster.jobs[ids["once"]].state is JobState.PENDING
-        assert co.cluster.jobs[ids["once"]].requeue_count == 1
-        assert ids["never"] not in co.cluster.jobs  # ended node_fail
+        ids["once"] = (await submit(co, make_spec("once", gpus=1), "alice"))[0]
+        ids["never"] = (await submit(co, make_spec("never", gpus=1, qos="never"), "alice"))[0]
+        await until(lambda: all(co.jobs.jobs[i].state is JobState.RUNNING for i in ids.values()))
+        await co.endings.node_lost("n1", "no word from its agent for 300 s")
+        assert co.jobs.jobs[ids["once"]].state is JobState.PENDING
+        assert co.jobs.jobs[ids["once"]].requeue_count == 1
+        assert ids["never"] not in co.jobs.jobs  # ended node_fail
         link.disconnected("n1", session)
         session = AgentSession("n1")
         await link.register(two, session)  # the node is back: the job starts again
         link.heartbeat("n1", apb.Heartbeat())  # its units' health: they may be given out
-        await until(lambda: co.cluster.jobs[ids["once"]].state is JobState.RUNNING)
-        await co.fail_node_jobs("n1", "no word from its agent for 300 s")
-        assert ids["once"] not in co.cluster.jobs  # its one requeue is spent
+        await until(lambda: co.jobs.jobs[ids["once"]].state is JobState.RUNNING)
+        await co.endings.node_lost("n1", "no word from its agent for 300 s")
+        assert ids["once"] not in co.jobs.jobs  # its one requeue is spent
 
     run(store, body, CoordinatorSettings(qos=tiers))
     once, never = store.get_job(ids["once"]), store.get_job(ids["never"])
@@ -188,25 +154,24 @@ def test_a_nodes_units_wait_for_its_agents_first_word_on_their_health(store: Sto
     and a unit that heartbeat says is dirty stays out."""
 
     async def main() -> None:
-        co = Coordinator(store, CoordinatorSettings())
-        link = AgentLink(co)
-        passes = Passes(co)
+        co = assemble(store, CoordinatorSettings())
+        link = co.link
         await co.start()
 
         def reasons(job_id: int) -> str:
-            passes._explained_at = -1.0  # explain from the cluster as it is now
-            detail = passes.pending_detail(co.cluster.jobs[job_id])
+            co.scheduling.forget_explanation()  # explain from the cluster as it is now
+            detail = co.scheduling.pending_detail(co.jobs.jobs[job_id])
             return "; ".join(detail.waiting.reasons) if detail else ""
 
         try:
             session = AgentSession("n1")
             await link.register(register(), session)
-            [job_id] = await co.submit(make_spec(gpus=1), "alice")
+            [job_id] = await submit(co, make_spec(gpus=1), "alice")
             await until(lambda: "has not reported" in reasons(job_id))
             dirty = pb.GpuUsage(uuid="GPU-1", health="dirty", health_reason="pid 7 still runs")
             link.heartbeat("n1", apb.Heartbeat(usage=[dirty]))
             await until(lambda: "pid 7 still runs" in reasons(job_id))
-            assert co.cluster.jobs[job_id].state is JobState.PENDING
+            assert co.jobs.jobs[job_id].state is JobState.PENDING
             link.heartbeat("n1", apb.Heartbeat(usage=[pb.GpuUsage(uuid="GPU-1", health="ok")]))
             [first] = await launched(session)
             assert first.job_id == job_id

@@ -5,41 +5,29 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Awaitable, Callable
 
 import pytest
+from harness import run, submit
 from helpers import make_spec
 
 from gpuq.config import CoordinatorSettings
-from gpuq.coordinator.core import Coordinator
+from gpuq.coordinator.server import Coordinator
 from gpuq.domain.states import JobState
 from gpuq.errors import InvalidInput
 from gpuq.store.api import JobQuery, NewJob, Store
 
 
-def run(store: Store, body: Callable[[Coordinator], Awaitable[None]]) -> None:
-    async def main() -> None:
-        co = Coordinator(store, CoordinatorSettings())
-        await co.start()
-        try:
-            await body(co)
-        finally:
-            await co.close()
-
-    asyncio.run(main())
-
-
 def test_racing_repeats_make_one_job(store: Store) -> None:
     async def body(co: Coordinator) -> None:
         spec = make_spec(hold=True)
-        results = await asyncio.gather(*(co.submit(spec, "alice", "same") for _ in range(5)))
+        results = await asyncio.gather(*(submit(co, spec, "alice", "same") for _ in range(5)))
         assert len({tuple(r) for r in results}) == 1
         [job_id] = results[0]
-        assert [j.id for j in co.live_jobs()] == [job_id]
-        assert await co.submit(spec, "alice", "same") == [job_id]  # from memory now
-        assert await co.submit(spec, "bob", "same") != [job_id]
+        assert [j.id for j in co.queries.live_jobs()] == [job_id]
+        assert await submit(co, spec, "alice", "same") == [job_id]  # from memory now
+        assert await submit(co, spec, "bob", "same") != [job_id]
         with pytest.raises(InvalidInput, match="request key"):
-            await co.submit(spec, "alice", "é")
+            await submit(co, spec, "alice", "é")
 
     run(store, body)
     assert len(store.list_jobs(JobQuery())) == 2
@@ -51,9 +39,9 @@ def test_a_repeat_of_a_job_memory_never_saw_brings_it_back(store: Store) -> None
     async def body(co: Coordinator) -> None:
         with store.transaction() as tx:
             [job_id], _ = tx.add_job(NewJob(make_spec(), "alice", "normal", 0, "lost"), time.time())
-        assert co.live_jobs() == []
-        assert await co.submit(make_spec(), "alice", "lost") == [job_id]
-        assert [(j.id, j.state) for j in co.live_jobs()] == [(job_id, JobState.PENDING)]
+        assert co.queries.live_jobs() == []
+        assert await submit(co, make_spec(), "alice", "lost") == [job_id]
+        assert [(j.id, j.state) for j in co.queries.live_jobs()] == [(job_id, JobState.PENDING)]
 
     run(store, body)
     assert len(store.list_jobs(JobQuery())) == 1

@@ -1,4 +1,4 @@
-"""Interactive jobs' lifetime on the coordinator (gpuq.coordinator.terminals), with a short
+"""Interactive jobs' lifetime on the coordinator (gpuq.coordinator.terminal_relay), with a short
 grace: a job nobody attaches to is cancelled when the grace is over, one that is attached is
 not; after a restart (a new Coordinator on the same store) every interactive job starts
 detached, with a full grace to be attached again. On a real store, with no agent."""
@@ -10,11 +10,12 @@ from collections.abc import Awaitable, Callable
 from dataclasses import replace
 
 import pytest
+from harness import submit
 from helpers import make_spec
 
 from gpuq.config import CoordinatorSettings
-from gpuq.coordinator.core import Coordinator
-from gpuq.coordinator.terminals import NEVER_ATTACHED, check_interactive_spec
+from gpuq.coordinator.server import Coordinator, assemble
+from gpuq.coordinator.terminal_relay import NEVER_ATTACHED, check_interactive_spec
 from gpuq.domain.arrays import ArraySpec
 from gpuq.domain.placement import Terminal
 from gpuq.domain.states import JobState
@@ -37,13 +38,19 @@ class Clock:
         self.now += seconds
 
 
+def clock_of(co: Coordinator) -> Clock:
+    assert isinstance(co.clock, Clock)
+    return co.clock
+
+
 def interactive(**kwargs: object) -> object:
     return replace(make_spec(gpus=1, **kwargs), terminal=Terminal())
 
 
 def run(store: Store, body: Callable[[Coordinator], Awaitable[None]]) -> None:
     async def main() -> None:
-        co = Coordinator(store, CoordinatorSettings(), clock=Clock())
+        clock = Clock()
+        co = assemble(store, CoordinatorSettings(), clock)
         co.terminals.grace = GRACE
         await co.start()
         try:
@@ -56,7 +63,7 @@ def run(store: Store, body: Callable[[Coordinator], Awaitable[None]]) -> None:
 
 async def ended(co: Coordinator, job_id: int) -> None:
     for _ in range(500):
-        if job_id not in co.cluster.jobs:
+        if job_id not in co.jobs.jobs:
             return
         await asyncio.sleep(0.01)
     raise AssertionError(f"job {job_id} did not end")
@@ -66,21 +73,21 @@ def test_the_grace_cancels_a_job_nobody_attached_to(store: Store) -> None:
     kept: list[int] = []
 
     async def body(co: Coordinator) -> None:
-        [lonely] = await co.submit(interactive(), "alice")  # type: ignore[arg-type]
-        [attached] = await co.submit(interactive(), "alice")  # type: ignore[arg-type]
+        [lonely] = await submit(co, interactive(), "alice")  # type: ignore[arg-type]
+        [attached] = await submit(co, interactive(), "alice")  # type: ignore[arg-type]
         state = await co.terminals.open(attached, "alice")
         # attached when the coordinator goes down (its client reattaches after the restart)
-        [restarted] = await co.submit(interactive(), "alice")  # type: ignore[arg-type]
+        [restarted] = await submit(co, interactive(), "alice")  # type: ignore[arg-type]
         await co.terminals.open(restarted, "alice")
         kept.append(restarted)
         await co.terminals.sweep()
-        assert lonely in co.cluster.jobs  # within the grace
-        co.clock.advance(GRACE + 1)  # type: ignore[attr-defined]
+        assert lonely in co.jobs.jobs  # within the grace
+        clock_of(co).advance(GRACE + 1)
         await co.terminals.sweep()
         await ended(co, lonely)
         job = await co.writer.read(lambda s: s.get_job(lonely))
         assert (job.state, job.reason) == (JobState.CANCELLED, NEVER_ATTACHED)
-        assert co.cluster.jobs[attached].state is JobState.PENDING
+        assert co.jobs.jobs[attached].state is JobState.PENDING
         co.terminals.close(state)  # its stream went away: cancelled at once
         await ended(co, attached)
 
@@ -88,10 +95,10 @@ def test_the_grace_cancels_a_job_nobody_attached_to(store: Store) -> None:
 
     async def after_restart(co: Coordinator) -> None:
         job_id = kept[0]
-        assert co.cluster.jobs[job_id].state is JobState.PENDING
+        assert co.jobs.jobs[job_id].state is JobState.PENDING
         await co.terminals.sweep()  # detached since now: a full grace
-        assert job_id in co.cluster.jobs
-        co.clock.advance(GRACE + 1)  # type: ignore[attr-defined]
+        assert job_id in co.jobs.jobs
+        clock_of(co).advance(GRACE + 1)
         await co.terminals.sweep()
         await ended(co, job_id)
 

@@ -6,7 +6,7 @@ import datetime as dt
 
 import pytest
 
-from gpuq.coordinator.cron import next_fire, trigger, weekday_names
+from gpuq.coordinator.cron_service import next_fire, trigger, weekday_names
 from gpuq.errors import InvalidInput
 
 

@@ -7,13 +7,12 @@ import pytest
 from helpers import make_spec
 
 from gpuq.config import QosTier
-from gpuq.coordinator.edits import (
-    Filters,
+from gpuq.coordinator.jobs.selection import Filters, select_live
+from gpuq.coordinator.jobs.update_rules import (
     Update,
     check_requeue,
     dependency_cycle,
     plan_update,
-    select_live,
 )
 from gpuq.domain.dependencies import Dependency
 from gpuq.domain.model import Job, Resources

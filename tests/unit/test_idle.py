@@ -8,7 +8,7 @@ from collections.abc import Sequence
 from helpers import make_spec
 
 from gpuq.config import QosTier
-from gpuq.coordinator.idle import (
+from gpuq.coordinator.jobs.idle_rules import (
     Decision,
     IdleWatch,
     Sample,

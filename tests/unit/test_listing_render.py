@@ -13,7 +13,7 @@ import pytest
 from gpuq.cli import render
 from gpuq.cli.listings import parse_since
 from gpuq.cli.render import Column, Field, fit_widths, layout, parse_format
-from gpuq.coordinator.listing import list_filters
+from gpuq.coordinator.front.listing_filters import list_filters
 from gpuq.domain.patterns import compile_patterns, to_posix_regex
 from gpuq.errors import InvalidInput
 from gpuq.v1 import queue_pb2

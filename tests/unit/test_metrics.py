@@ -12,15 +12,17 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from harness import record_ends, save_node, submit
 from helpers import Samples, make_spec, metric_samples
 from helpers import metric_value as value
 
 from gpuq.config import CoordinatorSettings
-from gpuq.coordinator.cluster import AgentSession, NodeEntry
-from gpuq.coordinator.core import Coordinator
-from gpuq.coordinator.idle import Track
+from gpuq.coordinator.jobs.idle_rules import Track
+from gpuq.coordinator.memory.node_table import NodeEntry
 from gpuq.coordinator.metrics import REASONS, Metrics, main_reason, reason_category
-from gpuq.coordinator.passes import Passes
+from gpuq.coordinator.nodes.agent_session import AgentSession
+from gpuq.coordinator.server import assemble
+from gpuq.coordinator.serving import attach_metrics, metric_sources
 from gpuq.domain.arrays import ArraySpec
 from gpuq.domain.model import GpuUnit, JobResult, Node, NodeState
 from gpuq.domain.states import JobState
@@ -72,34 +74,32 @@ def test_counters_histograms_and_gauges_follow_the_coordinator(store: Store) -> 
     clock = Clock()
 
     async def main() -> None:
-        co = Coordinator(store, CoordinatorSettings(), clock=clock)
-        passes = Passes(co)
-        metrics = Metrics(co, passes.explained)
-        metrics.install()
+        co = assemble(store, CoordinatorSettings(), clock)
+        metrics = attach_metrics(co)
         await co.start()
         try:
             node = Node("a", UNITS, 16, 64 * GiB, NodeState.UP)
-            await co.save_node(node)
+            await save_node(co, node)
             entry = NodeEntry(node, clock(), AgentSession("a"), heard=True)
             entry.usage = (
                 pb.GpuUsage(uuid="GPU-a-0", memory_used=10 * GiB, utilization=50),
                 pb.GpuUsage(uuid="GPU-a-1", memory_used=2 * GiB, health="dirty"),
                 pb.GpuUsage(uuid="MIG-a-2-0", memory_used=0),  # utilisation unknown
             )
-            co.cluster.nodes["a"] = entry
+            co.nodes.nodes["a"] = entry
             before = scrape(metrics)
             assert value(before, "gpuq_jobs_submitted_total") == 0
             assert value(before, "gpuq_jobs", state="pending", qos="normal") == 0
 
-            [first] = await co.submit(make_spec(gpus=1), "alice")
-            await _until(lambda: co.cluster.jobs[first].state is JobState.RUNNING)
+            [first] = await submit(co, make_spec(gpus=1), "alice")
+            await _until(lambda: co.jobs.jobs[first].state is JobState.RUNNING)
             clock.now += 30  # the second waits 30 s behind it (GPU 1 is dirty)
-            [second] = await co.submit(make_spec(gpus=1), "bob")
-            await co.submit(make_spec(begin_time=clock.now + 3600), "bob")
-            await co.submit(make_spec(hold=True), "bob")
-            await co.submit(make_spec(array=ArraySpec(tuple(range(5)))), "carol")
+            [second] = await submit(co, make_spec(gpus=1), "bob")
+            await submit(co, make_spec(begin_time=clock.now + 3600), "bob")
+            await submit(co, make_spec(hold=True), "bob")
+            await submit(co, make_spec(array=ArraySpec(tuple(range(5)))), "carol")
             co.idle.tracks[first] = Track(start=1, flags={"idle": "idle since 12:00"})
-            running = co.cluster.in_state(JobState.RUNNING)
+            running = co.jobs.in_state(JobState.RUNNING)
             await _until(lambda: len(running) == 6)  # the array's tasks too
 
             during = scrape(metrics)
@@ -130,8 +130,9 @@ def test_counters_histograms_and_gauges_follow_the_coordinator(store: Store) -> 
             assert value(during, "gpuq_store_write_seconds_count") >= 5
 
             clock.now += 60  # the first ran 90 s
-            await co.record_ends("a", [(first, JobState.COMPLETED, JobResult(exit_code=0), None)])
-            await _until(lambda: co.cluster.jobs[second].state is JobState.RUNNING)
+            ended = [(first, JobState.COMPLETED, JobResult(exit_code=0), None)]
+            await record_ends(co, "a", ended)
+            await _until(lambda: co.jobs.jobs[second].state is JobState.RUNNING)
             after = scrape(metrics)
             assert value(after, "gpuq_jobs_ended_total", state="completed") == 1
             assert value(after, "gpuq_jobs_ended_total", state="failed") == 0
@@ -172,7 +173,7 @@ def test_pending_reasons_fall_in_bounded_categories() -> None:
 
 def test_only_get_and_head_of_slash_metrics_are_served(store: Store) -> None:
     async def main() -> None:
-        metrics = Metrics(Coordinator(store, CoordinatorSettings()))
+        metrics = Metrics(metric_sources(assemble(store, CoordinatorSettings())))
         for method, path, status in [
             ("GET", "/metrics", 200),
             ("HEAD", "/metrics", 200),
@@ -200,14 +201,14 @@ def exported_names(store: Store) -> set[str]:
     families that list them are there), as the registry names them."""
 
     async def main() -> set[str]:
-        co = Coordinator(store, CoordinatorSettings())
+        co = assemble(store, CoordinatorSettings())
         node = Node("a", UNITS[:1], 16, 64 * GiB, NodeState.UP)
         entry = NodeEntry(node, co.clock(), AgentSession("a"), heard=True)
         entry.usage = (pb.GpuUsage(uuid="GPU-a-0", memory_used=GiB, utilization=5),)
-        co.cluster.nodes["a"] = entry
-        co.sched.usage = {"alice": (10.0, co.clock())}
-        co.sched.shares = {"alice": 0.5}
-        metrics = Metrics(co)
+        co.nodes.nodes["a"] = entry
+        co.inputs.usage = {"alice": (10.0, co.clock())}
+        co.inputs.shares = {"alice": 0.5}
+        metrics = Metrics(metric_sources(co))
         suffixes = {"counter": ["_total"], "histogram": ["_bucket", "_sum", "_count"]}
         names: set[str] = set()
         for family in metrics.registry.collect():

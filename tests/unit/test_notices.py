@@ -305,11 +305,12 @@ def test_one_users_notifications_cannot_crowd_out_everyone_elses(
     notifier's room, not everyone's."""
     from types import SimpleNamespace
 
-    from gpuq.coordinator import notifier as notifier_module
+    from gpuq.coordinator import notifications as notifier_module
 
     monkeypatch.setattr(notifier_module, "MAX_PENDING", 10)
     monkeypatch.setattr(notifier_module, "MAX_PENDING_PER_USER", 3)
-    notifier = notifier_module.Notifier(SimpleNamespace())  # type: ignore[arg-type]
+    unused = SimpleNamespace()
+    notifier = notifier_module.Notifier(unused, unused, unused, unused, unused, unused)  # type: ignore[arg-type]
     assert [notifier._room(["webhook"], "mallory") for _ in range(5)] == [True] * 3 + [False] * 2
     assert notifier.sent[("webhook", "dropped")] == 2
     assert all(notifier._room(["mail"], "ada") for _ in range(3))

@@ -10,7 +10,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from gpuq.cli import render
-from gpuq.coordinator.agents import check_registration, clean_usage
+from gpuq.coordinator.nodes.agent_input import check_registration, clean_usage
 from gpuq.domain.limits import CONTROL_RE, check_reason, check_text, clean_line
 from gpuq.errors import InvalidInput
 from gpuq.v1 import agent_pb2 as apb

@@ -15,15 +15,16 @@ from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
+from harness import record_ends
 from helpers import make_spec
 from sqlalchemy.exc import DBAPIError, IntegrityError, OperationalError
 
 from gpuq.config import CoordinatorSettings
-from gpuq.coordinator import writer as writer_module
-from gpuq.coordinator.cluster import AgentSession, NodeEntry
-from gpuq.coordinator.core import Coordinator
-from gpuq.coordinator.passes import Passes
-from gpuq.coordinator.writer import StoreWriter, is_storage_error
+from gpuq.coordinator.changes import store_writer as writer_module
+from gpuq.coordinator.memory.node_table import NodeEntry
+from gpuq.coordinator.nodes.agent_session import AgentSession
+from gpuq.coordinator.server import assemble
+from gpuq.coordinator.changes.store_writer import StoreWriter, is_storage_error
 from gpuq.domain.model import GpuUnit, JobResult, Node, NodeState
 from gpuq.domain.states import JobState
 from gpuq.errors import IllegalTransition, NotFound, StorageUnavailable
@@ -104,7 +105,7 @@ def test_a_write_waits_out_an_outage_and_it_is_logged_once(
         finally:
             await writer.close()
 
-    with caplog.at_level(logging.INFO, logger="gpuq.coordinator.writer"):
+    with caplog.at_level(logging.INFO, logger="gpuq.coordinator.changes.store_writer"):
         asyncio.run(main())
     messages = [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
     assert sum("the job store failed" in m for m in messages) == 1, messages
@@ -187,21 +188,20 @@ def test_writes_whose_commit_landed_but_answer_was_lost(store: BlinkingStore) ->
     started: list[int] = []
 
     async def main() -> None:
-        co = Coordinator(store, CoordinatorSettings())
-        Passes(co)
-        co.send_starts = lambda jobs: started.extend(j.id for j in jobs)
+        co = assemble(store, CoordinatorSettings())
+        co.agents.send_starts = lambda jobs: started.extend(j.id for j in jobs)  # type: ignore[method-assign]
         store.lose_answers = 1  # the pass's start
         await co.start()
-        co.cluster.nodes["a"] = NodeEntry(
+        co.nodes.nodes["a"] = NodeEntry(
             node, last_seen=time.time(), session=AgentSession("a"), heard=True
         )
         co.wake()
         await _until(lambda: started == [job_id])
-        assert co.cluster.jobs[job_id].state is JobState.RUNNING
+        assert co.jobs.jobs[job_id].state is JobState.RUNNING
         store.lose_answers = 1  # the end's
         result = JobResult(exit_code=0)
-        await co.record_ends("a", [(job_id, JobState.COMPLETED, result, None)])
-        assert job_id not in co.cluster.jobs  # ended in memory too: nothing holds the GPU
+        await record_ends(co, "a", [(job_id, JobState.COMPLETED, result, None)])
+        assert job_id not in co.jobs.jobs  # ended in memory too: nothing holds the GPU
         await co.close()
 
     asyncio.run(main())

@@ -847,7 +847,7 @@ def test_the_largest_valid_request_fits_the_receive_limits() -> None:
 
 
 def test_the_largest_valid_registration_fits_the_coordinators_receive_limit() -> None:
-    from gpuq.coordinator.agents import MAX_NODE_BYTES, MAX_NODE_CPUS, check_registration
+    from gpuq.coordinator.nodes.agent_input import MAX_NODE_BYTES, MAX_NODE_CPUS, check_registration
     from gpuq.domain.limits import MAX_NODE_UNITS, MAX_REQUEST_BYTES, MAX_TOPOLOGY_LINKS
     from gpuq.v1 import agent_pb2
     from gpuq.v1 import types_pb2 as pb
@@ -895,7 +895,7 @@ def test_a_script_is_bounded_in_bytes_not_characters() -> None:
 def test_an_agent_session_splits_launches_to_fit_one_message() -> None:
     import asyncio
 
-    from gpuq.coordinator.cluster import AgentSession
+    from gpuq.coordinator.nodes.agent_session import AgentSession
     from gpuq.v1 import agent_pb2
 
     def launch(job_id: int, size: int) -> agent_pb2.JobLaunch:

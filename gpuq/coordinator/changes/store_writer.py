@@ -62,15 +62,15 @@ class _Item:
 
 
 class StoreWriter:
-    def __init__(self, store: Store) -> None:
+    def __init__(self, store: Store, on_commit: Callable[[float], None] = lambda s: None) -> None:
         self.store = store
+        # told how long each commit took, as the writer waited for it (the event bus)
+        self.on_commit = on_commit
         self._queue: asyncio.Queue[_Item] = asyncio.Queue()
         self._executor = ThreadPoolExecutor(1, thread_name_prefix="gpuq-store-writer")
         self._task: asyncio.Task[None] | None = None
         self.down_since: float | None = None  # monotonic time the current outage began
         self.outages = 0  # outages seen since the start (tests and diagnostics)
-        # told how long each commit took, as the writer waited for it (gpuq.coordinator.metrics)
-        self.on_commit: Callable[[float], None] = lambda seconds: None
 
     def start(self) -> None:
         self._task = asyncio.get_running_loop().create_task(self._run(), name="store-writer")

@@ -1,7 +1,7 @@
 """Telling people: mail through the local MTA (SLURM's --mail-type), users' webhooks
 (--notify URL) and admins' webhooks (node and GPU health).
 
-Coordinator.publish hands every event to `published`, which only looks at the job's spec and
+The event bus hands every event to `published`, which only looks at the job's spec and
 queues it: nothing here blocks or slows the scheduling path. A task decides (gpuq.domain.notices)
 what each event means and starts one delivery task per message; deliveries run blocking I/O in
 a small pool of threads of their own, at most a few at once per receiving host, so that one slow
@@ -37,14 +37,18 @@ import math
 import socket
 import ssl
 import time
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 from urllib.parse import urlsplit
 
 from gpuq import __version__
-from gpuq.coordinator.background import Background
-from gpuq.coordinator.cluster import unit_states
+from gpuq.config import CoordinatorSettings
+from gpuq.coordinator.background_tasks import Background
+from gpuq.coordinator.changes.store_writer import StoreWriter
+from gpuq.coordinator.memory.live_jobs import LiveJobs
+from gpuq.coordinator.memory.node_table import NodeTable, unit_states
+from gpuq.coordinator.memory.scheduler_inputs import SchedulerInputs
 from gpuq.domain.model import Job, JobEvent
 from gpuq.domain.notices import (
     Change,
@@ -64,9 +68,6 @@ from gpuq.domain.notify import check_mail_user
 from gpuq.domain.states import JobState
 from gpuq.errors import InvalidInput
 from gpuq.store.api import Notification
-
-if TYPE_CHECKING:
-    from gpuq.coordinator.core import Coordinator
 
 log = logging.getLogger(__name__)
 
@@ -96,8 +97,21 @@ class Delivery:
 
 
 class Notifier:
-    def __init__(self, co: Coordinator) -> None:
-        self.co = co
+    def __init__(
+        self,
+        settings: CoordinatorSettings,
+        writer: StoreWriter,
+        jobs: LiveJobs,
+        nodes: NodeTable,
+        inputs: SchedulerInputs,
+        clock: Callable[[], float],
+    ) -> None:
+        self.settings = settings
+        self.writer = writer
+        self.jobs = jobs
+        self.nodes = nodes
+        self.inputs = inputs
+        self.clock = clock
         self.sent: collections.Counter[tuple[str, str]] = collections.Counter()
         self._inbox: collections.deque[tuple[JobEvent, Job]] = collections.deque()
         self._wake = asyncio.Event()
@@ -150,7 +164,7 @@ class Notifier:
         """Take up the outbox rows an earlier coordinator left (its crash, its restart)."""
         room = max(0, MAX_PENDING - self._pending)
         try:
-            rows = await self.co.writer.read(lambda s: s.due_notifications(math.inf, room))
+            rows = await self.writer.read(lambda s: s.due_notifications(math.inf, room))
         except Exception as exc:
             log.warning("notifications: the outbox was not read (%s); it waits a restart", exc)
             return
@@ -171,7 +185,7 @@ class Notifier:
     # ---- the scheduling path: queue only ------------------------------------------------
 
     def published(self, event: JobEvent, job: Job | None) -> None:
-        """An event of `job` (Coordinator.publish): queued when its job asked to be told."""
+        """An event of `job` (an event bus listener): queued when its job asked to be told."""
         if job is None or self._closed:
             return
         spec = job.spec
@@ -235,20 +249,19 @@ class Notifier:
                     self._release(job.user)
 
     async def _decide(self, event: JobEvent, job: Job) -> None:
-        co = self.co
         spec = job.spec
         ended = not event.to_state.is_live
         if ended:
             # the store has the result by now (memory follows it): exit code, times
             job_id = event.job_id
             try:
-                job = await co.writer.read(lambda s: s.get_job(job_id))
+                job = await self.writer.read(lambda s: s.get_job(job_id))
             except Exception as exc:  # the store blinked: tell without the exit code
                 log.debug("job %d not read for its notification: %s", job_id, exc)
         # preempted or lost, and put straight back in the queue: a requeue, not an end
-        current = co.cluster.jobs.get(event.job_id)
+        current = self.jobs.jobs.get(event.job_id)
         requeued = ended and current is not None and current.state.is_live
-        change = _change(event, job, co.cluster.jobs.get(event.job_id))
+        change = _change(event, job, self.jobs.jobs.get(event.job_id))
         split = event.from_state is None and job.array_job_id not in (None, job.id)
         if spec.notify_url is not None and not split:  # a split task is no state change
             self._deliver(Delivery("webhook", spec.notify_url, change.body(), owner=job.user))
@@ -283,11 +296,11 @@ class Notifier:
                 _remember(self._array_begun, array)
                 self._mail(change, frozenset({"BEGIN"}), job)
             return
-        if self.co._is_live(array) or array in self._array_ended:
+        if self.jobs.is_live(array) or array in self._array_ended:
             return
         _remember(self._array_ended, array)
         try:
-            states = await self.co.writer.read(lambda s: s.array_states([array]))
+            states = await self.writer.read(lambda s: s.array_states([array]))
         except Exception as exc:
             log.debug("array %d not read for its notification: %s", array, exc)
             states = {}
@@ -319,7 +332,7 @@ class Notifier:
         self._deliver(Delivery("mail", recipient, message.as_bytes(), owner=job.user))
 
     def _sender(self) -> str:
-        return self.co.settings.mail_from or f"gpuq@{socket.gethostname()}"
+        return self.settings.mail_from or f"gpuq@{socket.gethostname()}"
 
     # ---- the periodic look: time limits, health ------------------------------------------
 
@@ -333,14 +346,13 @@ class Notifier:
             await asyncio.sleep(TICK)
 
     def _time_limits(self) -> None:
-        co = self.co
-        now = co.clock()
+        now = self.clock()
         running: set[tuple[int, int]] = set()
-        for job in co.cluster.in_state(JobState.RUNNING):
+        for job in self.jobs.in_state(JobState.RUNNING):
             wanted = [t for t in job.spec.mail_types if t.startswith("TIME_LIMIT_")]
             if not wanted or job.start_time is None:
                 continue
-            limit = co.effective_time_limit(job)
+            limit = self.inputs.time_limit_seconds(job)
             if limit is None:
                 continue
             key = (job.id, job.start_count)
@@ -356,14 +368,13 @@ class Notifier:
             del self._warned[key]
 
     def _health_look(self) -> None:
-        hooks = self.co.settings.admin_webhooks
+        hooks = self.settings.admin_webhooks
         if not hooks:
             return
-        co = self.co
-        at = co.clock()
+        at = self.clock()
         now: dict[tuple[str, str], tuple[str, str, int | None]] = {}
-        for name, entry in co.cluster.nodes.items():
-            down = entry.down_reason(co.cluster.drains.get((name, "")))
+        for name, entry in self.nodes.nodes.items():
+            down = entry.down_reason(self.nodes.drains.get((name, "")))
             if down is None:
                 state = "up"
             elif entry.node.state.value != "up" or not entry.connected:
@@ -371,7 +382,7 @@ class Notifier:
             else:
                 state = "drained"
             now[(name, "")] = (state, down or "", None)
-            states = unit_states(entry, co.cluster.drains)
+            states = unit_states(entry, self.nodes.drains)
             for unit in entry.node.units:
                 unit_state = states.get(unit.uuid)
                 if unit_state is not None:
@@ -381,7 +392,7 @@ class Notifier:
         before, self._health = self._health, now
         if before is None:
             return  # the first look: what is, not a change
-        for change in health_changes(before, now, co.clock()):
+        for change in health_changes(before, now, self.clock()):
             self.health_changed(change)
 
     def _settled(self, key: tuple[str, str], health: str, at: float) -> str:
@@ -396,7 +407,7 @@ class Notifier:
 
     def health_changed(self, change: HealthChange) -> None:
         """To every admin webhook."""
-        for url in self.co.settings.admin_webhooks:
+        for url in self.settings.admin_webhooks:
             self._deliver(Delivery("webhook", url, change.body(), trusted=True))
 
     # ---- delivering ----------------------------------------------------------------------
@@ -415,7 +426,7 @@ class Notifier:
     ) -> None:
         """Deliver, retrying with backoff. A new delivery (row_id None) is written to the
         outbox first; a resumed one (its row, `first` attempts failed) waits until `next_at`."""
-        retries = self.co.settings.notify_retries
+        retries = self.settings.notify_retries
         shown = delivery.target if delivery.kind == "mail" else redact(delivery.target)
         unkept = False
         try:
@@ -423,8 +434,8 @@ class Notifier:
                 row_id = await self._keep(delivery)
                 unkept = row_id is None
                 self._unkept += unkept
-            elif next_at is not None and next_at > self.co.clock():
-                await asyncio.sleep(next_at - self.co.clock())
+            elif next_at is not None and next_at > self.clock():
+                await asyncio.sleep(next_at - self.clock())
             outcome = "failed"
             if first > retries:
                 log.warning("%s to %s failed %d times; giving up", delivery.kind, shown, first)
@@ -450,7 +461,7 @@ class Notifier:
                     log.info("%s to %s failed (%s); trying again", delivery.kind, shown, exc)
                 delay = backoff(attempt)
                 if row_id is not None:
-                    self._retry_later(row_id, attempt + 1, self.co.clock() + delay)
+                    self._retry_later(row_id, attempt + 1, self.clock() + delay)
                 await asyncio.sleep(delay)
             self.sent[(delivery.kind, outcome)] += 1
             if row_id is not None:
@@ -464,12 +475,12 @@ class Notifier:
         is then attempted from memory only). Waits until the outbox left by an earlier
         coordinator is read, so that this row is not resumed a second time."""
         await self._resumed.wait()
-        now = self.co.clock()
+        now = self.clock()
         row = Notification(
             delivery.kind, delivery.target, delivery.data, delivery.trusted, 0, now, now
         )
         try:
-            [row_id] = await self.co.writer.write(
+            [row_id] = await self.writer.write(
                 lambda tx: tx.add_notifications([row]), fail_fast=True
             )
         except Exception as exc:
@@ -492,7 +503,7 @@ class Notifier:
 
         async def record() -> None:
             try:
-                await self.co.writer.write(
+                await self.writer.write(
                     lambda tx: tx.retry_notification(row_id, attempts, next_at), fail_fast=True
                 )
             except Exception as exc:
@@ -503,7 +514,7 @@ class Notifier:
     async def _forget(self, row_id: int) -> None:
         """Delete a sent (or given up) delivery's row; a store that is down is waited out, so
         that a later start does not send it again (it still may, if this one stops first)."""
-        await self.co.writer.write(lambda tx: tx.delete_notifications([row_id]))
+        await self.writer.write(lambda tx: tx.delete_notifications([row_id]))
 
     def _slot(self, delivery: Delivery) -> asyncio.Semaphore:
         if delivery.kind == "mail":
@@ -523,7 +534,7 @@ class Notifier:
             return
         if self._pool is None:
             self._pool = ThreadPoolExecutor(THREADS, thread_name_prefix="gpuq-notify")
-        allow = () if delivery.trusted else self.co.settings.notify_allow
+        allow = () if delivery.trusted else self.settings.notify_allow
         loop = asyncio.get_running_loop()
         await loop.run_in_executor(
             self._pool, post, delivery.target, delivery.data, delivery.trusted, allow
@@ -532,7 +543,7 @@ class Notifier:
     async def _send_mail(self, recipient: str, data: bytes) -> None:
         """`mail_program -oi -- RECIPIENT`, the message on stdin (SLURM's MailProg way)."""
         process = await asyncio.create_subprocess_exec(
-            self.co.settings.mail_program,
+            self.settings.mail_program,
             "-oi",
             "--",
             recipient,
@@ -548,7 +559,7 @@ class Notifier:
             raise
         if process.returncode != 0:
             said = errors.decode(errors="replace").strip()[:200]
-            raise OSError(f"{self.co.settings.mail_program} exited {process.returncode}: {said}")
+            raise OSError(f"{self.settings.mail_program} exited {process.returncode}: {said}")
 
 
 def _remember(seen: collections.OrderedDict[int, None], key: int) -> None:

@@ -1,10 +1,8 @@
 """The coordinator's side of identity: the handshake socket, and who each call's metadata names.
 
-Every RPC passes AuthInterceptor before its request is read: a call that does not say who makes
-it is refused UNAUTHENTICATED (or PERMISSION_DENIED) with a handler that never reads the body,
-so an unauthenticated caller cannot make the coordinator receive or parse megabytes. The
-servicers then ask `Authority.caller` for the same metadata (cached) and decide what the caller
-may do (gpuq.coordinator.servicers).
+Every RPC passes the interceptor (gpuq.coordinator.front.rpc_calls) before its request is read;
+it asks `Authority.caller` who the metadata names, once per call, and what the caller may do is
+decided by gpuq.coordinator.access.permissions. The dashboard asks the same for its sessions.
 """
 
 from __future__ import annotations
@@ -16,16 +14,12 @@ import logging
 import os
 import pwd
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
-
-import grpc
 
 from gpuq.errors import PermissionDenied
 from gpuq.identity import (
     MAX_CREDENTIAL,
-    METADATA_KEY,
     Caller,
     Unauthenticated,
     check_node_name,
@@ -201,38 +195,3 @@ async def serve_handshake(authority: Authority, path: Path) -> asyncio.AbstractS
     server = await asyncio.start_unix_server(answer, path=os.fspath(path))
     os.chmod(path, 0o666)
     return server
-
-
-# ---- the interceptor -----------------------------------------------------------------------
-
-
-class AuthInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[misc]
-    def __init__(self, authority: Authority) -> None:
-        self.authority = authority
-
-    async def intercept_service(
-        self,
-        continuation: Callable[[grpc.HandlerCallDetails], Awaitable[grpc.RpcMethodHandler]],
-        details: grpc.HandlerCallDetails,
-    ) -> grpc.RpcMethodHandler:
-        authorization = None
-        for key, value in details.invocation_metadata or ():
-            if key == METADATA_KEY:
-                authorization = value if isinstance(value, str) else None
-        try:
-            self.authority.caller(details.method, authorization)
-        except Unauthenticated as exc:
-            return _refusal(grpc.StatusCode.UNAUTHENTICATED, str(exc))
-        except PermissionDenied as exc:
-            return _refusal(grpc.StatusCode.PERMISSION_DENIED, str(exc))
-        return await continuation(details)
-
-
-def _refusal(code: grpc.StatusCode, message: str) -> grpc.RpcMethodHandler:
-    """A handler that ends the call at once. It takes a request stream whatever the method's
-    kind, and never reads it: a refused caller's body is not received, let alone parsed."""
-
-    async def refuse(_requests: Any, context: grpc.aio.ServicerContext) -> None:
-        await context.abort(code, message)
-
-    return grpc.stream_unary_rpc_method_handler(refuse)

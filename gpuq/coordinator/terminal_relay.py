@@ -13,8 +13,7 @@ An interactive job lives as long as its attachment, like srun: when the Attach s
 away before the job ended, or nobody attached within ATTACH_GRACE seconds (of its submission,
 or of a coordinator restart), the job is cancelled through the normal cancel path.
 
-Plain functions drive the state; the servicer (gpuq.coordinator.servicers.Attach) only turns
-errors into status codes.
+Plain functions drive the state; the servicer (Attach) only turns errors into status codes.
 """
 
 from __future__ import annotations
@@ -26,20 +25,23 @@ import math
 from collections import deque
 from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
 
 from gpuq.convert import result_to_proto
-from gpuq.coordinator.background import Background
+from gpuq.coordinator.access.permissions import check_attaches
+from gpuq.coordinator.background_tasks import Background
+from gpuq.coordinator.changes.effects import Cause
+from gpuq.coordinator.changes.store_writer import StoreWriter
+from gpuq.coordinator.jobs.job_actions import JobActions
+from gpuq.coordinator.jobs.selection import Selection
+from gpuq.coordinator.memory.live_jobs import LiveJobs
+from gpuq.coordinator.memory.node_table import NodeTable
 from gpuq.domain.limits import MAX_JOB_ID, clean_line
 from gpuq.domain.model import Job, JobEvent, JobSpec, parse_signal
 from gpuq.domain.states import JobState
-from gpuq.errors import InvalidInput, NotFound, PermissionDenied, Unsatisfiable
+from gpuq.errors import InvalidInput, NotFound, Unsatisfiable
+from gpuq.identity import Caller
 from gpuq.v1 import agent_pb2 as apb
 from gpuq.v1 import queue_pb2
-
-if TYPE_CHECKING:
-    from gpuq.coordinator.cluster import AgentSession
-    from gpuq.coordinator.core import Coordinator
 
 log = logging.getLogger(__name__)
 
@@ -87,11 +89,20 @@ def check_interactive_spec(spec: JobSpec) -> None:
 
 
 class Terminals:
-    def __init__(self, coordinator: Coordinator) -> None:
-        self.co = coordinator
+    def __init__(
+        self,
+        writer: StoreWriter,
+        jobs: LiveJobs,
+        nodes: NodeTable,
+        actions: JobActions,
+        clock: Callable[[], float],
+    ) -> None:
+        self.writer = writer
+        self.jobs = jobs
+        self.actions = actions
+        self.clock = clock
         self.states: dict[int, TerminalState] = {}
-        # set by gpuq.coordinator.agents: the node's connected agent stream, or None
-        self.session_of: Callable[[str], AgentSession | None] = lambda node: None
+        self.session_of = nodes.session  # the node's connected agent stream, or None
         self.grace = ATTACH_GRACE
         self._logged: dict[str, float] = {}  # node -> when its stray output was last logged
         self._background = Background("cancelling an interactive job")
@@ -103,9 +114,9 @@ class Terminals:
         Unsatisfiable (not interactive, ended, already attached, being cancelled)."""
         if not 1 <= job_id <= MAX_JOB_ID:
             raise NotFound(f"no job {job_id}")
-        job = self.co.cluster.jobs.get(job_id)
+        job = self.jobs.jobs.get(job_id)
         if job is None:
-            stored = await self.co.writer.read(lambda s: s.get_job(job_id))  # NotFound
+            stored = await self.writer.read(lambda s: s.get_job(job_id))  # NotFound
             self._check_owner(stored, user)
             self._check_interactive(stored)
             raise Unsatisfiable(f"job {job_id} has ended ({stored.state.value})")
@@ -122,8 +133,7 @@ class Terminals:
     @staticmethod
     def _check_owner(job: Job, user: str) -> None:
         """Only the owner: the terminal carries their keystrokes and their job's output."""
-        if job.user != user:
-            raise PermissionDenied(f"job {job.id} belongs to {job.user}, not to {user}")
+        check_attaches(user, job.user, job.id)
 
     @staticmethod
     def _check_interactive(job: Job) -> None:
@@ -136,8 +146,8 @@ class Terminals:
         """The Attach stream ended: a job that has not ended is cancelled (srun's rule), and
         its output from now on is dropped (nobody will read it; the agent never waits)."""
         state.attached = False
-        state.detached_since = self.co.clock()
-        if state.job_id not in self.co.cluster.jobs:
+        state.detached_since = self.clock()
+        if state.job_id not in self.jobs.jobs:
             self.states.pop(state.job_id, None)
             return
         self._give_up(state, GONE)
@@ -154,7 +164,9 @@ class Terminals:
         self._background.spawn(self._cancel(state, reason))
 
     async def _cancel(self, state: TerminalState, reason: str) -> None:
-        outcomes = await self.co.cancel([str(state.job_id)], state.user, reason)
+        owner = Caller(state.user, None)
+        cause = Cause.chore("interactive terminal")
+        outcomes = await self.actions.cancel(Selection((str(state.job_id),)), owner, cause, reason)
         for outcome in outcomes:
             log.info("job %s: %s (%s)", outcome.job_id, reason, outcome.message)
 
@@ -204,7 +216,7 @@ class Terminals:
             state.wake.clear()
             if state.error is not None:
                 raise state.error
-            job = self.co.cluster.jobs.get(state.job_id)
+            job = self.jobs.jobs.get(state.job_id)
             if job is not None:
                 now = self._shown(job, state, explain)
                 if now != shown:
@@ -232,7 +244,7 @@ class Terminals:
         return job.state.value, job.reason, ""
 
     async def _ending(self, job_id: int) -> queue_pb2.AttachReply:
-        job = await self.co.writer.read(lambda s: s.get_job(job_id))
+        job = await self.writer.read(lambda s: s.get_job(job_id))
         reply = queue_pb2.AttachReply(state=job.state.value, reason=job.reason, ended=True)
         if job.result is not None:
             reply.result.CopyFrom(result_to_proto(job.result))
@@ -263,7 +275,7 @@ class Terminals:
     def flush(self, state: TerminalState) -> None:
         """Send the agent the window size (when it changed, or the job started again) and
         the waiting input, once the job runs on a connected agent that is not behind."""
-        job = self.co.cluster.jobs.get(state.job_id)
+        job = self.jobs.jobs.get(state.job_id)
         if job is None or job.state is not JobState.RUNNING or job.node is None:
             return
         session = self.session_of(job.node)
@@ -290,7 +302,7 @@ class Terminals:
     def _control(self, state: TerminalState, *, pause: bool = False, resume: bool = False) -> None:
         """Pause or resume the agent's reading of the job's pty."""
         state.paused = pause
-        job = self.co.cluster.jobs.get(state.job_id)
+        job = self.jobs.jobs.get(state.job_id)
         if job is None or job.state is not JobState.RUNNING or job.node is None:
             return
         session = self.session_of(job.node)
@@ -300,7 +312,7 @@ class Terminals:
 
     def _signal(self, state: TerminalState, signal: int) -> None:
         """A signal for the job's processes (a running job's; a waiting job has none)."""
-        job = self.co.cluster.jobs.get(state.job_id)
+        job = self.jobs.jobs.get(state.job_id)
         if job is None or job.state is not JobState.RUNNING or job.node is None:
             return
         session = self.session_of(job.node)
@@ -311,7 +323,7 @@ class Terminals:
         """An agent (re)registered: its interactive jobs get their size again, and a pause
         still in force."""
         for state in self.states.values():
-            job = self.co.cluster.jobs.get(state.job_id)
+            job = self.jobs.jobs.get(state.job_id)
             if job is None or job.node != node or job.state is not JobState.RUNNING:
                 continue
             state.size_sent = (0, 0, 0)
@@ -349,7 +361,7 @@ class Terminals:
             self._control(state, pause=True)
 
     def _accepted(self, node: str, entry: apb.PtyOutput) -> Job | None:
-        job = self.co.cluster.jobs.get(entry.job_id) if 1 <= entry.job_id <= MAX_JOB_ID else None
+        job = self.jobs.jobs.get(entry.job_id) if 1 <= entry.job_id <= MAX_JOB_ID else None
         if (
             job is not None
             and job.state is JobState.RUNNING
@@ -368,7 +380,7 @@ class Terminals:
 
     def _warn(self, key: str, text: str) -> None:
         """Logged at most once a minute per key (a node, a job)."""
-        now = self.co.clock()
+        now = self.clock()
         if now - self._logged.get(key, -math.inf) >= FOREIGN_LOG_INTERVAL:
             self._logged[key] = now
             log.warning("%s (such messages are logged once a minute)", text)
@@ -376,20 +388,20 @@ class Terminals:
     # ---- job state changes and the grace --------------------------------------------------
 
     def published(self, event: JobEvent, job: Job | None) -> None:
-        """A job's state changed (Coordinator.publish): wake its attachment; a start sends
+        """A job's state changed (an event bus listener): wake its attachment; a start sends
         the agent its window size; an interactive job just submitted waits for its
         attachment from now on."""
         try:
             state = self.states.get(event.job_id)
             if state is None:
-                current = self.co.cluster.jobs.get(event.job_id)
+                current = self.jobs.jobs.get(event.job_id)
                 if current is None or current.spec.terminal is None or current.tasks:
                     return
                 state = self._state_for(current)
             state.wake.set()
             if event.to_state is JobState.RUNNING:
                 self.flush(state)
-            elif event.job_id not in self.co.cluster.jobs and not state.attached:
+            elif event.job_id not in self.jobs.jobs and not state.attached:
                 self.states.pop(event.job_id, None)
         except Exception:  # never in the way of the state change itself
             log.exception("interactive job %d: following its state failed", event.job_id)
@@ -399,15 +411,15 @@ class Terminals:
         if state is None:
             terminal = job.spec.terminal
             rows, cols = (terminal.rows, terminal.cols) if terminal is not None else (24, 80)
-            state = TerminalState(job.id, job.user, rows or 24, cols or 80, self.co.clock())
+            state = TerminalState(job.id, job.user, rows or 24, cols or 80, self.clock())
             self.states[job.id] = state
         return state
 
     async def sweep(self) -> None:
         """A chore: interactive jobs nobody attached to within the grace are cancelled (after
         a restart each one is new here: detached since now); ended ones are forgotten."""
-        now = self.co.clock()
-        for job in list(self.co.cluster.jobs.values()):
+        now = self.clock()
+        for job in list(self.jobs.jobs.values()):
             if job.spec.terminal is None or job.tasks:
                 continue
             state = self._state_for(job)
@@ -416,7 +428,7 @@ class Terminals:
                 log.info("job %d: %s; cancelling it", job.id, NEVER_ATTACHED)
                 self._give_up(state, NEVER_ATTACHED)
         for job_id, state in list(self.states.items()):
-            if job_id not in self.co.cluster.jobs and not state.attached:
+            if job_id not in self.jobs.jobs and not state.attached:
                 del self.states[job_id]
 
 

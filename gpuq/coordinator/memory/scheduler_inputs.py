@@ -1,6 +1,6 @@
-"""The coordinator's side of scheduling: turns live jobs into the pure scheduler's snapshot,
-and keeps what priorities need beyond live jobs (fair-share usage, finished jobs' states for
-dependencies, the fair-share factors of the last recalculation).
+"""What the pure scheduler needs beyond live jobs, kept by the coordinator: turns live jobs
+into the scheduler's snapshot, and keeps what priorities need beyond live jobs (fair-share
+usage, finished jobs' states for dependencies, the fair-share factors of the last recalculation).
 """
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ import math
 from collections.abc import Iterable
 
 from gpuq.config import CoordinatorSettings
-from gpuq.coordinator.cluster import ClusterState
+from gpuq.coordinator.memory.live_jobs import LiveJobs
 from gpuq.domain.dependencies import Dependency as DomainDependency
 from gpuq.domain.model import Job
 from gpuq.domain.states import JobState
@@ -20,7 +20,7 @@ from gpuq.scheduler.snapshot import Dependency, PendingJob, Policy, RunningJob
 DepKey = tuple[int, int | None]
 
 
-class SchedulingState:
+class SchedulerInputs:
     def __init__(self, settings: CoordinatorSettings) -> None:
         self.policy = Policy(settings.qos, settings.scheduler, settings.kill_grace)
         self.half_life = settings.scheduler.fairshare_half_life
@@ -39,6 +39,12 @@ class SchedulingState:
     def time_limit(self, job: Job) -> float | None:
         return self.policy.time_limit(job.qos, job.spec.resources.time_limit)
 
+    def time_limit_seconds(self, job: Job) -> int | None:
+        """The job's effective time limit in whole seconds (its QOS's may be lower); None:
+        none."""
+        limit = self.time_limit(job)
+        return int(limit) if limit else None
+
     def key(self, job: Job) -> FitKey:
         spec = job.spec
         return fit_key(spec.resources, self.time_limit(job), job.qos, job.user, spec.placement)
@@ -52,7 +58,7 @@ class SchedulingState:
     def priority(self, job: Job, now: float) -> float:
         return self.factors(job, now).total
 
-    def pending(self, job: Job, cluster: ClusterState) -> PendingJob:
+    def pending(self, job: Job, jobs: LiveJobs) -> PendingJob:
         spec = job.spec
         return PendingJob(
             job_id=job.id,
@@ -65,7 +71,7 @@ class SchedulingState:
             name=spec.name,
             begin_time=spec.begin_time,
             dependencies=tuple(
-                Dependency(d.job_id, d.kind, self.state_of(d, cluster), d.task)
+                Dependency(d.job_id, d.kind, self.state_of(d, jobs), d.task)
                 for d in spec.dependencies
             ),
             array_job_id=job.array_job_id,
@@ -96,26 +102,26 @@ class SchedulingState:
             stopping=job.stop is not None,
         )
 
-    def state_of(self, dep: DomainDependency, cluster: ClusterState) -> JobState | None:
+    def state_of(self, dep: DomainDependency, jobs: LiveJobs) -> JobState | None:
         """What a dependency waits on is in: a live state (not yet), an ending, or None (no
         such job). A whole array is live while any task is, then its worst ending."""
         if dep.task is None:
-            if cluster.array_live.get(dep.job_id):
+            if jobs.array_live.get(dep.job_id):
                 return JobState.PENDING
-            job = cluster.jobs.get(dep.job_id)
+            job = jobs.jobs.get(dep.job_id)
             if job is not None:
                 return job.state
             return self.finished.get((dep.job_id, None))
-        task_job = cluster.task_jobs.get((dep.job_id, dep.task))
+        task_job = jobs.task_jobs.get((dep.job_id, dep.task))
         if task_job is not None:
-            return cluster.jobs[task_job].state
-        record = cluster.records.get(dep.job_id)
+            return jobs.jobs[task_job].state
+        record = jobs.records.get(dep.job_id)
         if record is not None and dep.task in record.tasks:
             return record.state
         return self.finished.get((dep.job_id, dep.task))
 
-    def job_ended(self, job: Job, state: JobState, cluster: ClusterState) -> None:
-        """Remember how a job ended, for jobs that depend on it (call after `cluster.put`)."""
+    def job_ended(self, job: Job, state: JobState, jobs: LiveJobs) -> None:
+        """Remember how a job ended, for jobs that depend on it (call after `LiveJobs.put`)."""
         array = job.array_job_id
         if array is None:
             self.finished[(job.id, None)] = state
@@ -127,7 +133,7 @@ class SchedulingState:
                 self.finished[(array, task)] = state
         if job.id != array:  # a task split off: `--after ID` names it alone too
             self.finished[(job.id, None)] = state
-        if not cluster.array_live.get(array):
+        if not jobs.array_live.get(array):
             self.finished[(array, None)] = self.array_worst.pop(array, JobState.COMPLETED)
 
     # ---- fair share ------------------------------------------------------------------------

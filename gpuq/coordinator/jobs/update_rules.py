@@ -1,7 +1,7 @@
-"""Changing jobs after submission: bulk selections, `gpuq update` and `gpuq requeue`.
+"""Changing jobs after submission: the rules of `gpuq update` and `gpuq requeue`.
 
 The rules are pure functions of (job, request, who asks, policy) so they are tested without a
-server; the coordinator (gpuq.coordinator.core) resolves the jobs, calls them, and writes what
+server; gpuq.coordinator.jobs.job_actions resolves the jobs, calls them, and writes what
 they decide in one store transaction per request.
 
 Who may change what (SLURM's `scontrol update`): owners may only lower what admins limit. An
@@ -13,56 +13,20 @@ domain's own checks (Resources, Placement, JobSpec) apply exactly as at submit.
 
 from __future__ import annotations
 
-import fnmatch
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, replace
 
 from gpuq.config import QosTier
+from gpuq.coordinator.access.permissions import check_lowers_nice, check_raises_time_limit
 from gpuq.domain.dependencies import Dependency
-from gpuq.domain.limits import brief, check_qos
+from gpuq.domain.limits import check_qos
 from gpuq.domain.model import Job, JobSpec, Resources
 from gpuq.domain.placement import Placement
 from gpuq.domain.states import JobState
 from gpuq.domain.units import format_duration, format_size
-from gpuq.errors import InvalidInput, PermissionDenied, Unsatisfiable
+from gpuq.errors import InvalidInput, Unsatisfiable
 
-LIVE = frozenset({JobState.PENDING, JobState.HELD, JobState.RUNNING})
 WAITING = frozenset({JobState.PENDING, JobState.HELD})
-MAX_PATTERN = 128  # characters of a --name pattern
-
-
-@dataclass(frozen=True, slots=True)
-class Filters:
-    """A bulk selection (`gpuq cancel -u alice --state PD --name 'sweep*'`): every live job
-    that matches all the filters given. `user` None: the caller's own jobs unless the caller
-    is an admin (who then matches everyone's)."""
-
-    user: str | None = None
-    states: frozenset[JobState] | None = None
-    name: str | None = None
-
-    def __post_init__(self) -> None:
-        if self.name is not None and len(self.name) > MAX_PATTERN:
-            raise InvalidInput("--name", brief(self.name), f"at most {MAX_PATTERN} characters")
-
-    def __bool__(self) -> bool:
-        return bool(self.user or self.states or self.name)
-
-    def matches(self, job: Job) -> bool:
-        if self.user and job.user != self.user:
-            return False
-        if self.states is not None and job.state not in self.states:
-            return False
-        return self.name is None or fnmatch.fnmatchcase(job.spec.name, self.name)
-
-
-def select_live(jobs: Iterable[Job], filters: Filters, user: str, admin: bool) -> list[Job]:
-    """The live jobs (an array's record stands for its unstarted tasks) that `filters`
-    select for `user`, in id order. A non-admin's filters without a user match only their
-    own jobs; naming another user needs an admin (checked by the caller, before this)."""
-    owner = filters.user or (None if admin else user)
-    found = [j for j in jobs if (owner is None or j.user == owner) and filters.matches(j)]
-    return sorted(found, key=lambda j: j.id)
 
 
 @dataclass(frozen=True, slots=True)
@@ -158,11 +122,8 @@ def plan_update(
     resources = res
     if update.time_limit is not None and update.time_limit != res.time_limit:
         current = res.time_limit or (tiers[job.qos].default_time if job.qos in tiers else None)
-        if not admin and current is not None and update.time_limit > current:
-            raise PermissionDenied(
-                f"job {job.display_id}: only admins may raise a time limit "
-                f"({_time(current)} -> {_time(update.time_limit)}); you may lower it"
-            )
+        if current is not None and update.time_limit > current:
+            check_raises_time_limit(admin, job.display_id, _time(current), _time(update.time_limit))
         changes.append(f"time {_time(current)} -> {_time(update.time_limit)}")
         resources = replace(resources, time_limit=update.time_limit)
     limit = resources.time_limit or default
@@ -206,11 +167,8 @@ def plan_update(
         )
     nice = old.nice
     if update.nice is not None and update.nice != old.nice:
-        if not admin and update.nice < old.nice:
-            raise PermissionDenied(
-                f"job {job.display_id}: only admins may lower nice ({old.nice} -> "
-                f"{update.nice}); you may raise it"
-            )
+        if update.nice < old.nice:
+            check_lowers_nice(admin, job.display_id, old.nice, update.nice)
         changes.append(f"nice {old.nice} -> {update.nice}")
         nice = update.nice
     placement = old.placement

@@ -5,8 +5,8 @@ The latest `so_far` of each running job is kept here; every FLUSH_EVERY seconds 
 ones are stored with the job (so `gpuq show` of a running job has them, at most that old), and
 the series points gathered since (at most one per job per SERIES_STEP seconds) are appended,
 in one write of the coordinator's writer. A job's end report carries its final figures, which
-the end's own transaction stores (Coordinator.end_jobs); the latest `so_far` stands in when an
-end comes without them (a node lost, an agent that does not measure).
+the end's own transaction stores (gpuq.coordinator.jobs.job_endings); the latest `so_far`
+stands in when an end comes without them (a node lost, an agent that does not measure).
 
 Only a job the coordinator runs on the reporting node is taken, and every figure is checked
 (gpuq.convert.telemetry_from_proto): a heartbeat is never refused for its telemetry.
@@ -18,18 +18,16 @@ import asyncio
 import logging
 import math
 from collections import deque
-from collections.abc import Iterable, Sequence
-from typing import TYPE_CHECKING
+from collections.abc import Callable, Iterable, Sequence
 
 from gpuq.convert import telemetry_from_proto
+from gpuq.coordinator.changes.store_writer import StoreWriter
+from gpuq.coordinator.memory.live_jobs import LiveJobs
 from gpuq.domain.limits import MAX_NODE_UNITS
 from gpuq.domain.model import JobTelemetry, SeriesPoint
 from gpuq.domain.states import JobState
 from gpuq.store.api import StoreTx
 from gpuq.v1 import agent_pb2 as apb
-
-if TYPE_CHECKING:
-    from gpuq.coordinator.core import Coordinator
 
 log = logging.getLogger(__name__)
 
@@ -42,8 +40,10 @@ RECENT_POINTS = 90  # recent points kept per running job (3 minutes at RECENT_ST
 
 
 class RunningTelemetry:
-    def __init__(self, coordinator: Coordinator) -> None:
-        self.co = coordinator
+    def __init__(self, writer: StoreWriter, jobs: LiveJobs, clock: Callable[[], float]) -> None:
+        self.writer = writer
+        self.jobs = jobs
+        self.clock = clock
         self._so_far: dict[int, tuple[int, JobTelemetry]] = {}  # job -> (attempt, figures)
         self._changed: set[int] = set()
         self._last_point: dict[int, float] = {}
@@ -54,9 +54,9 @@ class RunningTelemetry:
 
     def running(self, node: str, samples: Sequence[apb.JobSample]) -> None:
         """A heartbeat's samples of the jobs on `node`."""
-        now = self.co.clock()
+        now = self.clock()
         for sample in samples[:MAX_NODE_UNITS]:
-            job = self.co.cluster.jobs.get(sample.job_id)
+            job = self.jobs.jobs.get(sample.job_id)
             if job is None or job.state is not JobState.RUNNING or job.node != node:
                 continue
             if sample.HasField("so_far"):
@@ -112,7 +112,7 @@ class RunningTelemetry:
             figures = {i: self._so_far[i] for i in self._changed if i in self._so_far}
             points, self._points = self._points, []
             self._changed.clear()
-            await self.co.writer.write(lambda tx: store_running(tx, figures, points))
+            await self.writer.write(lambda tx: store_running(tx, figures, points))
         except asyncio.CancelledError:
             raise
         except Exception:  # a bad batch must not stop later ones

@@ -14,13 +14,18 @@ from __future__ import annotations
 import datetime as dt
 import logging
 import re
+from collections.abc import Callable
 from typing import Any
 
 from apscheduler.triggers.cron import CronTrigger
 
-from gpuq.coordinator.core import Coordinator
+from gpuq.coordinator.access.permissions import check_removes_cron
+from gpuq.coordinator.changes.effects import Cause
+from gpuq.coordinator.changes.store_writer import StoreWriter
+from gpuq.coordinator.jobs.submissions import Submissions
 from gpuq.domain.model import CronEntry, JobSpec
-from gpuq.errors import InvalidInput, NotFound, PermissionDenied
+from gpuq.errors import InvalidInput, NotFound
+from gpuq.identity import Caller
 
 log = logging.getLogger(__name__)
 _DAYS = ["sun", "mon", "tue", "wed", "thu", "fri", "sat", "sun"]
@@ -72,15 +77,23 @@ def next_fire(schedule: str, after: float) -> float | None:
 
 
 class CronService:
-    def __init__(self, coordinator: Coordinator, scheduler: Any) -> None:
-        self.co = coordinator
+    def __init__(
+        self,
+        writer: StoreWriter,
+        submissions: Submissions,
+        scheduler: Any,
+        clock: Callable[[], float],
+    ) -> None:
+        self.writer = writer
+        self.submissions = submissions
+        self.clock = clock
         self.scheduler = scheduler  # an APScheduler AsyncIOScheduler
         self.entries: dict[int, CronEntry] = {}
 
     async def start(self) -> None:
         """Load entries, make up once for fires missed while down, schedule the rest."""
-        now = self.co.clock()
-        for entry in await self.co.writer.read(lambda s: s.cron_entries()):
+        now = self.clock()
+        for entry in await self.writer.read(lambda s: s.cron_entries()):
             self.entries[entry.id] = entry
             missed = next_fire(entry.schedule, entry.last_fire or entry.created_at)
             if missed is not None and missed <= now:
@@ -103,37 +116,37 @@ class CronService:
         entry = self.entries.get(entry_id)
         if entry is None:
             return
-        now = self.co.clock()
+        now = self.clock()
         try:
-            ids = await self.co.submit(entry.spec, entry.user)
+            cause = Cause.chore(f"cron entry {entry_id}")
+            ids = await self.submissions.submit(entry.spec, entry.user, cause)
             log.info("cron entry %d submitted job %s %s", entry_id, ids[0], reason)
         except Exception:
             log.exception("cron entry %d could not submit its job", entry_id)
-        await self.co.writer.write(lambda tx: tx.cron_fired(entry_id, now))
+        await self.writer.write(lambda tx: tx.cron_fired(entry_id, now))
         self.entries[entry_id] = CronEntry(
             entry.id, entry.user, entry.schedule, entry.spec, entry.created_at, now
         )
 
     async def add(self, schedule: str, spec: JobSpec, user: str) -> CronEntry:
-        now = self.co.clock()
+        now = self.clock()
         if next_fire(schedule, now) is None:  # one clear error before anything is stored
             raise InvalidInput("schedule", schedule, "never fires (no such date)")
-        await self.co.check_submission(spec, user)
-        entry_id = await self.co.writer.write(lambda tx: tx.add_cron(user, schedule, spec, now))
+        await self.submissions.check(spec, user)
+        entry_id = await self.writer.write(lambda tx: tx.add_cron(user, schedule, spec, now))
         entry = CronEntry(entry_id, user, schedule, spec, now, now)
         self.entries[entry_id] = entry
         self._schedule(entry)
         return entry
 
-    async def remove(self, entry_id: int, user: str, admin: bool = False) -> CronEntry:
+    async def remove(self, entry_id: int, caller: Caller) -> CronEntry:
         entry = self.entries.get(entry_id)
         if entry is None:
             raise NotFound(f"no cron entry {entry_id}")
-        if entry.user != user and not admin:
-            raise PermissionDenied(f"cron entry {entry_id} belongs to {entry.user}")
-        if entry.user != user:
-            log.warning("admin %s removed cron entry %d of %s", user, entry_id, entry.user)
-        await self.co.writer.write(lambda tx: tx.remove_cron(entry_id))
+        check_removes_cron(caller, entry.user, entry_id)
+        if entry.user != caller.user:
+            log.warning("admin %s removed cron entry %d of %s", caller.user, entry_id, entry.user)
+        await self.writer.write(lambda tx: tx.remove_cron(entry_id))
         del self.entries[entry_id]
         if self.scheduler.get_job(f"cron-{entry_id}") is not None:
             self.scheduler.remove_job(f"cron-{entry_id}")

@@ -1,0 +1,146 @@
+"""Jobs as callers see them on the wire: what a caller may see of another user's job (no
+script, arguments, environment, webhook or mail address; no name where the admin hides names),
+what a listing carries (nothing private, for anyone), why a pending job waits, and an array's
+waiting tasks collapsed into one entry as squeue shows them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import replace
+
+from gpuq.convert import job_to_proto, spec_to_proto, unit_to_proto
+from gpuq.coordinator.access.permissions import hides_name, is_owner_or_admin
+from gpuq.coordinator.cron_service import next_fire
+from gpuq.coordinator.memory.node_table import UnitState
+from gpuq.coordinator.scheduling.scheduling_pass import PendingDetail
+from gpuq.domain.model import CronEntry, GpuUnit, Job, output_paths
+from gpuq.domain.states import JobState
+from gpuq.identity import Caller
+from gpuq.v1 import queue_pb2
+from gpuq.v1 import types_pb2 as pb
+
+# the parts of a job's spec only its owner and admins see: they hold secrets (a token in a
+# webhook's URL, an environment's keys)
+PRIVATE = ("script", "args", "env", "notify_url", "mail_user")
+
+
+class JobMessages:
+    def __init__(
+        self,
+        hide_job_names: bool,
+        flags: Callable[[int, int], tuple[str, ...]],
+        pending_detail: Callable[[Job], PendingDetail | None],
+    ) -> None:
+        self.hide_job_names = hide_job_names
+        self.flags = flags  # a running job's idle and hung flags (job id, its start)
+        self.pending_detail = pending_detail
+
+    def full(self, job: Job, caller: Caller, explained: Job | None = None) -> pb.Job:
+        """GetJob's: everything `caller` may see of the job."""
+        message = self.with_pending(job, explained)
+        if is_owner_or_admin(caller, job.user):
+            return message
+        for part in PRIVATE:
+            message.spec.ClearField(part)
+        if self.hide_job_names:
+            message.spec.name = "(hidden)"
+        return message
+
+    def brief(self, job: Job, caller: Caller, explained: Job | None = None) -> pb.Job:
+        """A listing's entry: no script, arguments, environment, webhook or mail address
+        (anyone's: they are most of a job's size, and a queue of thousands must fit in a
+        reply), and of the array's task list the tasks the entry stands for (GetJob has them
+        all). A collapsed array's entry waits for the reasons of its first waiting task."""
+        message = self.with_pending(job, explained)
+        for part in PRIVATE:
+            message.spec.ClearField(part)
+        if hides_name(caller, job.user, self.hide_job_names):
+            message.spec.name = "(hidden)"
+        if job.array_job_id is not None:  # an entry carries the tasks it stands for
+            message.spec.array.indices[:] = job.tasks or (job.array_task_id or 0,)
+        return message
+
+    def with_pending(self, job: Job, explained: Job | None = None) -> pb.Job:
+        """The job with why it waits (an array's record: why its first waiting task does)."""
+        running = job.state is JobState.RUNNING
+        message = job_message(job, self.flags(job.id, job.start_count) if running else ())
+        first = explained or job
+        detail = self.pending_detail(first) if first.state is JobState.PENDING else None
+        if detail is not None:
+            message.pending.CopyFrom(pending_info(detail))
+        return message
+
+    def waits(self, job: Job) -> str:
+        """Why a pending job waits, as one line (every reason)."""
+        detail = self.pending_detail(job)
+        return "; ".join(detail.waiting.reasons) if detail is not None else ""
+
+
+def job_message(job: Job, flags: Sequence[str] = ()) -> pb.Job:
+    array: tuple[int, int | str] | None = None
+    if job.array_job_id is not None:
+        task = job.array_task_id
+        array = (job.array_job_id, "%a" if task is None or job.tasks else task)
+    stdout, stderr = output_paths(job.spec, job.id, job.user, job.node, array)
+    message = job_to_proto(job, stdout, stderr)
+    message.flags[:] = flags  # idle, possibly hung (gpuq.coordinator.jobs.idle_rules)
+    return message
+
+
+def pending_info(detail: PendingDetail) -> pb.PendingInfo:
+    return pb.PendingInfo(
+        reasons=list(detail.waiting.reasons),
+        estimated_start=detail.waiting.estimated_start,
+        priority=detail.priority,
+        factors=[pb.PriorityFactor(name=n, value=v) for n, v in detail.factors.as_pairs()],
+    )
+
+
+def collapse_arrays(jobs: list[Job]) -> list[tuple[Job, Job | None]]:
+    """An array's waiting tasks (pending, or held) as one entry, as squeue shows them:
+    `40_[3-99%8]`, with the first of them, whose reasons the entry shows. Each entry takes
+    the place of the array's first waiting task; other jobs are listed as they are."""
+    groups: dict[tuple[int, JobState], list[Job]] = {}
+    for job in jobs:
+        if job.array_job_id is not None and job.state in (JobState.PENDING, JobState.HELD):
+            groups.setdefault((job.array_job_id, job.state), []).append(job)
+    entries: list[tuple[Job, Job | None]] = []
+    for job in jobs:
+        group = groups.get((job.array_job_id or 0, job.state)) if job.array_job_id else None
+        if group is None or (len(group) == 1 and not job.tasks):
+            entries.append((job, None))
+        elif group[0] is job:
+            tasks = sorted(t for j in group for t in (j.tasks or (j.array_task_id or 0,)))
+            record = next((j for j in group if j.id == job.array_job_id), job)
+            waiting = [j for j in group if not j.tasks]
+            first = min(waiting, key=lambda j: j.array_task_id or 0) if waiting else None
+            entries.append((replace(record, tasks=tuple(tasks), array_task_id=None), first))
+    return entries
+
+
+def cron_message(entry: CronEntry) -> queue_pb2.CronEntry:
+    return queue_pb2.CronEntry(
+        id=entry.id,
+        user=entry.user,
+        schedule=entry.schedule,
+        spec=spec_to_proto(entry.spec),
+        created_at=entry.created_at,
+        last_fire=entry.last_fire,
+        next_fire=next_fire(entry.schedule, entry.last_fire or entry.created_at),
+    )
+
+
+def unit_message(unit: GpuUnit) -> pb.GpuUnit:
+    return unit_to_proto(unit)
+
+
+def unit_health(uuid: str, state: UnitState) -> queue_pb2.UnitHealth:
+    drain = state.drain
+    return queue_pb2.UnitHealth(
+        uuid=uuid,
+        health=state.health.value,
+        reason=state.reason,
+        drained_by=drain.by if drain is not None else "",
+        drained_at=drain.at if drain is not None else None,
+    )

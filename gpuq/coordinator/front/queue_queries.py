@@ -1,0 +1,271 @@
+"""The front door's read side: what callers may ask (a job, listings, nodes, usage, cron
+entries), answered as the wire's messages. The gRPC servicer and the web dashboard both call
+these with the caller already resolved, so the dashboard shows exactly what `gpuq` would show
+that user.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import AsyncIterator, Callable, Sequence
+from dataclasses import replace
+from typing import Any
+
+from gpuq.config import CoordinatorSettings
+from gpuq.convert import event_to_proto
+from gpuq.coordinator.changes.store_writer import StoreWriter
+from gpuq.coordinator.changes.watchers import Watchers
+from gpuq.coordinator.cron_service import CronService
+from gpuq.coordinator.front.job_messages import (
+    JobMessages,
+    collapse_arrays,
+    cron_message,
+    unit_health,
+    unit_message,
+)
+from gpuq.coordinator.front.listing_filters import list_filters
+from gpuq.coordinator.jobs.array_tasks import ArrayTasks
+from gpuq.coordinator.jobs.running_telemetry import RunningTelemetry
+from gpuq.coordinator.memory.live_jobs import LiveJobs
+from gpuq.coordinator.memory.node_table import NodeTable, drained_text, unit_states
+from gpuq.coordinator.memory.scheduler_inputs import SchedulerInputs
+from gpuq.domain.limits import MAX_JOB_ID, check_text
+from gpuq.domain.model import Job, JobEvent, NodeState, SeriesPoint
+from gpuq.domain.states import JobState, parse_states
+from gpuq.errors import InvalidInput, NotFound
+from gpuq.identity import Caller
+from gpuq.store.api import JobQuery
+from gpuq.v1 import queue_pb2
+
+MAX_IDS = 10_000  # job ids in one request (cancel, hold, release, list, watch)
+LIVE = frozenset({JobState.PENDING, JobState.HELD, JobState.RUNNING})
+
+
+class QueueQueries:
+    def __init__(
+        self,
+        settings: CoordinatorSettings,
+        writer: StoreWriter,
+        jobs: LiveJobs,
+        nodes: NodeTable,
+        arrays: ArrayTasks,
+        telemetry: RunningTelemetry,
+        watchers: Watchers,
+        cron: CronService,
+        messages: JobMessages,
+        inputs: SchedulerInputs,
+        clock: Callable[[], float],
+    ) -> None:
+        self.settings = settings
+        self.writer = writer
+        self.jobs = jobs
+        self.nodes = nodes
+        self.arrays = arrays
+        self.telemetry = telemetry
+        self.watchers = watchers
+        self.cron = cron
+        self.messages = messages
+        self.inputs = inputs
+        self.clock = clock
+
+    async def get_job(
+        self, caller: Caller, request: queue_pb2.GetJobRequest
+    ) -> queue_pb2.JobDetail:
+        task = request.task if request.HasField("task") else None
+        if not 1 <= request.job_id <= MAX_JOB_ID:  # beyond any id (and any database integer)
+            raise NotFound(f"no job {request.job_id}")
+        job, events, counts = await self.job_detail(request.job_id, task)
+        return queue_pb2.JobDetail(
+            job=self.messages.full(job, caller, self.arrays.first_waiting(job)),
+            events=[event_to_proto(e) for e in events],
+            array_states={state.value: n for state, n in counts.items()},
+        )
+
+    async def job_detail(
+        self, job_id: int, task: int | None = None
+    ) -> tuple[Job, list[JobEvent], dict[JobState, int]]:
+        """A job (or task `task` of array `job_id`), its history and, for an array's id (or a
+        task still in its record), how many of the array's tasks are in each state."""
+        if task is not None:
+            job_id = (await self.arrays.find_task(job_id, task)).id
+        job, events = await self.writer.read(lambda s: (s.get_job(job_id), s.events(job_id)))
+        if job.state is JobState.RUNNING:  # the figures of its latest heartbeat, not yet stored
+            latest = self.telemetry.latest(job.id, job.start_count)
+            if latest is not None:
+                job = replace(job, telemetry=latest)
+        counts: dict[JobState, int] = {}
+        if job.array_job_id == job.id:
+            array = job.id
+            counts = (await self.writer.read(lambda s: s.array_states([array]))).get(array, {})
+        return job, events, counts
+
+    async def list_jobs(
+        self, caller: Caller, request: queue_pb2.ListJobsRequest
+    ) -> queue_pb2.ListJobsReply:
+        """Live jobs from memory (no database round trip); ended jobs, ids and arrays from
+        the store. Everyone sees every job, less what is private (JobMessages.brief)."""
+        check_count("job ids", len(request.job_ids))
+        ids = [
+            *request.job_ids,
+            *([request.array_job_id] if request.HasField("array_job_id") else []),
+        ]
+        if any(not 1 <= i <= MAX_JOB_ID for i in ids):
+            raise InvalidInput("job id", max(ids), f"job ids go from 1 to {MAX_JOB_ID}")
+        filters = list_filters(request)
+        if self.settings.hide_job_names and not caller.admin:
+            filters = filters.hiding_names(caller.user)
+        owner = request.user or None if filters.users is None else None  # else in users
+        states = parse_states(request.states) if request.states else None
+        brief = self.messages.brief
+        if (
+            request.finished
+            or request.job_ids
+            or request.HasField("array_job_id")
+            or (states is not None and not states <= LIVE)
+        ):
+            ended = frozenset(s for s in JobState if not s.is_live) if request.finished else None
+            query = JobQuery(
+                states=states if states is not None else ended,
+                user=owner,
+                job_ids=tuple(request.job_ids) or None,
+                array_job_id=request.array_job_id if request.HasField("array_job_id") else None,
+                limit=request.limit or None,
+                newest_first=request.finished,
+                users=filters.users,
+                names=filters.names,
+                nodes=filters.nodes,
+                since=filters.since,
+                until=filters.until,
+                by_end=request.finished,
+            )
+            jobs = await self.writer.read(lambda s: s.list_jobs(query))
+        else:
+            jobs = [
+                j
+                for j in self.live_jobs(owner)
+                if (states is None or j.state in states) and filters.matches(j)
+            ]
+            if not request.expand_arrays:
+                entries = [brief(j, caller, first) for j, first in collapse_arrays(jobs)]
+                return queue_pb2.ListJobsReply(jobs=entries[: request.limit or None])
+            if request.limit:
+                jobs = jobs[: request.limit]
+        return queue_pb2.ListJobsReply(jobs=[brief(j, caller) for j in jobs])
+
+    def live_jobs(self, user: str | None = None) -> list[Job]:
+        """From memory: what `gpuq queue` shows, without a database round trip."""
+        jobs = sorted(self.jobs.jobs.values(), key=lambda j: j.id)
+        return [j for j in jobs if user is None or j.user == user]
+
+    def list_nodes(self) -> queue_pb2.ListNodesReply:
+        views = {v.name: v for v in self.nodes.views(self.jobs.in_state(JobState.RUNNING))}
+        infos = []
+        for name, entry in sorted(self.nodes.nodes.items()):
+            node, view = entry.node, views[name]
+            admin = self.nodes.drains.get((name, ""))
+            drained = entry.drained_by_agent or (admin is not None and node.state is NodeState.UP)
+            states = unit_states(entry, self.nodes.drains)
+            infos.append(
+                queue_pb2.NodeInfo(
+                    name=name,
+                    # "drained": up, running its jobs, but taking no new ones (an admin's
+                    # drain, or its agent cannot start jobs)
+                    state="drained" if drained else node.state.value,
+                    cpus=node.cpus,
+                    mem=node.mem,
+                    gpus=[unit_message(u) for u in node.units],
+                    fake=node.fake,
+                    last_seen=entry.last_seen,
+                    reason=node.reason
+                    or ("" if entry.session is not None else "agent not connected")
+                    or (drained_text(admin) if admin is not None else "")
+                    or (f"drained by its agent: {entry.drained}" if entry.drained else ""),
+                    usage=list(entry.usage),
+                    running_jobs=[j.id for j in self.jobs.running_on(name)],
+                    cpus_used=node.cpus - view.cpus_free,
+                    mem_used=node.mem - view.mem_free,
+                    gpus_used=sorted({u.uuid for u in node.units} - view.free_units),
+                    health=[unit_health(u.uuid, states[u.uuid]) for u in node.units],
+                    isolation=node.isolation,
+                    driver=node.driver,
+                    gpu_problem=node.gpu_problem,
+                    drain_reason=admin.reason if admin is not None else "",
+                    drained_by=admin.by if admin is not None else "",
+                    drained_at=admin.at if admin is not None else None,
+                    features=list(node.features),
+                )
+            )
+        return queue_pb2.ListNodesReply(nodes=infos)
+
+    async def report(self, request: queue_pb2.ReportRequest) -> queue_pb2.ReportReply:
+        """Usage per user (gpuq report): anyone may see anyone's, as sreport shows by default,
+        since listings already show every job's times, GPUs and telemetry."""
+        check_text("user", request.user, 64)
+        since = request.since if request.HasField("since") else None
+        if since is not None and not math.isfinite(since):
+            raise InvalidInput("--since", str(since), "expected a time")
+        user = request.user or None
+        rows = await self.writer.read(lambda s: s.usage_report(user, since))
+        return queue_pb2.ReportReply(
+            rows=[
+                queue_pb2.ReportRow(
+                    user=r.user,
+                    jobs=r.jobs,
+                    gpu_seconds=r.gpu_seconds,
+                    energy=r.energy,
+                    util_mean=r.util_mean,
+                    util_gpu_seconds=r.util_gpu_seconds,
+                )
+                for r in rows
+            ]
+        )
+
+    def list_cron(self, caller: Caller) -> queue_pb2.ListCronReply:
+        """A user's own entries (they carry scripts and environments); an admin's: all."""
+        entries = [e for e in self.cron.list() if caller.admin or e.user == caller.user]
+        return queue_pb2.ListCronReply(entries=[cron_message(e) for e in entries])
+
+    # ---- what only the dashboard asks ----------------------------------------------------
+
+    async def series(self, job_id: int) -> list[SeriesPoint]:
+        """A job's telemetry over time: what is stored, then what is not stored yet."""
+        stored = await self.writer.read(lambda s: s.series(job_id))
+        last = stored[-1].at if stored else float("-inf")
+        return [*stored, *(p for p in self.telemetry.recent(job_id) if p.at > last)]
+
+    def fair_share(self, user: str) -> tuple[float, float]:
+        """The user's fair-share usage now (GPU-seconds, decayed) and factor."""
+        inputs = self.inputs
+        return inputs.current_usage(self.clock()).get(user, 0.0), inputs.shares.get(user, 1.0)
+
+    def running_gpus(self, user: str) -> int:
+        return sum(len(j.gpus) for j in self.live_jobs(user) if j.state is JobState.RUNNING)
+
+    def nodes_state(self) -> tuple[Any, ...]:
+        """What `gpuq nodes` shows that heartbeats change (not when each was seen), to compare
+        by value: a heartbeat replaces a node's usage messages, never changes them."""
+        nodes = [
+            (
+                name,
+                entry.node.state,
+                entry.session is None,
+                entry.drained,
+                entry.usage,
+                len(self.jobs.running_on(name)),
+            )
+            for name, entry in sorted(self.nodes.nodes.items())
+        ]
+        return (*nodes, len(self.nodes.drains))
+
+    async def watch(self, job_ids: Sequence[int]) -> AsyncIterator[queue_pb2.JobEvents]:
+        """Events as they commit (gpuq.coordinator.changes.watchers), as the wire has them."""
+        check_count("job ids", len(job_ids))
+        async for batch in self.watchers.watch(job_ids):
+            yield queue_pb2.JobEvents(events=[event_to_proto(e) for e in batch])
+
+
+def check_count(what: str, count: int) -> None:
+    """One request names at most MAX_IDS jobs (a store query or a loop per id otherwise
+    grows without bound)."""
+    if count > MAX_IDS:
+        raise InvalidInput(what, count, f"at most {MAX_IDS} in one request")

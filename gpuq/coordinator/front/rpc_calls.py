@@ -1,0 +1,200 @@
+"""What every RPC shares: who calls, resolved once, and how an error ends the call.
+
+The interceptor runs before a call's request is read: a call that does not say who makes it is
+refused UNAUTHENTICATED (or PERMISSION_DENIED) by a handler that never reads the body, so an
+unauthenticated caller cannot make the coordinator receive or parse megabytes. Otherwise the
+Caller it resolved is bound to the call's handler, which reads it with `current_caller()`:
+identity is established once per call.
+
+Errors become a status code, a message and a kind in one place (`error_status`): the kind
+(gpuq.errors.ERROR_KINDS) travels as the trailing metadata `gpuq-error`, so a client tells
+"the job store is down, retry" from "no coordinator there" by a field, not by the message.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import contextvars
+import functools
+import logging
+from collections import Counter
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+import grpc
+from sqlalchemy.exc import InterfaceError, OperationalError
+
+from gpuq.coordinator.access.authority import Authority
+from gpuq.errors import (
+    ERROR_KIND_KEY,
+    Conflict,
+    DoubleBooking,
+    GpuqError,
+    IllegalTransition,
+    InvalidInput,
+    NotFound,
+    PermissionDenied,
+    StorageUnavailable,
+    Unsatisfiable,
+    error_kind,
+)
+from gpuq.identity import METADATA_KEY, Caller, Unauthenticated
+
+log = logging.getLogger(__name__)
+R = TypeVar("R")
+
+_STATUS: dict[type[GpuqError], grpc.StatusCode] = {
+    InvalidInput: grpc.StatusCode.INVALID_ARGUMENT,
+    Unsatisfiable: grpc.StatusCode.FAILED_PRECONDITION,
+    NotFound: grpc.StatusCode.NOT_FOUND,
+    PermissionDenied: grpc.StatusCode.PERMISSION_DENIED,
+    IllegalTransition: grpc.StatusCode.FAILED_PRECONDITION,
+    Conflict: grpc.StatusCode.ALREADY_EXISTS,
+    DoubleBooking: grpc.StatusCode.INTERNAL,
+    StorageUnavailable: grpc.StatusCode.UNAVAILABLE,
+}
+_CALLER: contextvars.ContextVar[Caller] = contextvars.ContextVar("gpuq_caller")
+
+
+def current_caller() -> Caller:
+    """Who makes the RPC being handled (the interceptor resolved it)."""
+    return _CALLER.get()
+
+
+@dataclass(frozen=True, slots=True)
+class RpcStatus:
+    code: grpc.StatusCode
+    message: str
+    kind: str  # gpuq.errors.ERROR_KINDS' name for it; "" for an internal error
+
+
+def status_for(error: GpuqError) -> grpc.StatusCode:
+    for kind in type(error).__mro__:
+        if kind in _STATUS:
+            return _STATUS[kind]
+    return grpc.StatusCode.UNKNOWN
+
+
+def error_status(error: Exception) -> RpcStatus:
+    """The status an error ends an RPC (or one submission of a stream) with."""
+    if isinstance(error, OperationalError | InterfaceError):  # the database, not the call
+        log.error("the job store failed: %s", error)
+        lines = str(getattr(error, "orig", None) or error).strip().splitlines()
+        error = StorageUnavailable(f"the job store failed: {lines[0] if lines else error}")
+    if isinstance(error, GpuqError):
+        return RpcStatus(status_for(error), str(error), error_kind(error))
+    log.exception("internal error in an RPC", exc_info=error)
+    return RpcStatus(grpc.StatusCode.INTERNAL, f"internal error: {error}", "")
+
+
+async def end_call(context: grpc.aio.ServicerContext, error: Exception) -> None:
+    """End the call with the error's status (raises, as abort does)."""
+    status = error_status(error)
+    if status.kind:
+        context.set_trailing_metadata(((ERROR_KIND_KEY, status.kind),))
+    await context.abort(status.code, status.message)
+
+
+def unary(
+    method: Callable[[Any, Any, Caller], Awaitable[R]],
+) -> Callable[[Any, Any, grpc.aio.ServicerContext], Awaitable[R]]:
+    """A unary RPC: the method gets the request and the caller, and any error ends the call
+    with its status."""
+
+    @functools.wraps(method)
+    async def wrapper(self: Any, request: Any, context: grpc.aio.ServicerContext) -> R:
+        try:
+            return await method(self, request, current_caller())
+        except Exception as error:
+            await end_call(context, error)
+            raise
+
+    return wrapper
+
+
+class StreamCount:
+    """Open Submit, Watch and Attach streams per user: they last, and one user must not take
+    every call the server allows (maximum_concurrent_rpcs) from the others."""
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self.open: Counter[str] = Counter()
+
+    @contextlib.contextmanager
+    def opened(self, user: str) -> Iterator[str]:
+        """'' while the stream may stay open; else why not (nothing is counted then)."""
+        if self.open[user] >= self.limit:
+            yield f"{user} has {self.limit} submit and watch streams open already (the most)"
+            return
+        self.open[user] += 1
+        try:
+            yield ""
+        finally:
+            self.open[user] -= 1
+            if not self.open[user]:
+                del self.open[user]
+
+
+# ---- the interceptor -----------------------------------------------------------------------
+
+
+class AuthInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[misc]
+    def __init__(self, authority: Authority) -> None:
+        self.authority = authority
+
+    async def intercept_service(
+        self,
+        continuation: Callable[[grpc.HandlerCallDetails], Awaitable[grpc.RpcMethodHandler]],
+        details: grpc.HandlerCallDetails,
+    ) -> grpc.RpcMethodHandler:
+        authorization = None
+        for key, value in details.invocation_metadata or ():
+            if key == METADATA_KEY:
+                authorization = value if isinstance(value, str) else None
+        try:
+            caller = self.authority.caller(details.method, authorization)
+        except Unauthenticated as exc:
+            return _refusal(grpc.StatusCode.UNAUTHENTICATED, str(exc))
+        except PermissionDenied as exc:
+            return _refusal(grpc.StatusCode.PERMISSION_DENIED, str(exc))
+        handler = await continuation(details)
+        return _bound(handler, caller) if handler is not None else None
+
+
+def _bound(handler: grpc.RpcMethodHandler, caller: Caller) -> grpc.RpcMethodHandler:
+    """The same handler, with `caller` as the call's current_caller()."""
+
+    def call(behavior: Any) -> Any:
+        async def run(request: Any, context: grpc.aio.ServicerContext) -> Any:
+            _CALLER.set(caller)
+            return await behavior(request, context)
+
+        return run
+
+    def stream(behavior: Any) -> Any:
+        async def run(request: Any, context: grpc.aio.ServicerContext) -> AsyncIterator[Any]:
+            _CALLER.set(caller)
+            async for reply in behavior(request, context):
+                yield reply
+
+        return run
+
+    kinds = (handler.request_deserializer, handler.response_serializer)
+    if handler.unary_unary is not None:
+        return grpc.unary_unary_rpc_method_handler(call(handler.unary_unary), *kinds)
+    if handler.stream_unary is not None:
+        return grpc.stream_unary_rpc_method_handler(call(handler.stream_unary), *kinds)
+    if handler.unary_stream is not None:
+        return grpc.unary_stream_rpc_method_handler(stream(handler.unary_stream), *kinds)
+    return grpc.stream_stream_rpc_method_handler(stream(handler.stream_stream), *kinds)
+
+
+def _refusal(code: grpc.StatusCode, message: str) -> grpc.RpcMethodHandler:
+    """A handler that ends the call at once. It takes a request stream whatever the method's
+    kind, and never reads it: a refused caller's body is not received, let alone parsed."""
+
+    async def refuse(_requests: Any, context: grpc.aio.ServicerContext) -> None:
+        await context.abort(code, message)
+
+    return grpc.stream_unary_rpc_method_handler(refuse)

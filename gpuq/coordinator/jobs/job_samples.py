@@ -1,0 +1,99 @@
+"""Running jobs' samples from their agents' heartbeats: fed to the idle and hung rules
+(gpuq.coordinator.jobs.idle_rules) and to the running jobs' GPU telemetry, and acted on: a
+flag set or cleared is noted in the job's events, and a job its QOS says to cancel is
+cancelled through the normal cancel path, by the coordinator itself.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Sequence
+from functools import partial
+
+from gpuq.config import CoordinatorSettings
+from gpuq.coordinator.access.permissions import SYSTEM
+from gpuq.coordinator.background_tasks import Background
+from gpuq.coordinator.changes.effects import Cause, Effects
+from gpuq.coordinator.changes.job_changes import JobChanges
+from gpuq.coordinator.jobs.idle_rules import Decision, IdleWatch
+from gpuq.coordinator.jobs.job_actions import JobActions
+from gpuq.coordinator.jobs.running_telemetry import RunningTelemetry
+from gpuq.coordinator.jobs.selection import Selection
+from gpuq.coordinator.memory.live_jobs import LiveJobs
+from gpuq.coordinator.nodes.agent_input import MAX_JOB_SAMPLES, sample_from_proto
+from gpuq.domain.model import Job
+from gpuq.domain.states import JobState
+from gpuq.store.api import StoreTx
+from gpuq.v1 import agent_pb2 as apb
+
+log = logging.getLogger(__name__)
+
+
+class JobSamples:
+    def __init__(
+        self,
+        settings: CoordinatorSettings,
+        jobs: LiveJobs,
+        idle: IdleWatch,
+        telemetry: RunningTelemetry,
+        actions: JobActions,
+        changes: JobChanges,
+        clock: Callable[[], float],
+    ) -> None:
+        self.settings = settings
+        self.jobs = jobs
+        self.idle = idle
+        self.telemetry = telemetry
+        self.actions = actions
+        self.changes = changes
+        self.clock = clock
+        self._background = Background("acting on a job's idle or hung flag")
+
+    def heard(self, node: str, samples: Sequence[apb.JobSample]) -> None:
+        """A heartbeat's samples of the jobs running on `node`."""
+        self._idle_rules(node, samples)
+        self.telemetry.running(node, samples)  # GPU telemetry so far
+
+    def _idle_rules(self, node: str, samples: Sequence[apb.JobSample]) -> None:
+        """Samples of jobs running here (and not being stopped) go to the idle and hung
+        rules, and what they decide is acted on; others are ignored."""
+        now = self.clock()
+        for message in samples[:MAX_JOB_SAMPLES]:
+            job = self.jobs.jobs.get(message.job_id)
+            if job is None or job.state is not JobState.RUNNING or job.node != node:
+                continue
+            tier = self.settings.qos.get(job.qos)
+            if tier is None or job.stop is not None:
+                continue
+            sample = sample_from_proto(message, job.gpus, now)
+            decisions = self.idle.observe(sample, job.start_count, tier)
+            if decisions:
+                self._background.spawn(self._act_on(job, decisions))
+        if self.idle.tracks:
+            jobs = self.jobs.jobs
+            self.idle.prune(lambda i: i in jobs and jobs[i].state is JobState.RUNNING)
+
+    async def _act_on(self, job: Job, decisions: Sequence[Decision]) -> None:
+        """Log a flag set or cleared and note it in the job's events; cancel the job where its
+        QOS says so (the normal cancel path, as the admin "gpuq")."""
+        cause = Cause.chore("idle check")
+        for d in decisions:
+            if d.action == "cancel":
+                log.warning("job %d: %s", job.id, d.text)
+                await self.actions.cancel(Selection((str(job.id),)), SYSTEM, cause, d.text)
+                continue
+            note = d.text if d.action == "flag" else f"flag cleared: {d.text}"
+            if d.action == "flag":
+                log.warning("job %d of %s on node %s: %s", job.id, job.user, job.node, d.text)
+            else:
+                log.info("job %d: %s", job.id, note)
+            noted = Effects(notes=[(job.id, self.clock(), note)])
+            await self.changes.commit(partial(_as_decided, noted), cause)
+
+    async def close(self) -> None:
+        await self._background.cancel()
+
+
+def _as_decided(effects: Effects, tx: StoreTx, now: float) -> tuple[Effects, None]:
+    """Effects decided before the transaction (a note needs no reading)."""
+    return effects, None

@@ -1,0 +1,92 @@
+"""What the coordinator tells agents: starts and stops, each to the node's connected stream.
+
+A node without a connected agent misses nothing: a start waits in the store (the agent's
+reconnection reconciles it) and a stop is recorded with the job and sent when it reconnects.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import defaultdict
+from collections.abc import Callable, Sequence
+
+from gpuq.convert import spec_to_proto
+from gpuq.coordinator.changes.effects import StopOrder
+from gpuq.coordinator.memory.live_jobs import LiveJobs
+from gpuq.coordinator.memory.node_table import NodeTable
+from gpuq.coordinator.nodes.agent_session import AgentSession
+from gpuq.domain.model import Job
+from gpuq.v1 import agent_pb2 as apb
+
+log = logging.getLogger(__name__)
+
+
+class AgentCommands:
+    def __init__(
+        self,
+        jobs: LiveJobs,
+        nodes: NodeTable,
+        time_limit: Callable[[Job], int | None],
+        kill_grace: float,
+    ) -> None:
+        self.jobs = jobs
+        self.nodes = nodes
+        self.time_limit = time_limit  # a job's effective limit (its QOS's may be lower)
+        self.kill_grace = kill_grace
+
+    def send_starts(self, jobs: Sequence[Job]) -> None:
+        by_node: dict[str, list[apb.JobLaunch]] = defaultdict(list)
+        for job in jobs:
+            assert job.node is not None
+            by_node[job.node].append(self._launch(job))
+        for node, launches in by_node.items():
+            session = self.nodes.session(node)
+            if session is None:
+                log.warning(
+                    "node %s has no agent connected; %d starts wait for it", node, len(launches)
+                )
+                continue
+            session.start(launches)
+
+    def _launch(self, job: Job) -> apb.JobLaunch:
+        return apb.JobLaunch(
+            job_id=job.id,
+            spec=spec_to_proto(job.spec),
+            gpus=list(job.gpus),
+            user=job.user,
+            array_job_id=job.array_job_id,
+            array_task_id=job.array_task_id,
+            time_limit=self.time_limit(job) or 0,
+            kill_grace=self.kill_grace,
+            requeue_count=job.requeue_count,
+            attempt=job.start_count,
+        )
+
+    def send_stops(self, orders: Sequence[StopOrder]) -> None:
+        by_node: dict[str, list[StopOrder]] = defaultdict(list)
+        for order in orders:
+            job = self.jobs.jobs.get(order.job_id)
+            if job is not None and job.node is not None:
+                by_node[job.node].append(order)
+        for node, node_orders in by_node.items():
+            session = self.nodes.session(node)
+            if session is not None:
+                self.send_stop_message(session, node_orders)
+            # otherwise the stop is in the store and is sent when the agent reconnects
+
+    def send_stop_message(self, session: AgentSession, orders: Sequence[StopOrder]) -> None:
+        session.stop(
+            apb.StopJob(
+                job_id=o.job_id,
+                end_state=o.end_state.value,
+                reason=o.reason,
+                grace=o.grace,
+                signal=o.signal,
+                attempt=o.attempt or self._attempt(o.job_id),
+            )
+            for o in orders
+        )
+
+    def _attempt(self, job_id: int) -> int:
+        job = self.jobs.jobs.get(job_id)
+        return job.start_count if job is not None else 0

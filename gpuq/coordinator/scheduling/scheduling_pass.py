@@ -1,0 +1,270 @@
+"""One scheduling pass: snapshot from memory, the pure plan (gpuq.scheduler.plan), and its
+decisions as effects (starts, preemptions, cancellations of jobs that can never start),
+committed in one transaction through the one applier. Also the explanation of why jobs wait,
+from a full pass that starts nothing.
+"""
+
+from __future__ import annotations
+
+import logging
+import signal
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+
+from gpuq.config import CoordinatorSettings
+from gpuq.coordinator.changes.effects import Cause, Effects, Move, StopOrder
+from gpuq.coordinator.changes.job_changes import JobChanges
+from gpuq.coordinator.changes.store_writer import is_storage_error
+from gpuq.coordinator.jobs.array_tasks import ArrayTasks
+from gpuq.coordinator.memory.live_jobs import LiveJobs, queue_key
+from gpuq.coordinator.memory.node_table import NodeTable
+from gpuq.coordinator.memory.scheduler_inputs import SchedulerInputs
+from gpuq.domain.model import Job, is_advisory
+from gpuq.domain.states import JobState
+from gpuq.scheduler.arrays import tasks_to_split
+from gpuq.scheduler.eligibility import dependency_status
+from gpuq.scheduler.placement import NodeView
+from gpuq.scheduler.plan import plan
+from gpuq.scheduler.priority import Factors
+from gpuq.scheduler.snapshot import Decisions, PendingJob, RunningJob, Waiting
+from gpuq.store.api import JobStart, StoreTx
+
+log = logging.getLogger(__name__)
+EXPLAIN_EVERY = 1.0  # seconds an explanation of the queue stays good
+_LIVE_RECORD = (JobState.PENDING, JobState.HELD)
+
+
+@dataclass(frozen=True, slots=True)
+class PendingDetail:
+    """What `gpuq queue --long` and `gpuq show` print for a pending job."""
+
+    waiting: Waiting
+    priority: float
+    factors: Factors
+
+
+class SchedulingPass:
+    def __init__(
+        self,
+        settings: CoordinatorSettings,
+        jobs: LiveJobs,
+        nodes: NodeTable,
+        inputs: SchedulerInputs,
+        arrays: ArrayTasks,
+        changes: JobChanges,
+        wake: Callable[[], None],
+    ) -> None:
+        self.settings = settings
+        self.wake = wake  # ask for a pass
+        self.jobs = jobs
+        self.nodes = nodes
+        self.inputs = inputs
+        self.arrays = arrays
+        self.changes = changes
+        self.clock = changes.clock
+        self._explained: dict[int, Waiting] = {}
+        self._explained_at = -1.0
+
+    def views(self) -> list[NodeView]:
+        return self.nodes.views(self.jobs.in_state(JobState.RUNNING))
+
+    def _running(self) -> list[RunningJob]:
+        now = self.clock()
+        return [self.inputs.running(j, now) for j in self.jobs.in_state(JobState.RUNNING)]
+
+    def _queue(self) -> Iterator[PendingJob]:
+        return (self.inputs.pending(j, self.jobs) for j in self.jobs.queue())
+
+    async def run(self, cause: Cause) -> None:
+        await self._split_arrays(cause)
+        if not self.jobs.shapes:
+            return
+        now = self.clock()
+        try:
+            decided = self._plan(now)
+        except Exception as error:  # one job's data must not stop everyone's scheduling
+            if is_storage_error(error):
+                raise  # not a job's fault: the schedule loop reloads and tries again
+            await self._set_aside(now, error, cause)
+            decided = self._plan(now)
+        self._explained_at = -1.0  # what blocks whom may have changed
+        if decided.starts or decided.preemptions or decided.cancellations:
+            stopped = await self.changes.commit(lambda tx, now: self._decide(decided, tx), cause)
+            if stopped:
+                log.info("preempting jobs %s", stopped)
+
+    def _plan(self, now: float, explain: bool = False) -> Decisions:
+        return plan(
+            self.views(),
+            self._running(),
+            self._queue(),
+            self.inputs.policy,
+            now,
+            shapes=None if explain else self.jobs.shapes,
+            explain=explain,
+        )
+
+    async def _set_aside(self, now: float, error: Exception, cause: Cause) -> None:
+        """A pass failed: find the queued jobs it fails on, each alone, and hold them with the
+        error as their reason, so the pass can go on without them."""
+        log.error("scheduling pass failed (%s); looking for the jobs it fails on", error)
+        views, running = self.views(), self._running()
+        culprits: dict[int, str] = {}
+        for job in list(self.jobs.queue()):
+            try:
+                pending = self.inputs.pending(job, self.jobs)
+                plan(views, running, [pending], self.inputs.policy, now, explain=True)
+            except Exception as exc:
+                if is_storage_error(exc):
+                    raise
+                culprits[job.id] = f"held: scheduling failed on this job ({exc}); fix or cancel it"
+        if not culprits:
+            raise error
+        for job_id, reason in culprits.items():
+            log.error("job %d set aside: %s", job_id, reason)
+
+        def decide(tx: StoreTx, now: float) -> tuple[Effects, None]:
+            states = tx.job_states(culprits)
+            held = [i for i in culprits if states.get(i) is JobState.PENDING]
+            moves = [Move(i, JobState.PENDING, JobState.HELD, culprits[i]) for i in held]
+            return Effects(moves=moves), None
+
+        await self.changes.commit(decide, cause)
+
+    async def _split_arrays(self, cause: Cause) -> None:
+        """Split off waiting arrays' records as many tasks as can start (see
+        gpuq.scheduler.arrays), one array at a time; one that fails is logged and skipped."""
+        records = [r for r in self.jobs.records.values() if r.state is JobState.PENDING]
+        if not records:
+            return
+        now = self.clock()
+        views = self.views()
+        for record in sorted(records, key=lambda r: queue_key(r, self.inputs.priority(r, now))):
+            try:
+                async with self.arrays.splitting:
+                    current = self.jobs.records.get(record.id)  # as it is now
+                    if current is None or current.state is not JobState.PENDING:
+                        continue
+                    count = self._split_count(current, views, now)
+                    if count:
+                        await self.arrays.split(current.id, current.tasks[:count], cause)
+            except Exception as exc:
+                if is_storage_error(exc):
+                    raise  # the store's fault, not the array's: the whole pass is tried again
+                log.exception("splitting tasks off array %d failed", record.id)
+
+    def _split_count(self, record: Job, views: list[NodeView], now: float) -> int:
+        pending = self.inputs.pending(record, self.jobs)
+        waiting = any(dependency_status(d) is not True for d in pending.dependencies)
+        blocked = waiting or (pending.begin_time is not None and pending.begin_time > now)
+        return tasks_to_split(
+            record.spec.resources,
+            views,
+            left=len(record.tasks),
+            queued=self.jobs.array_pending.get(record.id, 0),
+            running=self.jobs.array_running.get(record.id, 0),
+            max_running=pending.array_max_running,
+            blocked=blocked,
+            placement=record.spec.placement,
+        )
+
+    def _decide(self, decided: Decisions, tx: StoreTx) -> tuple[Effects, list[int]]:
+        """What the pass decided, as the store has it now: what changed since the snapshot is
+        skipped (a job cancelled since does not start)."""
+        victims = {p.victim: p for p in decided.preemptions}
+        ids = [s.job_id for s in decided.starts] + list(victims)
+        ids += [c.job_id for c in decided.cancellations]
+        states = tx.job_states(ids)
+        effects = Effects()
+        memory = self.jobs.jobs
+        for s in decided.starts:
+            start = JobStart(s.job_id, s.node, s.gpus, self._start_reason(s.node), s.shared)
+            if states.get(s.job_id) is JobState.PENDING:
+                effects.starts.append(start)
+            # a start an earlier try of this write committed although its answer was lost
+            # (the store failed during the commit): only passes start jobs, one pass at a
+            # time, so a job running in the store and pending in memory is this pass's own
+            elif (
+                states.get(s.job_id) is JobState.RUNNING
+                and (job := memory.get(s.job_id)) is not None
+                and job.state is JobState.PENDING
+            ):
+                effects.landed.append(start)
+        cancels = [c for c in decided.cancellations if states.get(c.job_id) is JobState.PENDING]
+        effects.moves += [
+            Move(c.job_id, JobState.PENDING, JobState.CANCELLED, c.reason) for c in cancels
+        ]
+        # a task's dependency is its whole array's: the tasks still in the record go too
+        records = self._records_of([c.job_id for c in cancels])
+        record_states = tx.job_states(records)
+        effects.moves += [
+            Move(r, record_states[r], JobState.CANCELLED, why)
+            for r, why in records.items()
+            if record_states.get(r) in _LIVE_RECORD
+        ]
+        for victim, preemption in victims.items():
+            if states.get(victim) is JobState.RUNNING:
+                effects.stops.append(self._preempt_order(victim, preemption.preemptor))
+        return effects, [o.job_id for o in effects.stops]
+
+    def _records_of(self, job_ids: list[int]) -> dict[int, str]:
+        """The live records of these jobs' arrays, with the reason the first job went."""
+        records: dict[int, str] = {}
+        for job_id in job_ids:
+            job = self.jobs.jobs.get(job_id)
+            array = job.array_job_id if job is not None else None
+            if array is not None and array in self.jobs.records:
+                records.setdefault(array, self.jobs.jobs[job_id].reason)
+        return records
+
+    def _start_reason(self, node: str) -> str:
+        """`started on a`, and where the node cannot enforce a job's GPUs, says so:
+        `started on a (GPU isolation advisory: not root)`."""
+        entry = self.nodes.get(node)
+        isolation = entry.node.isolation if entry is not None else ""
+        return started_reason(node, isolation)
+
+    def _preempt_order(self, victim: int, preemptor: int) -> StopOrder:
+        """The victim's own warning signal (--signal), then SIGKILL after the grace period."""
+        by = self.jobs.jobs.get(preemptor)
+        reason = f"preempted by job {preemptor}" + (f" (qos {by.qos})" if by is not None else "")
+        job = self.jobs.jobs.get(victim)
+        warning = job.spec.signal.signal if job is not None and job.spec.signal else signal.SIGTERM
+        return StopOrder(victim, JobState.PREEMPTED, reason, self.settings.kill_grace, int(warning))
+
+    # ---- explaining ----------------------------------------------------------------------
+
+    def pending_detail(self, job: Job) -> PendingDetail | None:
+        """Why the job waits (every reason) and when it may start, from a full pass that
+        starts nothing, at most once a second, and its priority factors."""
+        waiting = self.explained().get(job.id)
+        if waiting is None:
+            return None
+        priority = self.jobs.priority.get(job.id, 0.0)
+        return PendingDetail(waiting, priority, self.inputs.factors(job, self.clock()))
+
+    def explained(self) -> dict[int, Waiting]:
+        """Why each queued job waits, from a full pass that starts nothing, at most once a
+        second (listings and metrics scrapes share it)."""
+        now = self.clock()
+        if now - self._explained_at > EXPLAIN_EVERY:
+            try:
+                self._explained = self._plan(now, explain=True).waiting
+            except Exception:  # a listing must answer; the next pass sets the job aside
+                log.exception("explaining the queue failed")
+                self._explained = {}
+                self.wake()  # the pass sets the failing job aside
+            self._explained_at = now
+        return self._explained
+
+    def forget_explanation(self) -> None:
+        """Explain afresh on the next ask (tests, and a pass that changed what blocks whom)."""
+        self._explained_at = -1.0
+
+
+def started_reason(node: str, isolation: str) -> str:
+    """A start event's reason: the node, and its GPU isolation when only advisory."""
+    if is_advisory(isolation):
+        why = isolation.partition(":")[2].strip() or "the node cannot enforce it"
+        return f"started on {node} (GPU isolation advisory: {why})"
+    return f"started on {node}"
