@@ -10,7 +10,6 @@ import pytest
 from harness import run, submit
 from helpers import make_spec
 
-from gpuq.config import CoordinatorSettings
 from gpuq.coordinator.server import Coordinator
 from gpuq.domain.states import JobState
 from gpuq.errors import InvalidInput

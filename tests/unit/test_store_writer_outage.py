@@ -21,10 +21,10 @@ from sqlalchemy.exc import DBAPIError, IntegrityError, OperationalError
 
 from gpuq.config import CoordinatorSettings
 from gpuq.coordinator.changes import store_writer as writer_module
+from gpuq.coordinator.changes.store_writer import StoreWriter, is_storage_error
 from gpuq.coordinator.memory.node_table import NodeEntry
 from gpuq.coordinator.nodes.agent_session import AgentSession
 from gpuq.coordinator.server import assemble
-from gpuq.coordinator.changes.store_writer import StoreWriter, is_storage_error
 from gpuq.domain.model import GpuUnit, JobResult, Node, NodeState
 from gpuq.domain.states import JobState
 from gpuq.errors import IllegalTransition, NotFound, StorageUnavailable
