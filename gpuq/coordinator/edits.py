@@ -17,11 +17,11 @@ import fnmatch
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, replace
 
-from gpuq.config import QosTier
 from gpuq.domain.dependencies import Dependency
 from gpuq.domain.limits import brief, check_qos
 from gpuq.domain.model import Job, JobSpec, Resources
 from gpuq.domain.placement import Placement
+from gpuq.domain.policy import QosTier
 from gpuq.domain.states import JobState
 from gpuq.domain.units import format_duration, format_size
 from gpuq.errors import InvalidInput, PermissionDenied, Unsatisfiable

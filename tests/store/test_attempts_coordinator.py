@@ -10,11 +10,12 @@ from collections.abc import Awaitable, Callable
 
 from helpers import make_spec
 
-from gpuq.config import CoordinatorSettings, QosTier
+from gpuq.config import CoordinatorSettings
 from gpuq.coordinator.agents import NOT_RECEIVED, AgentLink
 from gpuq.coordinator.cluster import AgentSession
 from gpuq.coordinator.core import Coordinator
 from gpuq.coordinator.passes import Passes
+from gpuq.domain.policy import QosTier
 from gpuq.domain.states import JobState
 from gpuq.store.api import Store
 from gpuq.v1 import agent_pb2 as apb

@@ -7,7 +7,6 @@ from collections.abc import Sequence
 
 from helpers import make_spec
 
-from gpuq.config import QosTier
 from gpuq.coordinator.idle import (
     Decision,
     IdleWatch,
@@ -16,6 +15,7 @@ from gpuq.coordinator.idle import (
     span_text,
     step,
 )
+from gpuq.domain.policy import QosTier
 from gpuq.domain.states import JobState
 from gpuq.store.api import JobStart, NewJob, StateChange, Store
 

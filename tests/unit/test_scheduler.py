@@ -8,9 +8,9 @@ from dataclasses import replace
 from scheduling import POLICY, views, wait
 from scheduling import run as running
 
-from gpuq.config import QosTier, default_qos_tiers
 from gpuq.domain.dependencies import DependencyKind
 from gpuq.domain.model import Resources
+from gpuq.domain.policy import QosTier, default_qos_tiers
 from gpuq.domain.states import JobState
 from gpuq.scheduler.plan import fit_key, plan
 from gpuq.scheduler.snapshot import Dependency, PendingJob, Policy, RunningJob
