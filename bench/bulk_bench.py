@@ -26,7 +26,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from gpuq.client import Client
-from gpuq.config import load_settings
+from gpuq.config.loading import load_settings
 from gpuq.domain.arrays import ArraySpec
 from gpuq.submission import build_spec
 

@@ -31,7 +31,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from gpuq.client import Client
-from gpuq.config import load_settings
+from gpuq.config.loading import load_settings
 from gpuq.domain.arrays import ArraySpec
 from gpuq.domain.states import JobState
 from gpuq.errors import GpuqError

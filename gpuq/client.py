@@ -29,7 +29,8 @@ from typing import TYPE_CHECKING, Any
 
 import grpc
 
-from gpuq.config import Settings, auth_socket_for, load_settings, split_addresses
+from gpuq.config.loading import load_settings
+from gpuq.config.settings import Settings, auth_socket_for, split_addresses
 from gpuq.domain.dependencies import parse_job_ref
 from gpuq.domain.states import JobState, parse_states
 from gpuq.errors import (

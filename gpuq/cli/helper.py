@@ -57,7 +57,7 @@ KEPT_PREFIXES = ("LC_", "PYTHON", "GPUQ_CLI_HELPER", "GRPC_")
 PRELOAD = (
     "gpuq.cli.commands",
     "gpuq.client",
-    "gpuq.config",
+    "gpuq.config.loading",
     "gpuq.submission",
     "gpuq.directives",
     "gpuq.convert",

@@ -36,7 +36,8 @@ from apscheduler.schedulers.asyncio import AsyncIOScheduler
 from sqlalchemy.exc import DBAPIError
 
 from gpuq import tls
-from gpuq.config import Settings, redact_url
+from gpuq.config.settings import Settings
+from gpuq.config.value_checks import redact_url
 from gpuq.coordinator.agents import AgentLink
 from gpuq.coordinator.authority import AuthInterceptor, Authority, serve_handshake
 from gpuq.coordinator.core import Coordinator

@@ -10,7 +10,7 @@ from collections.abc import Awaitable, Callable
 
 from helpers import make_spec
 
-from gpuq.config import CoordinatorSettings
+from gpuq.config.settings import CoordinatorSettings
 from gpuq.coordinator.agents import NOT_RECEIVED, AgentLink
 from gpuq.coordinator.cluster import AgentSession
 from gpuq.coordinator.core import Coordinator

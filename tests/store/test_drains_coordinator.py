@@ -9,7 +9,7 @@ from collections.abc import Awaitable, Callable
 import pytest
 from helpers import make_spec
 
-from gpuq.config import CoordinatorSettings
+from gpuq.config.settings import CoordinatorSettings
 from gpuq.coordinator.agents import AgentLink
 from gpuq.coordinator.cluster import AgentSession, NodeEntry
 from gpuq.coordinator.core import Coordinator

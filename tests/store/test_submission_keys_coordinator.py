@@ -10,7 +10,7 @@ from collections.abc import Awaitable, Callable
 import pytest
 from helpers import make_spec
 
-from gpuq.config import CoordinatorSettings
+from gpuq.config.settings import CoordinatorSettings
 from gpuq.coordinator.core import Coordinator
 from gpuq.domain.states import JobState
 from gpuq.errors import InvalidInput

@@ -12,7 +12,7 @@ from dataclasses import replace
 import pytest
 from helpers import make_spec
 
-from gpuq.config import CoordinatorSettings
+from gpuq.config.settings import CoordinatorSettings
 from gpuq.coordinator.core import Coordinator
 from gpuq.coordinator.terminals import NEVER_ATTACHED, check_interactive_spec
 from gpuq.domain.arrays import ArraySpec

@@ -15,7 +15,7 @@ import pytest
 from helpers import Samples, make_spec, metric_samples
 from helpers import metric_value as value
 
-from gpuq.config import CoordinatorSettings
+from gpuq.config.settings import CoordinatorSettings
 from gpuq.coordinator.cluster import AgentSession, NodeEntry
 from gpuq.coordinator.core import Coordinator
 from gpuq.coordinator.idle import Track

@@ -26,7 +26,7 @@ from gpuq.agent.mps import (
     node_wide_mps,
     shared_units,
 )
-from gpuq.config import AgentSettings
+from gpuq.config.settings import AgentSettings
 from gpuq.convert import unit_to_proto
 from gpuq.domain.model import GpuUnit, JobSpec, Resources
 

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 from scheduling import POLICY, run, wait
 
-from gpuq.config import load_settings
+from gpuq.config.loading import load_settings
 from gpuq.domain.model import GpuUnit, Resources
 from gpuq.domain.placement import (
     MAX_PLACEMENT_NODES,

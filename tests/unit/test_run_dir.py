@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from gpuq.agent import rundir
-from gpuq.config import AgentSettings, Settings
+from gpuq.config.settings import AgentSettings, Settings
 from gpuq.daemons import agent_run_dir
 from gpuq.errors import InvalidInput
 

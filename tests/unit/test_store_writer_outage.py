@@ -18,7 +18,7 @@ import pytest
 from helpers import make_spec
 from sqlalchemy.exc import DBAPIError, IntegrityError, OperationalError
 
-from gpuq.config import CoordinatorSettings
+from gpuq.config.settings import CoordinatorSettings
 from gpuq.coordinator import writer as writer_module
 from gpuq.coordinator.cluster import AgentSession, NodeEntry
 from gpuq.coordinator.core import Coordinator
