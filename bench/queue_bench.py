@@ -32,7 +32,7 @@ from pathlib import Path
 
 from gpuq.client import Client
 from gpuq.config.loading import load_settings
-from gpuq.domain.arrays import ArraySpec
+from gpuq.domain.array_specs import ArraySpec
 from gpuq.domain.states import JobState
 from gpuq.errors import GpuqError
 from gpuq.submission import build_spec

@@ -247,8 +247,8 @@ def _job_env(value: Any, source: str, key: str) -> dict[str, str]:
 
 
 def _features(value: Any, source: str, key: str) -> tuple[str, ...]:
-    """A list of node features: labels of gpuq.domain.placement's FEATURE_RE."""
-    from gpuq.domain.placement import check_node_features
+    """A list of node features: labels of gpuq.domain.node_constraints' FEATURE_RE."""
+    from gpuq.domain.node_constraints import check_node_features
 
     if not isinstance(value, list):
         raise ConfigError(

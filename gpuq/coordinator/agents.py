@@ -30,7 +30,7 @@ from gpuq.domain.limits import (
     shown,
 )
 from gpuq.domain.model import Job, Node, NodeState, is_advisory
-from gpuq.domain.placement import check_node_features
+from gpuq.domain.node_constraints import check_node_features
 from gpuq.domain.states import TRANSITIONS, JobState
 from gpuq.errors import Conflict, IllegalTransition, InvalidInput, NotFound
 from gpuq.store.api import StoreTx

@@ -20,7 +20,7 @@ from dataclasses import dataclass, replace
 from gpuq.domain.dependencies import Dependency
 from gpuq.domain.limits import brief, check_qos
 from gpuq.domain.model import Job, JobSpec, Resources
-from gpuq.domain.placement import Placement
+from gpuq.domain.node_constraints import Placement
 from gpuq.domain.policy import QosTier
 from gpuq.domain.states import JobState
 from gpuq.domain.units import format_duration, format_size

@@ -1,7 +1,7 @@
 """Every bound on what one submission may say, and the checks of user text that enforce them.
 
 One place for each number and each check, shared by the dataclasses (gpuq.domain.model,
-.arrays, .dependencies: what arrives over gRPC) and the submit side (gpuq.submission,
+.array_specs, .dependencies: what arrives over gRPC) and the submit side (gpuq.submission,
 gpuq.directives: what a user typed), so both refuse the same value with the same InvalidInput.
 An error shows the value through `shown` or `brief`: one short line, whatever was given.
 """

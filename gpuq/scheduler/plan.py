@@ -20,7 +20,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, replace
 
 from gpuq.domain.model import Resources
-from gpuq.domain.placement import Placement
+from gpuq.domain.node_constraints import Placement
 from gpuq.scheduler.eligibility import Usage, blockers, never_met
 from gpuq.scheduler.placement import (
     ANYWHERE,

@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 
 from gpuq.domain.dependencies import DependencyKind
 from gpuq.domain.model import Resources
-from gpuq.domain.placement import Placement
+from gpuq.domain.node_constraints import Placement
 from gpuq.domain.policy import QosTier, SchedulerSettings
 from gpuq.domain.states import JobState
 

@@ -32,7 +32,7 @@ from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.engine import Connection
 from sqlalchemy.exc import IntegrityError
 
-from gpuq.domain.arrays import format_indices, parse_indices
+from gpuq.domain.array_specs import format_indices, parse_indices
 from gpuq.domain.codec import spec_from_dict, spec_to_dict
 from gpuq.domain.model import (
     Allocation,

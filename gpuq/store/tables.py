@@ -72,7 +72,7 @@ jobs = Table(
     # record, which holds the spec once for every task (environment included)
     Column("spec", Text, nullable=False),
     # an array's record: its tasks not yet split off to run on their own, as compact text
-    # ("3-99", "1,3,5-7"; gpuq.domain.arrays.format_indices); NULL for a job or a single task
+    # ("3-99", "1,3,5-7"; gpuq.domain.array_specs.format_indices); NULL for a job or a single task
     Column("array_tasks", Text, nullable=True),
     # how many times the job was started (NULL: none, or a row from before 0005): a start's
     # attempt number, which tells its reports and stops from those of an earlier start

@@ -23,8 +23,8 @@ import grpc
 import pytest
 
 from gpuq.convert import spec_to_proto
+from gpuq.domain.interactive_jobs import Terminal
 from gpuq.domain.model import JobSpec, Resources
-from gpuq.domain.placement import Terminal
 from gpuq.v1 import agent_pb2 as apb
 from gpuq.v1 import agent_pb2_grpc
 

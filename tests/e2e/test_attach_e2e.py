@@ -24,7 +24,7 @@ from raw_agent import RawAgent
 
 from gpuq.client import Attachment, Client
 from gpuq.config.loading import load_settings
-from gpuq.domain.placement import Terminal
+from gpuq.domain.interactive_jobs import Terminal
 from gpuq.errors import InvalidInput, NotFound, PermissionDenied, Unsatisfiable
 from gpuq.submission import build_spec
 from gpuq.v1 import agent_pb2 as apb

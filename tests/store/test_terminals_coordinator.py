@@ -15,8 +15,8 @@ from helpers import make_spec
 from gpuq.config.settings import CoordinatorSettings
 from gpuq.coordinator.core import Coordinator
 from gpuq.coordinator.terminals import NEVER_ATTACHED, check_interactive_spec
-from gpuq.domain.arrays import ArraySpec
-from gpuq.domain.placement import Terminal
+from gpuq.domain.array_specs import ArraySpec
+from gpuq.domain.interactive_jobs import Terminal
 from gpuq.domain.states import JobState
 from gpuq.errors import InvalidInput
 from gpuq.store.api import Store

@@ -21,7 +21,7 @@ from gpuq.coordinator.core import Coordinator
 from gpuq.coordinator.idle import Track
 from gpuq.coordinator.metrics import REASONS, Metrics, main_reason, reason_category
 from gpuq.coordinator.passes import Passes
-from gpuq.domain.arrays import ArraySpec
+from gpuq.domain.array_specs import ArraySpec
 from gpuq.domain.model import GpuUnit, JobResult, Node, NodeState
 from gpuq.domain.states import JobState
 from gpuq.scheduler.snapshot import Waiting

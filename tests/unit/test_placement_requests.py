@@ -12,14 +12,13 @@ import pytest
 from scheduling import POLICY, run, wait
 
 from gpuq.config.loading import load_settings
+from gpuq.domain.gpu_types import gpu_type, parse_gpu_request
 from gpuq.domain.model import GpuUnit, Resources
-from gpuq.domain.placement import (
+from gpuq.domain.node_constraints import (
     MAX_PLACEMENT_NODES,
     Placement,
     constraint_matches,
     expand_nodes,
-    gpu_type,
-    parse_gpu_request,
     with_partitions,
 )
 from gpuq.errors import ConfigError, InvalidInput
