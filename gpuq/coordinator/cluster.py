@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from gpuq.domain.limits import MAX_AGENT_MESSAGE_BYTES
 from gpuq.domain.model import Drain, Health, Job, JobSpec, Node, NodeState
 from gpuq.domain.states import JobState
-from gpuq.scheduler.placement import NodeView, ShareUse
+from gpuq.scheduler.fitting import NodeView, ShareUse
 from gpuq.scheduler.plan import FitKey
 from gpuq.v1 import agent_pb2
 from gpuq.v1 import types_pb2 as pb

@@ -58,7 +58,7 @@ from gpuq.errors import (
     Unsatisfiable,
 )
 from gpuq.identity import new_user_token, token_digest
-from gpuq.scheduler.placement import never_fits, never_fits_reason
+from gpuq.scheduler.fitting import never_fits, never_fits_reason
 from gpuq.store.api import (
     REQUEUABLE,
     JobEdit,

@@ -15,9 +15,9 @@ from gpuq.coordinator.core import Coordinator, StopOrder
 from gpuq.coordinator.writer import is_storage_error
 from gpuq.domain.model import Job, JobEvent, is_advisory
 from gpuq.domain.states import JobState
-from gpuq.scheduler.arrays import tasks_to_split
+from gpuq.scheduler.array_split import tasks_to_split
 from gpuq.scheduler.eligibility import dependency_status
-from gpuq.scheduler.placement import NodeView
+from gpuq.scheduler.fitting import NodeView
 from gpuq.scheduler.plan import plan
 from gpuq.scheduler.priority import Factors
 from gpuq.scheduler.snapshot import Decisions, PendingJob, RunningJob, Waiting

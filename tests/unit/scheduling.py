@@ -6,7 +6,7 @@ from collections.abc import Iterable
 
 from gpuq.domain.model import GpuUnit, Resources
 from gpuq.domain.policy import SchedulerSettings, default_qos_tiers
-from gpuq.scheduler.placement import NodeView
+from gpuq.scheduler.fitting import NodeView
 from gpuq.scheduler.snapshot import PendingJob, Policy, RunningJob
 
 GiB = 1 << 30

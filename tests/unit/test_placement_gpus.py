@@ -17,8 +17,8 @@ from gpuq.domain.model import (
 )
 from gpuq.domain.units import parse_size
 from gpuq.errors import InvalidInput
-from gpuq.scheduler.arrays import room_for
-from gpuq.scheduler.placement import (
+from gpuq.scheduler.array_split import room_for
+from gpuq.scheduler.fitting import (
     NodeView,
     choose_units,
     kind_fits,

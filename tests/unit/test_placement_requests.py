@@ -22,8 +22,8 @@ from gpuq.domain.node_constraints import (
     with_partitions,
 )
 from gpuq.errors import ConfigError, InvalidInput
-from gpuq.scheduler.arrays import room_for
-from gpuq.scheduler.placement import NodeView, kind_fits, never_fits, never_fits_reason
+from gpuq.scheduler.array_split import room_for
+from gpuq.scheduler.fitting import NodeView, kind_fits, never_fits, never_fits_reason
 from gpuq.scheduler.plan import fit_key, plan
 from gpuq.scheduler.reserve import FreeNode, estimate_starts
 from gpuq.scheduler.snapshot import PendingJob
