@@ -27,6 +27,16 @@ from gpuq.config.value_checks import RULES, TIER_NAME, check_home, check_setting
 from gpuq.domain.policy import QosTier, SchedulerSettings
 from gpuq.errors import ConfigError, InvalidInput
 
+TOP_LEVEL = ("home", "coordinator", "agent", "client", "qos", "scheduler")
+# the sections' names for RULES (a [qos.NAME] section has the rules of "qos")
+_SECTION_CLASSES: dict[type[Any], str] = {
+    CoordinatorSettings: "coordinator",
+    SchedulerSettings: "scheduler",
+    QosTier: "qos",
+    AgentSettings: "agent",
+    ClientSettings: "client",
+}
+
 
 def find_config_file(explicit: Path | None, home: Path) -> Path | None:
     candidates = [explicit] if explicit else []
@@ -84,17 +94,6 @@ def _check_fence(settings: Settings, raw: dict[str, Any], source: str) -> None:
             raw["fence_time"],
             f"must be shorter than [coordinator] heartbeat_timeout ({timeout:g} s)",
         )
-
-
-TOP_LEVEL = ("home", "coordinator", "agent", "client", "qos", "scheduler")
-# the sections' names for RULES (a [qos.NAME] section has the rules of "qos")
-_SECTION_CLASSES: dict[type[Any], str] = {
-    CoordinatorSettings: "coordinator",
-    SchedulerSettings: "scheduler",
-    QosTier: "qos",
-    AgentSettings: "agent",
-    ClientSettings: "client",
-}
 
 
 def _unknown(what: str, key: str, known: Iterable[str]) -> str:
