@@ -2,7 +2,8 @@
 (SQLite and PostgreSQL), with a stand-in agent stream: a silent node is given up after
 heartbeat_timeout and not before; the time-limit backstop stops a job only past its limit, the
 kill grace and the slack; stops carry the configured kill grace; and the per-user and per-QOS
-caps at submission refuse the first job over them, not the last one within."""
+caps at submission refuse the first job over them, not the last one within; a submission's
+request key holds for a day."""
 
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ from helpers import make_spec
 from gpuq.config import CoordinatorSettings, QosTier
 from gpuq.coordinator.agents import TIME_LIMIT_SLACK, AgentLink
 from gpuq.coordinator.cluster import AgentSession, spec_size
-from gpuq.coordinator.core import Coordinator
+from gpuq.coordinator.core import KEY_PURGE_EVERY, KEY_TTL, Coordinator
 from gpuq.coordinator.passes import Passes
 from gpuq.domain.arrays import ArraySpec
 from gpuq.domain.model import NodeState, Resources
@@ -241,3 +242,29 @@ def test_a_qos_max_time_up_to_the_limit(store: Store) -> None:
             await co.submit(make_spec(resources=Resources(time_limit=7201)), "alice")
 
     submit_run(store, CoordinatorSettings(qos=tiers), body)
+
+
+# ---- request keys ---------------------------------------------------------------------------
+
+
+def test_a_request_key_holds_for_a_day_and_is_forgotten_after(store: Store) -> None:
+    """A repeat with the same key within KEY_TTL (a day) is the first submission; after it,
+    once the keys are purged (the first submission past the hourly purge), a new job."""
+    assert KEY_TTL == 86400.0 and KEY_PURGE_EVERY == 3600.0
+    clock = Clock(T0)
+
+    async def main() -> None:
+        co = Coordinator(store, CoordinatorSettings(), clock=clock)
+        Passes(co)
+        await co.start()
+        try:
+            first = await co.submit(make_spec(hold=True), "alice", "k")
+            clock.now = T0 + KEY_TTL - 1
+            assert await co.submit(make_spec(hold=True), "alice", "k") == first
+            clock.now = T0 + KEY_TTL + 1
+            again = await co.submit(make_spec(hold=True), "alice", "k")
+            assert again != first and len(again) == 1
+        finally:
+            await co.close()
+
+    asyncio.run(main())
