@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import asyncio
+from collections.abc import Callable
+
 from gpuq.domain.model import JobSpec, Resources
 
 
@@ -33,3 +36,15 @@ def metric_samples(text: str) -> Samples:
 def metric_value(samples: Samples, name: str, **labels: str) -> float:
     """A sample's value; 0 when the exposition has no such sample."""
     return samples.get((name, frozenset(labels.items())), 0.0)
+
+
+async def until(condition: Callable[[], object], timeout: float = 10.0, what: str = "") -> None:
+    """Poll `condition` on the running event loop until it holds; fail at the deadline (a
+    wait for something that happens, never a fixed sleep that hopes it did)."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout
+    while not condition():
+        assert loop.time() < deadline, (
+            f"timed out after {timeout} s waiting for {what or condition}"
+        )
+        await asyncio.sleep(0.01)
