@@ -8,7 +8,7 @@ from __future__ import annotations
 import asyncio
 
 import pytest
-from helpers import make_spec
+from helpers import make_spec, until
 
 from gpuq.config import CoordinatorSettings, SchedulerSettings
 from gpuq.coordinator.agents import AgentLink
@@ -33,14 +33,6 @@ class Clock:
 
     def __call__(self) -> float:
         return self.now
-
-
-async def until(condition: object, timeout: float = 10.0) -> None:
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + timeout
-    while not condition():  # type: ignore[operator]
-        assert loop.time() < deadline, "timed out"
-        await asyncio.sleep(0.01)
 
 
 async def run_job(co: Coordinator, clock: Clock, user: str, seconds: float) -> None:

@@ -11,7 +11,7 @@ import asyncio
 from collections.abc import Awaitable, Callable
 
 import pytest
-from helpers import make_spec
+from helpers import make_spec, until
 
 from gpuq.config import CoordinatorSettings, QosTier
 from gpuq.coordinator.agents import TIME_LIMIT_SLACK, AgentLink
@@ -59,14 +59,6 @@ def run(store: Store, clock: Clock, settings: CoordinatorSettings, body: Body) -
             await co.close()
 
     asyncio.run(main())
-
-
-async def until(condition: Callable[[], object], timeout: float = 10.0) -> None:
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + timeout
-    while not condition():
-        assert loop.time() < deadline, "timed out"
-        await asyncio.sleep(0.01)
 
 
 async def started(co: Coordinator, **spec: object) -> int:
