@@ -15,6 +15,7 @@ import time
 from pathlib import Path
 
 import pytest
+from helpers import skip_or_fail
 from supervisor_helpers import (
     alive,
     cleanup,
@@ -194,7 +195,7 @@ BAD_FIELDS = [
 @pytest.mark.parametrize("with_cgroup", [False, True], ids=["plain", "cgroup"])
 def test_launch_failure(tmp_path: Path, with_cgroup: bool) -> None:
     if with_cgroup and not cgroup_usable():
-        pytest.skip("needs root and a memory cgroup")
+        skip_or_fail("needs root and a memory cgroup")
     state = tmp_path / "state"
     extra = {"mem_limit": 1 << 30, "mem_enforcement": "cgroup"} if with_cgroup else {}
     extra["cgroup_parent"] = f"gpuq-test-{os.getpid()}"
@@ -329,7 +330,7 @@ HOG = '"$PY" -c "import time; x = bytes(8) * (200 << 17); time.sleep(30)"\n'
 
 def test_memory_limit_cgroup(tmp_path: Path) -> None:
     if not cgroup_usable():
-        pytest.skip("needs root and a memory cgroup")
+        skip_or_fail("needs root and a memory cgroup")
     state = tmp_path / "state"
     parent = f"gpuq-test-{os.getpid()}"
     script = "cat /proc/self/cgroup > cgroup.txt\n" + HOG
@@ -369,7 +370,7 @@ def test_memory_limit_poll(tmp_path: Path) -> None:
 
 def test_runs_as_another_user(tmp_path: Path) -> None:
     if os.geteuid() != 0:
-        pytest.skip("needs root")
+        skip_or_fail("needs root")
     state = tmp_path / "state"
     shared = Path(tempfile.mkdtemp(prefix="gpuq-user-"))  # tmp_path's parents are root-only
     shared.chmod(0o777)
@@ -396,7 +397,7 @@ def test_a_uid_without_gid_runs_with_the_users_primary_group(tmp_path: Path) -> 
     with a gid given), nor a gid that is not one of the user's groups, nor a name that is not
     the uid's."""
     if os.geteuid() != 0:
-        pytest.skip("needs root")
+        skip_or_fail("needs root")
     nobody = pwd.getpwnam("nobody")
     unknown = next(uid for uid in range(61000, 65000) if not _has_passwd_entry(uid))
     state = tmp_path / "state"

@@ -14,7 +14,7 @@ import time
 from pathlib import Path
 
 import pytest
-from helpers import until
+from helpers import needs, until
 
 from gpuq.agent.gpu_care import GpuCare
 from gpuq.agent.gpus_fake import GIB, FakeGpuBackend, claim_fake_vram
@@ -124,7 +124,7 @@ def gone(pid: int) -> bool:
     return text.rpartition(")")[2].split()[0] == "Z"
 
 
-@pytest.mark.skipif(os.geteuid() != 0, reason="chowns the pipe folder to another user")
+@needs(os.geteuid() == 0, "chowns the pipe folder to another user")
 def test_the_daemon_starts_with_the_first_share_job_and_stops_after_the_last(
     tmp_path: Path,
 ) -> None:
