@@ -54,6 +54,16 @@ async def until(condition: Callable[[], object], timeout: float = 10.0) -> None:
         await asyncio.sleep(0.01)
 
 
+async def passes_ran(co: Coordinator) -> None:
+    """Until a scheduling pass has begun and ended since the call: one is asked for, and a
+    second, which begins only after the first has ended."""
+    before = co.passes
+    co.wake()
+    await until(lambda: co.passes > before)
+    co.wake()
+    await until(lambda: co.passes > before + 1)
+
+
 async def message_with(session: AgentSession, field: str) -> apb.CoordinatorMessage:
     """The next message to the agent that carries `field` (start, stop, ack)."""
     while True:
@@ -111,7 +121,7 @@ def test_starts_carry_attempts_and_unreceived_starts_go_back_to_pending(store: S
         stops = [(s.job_id, s.attempt) for s in message.stop]
         assert stops == [(job_id, 2)]
         await until(lambda: co.cluster.jobs[job_id].state is JobState.PENDING)
-        await asyncio.sleep(0.2)  # passes run meanwhile: the GPU is held
+        await passes_ran(co)  # the GPU is held: no pass starts it
         assert co.cluster.jobs[job_id].start_count == 3
         gone = apb.JobReport(job_id=job_id, kind=apb.JobReport.ENDED, end_state="cancelled")
         gone.attempt = 2

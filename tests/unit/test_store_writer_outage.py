@@ -94,8 +94,11 @@ def test_a_write_waits_out_an_outage_and_it_is_logged_once(
             await _until(lambda: store.tries >= 5)  # tried again and again
             assert not first.done()
             assert writer.down_since is not None
+            tries = store.tries
             later = asyncio.ensure_future(writer.write(lambda tx: "later"))
-            await asyncio.sleep(0.05)
+            # it is tried during the outage (two more tries: one may have begun without it)
+            await _until(lambda: store.tries > tries + 1)
+            assert not later.done()
             store.down = False
             assert await asyncio.wait_for(first, 5) == "first"
             assert await asyncio.wait_for(later, 5) == "later"
