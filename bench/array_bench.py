@@ -32,7 +32,7 @@ import time
 from pathlib import Path
 
 from gpuq.client import Client
-from gpuq.config import load_settings
+from gpuq.config.loading import load_settings
 from gpuq.errors import GpuqError
 
 

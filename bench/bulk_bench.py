@@ -26,8 +26,8 @@ from dataclasses import replace
 from pathlib import Path
 
 from gpuq.client import Client
-from gpuq.config import load_settings
-from gpuq.domain.arrays import ArraySpec
+from gpuq.config.loading import load_settings
+from gpuq.domain.array_specs import ArraySpec
 from gpuq.submission import build_spec
 
 

@@ -53,7 +53,7 @@ from e2e_cluster import free_port
 from private_postgres import PrivatePostgres, pg_bin
 
 from gpuq.client import Client
-from gpuq.config import load_settings
+from gpuq.config.loading import load_settings
 from gpuq.domain.model import Job
 from gpuq.domain.states import JobState
 from gpuq.errors import GpuqError, ServerUnavailable, StorageUnavailable

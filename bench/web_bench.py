@@ -35,7 +35,7 @@ sys.path.insert(0, str(REPO / "tests" / "e2e"))
 from browser import quit_driver, require_browser, screenshot, start_chromium  # noqa: E402
 
 from gpuq.client import Client  # noqa: E402
-from gpuq.config import load_settings  # noqa: E402
+from gpuq.config.loading import load_settings  # noqa: E402
 from gpuq.v1 import queue_pb2  # noqa: E402
 
 STATIC = REPO / "gpuq" / "web" / "static"

@@ -29,7 +29,8 @@ from typing import TYPE_CHECKING, Any
 
 import grpc
 
-from gpuq.config import Settings, auth_socket_for, load_settings, split_addresses
+from gpuq.config.loading import load_settings
+from gpuq.config.settings import Settings, auth_socket_for, split_addresses
 from gpuq.domain.dependencies import parse_job_ref
 from gpuq.domain.states import JobState, parse_states
 from gpuq.errors import (
@@ -56,7 +57,7 @@ if TYPE_CHECKING:
     from gpuq.domain.model import Job, JobEvent, JobSpec
     from gpuq.v1 import types_pb2 as pb
 
-STORAGE_PREFIX = "storage unavailable: "  # gpuq.coordinator.servicers says it so
+STORAGE_PREFIX = "storage unavailable: "  # gpuq.coordinator.front.rpc_calls says it so
 HOW_TO_START = "start it with `gpuq serve` (or `systemctl start gpuq-coordinator` on a server)"
 # a submission that got no answer is sent again (with its request key, so it is not a second
 # job) after each of these pauses, in seconds, before ServerUnavailable is raised

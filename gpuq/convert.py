@@ -9,7 +9,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from gpuq.domain.arrays import format_indices, parse_indices
+from gpuq.domain.array_specs import format_indices, parse_indices
 from gpuq.domain.codec import spec_from_dict
 from gpuq.domain.limits import MAX_NODE_UNITS, MAX_UNIT_ID, clean_line
 from gpuq.domain.model import (

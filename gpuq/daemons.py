@@ -18,7 +18,7 @@ from dataclasses import replace
 from typing import TYPE_CHECKING
 
 from gpuq.agent.rundir import agent_run_dir
-from gpuq.config import Settings
+from gpuq.config.settings import Settings
 from gpuq.errors import GpuqError
 from gpuq.identity import create_key_file, read_key_file
 

@@ -159,7 +159,7 @@ _SBATCH_OPTIONS = {
     "-x": "exclude",
     "--constraint": "constraint",
     "-C": "constraint",
-    "--partition": "partition",  # a node feature in gpuq (gpuq.domain.placement)
+    "--partition": "partition",  # a node feature in gpuq (gpuq.domain.node_constraints)
     "-p": "partition",
     "--mail-type": "mail_type",
     "--mail-user": "mail_user",

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from gpuq.domain.arrays import parse_indices
+from gpuq.domain.array_specs import parse_indices
 from gpuq.domain.states import JobState
 from gpuq.errors import GpuqError, NotFound
 from gpuq.executor_worker import OK, read_trusted

@@ -17,19 +17,19 @@ from pathlib import Path
 from typing import Any
 
 from gpuq.directives import Header
-from gpuq.domain.arrays import ArraySpec
+from gpuq.domain.array_specs import ArraySpec
 from gpuq.domain.dependencies import Dependency
+from gpuq.domain.gpu_types import parse_gpu_request
 from gpuq.domain.limits import MAX_SCRIPT_BYTES, brief, check_name
 from gpuq.domain.model import JobSpec, Resources, WarningSignal
-from gpuq.domain.notify import parse_mail_types
-from gpuq.domain.parsing import collect_dependencies, parse_begin, submit_environment
-from gpuq.domain.placement import (
+from gpuq.domain.node_constraints import (
     Placement,
     check_feature_expression,
     expand_nodes,
-    parse_gpu_request,
     with_partitions,
 )
+from gpuq.domain.notify import parse_mail_types
+from gpuq.domain.parsing import collect_dependencies, parse_begin, submit_environment
 from gpuq.domain.units import parse_duration, parse_size
 from gpuq.errors import InvalidInput
 from gpuq.options import BY_FLAG, BY_NAME, SUBMIT_LONG_FLAGS

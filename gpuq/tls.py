@@ -30,7 +30,7 @@ from typing import Any
 
 import grpc
 
-from gpuq.config import Settings
+from gpuq.config.settings import Settings
 from gpuq.errors import ConfigError, GpuqError
 
 PEM_CERTIFICATE = b"-----BEGIN CERTIFICATE-----"
@@ -200,7 +200,7 @@ def client_channel(
 def agent_channel(
     address: str, settings: Any, options: Sequence[tuple[str, Any]]
 ) -> grpc.aio.Channel:
-    """An agent's channel (`settings`: gpuq.config.AgentSettings): TLS for HOST:PORT when
+    """An agent's channel (`settings`: gpuq.config.settings.AgentSettings): TLS for HOST:PORT when
     [agent] tls_ca is set, presenting the node's certificate when tls_cert and tls_key are.
     Files are read at each connection, so renewed certificates are used without a restart."""
     if is_unix(address):

@@ -8,6 +8,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from helpers import in_ci, skip_or_fail
 from sqlalchemy import create_engine, text
 
 from gpuq.store.api import Store
@@ -18,7 +19,7 @@ PG_URL_VAR = "GPUQ_TEST_PG_URL"
 def pg_url() -> str | None:
     """The PostgreSQL server for tests; in CI its absence is an error, not a skip."""
     url = os.environ.get(PG_URL_VAR)
-    if not url and os.environ.get("CI") == "true":
+    if not url and in_ci():
         pytest.fail(f"CI=true but {PG_URL_VAR} is not set: the PostgreSQL suite must run in CI")
     return url
 
@@ -28,7 +29,7 @@ def pg_schema_url() -> Iterator[str]:
     """A URL whose connections use a fresh schema of their own, dropped afterwards."""
     base = pg_url()
     if not base:
-        pytest.skip(f"{PG_URL_VAR} not set")
+        skip_or_fail(f"{PG_URL_VAR} not set")
     schema = f"gpuq_test_{uuid.uuid4().hex[:12]}"
     admin = create_engine(base.replace("postgresql://", "postgresql+psycopg://", 1))
     with admin.begin() as conn:
@@ -40,6 +41,25 @@ def pg_schema_url() -> Iterator[str]:
         with admin.begin() as conn:
             conn.execute(text(f'DROP SCHEMA "{schema}" CASCADE'))
         admin.dispose()
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line(
+        "markers", "needs(ok, reason): skip unless ok; fail instead under CI=true (helpers.needs)"
+    )
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    """helpers.needs marks, decided before any fixture is set up: a skip mark where one is not
+    met (pytest's skipping plugin, which runs next, reports it at the test), under CI=true a
+    failure (skip_or_fail)."""
+    for mark in item.iter_markers("needs"):
+        ok, reason = mark.args
+        if not ok:
+            if in_ci():
+                skip_or_fail(reason)
+            item.add_marker(pytest.mark.skip(reason=reason))
 
 
 @pytest.fixture

@@ -11,7 +11,7 @@ import asyncio
 from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass, field
 
-from gpuq.config import CoordinatorSettings
+from gpuq.config.settings import CoordinatorSettings
 from gpuq.coordinator.changes.effects import Cause
 from gpuq.coordinator.changes.transitions import Ending
 from gpuq.coordinator.jobs.job_actions import Outcome

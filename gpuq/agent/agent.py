@@ -40,7 +40,7 @@ from gpuq.agent.launch import (
 )
 from gpuq.agent.mps import MpsDaemons, MpsError, MpsShare, node_wide_mps
 from gpuq.agent.terminals import MAX_CHUNK, PtyEvent
-from gpuq.config import AgentSettings, split_addresses
+from gpuq.config.settings import AgentSettings, split_addresses
 from gpuq.convert import spec_from_proto, unit_to_proto
 from gpuq.domain.units import parse_size
 from gpuq.identity import node_metadata

@@ -36,7 +36,7 @@ from gpuq.agent.hub import SupervisorHub
 from gpuq.agent.isolation import DeviceNumber, choose_cpus, device_numbers, parse_cpulist
 from gpuq.agent.mps import MpsDaemons, shared_units
 from gpuq.agent.telemetry import JobTelemetry, UnitReading
-from gpuq.config import AgentSettings
+from gpuq.config.settings import AgentSettings
 from gpuq.domain.units import format_size
 from gpuq.v1 import agent_pb2 as apb
 from gpuq.v1 import types_pb2 as pb

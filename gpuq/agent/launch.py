@@ -14,9 +14,9 @@ from typing import Any, Literal
 
 from gpuq.agent.isolation import DeviceNumber, device_rules, format_cpulist
 from gpuq.agent.mps import MpsShare, mps_environment
-from gpuq.config import ALLOCATOR_NAMES
+from gpuq.config.settings import ALLOCATOR_NAMES
+from gpuq.domain.interactive_jobs import Terminal
 from gpuq.domain.model import GpuUnit, JobSpec, output_paths
-from gpuq.domain.placement import Terminal
 
 MemEnforcement = Literal["auto", "cgroup", "poll"]
 VisibleDevices = Literal["uuid", "index"]

@@ -27,7 +27,7 @@ import secrets
 import stat
 from pathlib import Path
 
-from gpuq.config import TMPFS, Settings
+from gpuq.config.settings import TMPFS, Settings
 from gpuq.errors import InvalidInput
 
 # the path of the installation's tmpfs run folder, in <GPUQ_HOME>/agent (the parent of every

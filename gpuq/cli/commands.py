@@ -49,7 +49,7 @@ class Context:
         self._client: Any = None
 
     def settings(self) -> Any:
-        from gpuq.config import load_settings
+        from gpuq.config.loading import load_settings
 
         return load_settings(self.config, self.home)
 
@@ -76,7 +76,7 @@ def warm_client() -> None:
     once: gRPC connects in its own threads while the spare waits for a call. Best effort: a
     coordinator that is down leaves nothing warm."""
     from gpuq.client import Client
-    from gpuq.config import load_settings
+    from gpuq.config.loading import load_settings
 
     try:
         settings = load_settings(None, None)

@@ -57,7 +57,7 @@ def completion(shell: str) -> int:
 def _settings(ctx: click.Context) -> Any:
     """The settings the command line names (--home, --config, or their variables): during
     completion the root command's callback does not run, so ctx.obj is not there yet."""
-    from gpuq.config import load_settings
+    from gpuq.config.loading import load_settings
 
     root = ctx.find_root()
     obj = root.obj

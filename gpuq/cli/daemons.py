@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Any
 import click
 
 if TYPE_CHECKING:
-    from gpuq.config import Settings
+    from gpuq.config.settings import Settings
 
 log_option = click.option(
     "--log-level",
@@ -21,7 +21,7 @@ log_option = click.option(
 
 def _agent_settings(settings: Any, **overrides: Any) -> Any:
     """Flags given on the command line win over the config file; they obey its rules."""
-    from gpuq.config import check_setting
+    from gpuq.config.value_checks import check_setting
 
     given = {
         key: check_setting("agent", key, value, "command line", "--" + key.replace("_", "-"))
@@ -62,7 +62,7 @@ def _check_agent(agent: Any) -> None:
 
 
 def _listen(listen: str) -> str | None:
-    from gpuq.config import check_setting
+    from gpuq.config.value_checks import check_setting
 
     checked: str | None = check_setting("coordinator", "listen", listen, "command line", "--listen")
     return checked
@@ -79,7 +79,7 @@ def http_options(command: Callable[..., Any]) -> Callable[..., Any]:
 
 
 def _with_http(settings: Settings, web: str | None, metrics: str | None) -> Settings:
-    from gpuq.config import check_setting
+    from gpuq.config.value_checks import check_setting
 
     cfg = settings.coordinator
     if web is not None:

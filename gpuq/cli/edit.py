@@ -61,7 +61,7 @@ def update_fields(
 
         fields["begin_time"] = None if begin.strip().lower() == "now" else parse_begin(begin)
     if gpus is not None:
-        from gpuq.domain.placement import parse_gpu_request
+        from gpuq.domain.gpu_types import parse_gpu_request
 
         gpu_type, count = parse_gpu_request(gpus)
         fields["gpus"] = count
@@ -77,7 +77,7 @@ def update_fields(
         fields["gpu_mem"] = parse_size(gpu_mem, "--gpu-mem")
     for flag, value in (("nodelist", nodelist), ("exclude", exclude)):
         if value is not None:
-            from gpuq.domain.placement import expand_nodes
+            from gpuq.domain.node_constraints import expand_nodes
 
             none = value.strip().lower() in ("", "none")
             fields[flag] = [] if none else list(expand_nodes(value, f"--{flag}"))

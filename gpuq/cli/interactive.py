@@ -82,7 +82,7 @@ def interactive_spec(
 ) -> Any:
     """A JobSpec for `script` with this terminal's shape (gpuq.submission.build_spec does
     the options, as for gpuq submit)."""
-    from gpuq.domain.placement import Terminal
+    from gpuq.domain.interactive_jobs import Terminal
     from gpuq.submission import build_spec
 
     notes: list[str] = []

@@ -387,7 +387,7 @@ def node_dict(node: Any) -> dict[str, Any]:
 
 def _gpu_types(node: Any) -> list[str]:
     """The types of a node's GPUs, as --gpus TYPE:N and --constraint name them."""
-    from gpuq.domain.placement import gpu_type
+    from gpuq.domain.gpu_types import gpu_type
 
     return sorted({gpu_type(g.name) for g in node.gpus})
 

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import grpc
 
-from gpuq.config import Settings
+from gpuq.config.settings import Settings
 from gpuq.errors import GpuqError
 
 UNIX_PATH_MAX = 107  # bytes in sockaddr_un.sun_path, less the NUL

@@ -17,7 +17,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from gpuq.config import Settings, redact_url
+from gpuq.config.settings import Settings
+from gpuq.config.value_checks import redact_url
 from gpuq.coordinator.listening import prepare_home
 from gpuq.errors import GpuqError, StoreInUse
 from gpuq.store.engine import FileLock, PgLock, parse_database_url

@@ -28,7 +28,7 @@ from prometheus_client import Counter as PromCounter
 from prometheus_client.exposition import choose_encoder
 from prometheus_client.metrics_core import CounterMetricFamily, GaugeMetricFamily, Metric
 
-from gpuq.config import CoordinatorSettings
+from gpuq.config.settings import CoordinatorSettings
 from gpuq.coordinator.jobs.array_tasks import ArrayTasks
 from gpuq.coordinator.jobs.idle_rules import IdleWatch
 from gpuq.coordinator.memory.live_jobs import LiveJobs

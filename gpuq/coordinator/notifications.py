@@ -43,7 +43,7 @@ from dataclasses import dataclass
 from urllib.parse import urlsplit
 
 from gpuq import __version__
-from gpuq.config import CoordinatorSettings
+from gpuq.config.settings import CoordinatorSettings
 from gpuq.coordinator.background_tasks import Background
 from gpuq.coordinator.changes.store_writer import StoreWriter
 from gpuq.coordinator.memory.live_jobs import LiveJobs

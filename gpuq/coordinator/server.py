@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 
 from apscheduler.schedulers.asyncio import AsyncIOScheduler
 
-from gpuq.config import CoordinatorSettings
+from gpuq.config.settings import CoordinatorSettings
 from gpuq.coordinator.access.user_tokens import UserTokens
 from gpuq.coordinator.changes.event_bus import EventBus
 from gpuq.coordinator.changes.job_changes import JobChanges

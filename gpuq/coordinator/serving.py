@@ -26,7 +26,7 @@ import grpc
 from sqlalchemy.exc import DBAPIError
 
 from gpuq import tls
-from gpuq.config import Settings
+from gpuq.config.settings import Settings
 from gpuq.coordinator.access.authority import Authority, serve_handshake
 from gpuq.coordinator.front.grpc_agents import AgentLinkServicer
 from gpuq.coordinator.front.grpc_queue import MAX_STREAMS_PER_USER, QueueServicer

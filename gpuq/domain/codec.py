@@ -10,10 +10,11 @@ import dataclasses
 from collections.abc import Callable
 from typing import Any, TypeVar
 
-from gpuq.domain.arrays import ArraySpec
+from gpuq.domain.array_specs import ArraySpec
 from gpuq.domain.dependencies import Dependency, DependencyKind
+from gpuq.domain.interactive_jobs import Terminal
 from gpuq.domain.model import JobSpec, Resources, WarningSignal
-from gpuq.domain.placement import Placement, Terminal
+from gpuq.domain.node_constraints import Placement
 from gpuq.errors import InvalidInput
 
 

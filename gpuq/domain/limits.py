@@ -1,7 +1,7 @@
 """Every bound on what one submission may say, and the checks of user text that enforce them.
 
 One place for each number and each check, shared by the dataclasses (gpuq.domain.model,
-.arrays, .dependencies: what arrives over gRPC) and the submit side (gpuq.submission,
+.array_specs, .dependencies: what arrives over gRPC) and the submit side (gpuq.submission,
 gpuq.directives: what a user typed), so both refuse the same value with the same InvalidInput.
 An error shows the value through `shown` or `brief`: one short line, whatever was given.
 """
@@ -52,8 +52,9 @@ MAX_REQUEST_BYTES = (
 )
 # One message on an agent's stream, either way: a launch of the largest valid job (its spec,
 # 1024 GPU UUIDs, the rest) fits alone; the coordinator splits larger batches of launches
-# (gpuq.coordinator.cluster.AgentSession). The agent's receive limit. (What an agent sends,
-# a registration at MAX_NODE_UNITS and MAX_TOPOLOGY_LINKS included, fits MAX_REQUEST_BYTES.)
+# (gpuq.coordinator.nodes.agent_session.AgentSession). The agent's receive limit. (What an
+# agent sends, a registration at MAX_NODE_UNITS and MAX_TOPOLOGY_LINKS included, fits
+# MAX_REQUEST_BYTES.)
 MAX_AGENT_MESSAGE_BYTES = 16 << 20
 BEGIN_MAX_AHEAD = 366 * 86400  # --begin further ahead than this is surely a typo
 _NAME_RE = re.compile(r"[A-Za-z0-9_.+@=:,-]{1,128}")

@@ -3,7 +3,8 @@
 All frozen dataclasses, validated on construction so that an invalid value cannot travel far:
 the CLI parses strings into these, the servicers convert protos into these, and both get the
 same InvalidInput for the same mistake. The bounds and text checks they use are in
-gpuq.domain.limits; arrays and dependencies, with their notations, in .arrays and .dependencies.
+gpuq.domain.limits; arrays and dependencies, with their notations, in .array_specs and
+.dependencies; where a job may run in .node_constraints, GPU types in .gpu_types.
 """
 
 from __future__ import annotations
@@ -13,8 +14,10 @@ import signal as signal_module
 from dataclasses import dataclass, field
 from enum import StrEnum
 
-from gpuq.domain.arrays import ArraySpec, format_indices
+from gpuq.domain.array_specs import ArraySpec, format_indices
 from gpuq.domain.dependencies import Dependency
+from gpuq.domain.gpu_types import check_gpu_type
+from gpuq.domain.interactive_jobs import Terminal
 from gpuq.domain.limits import (
     DIGITS_RE,
     MAX_BEGIN_TIME,
@@ -34,8 +37,8 @@ from gpuq.domain.limits import (
     check_text,
     shown,
 )
+from gpuq.domain.node_constraints import Placement
 from gpuq.domain.notify import check_mail_types, check_mail_user, check_notify_url
-from gpuq.domain.placement import Placement, Terminal, check_gpu_type
 from gpuq.domain.states import JobState
 from gpuq.errors import InvalidInput
 
@@ -54,7 +57,7 @@ class Resources:
     # an MPS share of one shared GPU: percent of its compute (1-100); gpu_mem is then the
     # share's VRAM limit (required) and gpus is 1. None: whole GPUs (or a MIG slice)
     gpu_share: int | None = None
-    # a GPU model ("a100"; gpuq.domain.placement): only GPUs of this type. None: any
+    # a GPU model ("a100"; gpuq.domain.gpu_types): only GPUs of this type. None: any
     gpu_type: str | None = None
 
     def __post_init__(self) -> None:

@@ -1,5 +1,5 @@
 """What to tell whom when a job changes state or a node's health changes: pure decisions and
-message texts. Delivery (the MTA, HTTP, retries) is gpuq.coordinator.notifier's.
+message texts. Delivery (the MTA, HTTP, retries) is gpuq.coordinator.notifications'.
 
 Mail follows SLURM's --mail-type (gpuq.domain.notify.MAIL_TYPES): one mail per event, whatever
 number of the job's types it matches (a failure asked for with END,FAIL is one mail). Webhooks

@@ -1,5 +1,5 @@
 """What a job asks to be told about, and where: SLURM's --mail-type/--mail-user and gpuq's
---notify URL (a webhook). Pure checks; delivery is gpuq.coordinator.notifier's.
+--notify URL (a webhook). Pure checks; delivery is gpuq.coordinator.notifications'.
 
 Mail types are SLURM's names. ALL is BEGIN, END, FAIL, REQUEUE, INVALID_DEPEND and TIME_LIMIT
 (as in SLURM, not the TIME_LIMIT_NN warnings and not ARRAY_TASKS); NONE clears the list.

@@ -8,8 +8,8 @@ import datetime as dt
 from collections import Counter
 from dataclasses import dataclass, field
 
-from gpuq.config import QosTier
 from gpuq.domain.dependencies import DependencyKind
+from gpuq.domain.policy import QosTier
 from gpuq.domain.states import JobState
 from gpuq.scheduler.snapshot import Dependency, PendingJob, RunningJob
 

@@ -9,7 +9,7 @@ preemptible, lower tier is preempted instead when that lets it start sooner than
 
 A job's placement (--nodelist, --exclude, --constraint) limits every step to the nodes it
 allows: placing, reserving, preempting and estimating; its GPU type limits the units (see
-gpuq.scheduler.placement).
+gpuq.scheduler.fitting).
 """
 
 from __future__ import annotations
@@ -20,9 +20,9 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, replace
 
 from gpuq.domain.model import Resources
-from gpuq.domain.placement import Placement
+from gpuq.domain.node_constraints import Placement
 from gpuq.scheduler.eligibility import Usage, blockers, never_met
-from gpuq.scheduler.placement import (
+from gpuq.scheduler.fitting import (
     ANYWHERE,
     NodeView,
     ShareUse,

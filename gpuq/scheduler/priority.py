@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
-from gpuq.config import QosTier, SchedulerSettings
+from gpuq.domain.policy import QosTier, SchedulerSettings
 from gpuq.scheduler.snapshot import PendingJob
 
 

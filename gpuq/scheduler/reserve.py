@@ -12,7 +12,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 
 from gpuq.domain.model import Resources
-from gpuq.scheduler.placement import NodeView, ShareUse, share_units
+from gpuq.scheduler.fitting import NodeView, ShareUse, share_units
 
 
 @dataclass(slots=True)

@@ -9,10 +9,10 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-from gpuq.config import QosTier, SchedulerSettings
 from gpuq.domain.dependencies import DependencyKind
 from gpuq.domain.model import Resources
-from gpuq.domain.placement import Placement
+from gpuq.domain.node_constraints import Placement
+from gpuq.domain.policy import QosTier, SchedulerSettings
 from gpuq.domain.states import JobState
 
 

@@ -32,7 +32,7 @@ from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.engine import Connection
 from sqlalchemy.exc import IntegrityError
 
-from gpuq.domain.arrays import format_indices, parse_indices
+from gpuq.domain.array_specs import format_indices, parse_indices
 from gpuq.domain.codec import spec_from_dict, spec_to_dict
 from gpuq.domain.model import (
     Allocation,
@@ -157,7 +157,7 @@ class JobQuery:
 
 @dataclass(frozen=True, slots=True)
 class Notification:
-    """A mail or webhook in the outbox (gpuq.coordinator.notifier): written before its first
+    """A mail or webhook in the outbox (gpuq.coordinator.notifications): written before its first
     attempt, deleted once sent or given up, so that a coordinator's next start resumes it."""
 
     kind: str  # "mail" or "webhook"

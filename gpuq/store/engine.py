@@ -35,7 +35,7 @@ from sqlalchemy.exc import (
 )
 from sqlalchemy.pool import NullPool
 
-from gpuq.config import redact_url
+from gpuq.config.value_checks import redact_url
 from gpuq.errors import GpuqError, InvalidInput, StorageUnavailable, StoreInUse
 
 WRITE = {"gpuq_write": True}  # execution option that makes a transaction BEGIN IMMEDIATE

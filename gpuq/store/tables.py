@@ -72,7 +72,7 @@ jobs = Table(
     # record, which holds the spec once for every task (environment included)
     Column("spec", Text, nullable=False),
     # an array's record: its tasks not yet split off to run on their own, as compact text
-    # ("3-99", "1,3,5-7"; gpuq.domain.arrays.format_indices); NULL for a job or a single task
+    # ("3-99", "1,3,5-7"; gpuq.domain.array_specs.format_indices); NULL for a job or a single task
     Column("array_tasks", Text, nullable=True),
     # how many times the job was started (NULL: none, or a row from before 0005): a start's
     # attempt number, which tells its reports and stops from those of an earlier start
@@ -193,8 +193,9 @@ Index("ix_user_tokens_user", user_tokens.c.user)
 
 # what a job's GPUs did (issue 12): the aggregates its agent measured, over the run once it
 # ended (written with the end), so far while it runs (the latest heartbeat's, every
-# gpuq.coordinator.telemetry.FLUSH_EVERY seconds); for the start `attempt` (jobs.start_count)
-# only: a row of an earlier start is not the job's. NULL figures are unknown, never 0.
+# gpuq.coordinator.jobs.running_telemetry.FLUSH_EVERY seconds); for the start `attempt`
+# (jobs.start_count) only: a row of an earlier start is not the job's. NULL figures are
+# unknown, never 0.
 job_telemetry = Table(
     "job_telemetry",
     metadata,
@@ -222,9 +223,9 @@ job_series = Table(
 )
 Index("ix_job_series_job_id_at", job_series.c.job_id, job_series.c.at)
 
-# the notifications outbox (gpuq.coordinator.notifier): a mail or webhook is written here before
-# it is first attempted and deleted once sent or given up, so that one a coordinator was still
-# trying or waiting to retry when it stopped (or was killed) is resumed by the next start
+# the notifications outbox (gpuq.coordinator.notifications): a mail or webhook is written here
+# before it is first attempted and deleted once sent or given up, so that one a coordinator was
+# still trying or waiting to retry when it stopped (or was killed) is resumed by the next start
 notifications = Table(
     "notifications",
     metadata,

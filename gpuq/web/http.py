@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 
 import h11
 
-from gpuq.config import Settings
+from gpuq.config.settings import Settings
 from gpuq.errors import GpuqError
 from gpuq.tls import coordinator_cert_files
 

@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from gpuq.client import Client
-from gpuq.config import load_settings
+from gpuq.config.loading import load_settings
 from gpuq.domain.model import Job
 from gpuq.errors import GpuqError
 

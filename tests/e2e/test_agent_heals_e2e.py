@@ -23,7 +23,7 @@ from gpuq.agent.gpus_fake import FakeGpuBackend
 from gpuq.agent.hub import LaunchRefused
 from gpuq.agent.jobdir import supervisor_alive
 from gpuq.agent.launch import NodePolicy
-from gpuq.config import AgentSettings
+from gpuq.config.settings import AgentSettings
 from gpuq.convert import spec_to_proto
 from gpuq.domain.model import JobSpec
 from gpuq.domain.states import JobState

@@ -21,10 +21,11 @@ from pathlib import Path
 
 import grpc
 import pytest
+from helpers import skip_or_fail
 
 from gpuq.convert import spec_to_proto
+from gpuq.domain.interactive_jobs import Terminal
 from gpuq.domain.model import JobSpec, Resources
-from gpuq.domain.placement import Terminal
 from gpuq.v1 import agent_pb2 as apb
 from gpuq.v1 import agent_pb2_grpc
 
@@ -138,7 +139,7 @@ def launch(tmp_path: Path, job_id: int, script: str) -> apb.CoordinatorMessage:
 
 def test_terminal_output_reaches_the_coordinator_before_the_end(tmp_path: Path) -> None:
     if os.geteuid() != 0:
-        pytest.skip("runs the agent as root (CI does)")
+        skip_or_fail("runs the agent as root (CI does)")
     script = (
         'echo "term=$TERM size=$(stty size)"\n'
         "read line\n"

@@ -23,8 +23,8 @@ from e2e_cluster import Cluster, wait_for
 from raw_agent import RawAgent
 
 from gpuq.client import Attachment, Client
-from gpuq.config import load_settings
-from gpuq.domain.placement import Terminal
+from gpuq.config.loading import load_settings
+from gpuq.domain.interactive_jobs import Terminal
 from gpuq.errors import InvalidInput, NotFound, PermissionDenied, Unsatisfiable
 from gpuq.submission import build_spec
 from gpuq.v1 import agent_pb2 as apb

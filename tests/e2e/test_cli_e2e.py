@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 from e2e_cluster import ALLOW_ROOT, MARKER, Cluster, wait_for
 
-from gpuq.config import load_settings
+from gpuq.config.loading import load_settings
 
 
 def one_line_error(result: subprocess.CompletedProcess[str]) -> str:

@@ -5,7 +5,6 @@ get the other unit only; the job record says which enforcement each has."""
 
 from __future__ import annotations
 
-import time
 from pathlib import Path
 
 import pytest
@@ -47,7 +46,11 @@ def test_two_shares_of_one_user_share_a_gpu_and_a_third_waits(tmp_path: Path) ->
         assert list(agent.running[whole].gpus) == ["GPU-raw-1"]
         assert cluster.client().detail(whole)[0].gpu_enforcement == "exclusive"
         waiting = cluster.submit("sleep 600", gpus=1)
-        time.sleep(1)
+        # the scheduler says why it waits: the shared GPU is not given out whole
+        why = wait_for(
+            lambda: cluster.client().detail(waiting)[0].pending.reasons, 15, "its reason"
+        )
+        assert "largest free block is 0" in "; ".join(why), why
         assert cluster.job(waiting).state.value == "pending"
 
         # one share ends: the third takes its place beside the other

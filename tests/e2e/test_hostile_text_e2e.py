@@ -14,7 +14,7 @@ import grpc
 import pytest
 from e2e_cluster import Cluster, wait_for
 
-from gpuq.config import load_settings
+from gpuq.config.loading import load_settings
 from gpuq.domain.limits import CONTROL_RE, MAX_AGENT_MESSAGE_BYTES
 from gpuq.v1 import agent_pb2 as apb
 from gpuq.v1 import agent_pb2_grpc

@@ -163,7 +163,7 @@ def test_users_cannot_open_the_agent_stream(
         probe = f"""
 import grpc
 from gpuq.client import Client
-from gpuq.config import load_settings
+from gpuq.config.loading import load_settings
 from gpuq.v1 import agent_pb2 as apb, agent_pb2_grpc
 settings = load_settings(home=__import__("pathlib").Path({str(cluster.home)!r}))
 client = Client(settings=settings)

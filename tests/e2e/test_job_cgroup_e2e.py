@@ -17,6 +17,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from helpers import skip_or_fail
 from supervisor_helpers import (
     alive,
     await_until,
@@ -55,12 +56,12 @@ def memory_hierarchy() -> Path | None:
 def usable_hierarchy() -> Path:
     root = memory_hierarchy()
     if os.geteuid() != 0 or root is None:
-        pytest.skip("needs root and a cgroup hierarchy with the memory controller")
+        skip_or_fail("needs root and a cgroup hierarchy with the memory controller")
     probe = root / f"gpuq-probe-{os.getpid()}"
     try:
         probe.mkdir()
     except OSError as error:
-        pytest.skip(f"cannot make a cgroup here: {error}")
+        skip_or_fail(f"cannot make a cgroup here: {error}")
     probe.rmdir()
     return root
 

@@ -19,6 +19,7 @@ from pathlib import Path
 
 import pytest
 from e2e_cluster import Cluster
+from helpers import needs
 
 ESC = "\x1b["
 LONG_NAME = "train-resnet-with-a-very-long-name-that-goes-on-and-on-and-on"
@@ -252,7 +253,7 @@ def bash_complete(cluster: Cluster, words: str, env: dict[str, str] | None = Non
     return [line for line in result.stdout.splitlines() if line]
 
 
-@pytest.mark.skipif(shutil.which("bash") is None, reason="no bash")
+@needs(shutil.which("bash") is not None, "no bash")
 def test_job_ids_complete_in_bash(jobs: tuple[Cluster, dict[str, int]]) -> None:
     cluster, ids = jobs
     found = bash_complete(cluster, 'gpuq cancel ""')
@@ -264,7 +265,7 @@ def test_job_ids_complete_in_bash(jobs: tuple[Cluster, dict[str, int]]) -> None:
     assert "queue" in bash_complete(cluster, "gpuq qu")
 
 
-@pytest.mark.skipif(shutil.which("bash") is None, reason="no bash")
+@needs(shutil.which("bash") is not None, "no bash")
 def test_completion_is_silent_and_fast_without_a_coordinator(
     jobs: tuple[Cluster, dict[str, int]], tmp_path: Path
 ) -> None:

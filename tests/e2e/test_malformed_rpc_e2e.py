@@ -9,7 +9,7 @@ import grpc
 import pytest
 from e2e_cluster import Cluster
 
-from gpuq.config import load_settings
+from gpuq.config.loading import load_settings
 from gpuq.domain.states import JobState
 from gpuq.v1 import queue_pb2, queue_pb2_grpc
 from gpuq.v1 import types_pb2 as pb

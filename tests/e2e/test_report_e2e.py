@@ -74,7 +74,13 @@ def test_report_totals_match_the_jobs_records(setup: tuple[Cluster, ReportingAge
             cluster.wait_state(job, "running")
             wait_for(lambda job=job: job in agent.running, what=f"job {job}'s start")
         agent.so_far[beat] = measured(3.0, 80.0, 7.2e5)
-        time.sleep(1.0)  # a few heartbeats carry it
+        # a heartbeat carried it: the coordinator shows it with the running job
+        wait_for(
+            lambda: (
+                (seen := cluster.job(beat).telemetry) is not None and seen.peak_gpu_mem == 3 * GIB
+            ),
+            what="a heartbeat to carry the figures so far",
+        )
         agent.end(big, telemetry=measured(31.0, 12.0, 6.84e6))
         agent.end(small, telemetry=measured(2.5, None, 3.6e5))  # utilisation unknown
         agent.end(quiet)

@@ -27,7 +27,7 @@ from hypothesis import strategies as st
 from hypothesis.control import currently_in_test_context
 from proto_strategies import messages, strings
 
-from gpuq.config import load_settings
+from gpuq.config.loading import load_settings
 from gpuq.domain.states import JobState
 from gpuq.identity import create_key_file, node_metadata
 from gpuq.v1 import agent_pb2 as apb

@@ -208,7 +208,7 @@ def agent_for(tmp_path: Path, address: str, *, allow_root_jobs: bool = False) ->
     """An agent (not connected) whose launches go through its real checks and hub."""
     from gpuq.agent.agent import Agent, AgentOptions
     from gpuq.agent.gpus_fake import FakeGpuBackend
-    from gpuq.config import AgentSettings
+    from gpuq.config.settings import AgentSettings
 
     settings = AgentSettings(
         node_name="n1", allow_root_jobs=allow_root_jobs, cgroup_parent=TEST_CGROUP_PARENT

@@ -19,7 +19,7 @@ import pytest
 from e2e_cluster import Cluster, free_port, wait_for
 
 from gpuq.client import Client
-from gpuq.config import load_settings
+from gpuq.config.loading import load_settings
 from gpuq.errors import ServerUnavailable
 
 TAKEOVER_LIMIT = 15.0  # seconds from the leader's death to the first answer from the standby

@@ -19,6 +19,7 @@ from pathlib import Path
 
 import pytest
 from e2e_cluster import Cluster, wait_for
+from helpers import skip_or_fail
 from private_postgres import PrivatePostgres, pg_bin
 
 from gpuq.domain.states import JobState
@@ -31,13 +32,13 @@ GPUS = 4
 def private_postgres() -> Iterator[PrivatePostgres]:
     bin_dir = pg_bin()
     if bin_dir is None:
-        pytest.skip("the PostgreSQL server binaries (/usr/lib/postgresql/*/bin) are missing")
+        skip_or_fail("the PostgreSQL server binaries (/usr/lib/postgresql/*/bin) are missing")
     if os.geteuid() != 0 or shutil.which("runuser") is None:
-        pytest.skip("needs root and runuser, to run PostgreSQL as the postgres user")
+        skip_or_fail("needs root and runuser, to run PostgreSQL as the postgres user")
     try:
         owner = pwd.getpwnam("postgres")
     except KeyError:
-        pytest.skip("no postgres user")
+        skip_or_fail("no postgres user")
     root = Path(tempfile.mkdtemp(prefix="gpuq-pg-"))
     os.chown(root, owner.pw_uid, owner.pw_gid)
     root.chmod(0o755)

@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from helpers import skip_or_fail
 from supervisor_helpers import PY, alive, await_until, cleanup, make_spec, read_pid
 
 from gpuq.agent.hub import SupervisorHub, SupervisorReport
@@ -268,7 +269,7 @@ def test_another_uid_gets_no_terminal(tmp_path: Path) -> None:
     """pty.sock is 0600, the supervisor's; even where another user could connect, the
     supervisor checks SO_PEERCRED and answers it without the fd."""
     if os.geteuid() != 0:
-        pytest.skip("needs root (to be another user)")
+        skip_or_fail("needs root (to be another user)")
     state = tmp_path / "state"
     spec = terminal_spec(tmp_path, 1, "read x\n")
 
@@ -391,7 +392,7 @@ def test_a_terminal_job_of_another_user_owns_its_terminal(tmp_path: Path) -> Non
     """As on a login: the job's user owns its pts (so /dev/tty opens and `mesg`-like checks
     pass), and the job runs as that user."""
     if os.geteuid() != 0:
-        pytest.skip("needs root")
+        skip_or_fail("needs root")
     state = tmp_path / "state"
     shared = Path(tempfile.mkdtemp(prefix="gpuq-pty-"))  # tmp_path's parents are root-only
     shared.chmod(0o777)

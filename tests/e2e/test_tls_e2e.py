@@ -26,7 +26,8 @@ from e2e_cluster import Cluster, free_port
 from gpuq import tls
 from gpuq.cli.certs import Made, make_certificates
 from gpuq.client import Client
-from gpuq.config import ClientSettings, load_settings
+from gpuq.config.loading import load_settings
+from gpuq.config.settings import ClientSettings
 from gpuq.errors import ServerUnavailable
 from gpuq.v1 import queue_pb2, queue_pb2_grpc
 

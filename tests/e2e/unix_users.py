@@ -32,6 +32,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+from helpers import skip_or_fail
 
 import gpuq
 
@@ -52,10 +53,10 @@ class UnixUser:
 
 def needs_root() -> None:
     if os.geteuid() != 0:
-        pytest.skip("needs root to make Unix users (CI runs as root)")
+        skip_or_fail("needs root to make Unix users (CI runs as root)")
     for tool in ("useradd", "userdel", "groupadd", "groupdel"):
         if shutil.which(tool) is None:
-            pytest.skip(f"needs {tool}")
+            skip_or_fail(f"needs {tool}")
 
 
 def _run(*args: str) -> None:

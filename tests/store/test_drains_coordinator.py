@@ -10,8 +10,7 @@ import pytest
 from harness import save_node, submit
 from helpers import make_spec
 
-from gpuq.config import CoordinatorSettings
-from gpuq.coordinator.front.grpc_agents import AgentLinkServicer
+from gpuq.config.settings import CoordinatorSettings
 from gpuq.coordinator.memory.node_table import NodeEntry
 from gpuq.coordinator.nodes.agent_session import AgentSession
 from gpuq.coordinator.scheduling.scheduling_pass import started_reason
@@ -152,6 +151,7 @@ def test_the_start_reason_flags_advisory_isolation() -> None:
 def test_a_unit_left_dirty_by_an_ending_job_is_not_given_to_the_next(store: Store) -> None:
     """One agent message carries a job's end and the heartbeat that marks its unit dirty: the
     heartbeat is applied first, so the pass the end wakes does not hand the unit out."""
+    from gpuq.coordinator.front.grpc_agents import AgentLinkServicer
 
     async def body(co: Coordinator) -> None:
         link = co.link

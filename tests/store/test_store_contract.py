@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from helpers import make_spec
 
-from gpuq.domain.arrays import ArraySpec
+from gpuq.domain.array_specs import ArraySpec
 from gpuq.domain.model import GpuUnit, JobResult, Node, NodeState
 from gpuq.domain.states import JobState
 from gpuq.errors import DoubleBooking, IllegalTransition, NotFound

@@ -8,7 +8,7 @@ from dataclasses import replace
 import pytest
 from helpers import make_spec
 
-from gpuq.domain.arrays import ArraySpec
+from gpuq.domain.array_specs import ArraySpec
 from gpuq.domain.model import JobResult
 from gpuq.domain.states import JobState
 from gpuq.errors import IllegalTransition

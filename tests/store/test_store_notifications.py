@@ -1,4 +1,4 @@
-"""The notifications outbox (gpuq.coordinator.notifier's durable deliveries): rows in, due ones
+"""The notifications outbox (gpuq.coordinator.notifications' durable deliveries): rows in, due ones
 out oldest first, attempts recorded, rows deleted. Runs on SQLite and PostgreSQL."""
 
 from __future__ import annotations

@@ -6,7 +6,7 @@ import threading
 
 from helpers import make_spec
 
-from gpuq.domain.arrays import ArraySpec
+from gpuq.domain.array_specs import ArraySpec
 from gpuq.domain.states import JobState
 from gpuq.store.api import JobQuery, NewJob, Store
 

@@ -13,11 +13,11 @@ import pytest
 from harness import submit
 from helpers import make_spec
 
-from gpuq.config import CoordinatorSettings
+from gpuq.config.settings import CoordinatorSettings
 from gpuq.coordinator.server import Coordinator, assemble
 from gpuq.coordinator.terminal_relay import NEVER_ATTACHED, check_interactive_spec
-from gpuq.domain.arrays import ArraySpec
-from gpuq.domain.placement import Terminal
+from gpuq.domain.array_specs import ArraySpec
+from gpuq.domain.interactive_jobs import Terminal
 from gpuq.domain.states import JobState
 from gpuq.errors import InvalidInput
 from gpuq.store.api import Store
@@ -38,19 +38,13 @@ class Clock:
         self.now += seconds
 
 
-def clock_of(co: Coordinator) -> Clock:
-    assert isinstance(co.clock, Clock)
-    return co.clock
-
-
 def interactive(**kwargs: object) -> object:
     return replace(make_spec(gpus=1, **kwargs), terminal=Terminal())
 
 
 def run(store: Store, body: Callable[[Coordinator], Awaitable[None]]) -> None:
     async def main() -> None:
-        clock = Clock()
-        co = assemble(store, CoordinatorSettings(), clock)
+        co = assemble(store, CoordinatorSettings(), Clock())
         co.terminals.grace = GRACE
         await co.start()
         try:
@@ -82,7 +76,7 @@ def test_the_grace_cancels_a_job_nobody_attached_to(store: Store) -> None:
         kept.append(restarted)
         await co.terminals.sweep()
         assert lonely in co.jobs.jobs  # within the grace
-        clock_of(co).advance(GRACE + 1)
+        co.clock.advance(GRACE + 1)  # type: ignore[attr-defined]
         await co.terminals.sweep()
         await ended(co, lonely)
         job = await co.writer.read(lambda s: s.get_job(lonely))
@@ -98,7 +92,7 @@ def test_the_grace_cancels_a_job_nobody_attached_to(store: Store) -> None:
         assert co.jobs.jobs[job_id].state is JobState.PENDING
         await co.terminals.sweep()  # detached since now: a full grace
         assert job_id in co.jobs.jobs
-        clock_of(co).advance(GRACE + 1)
+        co.clock.advance(GRACE + 1)  # type: ignore[attr-defined]
         await co.terminals.sweep()
         await ended(co, job_id)
 

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from gpuq.config import SchedulerSettings, default_qos_tiers
 from gpuq.domain.model import GpuUnit, Resources
-from gpuq.scheduler.placement import NodeView
+from gpuq.domain.policy import SchedulerSettings, default_qos_tiers
+from gpuq.scheduler.fitting import NodeView
 from gpuq.scheduler.snapshot import PendingJob, Policy, RunningJob
 
 GiB = 1 << 30

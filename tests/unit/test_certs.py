@@ -23,7 +23,7 @@ from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
 from gpuq import tls
 from gpuq.cli.certs import Made, certs, make_certificates
-from gpuq.config import CoordinatorSettings, Settings
+from gpuq.config.settings import CoordinatorSettings, Settings
 from gpuq.errors import ConfigError, GpuqError, InvalidInput
 
 

@@ -10,7 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from gpuq.config import Settings, check_setting, load_settings, redact_url
+from gpuq.config.loading import load_settings
+from gpuq.config.settings import Settings
+from gpuq.config.value_checks import check_setting, redact_url
 from gpuq.errors import ConfigError, InvalidInput
 
 

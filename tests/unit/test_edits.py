@@ -6,7 +6,6 @@ from __future__ import annotations
 import pytest
 from helpers import make_spec
 
-from gpuq.config import QosTier
 from gpuq.coordinator.jobs.selection import Filters, select_live
 from gpuq.coordinator.jobs.update_rules import (
     Update,
@@ -16,6 +15,7 @@ from gpuq.coordinator.jobs.update_rules import (
 )
 from gpuq.domain.dependencies import Dependency
 from gpuq.domain.model import Job, Resources
+from gpuq.domain.policy import QosTier
 from gpuq.domain.states import JobState
 from gpuq.errors import InvalidInput, PermissionDenied, Unsatisfiable
 

@@ -12,6 +12,7 @@ from typing import Any
 
 import cloudpickle
 import pytest
+from helpers import needs
 
 from gpuq.executor_worker import (
     ERROR,
@@ -93,7 +94,7 @@ def test_payloads_others_may_write_are_never_unpickled(tmp_path: Path) -> None:
         read_trusted(tmp_path)
 
 
-@pytest.mark.skipif(os.getuid() != 0, reason="giving a file away needs root")
+@needs(os.getuid() == 0, "giving a file away needs root")
 def test_a_payload_of_another_user_is_refused(tmp_path: Path) -> None:
     payload = tmp_path / "0.fn"
     payload.write_bytes(b"not read")

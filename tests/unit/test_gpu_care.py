@@ -14,7 +14,7 @@ import pytest
 from gpuq.agent.gpu_care import GpuCare
 from gpuq.agent.gpus import GpuEvent
 from gpuq.agent.gpus_fake import GIB, FakeGpuBackend, claim_fake_vram, set_fake_utilization
-from gpuq.config import AgentSettings
+from gpuq.config.settings import AgentSettings
 
 
 class Hub:

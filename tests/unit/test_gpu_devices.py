@@ -8,6 +8,7 @@ import stat
 from pathlib import Path
 
 import pytest
+from helpers import needs
 
 from gpuq.agent import nvml_fake
 from gpuq.agent.gpu_devices import (
@@ -85,7 +86,7 @@ def test_fake_gpus_split_the_machines_cpus_between_two_sockets() -> None:
     assert [local[u] for u in units] == [first, first, second, second]
 
 
-@pytest.mark.skipif(os.geteuid() != 0, reason="mknod needs root")
+@needs(os.geteuid() == 0, "mknod needs root")
 def test_as_root_fake_gpus_get_real_device_nodes(tmp_path: Path) -> None:
     spec = "2xA100-80GB,1xA100-80GB:mig=3g.40gb+1c.3g.40gb/2c.3g.40gb"
     backend = FakeGpuBackend(spec, "node-a", state_dir=tmp_path)

@@ -19,6 +19,7 @@ from typing import Any
 
 import pynvml
 import pytest
+from helpers import needs
 
 from gpuq.agent.gpus import (
     FakeGpuBackend,
@@ -518,7 +519,7 @@ def _driver_present() -> bool:
     return True
 
 
-@pytest.mark.skipif(_driver_present(), reason="this machine has an NVIDIA driver")
+@needs(not _driver_present(), "this machine has an NVIDIA driver")
 def test_this_machine_without_a_driver_offers_no_gpus_and_no_fakes() -> None:
     backend, warning = select_backend(None, "node-a")
     assert not isinstance(backend, FakeGpuBackend)

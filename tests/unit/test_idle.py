@@ -1,5 +1,5 @@
-"""Idle and hung jobs from their samples (gpuq/coordinator/idle.py): plain data, time from
-the samples."""
+"""Idle and hung jobs from their samples (gpuq/coordinator/jobs/idle_rules.py): plain data,
+time from the samples."""
 
 from __future__ import annotations
 
@@ -7,7 +7,6 @@ from collections.abc import Sequence
 
 from helpers import make_spec
 
-from gpuq.config import QosTier
 from gpuq.coordinator.jobs.idle_rules import (
     Decision,
     IdleWatch,
@@ -16,6 +15,7 @@ from gpuq.coordinator.jobs.idle_rules import (
     span_text,
     step,
 )
+from gpuq.domain.policy import QosTier
 from gpuq.domain.states import JobState
 from gpuq.store.api import JobStart, NewJob, StateChange, Store
 

@@ -7,6 +7,7 @@ import stat
 from pathlib import Path
 
 import pytest
+from helpers import needs
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -58,7 +59,7 @@ def test_device_numbers_reads_nodes_and_reports_what_it_skips(tmp_path: Path) ->
     assert problems[1] == f"{plain}: not a device node"
 
 
-@pytest.mark.skipif(os.geteuid() != 0, reason="mknod needs root")
+@needs(os.geteuid() == 0, "mknod needs root")
 def test_device_numbers_of_a_made_gpu_node(tmp_path: Path) -> None:
     node = tmp_path / "nvidia7"
     os.mknod(node, 0o600 | stat.S_IFCHR, os.makedev(195, 7))

@@ -14,7 +14,8 @@ from gpuq.agent.launch import (
     cgroup_key,
     launch_refusal,
 )
-from gpuq.config import DEFAULT_JOB_ENV, _job_env
+from gpuq.config.settings import DEFAULT_JOB_ENV
+from gpuq.config.value_checks import _job_env
 from gpuq.domain.model import GpuUnit, JobSpec
 
 OLD, NEW = "PYTORCH_CUDA_ALLOC_CONF", "PYTORCH_ALLOC_CONF"

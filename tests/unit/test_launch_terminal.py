@@ -4,8 +4,8 @@ no output file is named (gpuq/agent/launch.py)."""
 from __future__ import annotations
 
 from gpuq.agent.launch import LaunchOrder, LaunchSpec, NodePolicy, build_launch
+from gpuq.domain.interactive_jobs import Terminal
 from gpuq.domain.model import JobSpec
-from gpuq.domain.placement import Terminal
 
 
 def launch(terminal: Terminal | None, env: dict[str, str]) -> LaunchSpec:

@@ -16,14 +16,14 @@ from harness import record_ends, save_node, submit
 from helpers import Samples, make_spec, metric_samples
 from helpers import metric_value as value
 
-from gpuq.config import CoordinatorSettings
+from gpuq.config.settings import CoordinatorSettings
 from gpuq.coordinator.jobs.idle_rules import Track
 from gpuq.coordinator.memory.node_table import NodeEntry
 from gpuq.coordinator.metrics import REASONS, Metrics, main_reason, reason_category
 from gpuq.coordinator.nodes.agent_session import AgentSession
 from gpuq.coordinator.server import assemble
 from gpuq.coordinator.serving import attach_metrics, metric_sources
-from gpuq.domain.arrays import ArraySpec
+from gpuq.domain.array_specs import ArraySpec
 from gpuq.domain.model import GpuUnit, JobResult, Node, NodeState
 from gpuq.domain.states import JobState
 from gpuq.scheduler.snapshot import Waiting
@@ -130,8 +130,7 @@ def test_counters_histograms_and_gauges_follow_the_coordinator(store: Store) -> 
             assert value(during, "gpuq_store_write_seconds_count") >= 5
 
             clock.now += 60  # the first ran 90 s
-            ended = [(first, JobState.COMPLETED, JobResult(exit_code=0), None)]
-            await record_ends(co, "a", ended)
+            await record_ends(co, "a", [(first, JobState.COMPLETED, JobResult(exit_code=0), None)])
             await _until(lambda: co.jobs.jobs[second].state is JobState.RUNNING)
             after = scrape(metrics)
             assert value(after, "gpuq_jobs_ended_total", state="completed") == 1

@@ -9,7 +9,7 @@ from helpers import make_spec
 from hypothesis import given
 from hypothesis import strategies as st
 
-from gpuq.domain.arrays import ArraySpec
+from gpuq.domain.array_specs import ArraySpec
 from gpuq.domain.codec import spec_from_dict, spec_to_dict
 from gpuq.domain.dependencies import Dependency, DependencyKind
 from gpuq.domain.model import JobSpec, Resources, WarningSignal, parse_signal

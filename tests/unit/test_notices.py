@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from gpuq.config import ConfigError, check_setting
+from gpuq.config.value_checks import check_setting
 from gpuq.directives import Header
 from gpuq.domain.notices import (
     Change,
@@ -27,7 +27,7 @@ from gpuq.domain.notices import (
     triggered,
 )
 from gpuq.domain.states import JobState as S
-from gpuq.errors import InvalidInput
+from gpuq.errors import ConfigError, InvalidInput
 from gpuq.submission import build_spec
 
 

@@ -3,6 +3,7 @@ slices the way CUDA sees them, and --gpu-mem at marketed sizes. Pure: plain data
 
 from __future__ import annotations
 
+import math
 from dataclasses import replace
 
 import pytest
@@ -17,8 +18,8 @@ from gpuq.domain.model import (
 )
 from gpuq.domain.units import parse_size
 from gpuq.errors import InvalidInput
-from gpuq.scheduler.arrays import room_for
-from gpuq.scheduler.placement import (
+from gpuq.scheduler.array_split import room_for
+from gpuq.scheduler.fitting import (
     NodeView,
     choose_units,
     kind_fits,
@@ -126,6 +127,43 @@ def test_the_tolerance_is_the_one_comparison_everywhere() -> None:
     )
     started = plan([view("a", (gpu("a", 0), gpu("a", 1)))], [], [pending(1, need)], POLICY, 0.0)
     assert [s.gpus for s in started.starts] == [("GPU-a-0", "GPU-a-1")]
+
+
+@pytest.mark.parametrize("asked", ["1G", "10G", "24G", "40G", "80G", "141G", "1T"])
+def test_gpu_mem_fits_from_93_percent_of_the_size_on_both_sides(asked: str) -> None:
+    """README: a GPU fits --gpu-mem SIZE when NVML's memory is at least 93 % of SIZE. A unit
+    1 MiB over the edge fits, 1 MiB under does not; 92 % and 94 % are well either side."""
+    size = parse_size(asked)
+    edge = math.ceil(size * 0.93)
+    assert gpu_mem_fits(edge, size)
+    assert gpu_mem_fits(edge + MiB, size)
+    assert gpu_mem_fits(size * 94 // 100, size)
+    assert not gpu_mem_fits(edge - MiB, size)
+    assert not gpu_mem_fits(size * 92 // 100, size)
+    # the scheduler takes the unit over the edge and never the one under it
+    need = Resources(gpus=1, gpu_mem=size)
+    over, under = gpu("a", 0, edge + MiB), gpu("b", 0, edge - MiB)
+    assert not never_fits(view("a", (over,)), need)
+    assert never_fits(view("b", (under,)), need)
+    started = plan([view("b", (under,)), view("a", (over,))], [], [pending(1, need)], POLICY, 0.0)
+    assert [(s.node, s.gpus) for s in started.starts] == [("a", ("GPU-a-0",))]
+    assert room_for(need, [view("a", (over,)), view("b", (under,))]) == 1
+
+
+@pytest.mark.parametrize(
+    ("total", "asked", "fits"),
+    [
+        (81_559 * MiB, "80G", True),  # README: an H100 "80GB" fits --gpu-mem 80G
+        (40_960 * MiB, "80G", False),  # README: a 40 GB A100 does not
+        (143_771 * MiB, "141G", True),  # an H200
+        (23_034 * MiB, "24G", True),  # an L4 "24GB", 6.3 % short of its size
+        (23_034 * MiB, "25G", False),  # 10 % short
+    ],
+)
+def test_gpu_mem_readme_examples(total: int, asked: str, fits: bool) -> None:
+    assert gpu_mem_fits(total, parse_size(asked)) is fits
+    need = Resources(gpus=1, gpu_mem=parse_size(asked))
+    assert never_fits(view("a", (gpu("a", 0, total),)), need) is not fits
 
 
 # ---- health ----------------------------------------------------------------------------------

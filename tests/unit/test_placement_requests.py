@@ -11,20 +11,19 @@ from pathlib import Path
 import pytest
 from scheduling import POLICY, run, wait
 
-from gpuq.config import load_settings
+from gpuq.config.loading import load_settings
+from gpuq.domain.gpu_types import gpu_type, parse_gpu_request
 from gpuq.domain.model import GpuUnit, Resources
-from gpuq.domain.placement import (
+from gpuq.domain.node_constraints import (
     MAX_PLACEMENT_NODES,
     Placement,
     constraint_matches,
     expand_nodes,
-    gpu_type,
-    parse_gpu_request,
     with_partitions,
 )
 from gpuq.errors import ConfigError, InvalidInput
-from gpuq.scheduler.arrays import room_for
-from gpuq.scheduler.placement import NodeView, kind_fits, never_fits, never_fits_reason
+from gpuq.scheduler.array_split import room_for
+from gpuq.scheduler.fitting import NodeView, kind_fits, never_fits, never_fits_reason
 from gpuq.scheduler.plan import fit_key, plan
 from gpuq.scheduler.reserve import FreeNode, estimate_starts
 from gpuq.scheduler.snapshot import PendingJob

@@ -11,14 +11,15 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from helpers import needs, skip_or_fail
 
 from gpuq.agent import rundir
-from gpuq.config import AgentSettings, Settings
+from gpuq.config.settings import AgentSettings, Settings
 from gpuq.daemons import agent_run_dir
 from gpuq.errors import InvalidInput
 
 NOBODY = 65534
-needs_root = pytest.mark.skipif(os.geteuid() != 0, reason="needs root (CI runs as root)")
+needs_root = needs(os.geteuid() == 0, "needs root (CI runs as root)")
 
 
 def settings_for(tmp_path: Path, run_dir: str | None = None) -> Settings:
@@ -51,7 +52,7 @@ def test_root_agent_keeps_job_folders_in_a_random_tmpfs_folder(
     tmp_path: Path, made: list[Path]
 ) -> None:
     if not Path("/dev/shm").is_dir():
-        pytest.skip("needs /dev/shm")
+        skip_or_fail("needs /dev/shm")
     settings = settings_for(tmp_path)
     run_dir = agent_run_dir(settings)
     made.append(run_dir.parent)
@@ -77,7 +78,7 @@ def test_names_taken_by_others_never_stop_a_root_agent(
     """The old fixed name, a taken random name and a squatted remembered folder: the agent
     makes a folder of its own and remembers it."""
     if not Path("/dev/shm").is_dir():
-        pytest.skip("needs /dev/shm")
+        skip_or_fail("needs /dev/shm")
     with contextlib.suppress(FileExistsError):  # the fixed name of earlier versions
         squat(Path(f"/dev/shm/gpuq-{os.geteuid()}"), made)
     taken = "a" * 24
@@ -103,7 +104,7 @@ def test_a_link_in_place_of_the_folder_is_never_followed(
     tmp_path: Path, made: list[Path], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     if not Path("/dev/shm").is_dir():
-        pytest.skip("needs /dev/shm")
+        skip_or_fail("needs /dev/shm")
     target = tmp_path / "elsewhere"
     target.mkdir(mode=0o700)
     link = Path(f"/dev/shm/gpuq-{'d' * 24}")
@@ -171,7 +172,7 @@ def test_a_configured_node_folder_that_is_a_link_is_refused(tmp_path: Path) -> N
 @needs_root
 def test_the_nodes_of_one_installation_share_its_folder(tmp_path: Path, made: list[Path]) -> None:
     if not Path("/dev/shm").is_dir():
-        pytest.skip("needs /dev/shm")
+        skip_or_fail("needs /dev/shm")
     first = Settings(home=tmp_path / "home", agent=AgentSettings(node_name="n1"))
     second = Settings(home=tmp_path / "home", agent=AgentSettings(node_name="n2"))
     one, two = agent_run_dir(first), agent_run_dir(second)

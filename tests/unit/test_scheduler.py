@@ -8,9 +8,9 @@ from dataclasses import replace
 from scheduling import POLICY, views, wait
 from scheduling import run as running
 
-from gpuq.config import QosTier, default_qos_tiers
 from gpuq.domain.dependencies import DependencyKind
 from gpuq.domain.model import Resources
+from gpuq.domain.policy import QosTier, default_qos_tiers
 from gpuq.domain.states import JobState
 from gpuq.scheduler.plan import fit_key, plan
 from gpuq.scheduler.snapshot import Dependency, PendingJob, Policy, RunningJob
@@ -139,6 +139,32 @@ def test_qos_limits_and_their_reason() -> None:
     assert sorted(s.job_id for s in decided.starts) == [11, 12]
     assert decided.waiting[10].reasons[0] == (
         "qos normal limit: at most 3 running GPUs per user (alice runs 2)"
+    )
+
+
+def test_qos_running_limits_admit_up_to_the_limit_and_no_more() -> None:
+    """Both sides of each per-user limit: the job that reaches it starts, the next waits (the
+    limits count the jobs this pass starts too)."""
+    tiers = dict(default_qos_tiers())
+    tiers["normal"] = replace(tiers["normal"], max_running_jobs=3)
+    tiers["high"] = replace(tiers["high"], max_running_gpus=4)
+    policy = Policy(tiers, POLICY.settings, 30.0)
+    live = [running(1, "a", [0], user="alice"), running(2, "a", [1, 2], qos="high", user="bob")]
+    nodes = views({"a": 8}, live)
+    queue = [
+        wait(10, user="alice"),
+        wait(11, user="alice"),  # alice's third running job: the limit
+        wait(12, user="alice"),
+        wait(13, gpus=2, qos="high", user="bob"),  # bob's fourth GPU: the limit
+        wait(14, qos="high", user="bob"),
+    ]
+    decided = decide(nodes, live, queue, policy=policy)
+    assert sorted(s.job_id for s in decided.starts) == [10, 11, 13]
+    assert decided.waiting[12].reasons[0] == (
+        "qos normal limit: at most 3 running jobs per user (alice runs 3)"
+    )
+    assert decided.waiting[14].reasons[0] == (
+        "qos high limit: at most 4 running GPUs per user (bob runs 4)"
     )
 
 

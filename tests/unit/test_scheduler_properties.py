@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 from scheduling import POLICY, views
 
 from gpuq.domain.model import Resources
-from gpuq.scheduler.placement import NodeView
+from gpuq.scheduler.fitting import NodeView
 from gpuq.scheduler.plan import plan
 from gpuq.scheduler.snapshot import Decisions, PendingJob, RunningJob
 

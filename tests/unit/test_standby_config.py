@@ -6,7 +6,9 @@ from pathlib import Path
 
 import pytest
 
-from gpuq.config import Settings, check_setting, load_settings, split_addresses
+from gpuq.config.loading import load_settings
+from gpuq.config.settings import Settings, split_addresses
+from gpuq.config.value_checks import check_setting
 from gpuq.errors import ConfigError
 
 

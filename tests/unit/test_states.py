@@ -7,6 +7,51 @@ import pytest
 from gpuq.domain.states import LIVE_STATES, TRANSITIONS, JobState, check_transition
 from gpuq.errors import IllegalTransition
 
+P, H, R = JobState.PENDING, JobState.HELD, JobState.RUNNING
+CD, F, CA, TO = JobState.COMPLETED, JobState.FAILED, JobState.CANCELLED, JobState.TIMEOUT
+PR, NF, OOM = JobState.PREEMPTED, JobState.NODE_FAIL, JobState.OUT_OF_MEMORY
+
+# The whole table, written out by hand: a change to gpuq.domain.states.TRANSITIONS must change
+# this too (and say why in its review). Every pair not listed here is refused.
+EXPECTED: dict[JobState, set[JobState]] = {
+    P: {R, H, CA},  # starts, is held, or is cancelled; never fails or completes unstarted
+    H: {P, CA},  # released or cancelled; never starts or ends from held
+    R: {CD, F, CA, TO, PR, NF, OOM, P},  # every ending, or back to pending (start not received)
+    PR: {P},  # requeued (unless --no-requeue)
+    NF: {P},  # requeued as its QOS allows
+    CD: set(),
+    F: set(),
+    CA: set(),
+    TO: set(),
+    OOM: set(),
+}
+ALL_PAIRS = [(a, b) for a in JobState for b in JobState]
+
+
+def test_the_whole_table_is_as_written() -> None:
+    assert set(EXPECTED) == set(JobState)
+    assert {state: set(to) for state, to in TRANSITIONS.items()} == EXPECTED
+
+
+@pytest.mark.parametrize(
+    ("from_state", "to_state"),
+    [pair for pair in ALL_PAIRS if pair[1] in EXPECTED[pair[0]]],
+    ids=lambda s: str(s),
+)
+def test_every_listed_change_is_allowed(from_state: JobState, to_state: JobState) -> None:
+    check_transition(3, from_state, to_state)
+
+
+@pytest.mark.parametrize(
+    ("from_state", "to_state"),
+    [pair for pair in ALL_PAIRS if pair[1] not in EXPECTED[pair[0]]],
+    ids=lambda s: str(s),
+)
+def test_every_other_change_is_refused(from_state: JobState, to_state: JobState) -> None:
+    with pytest.raises(IllegalTransition) as refused:
+        check_transition(3, from_state, to_state)
+    assert str(refused.value).startswith(f"job 3: cannot go from {from_state} to {to_state}")
+
 
 def test_every_state_has_a_row() -> None:
     assert set(TRANSITIONS) == set(JobState)
@@ -42,7 +87,12 @@ def test_illegal_transitions_raise(from_state: JobState, to_state: JobState) -> 
 
 def test_a_start_the_agent_never_received_goes_back_to_pending() -> None:
     check_transition(1, JobState.RUNNING, JobState.PENDING)
-    assert JobState.PENDING not in TRANSITIONS[JobState.HELD] - {JobState.PENDING}
+    # back to the queue, never to held: a start that never reached its agent is not a hold
+    with pytest.raises(IllegalTransition):
+        check_transition(1, JobState.RUNNING, JobState.HELD)
+    # pending is reached only from these: a release, an unreceived start, and the requeues
+    back = {s for s in JobState if JobState.PENDING in TRANSITIONS[s]}
+    assert back == {JobState.HELD, JobState.RUNNING, JobState.PREEMPTED, JobState.NODE_FAIL}
 
 
 def test_running_ends_every_way() -> None:

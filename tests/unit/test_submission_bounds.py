@@ -17,7 +17,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from gpuq.convert import spec_from_proto, spec_to_proto
-from gpuq.domain.arrays import ArraySpec, format_indices
+from gpuq.domain.array_specs import ArraySpec, format_indices
 from gpuq.domain.dependencies import Dependency, DependencyKind, parse_job_ref
 from gpuq.domain.limits import (
     MAX_ARRAY_INDEX,

@@ -3,13 +3,12 @@ this installation's gpuq, which is what an admin adjusts."""
 
 from __future__ import annotations
 
-import os
 import shutil
 import subprocess
 import sys
 from pathlib import Path
 
-import pytest
+from helpers import skip_or_fail
 
 UNITS = Path(__file__).resolve().parents[2] / "systemd"
 
@@ -17,9 +16,7 @@ UNITS = Path(__file__).resolve().parents[2] / "systemd"
 def test_units_verify(tmp_path: Path) -> None:
     analyze = shutil.which("systemd-analyze")
     if analyze is None:
-        if os.environ.get("CI") == "true":
-            pytest.fail("systemd-analyze must be installed in CI (.ci/run installs it)")
-        pytest.skip("systemd-analyze not installed")
+        skip_or_fail("systemd-analyze is not installed (.ci/run installs it)")
     gpuq = Path(sys.executable).parent / "gpuq"
     assert gpuq.exists()
     names = sorted(p.name for p in UNITS.glob("*.service"))

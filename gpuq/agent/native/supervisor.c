@@ -418,7 +418,7 @@ static const char *cgroup_location(launch_spec *spec, const jval *root) {
     const jval *p = json_get(root, "cgroup_parent"), *k = json_get(root, "cgroup_key");
     if (p != NULL && p->type != J_NULL && !json_cstr(root, "cgroup_parent", &parent)) return "cgroup_parent";
     if (k != NULL && k->type != J_NULL && !json_cstr(root, "cgroup_key", &key)) return "cgroup_key";
-    /* the parent is the admin's (gpuq/config.py checks its parts); the key is the agent's */
+    /* the parent is the admin's (gpuq/config checks its parts); the key is the agent's */
     if (parent && strlen(parent) > 1000) return "cgroup_parent";
     if (key && (!key[0] || strlen(key) > 64 || strspn(key, "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789_-") != strlen(key)))
         return "cgroup_key";

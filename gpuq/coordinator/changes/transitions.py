@@ -11,9 +11,9 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
-from gpuq.config import QosTier
 from gpuq.coordinator.changes.effects import Effects, Move, Requeue, StopOrder, Telemetry
 from gpuq.domain.model import Job, JobResult, JobTelemetry
+from gpuq.domain.policy import QosTier
 from gpuq.domain.states import JobState, check_transition
 from gpuq.errors import IllegalTransition, NotFound, Unsatisfiable
 from gpuq.store.api import REQUEUABLE

@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from gpuq.config import CoordinatorSettings
+from gpuq.config.settings import CoordinatorSettings
 from gpuq.convert import spec_from_proto
 from gpuq.coordinator.access.permissions import check_admin, check_may_submit
 from gpuq.coordinator.access.user_tokens import UserTokens

@@ -11,7 +11,7 @@ from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import replace
 from typing import Any
 
-from gpuq.config import CoordinatorSettings
+from gpuq.config.settings import CoordinatorSettings
 from gpuq.convert import event_to_proto
 from gpuq.coordinator.changes.store_writer import StoreWriter
 from gpuq.coordinator.changes.watchers import Watchers

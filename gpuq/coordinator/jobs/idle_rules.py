@@ -18,7 +18,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import Literal
 
-from gpuq.config import QosTier
+from gpuq.domain.policy import QosTier
 
 HUNG_UTIL_TOLERANCE = 1.0  # percentage points a unit's utilisation may wander and stay "constant"
 

@@ -14,7 +14,7 @@ from collections import Counter
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 
-from gpuq.config import CoordinatorSettings
+from gpuq.config.settings import CoordinatorSettings
 from gpuq.coordinator.access.permissions import check_acts_on, check_selected, check_selects_for
 from gpuq.coordinator.changes.effects import Cause, Effects, Move
 from gpuq.coordinator.changes.job_changes import JobChanges
@@ -39,7 +39,7 @@ from gpuq.domain.model import Job
 from gpuq.domain.states import JobState
 from gpuq.errors import GpuqError, InvalidInput, PermissionDenied, StorageUnavailable, Unsatisfiable
 from gpuq.identity import Caller
-from gpuq.scheduler.placement import never_fits, never_fits_reason
+from gpuq.scheduler.fitting import never_fits, never_fits_reason
 from gpuq.store.api import JobEdit
 
 log = logging.getLogger(__name__)

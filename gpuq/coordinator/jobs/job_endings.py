@@ -9,7 +9,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable, Sequence
 
-from gpuq.config import CoordinatorSettings
+from gpuq.config.settings import CoordinatorSettings
 from gpuq.coordinator.changes.effects import Cause, Effects
 from gpuq.coordinator.changes.job_changes import JobChanges
 from gpuq.coordinator.changes.transitions import (

@@ -10,7 +10,7 @@ import logging
 from collections.abc import Callable, Sequence
 from functools import partial
 
-from gpuq.config import CoordinatorSettings
+from gpuq.config.settings import CoordinatorSettings
 from gpuq.coordinator.access.permissions import SYSTEM
 from gpuq.coordinator.background_tasks import Background
 from gpuq.coordinator.changes.effects import Cause, Effects

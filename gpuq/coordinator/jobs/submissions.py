@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from gpuq.config import CoordinatorSettings
+from gpuq.config.settings import CoordinatorSettings
 from gpuq.coordinator.changes.effects import Cause, Created, Effects
 from gpuq.coordinator.changes.job_changes import JobChanges
 from gpuq.coordinator.changes.store_writer import StoreWriter
@@ -17,7 +17,7 @@ from gpuq.domain.model import Job, JobSpec
 from gpuq.domain.states import JobState
 from gpuq.domain.units import format_duration, format_size
 from gpuq.errors import GpuqError, InvalidInput, Unsatisfiable
-from gpuq.scheduler.placement import never_fits, never_fits_reason
+from gpuq.scheduler.fitting import never_fits, never_fits_reason
 from gpuq.store.api import NewJob, StoreTx
 
 # idempotent submission: a request key is kept (in the store) this long, and purged about

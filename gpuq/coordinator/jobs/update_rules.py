@@ -16,12 +16,12 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, replace
 
-from gpuq.config import QosTier
 from gpuq.coordinator.access.permissions import check_lowers_nice, check_raises_time_limit
 from gpuq.domain.dependencies import Dependency
 from gpuq.domain.limits import check_qos
 from gpuq.domain.model import Job, JobSpec, Resources
-from gpuq.domain.placement import Placement
+from gpuq.domain.node_constraints import Placement
+from gpuq.domain.policy import QosTier
 from gpuq.domain.states import JobState
 from gpuq.domain.units import format_duration, format_size
 from gpuq.errors import InvalidInput, Unsatisfiable

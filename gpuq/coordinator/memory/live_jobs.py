@@ -36,8 +36,8 @@ class LiveJobs:
     the queue is its priority when it was queued or last re-ranked (`rerank`).
 
     An array's record (a Job with `tasks`) is live but never queued: the passes split tasks
-    off it as they can run (gpuq.coordinator.scheduling), so a held or waiting array of 100,000
-    tasks costs one entry."""
+    off it as they can run (gpuq.coordinator.scheduling.scheduling_pass), so a held or waiting
+    array of 100,000 tasks costs one entry."""
 
     def __init__(
         self, key_of: Callable[[Job], FitKey], priority_of: Callable[[Job], float]

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 
 from gpuq.coordinator.nodes.agent_session import AgentSession
 from gpuq.domain.model import Drain, Health, Job, Node, NodeState
-from gpuq.scheduler.placement import NodeView, ShareUse
+from gpuq.scheduler.fitting import NodeView, ShareUse
 from gpuq.v1 import types_pb2 as pb
 
 

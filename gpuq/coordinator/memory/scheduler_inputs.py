@@ -8,7 +8,7 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable
 
-from gpuq.config import CoordinatorSettings
+from gpuq.config.settings import CoordinatorSettings
 from gpuq.coordinator.memory.live_jobs import LiveJobs
 from gpuq.domain.dependencies import Dependency as DomainDependency
 from gpuq.domain.model import Job

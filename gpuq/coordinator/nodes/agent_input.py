@@ -25,7 +25,7 @@ from gpuq.domain.limits import (
     clean_line,
     shown,
 )
-from gpuq.domain.placement import check_node_features
+from gpuq.domain.node_constraints import check_node_features
 from gpuq.errors import InvalidInput
 from gpuq.v1 import agent_pb2 as apb
 from gpuq.v1 import types_pb2 as pb

@@ -12,7 +12,7 @@ import math
 from collections.abc import Callable, Sequence
 from dataclasses import replace
 
-from gpuq.config import CoordinatorSettings
+from gpuq.config.settings import CoordinatorSettings
 from gpuq.convert import result_from_proto, telemetry_from_proto, unit_from_proto
 from gpuq.coordinator.background_tasks import Background
 from gpuq.coordinator.changes.effects import Cause, StopOrder

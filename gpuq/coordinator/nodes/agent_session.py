@@ -55,7 +55,7 @@ class AgentSession:
         self._ready.set()
 
     def pty(self, inputs: Iterable[agent_pb2.PtyInput]) -> None:
-        """Interactive jobs' terminal traffic (gpuq.coordinator.terminals)."""
+        """Interactive jobs' terminal traffic (gpuq.coordinator.terminal_relay)."""
         for entry in inputs:
             self._room(entry.ByteSize() + _FRAMING)
             self._pending.pty.append(entry)

@@ -7,7 +7,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable, Sequence
 
-from gpuq.config import CoordinatorSettings
+from gpuq.config.settings import CoordinatorSettings
 from gpuq.coordinator.changes.store_writer import StoreWriter
 from gpuq.coordinator.jobs.job_endings import JobEndings
 from gpuq.coordinator.memory.live_jobs import LiveJobs

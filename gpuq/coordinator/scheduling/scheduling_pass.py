@@ -11,7 +11,7 @@ import signal
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
-from gpuq.config import CoordinatorSettings
+from gpuq.config.settings import CoordinatorSettings
 from gpuq.coordinator.changes.effects import Cause, Effects, Move, StopOrder
 from gpuq.coordinator.changes.job_changes import JobChanges
 from gpuq.coordinator.changes.store_writer import is_storage_error
@@ -21,9 +21,9 @@ from gpuq.coordinator.memory.node_table import NodeTable
 from gpuq.coordinator.memory.scheduler_inputs import SchedulerInputs
 from gpuq.domain.model import Job, is_advisory
 from gpuq.domain.states import JobState
-from gpuq.scheduler.arrays import tasks_to_split
+from gpuq.scheduler.array_split import tasks_to_split
 from gpuq.scheduler.eligibility import dependency_status
-from gpuq.scheduler.placement import NodeView
+from gpuq.scheduler.fitting import NodeView
 from gpuq.scheduler.plan import plan
 from gpuq.scheduler.priority import Factors
 from gpuq.scheduler.snapshot import Decisions, PendingJob, RunningJob, Waiting

@@ -7,8 +7,8 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 from gpuq.domain.model import Resources
-from gpuq.domain.placement import Placement
-from gpuq.scheduler.placement import ANYWHERE, NodeView, allowed
+from gpuq.domain.node_constraints import Placement
+from gpuq.scheduler.fitting import ANYWHERE, NodeView, allowed
 
 MAX_SPLIT = 1000  # tasks split off one array in one pass: the next pass splits more
 

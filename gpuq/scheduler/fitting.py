@@ -10,7 +10,7 @@ that fits. Memory is compared by gpuq.domain.model.gpu_mem_fits (a marketed size
 A unit that is not ok (unhealthy, dirty, drained) is never given out, but still counts for
 "can never fit": it can come back.
 
-A GPU type (`--gpus a100:2`) keeps only units of that type (gpuq.domain.placement.gpu_type of
+A GPU type (`--gpus a100:2`) keeps only units of that type (gpuq.domain.gpu_types.gpu_type of
 their NVML name; a MIG slice has its GPU's), whatever else is asked: `--mig` and `--gpu-share`
 combine with it. A job's placement (--nodelist, --exclude, --constraint) rules whole nodes out
 (`Placement.node_problem`); a node's features for --constraint are its `[agent] features` and
@@ -28,8 +28,9 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
+from gpuq.domain.gpu_types import gpu_type
 from gpuq.domain.model import DISTANCE_SYSTEM, GpuUnit, Resources, gpu_mem_fits
-from gpuq.domain.placement import Placement, gpu_type
+from gpuq.domain.node_constraints import Placement
 from gpuq.domain.units import format_size
 
 ANYWHERE = Placement()

@@ -1,0 +1,165 @@
+"""Reading the settings: defaults, then the config file, then GPUQ_* environment variables.
+
+The config file is the first of `--config`, `$GPUQ_CONFIG`, `$GPUQ_HOME/config.toml`,
+`/etc/gpuq/config.toml` that exists; every setting has a default, so none is needed. Each
+section is checked key by key against gpuq.config.value_checks.RULES and built into its
+dataclass (gpuq.config.settings; QOS tiers and the scheduler's policy: gpuq.domain.policy).
+"""
+
+from __future__ import annotations
+
+import difflib
+import os
+import tomllib
+from collections.abc import Iterable
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+from gpuq.config.settings import (
+    AgentSettings,
+    ClientSettings,
+    CoordinatorSettings,
+    Settings,
+    default_home,
+)
+from gpuq.config.value_checks import RULES, TIER_NAME, check_home, check_setting, check_table
+from gpuq.domain.policy import QosTier, SchedulerSettings
+from gpuq.errors import ConfigError, InvalidInput
+
+TOP_LEVEL = ("home", "coordinator", "agent", "client", "qos", "scheduler")
+# the sections' names for RULES (a [qos.NAME] section has the rules of "qos")
+_SECTION_CLASSES: dict[type[Any], str] = {
+    CoordinatorSettings: "coordinator",
+    SchedulerSettings: "scheduler",
+    QosTier: "qos",
+    AgentSettings: "agent",
+    ClientSettings: "client",
+}
+
+
+def find_config_file(explicit: Path | None, home: Path) -> Path | None:
+    candidates = [explicit] if explicit else []
+    if env := os.environ.get("GPUQ_CONFIG"):
+        candidates.append(Path(env))
+    candidates += [home / "config.toml", Path("/etc/gpuq/config.toml")]
+    for path in candidates:
+        if path is not None and path.is_file():
+            return path
+    if explicit is not None:
+        raise InvalidInput("--config", str(explicit), "no such file")
+    return None
+
+
+def load_settings(config: Path | None = None, home: Path | None = None) -> Settings:
+    """Defaults, then the config file, then GPUQ_* environment variables. Every value is
+    checked here, so a wrong one stops a command at once with one line naming it (ConfigError)
+    instead of failing later, somewhere else."""
+    base = Settings(home=home or default_home())
+    path = find_config_file(config, base.home)
+    data: dict[str, Any] = {}
+    if path is not None:
+        try:
+            data = tomllib.loads(path.read_text())
+        except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError) as exc:
+            raise InvalidInput("config", str(path), str(exc)) from exc
+    source = f"config {path}"
+    for key in data:
+        if key not in TOP_LEVEL:
+            raise ConfigError(source, key, data[key], _unknown("section", key, TOP_LEVEL))
+    for name in ("coordinator", "agent", "client", "scheduler"):
+        check_table(data.get(name, {}), source, f"[{name}]")
+    settings = replace(
+        base,
+        home=check_home(data["home"], source) if "home" in data and home is None else base.home,
+        coordinator=_coordinator_settings(
+            data.get("coordinator", {}), data.get("qos"), data.get("scheduler", {}), source
+        ),
+        agent=_section(AgentSettings, data.get("agent", {}), "agent", source),
+        client=_section(ClientSettings, data.get("client", {}), "client", source),
+    )
+    _check_fence(settings, data.get("agent", {}), source)
+    return _apply_env(settings)
+
+
+def _check_fence(settings: Settings, raw: dict[str, Any], source: str) -> None:
+    """An agent's fence_time set in the file must be shorter than the node timeout (the
+    file's, else the default): an agent that fences later than the coordinator gives its jobs
+    up would let a requeued job run twice."""
+    timeout = settings.coordinator.heartbeat_timeout
+    if "fence_time" in raw and settings.agent.fence_time >= timeout:
+        raise ConfigError(
+            source,
+            "[agent] fence_time",
+            raw["fence_time"],
+            f"must be shorter than [coordinator] heartbeat_timeout ({timeout:g} s)",
+        )
+
+
+def _unknown(what: str, key: str, known: Iterable[str]) -> str:
+    close = difflib.get_close_matches(key, list(known), n=1)
+    hint = f"; did you mean {close[0]}?" if close else f"; known: {', '.join(sorted(known))}"
+    return f"unknown {what}{hint}"
+
+
+def _coordinator_settings(
+    raw: dict[str, Any], qos: Any, scheduler: dict[str, Any], source: str
+) -> CoordinatorSettings:
+    settings: CoordinatorSettings = _section(CoordinatorSettings, raw, "coordinator", source)
+    settings = replace(
+        settings, scheduler=_section(SchedulerSettings, scheduler, "scheduler", source)
+    )
+    if settings.heartbeat_timeout <= settings.heartbeat_interval:
+        raise ConfigError(
+            source,
+            "[coordinator] heartbeat_timeout",
+            raw.get("heartbeat_timeout", settings.heartbeat_timeout),
+            f"must be longer than heartbeat_interval ({settings.heartbeat_interval:g} s)",
+        )
+    if qos is not None:
+        tiers = {}
+        for name, values in check_table(qos, source, "[qos]").items():
+            if not TIER_NAME.fullmatch(name):
+                raise ConfigError(source, f"[qos.{name}]", values, "not a usable tier name")
+            check_table(values, source, f"[qos.{name}]")
+            tiers[name] = _section(QosTier, values, f"qos.{name}", source, name=name)
+        settings = replace(settings, qos=tiers)
+    if settings.default_qos not in settings.qos:
+        raise ConfigError(
+            source,
+            "[coordinator] default_qos",
+            settings.default_qos,
+            f"no such qos tier (tiers: {', '.join(settings.qos) or 'none'})",
+        )
+    return settings
+
+
+def _section(cls: type[Any], raw: dict[str, Any], section: str, source: str, **extra: Any) -> Any:
+    rules = RULES[_SECTION_CLASSES[cls]]
+    values = dict(extra)
+    for key, value in raw.items():
+        if key not in rules:
+            raise ConfigError(source, f"[{section}] {key}", value, _unknown("setting", key, rules))
+        values[key] = rules[key](value, source, f"[{section}] {key}")
+    made = cls(**values)
+    if isinstance(made, QosTier):
+        limit, default = made.max_time, made.default_time
+        if limit is not None and default is not None and default > limit:
+            raise ConfigError(
+                source,
+                f"[{section}] default_time",
+                default,
+                f"longer than this tier's max_time ({limit})",
+            )
+    return made
+
+
+def _apply_env(settings: Settings) -> Settings:
+    coordinator, agent = settings.coordinator, settings.agent
+    if url := os.environ.get("GPUQ_DATABASE_URL"):
+        url = check_setting("coordinator", "database_url", url, "environment", "GPUQ_DATABASE_URL")
+        coordinator = replace(coordinator, database_url=url)
+    if address := os.environ.get("GPUQ_COORDINATOR"):
+        address = check_setting("agent", "coordinator", address, "environment", "GPUQ_COORDINATOR")
+        agent = replace(agent, coordinator=address)
+    return replace(settings, coordinator=coordinator, agent=agent)

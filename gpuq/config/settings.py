@@ -1,0 +1,250 @@
+"""The settings themselves: one frozen dataclass per section and the paths derived from them.
+
+Where things live: `GPUQ_HOME` (default `/var/lib/gpuq` for root, `~/.local/share/gpuq`
+otherwise) holds the SQLite database, the Unix socket, the auth token and the agent's state.
+Every setting has a default here, so no config file is needed; gpuq.config.loading reads one
+over these defaults.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from gpuq.domain.policy import QosTier, SchedulerSettings, default_qos_tiers
+
+DEFAULT_TCP_PORT = 7817
+TMPFS = Path("/dev/shm")  # where a root agent keeps job folders by default
+DEFAULT_JOB_ENV = {
+    # a fragmented PyTorch cache is the commonest avoidable OOM; JAX and TF grab all VRAM unless
+    # told not to, which turns a shared GPU into a first-come-first-served one
+    "PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True",
+    "PYTORCH_ALLOC_CONF": "expandable_segments:True",
+    "XLA_PYTHON_CLIENT_PREALLOCATE": "false",
+    "TF_FORCE_GPU_ALLOW_GROWTH": "true",
+    # a dead peer ends the job (NCCL's watchdog raises) instead of hanging it on all its GPUs
+    "TORCH_NCCL_ASYNC_ERROR_HANDLING": "1",
+}
+
+
+# PyTorch's allocator setting under its old and its new name: one setting (gpuq.agent.launch)
+ALLOCATOR_NAMES = ("PYTORCH_CUDA_ALLOC_CONF", "PYTORCH_ALLOC_CONF")
+
+
+def default_home() -> Path:
+    if env := os.environ.get("GPUQ_HOME"):
+        return Path(env).expanduser().absolute()
+    if os.geteuid() == 0:
+        return Path("/var/lib/gpuq")
+    return Path.home() / ".local" / "share" / "gpuq"
+
+
+@dataclass(frozen=True, slots=True)
+class CoordinatorSettings:
+    database_url: str | None = None  # None: SQLite file gpuq.db in GPUQ_HOME
+    listen: str | None = f"127.0.0.1:{DEFAULT_TCP_PORT}"  # TCP; None: Unix socket only
+    sqlite_synchronous: str = "NORMAL"
+    heartbeat_interval: float = 5.0
+    # a node silent this long is marked down and its jobs node_fail (SLURM's SlurmdTimeout
+    # is of this order: an agent restart or a short network cut costs no job)
+    heartbeat_timeout: float = 300.0
+    kill_grace: float = 30.0
+    # a user's queued and running jobs, an array counting every task not yet ended: what
+    # one person may keep in the coordinator's memory (about 76 bytes a waiting array task)
+    max_queued_per_user: int = 200_000
+    # and what they may hold in the coordinator's memory: scripts, environments and arguments
+    # (a job may send 6 MiB of them; without this, 200,000 such jobs would be 1.2 TB)
+    max_queued_bytes_per_user: int = 2 << 30
+    default_qos: str = "normal"
+    # PostgreSQL only: wait while another coordinator holds the store, and take over when it
+    # goes (instead of exiting with code 3)
+    standby: bool = False
+    # identity and trust (README "Security"): members of this Unix group are admins (see every
+    # job's script and environment, cancel anyone's jobs, drain nodes); root and the
+    # coordinator's own user always are
+    admin_group: str = "gpuq-admin"
+    allow_root_jobs: bool = False  # may root submit jobs (they would run as root)
+    hide_job_names: bool = False  # listings show other users' job names as "(hidden)"
+    # TLS for the TCP port: the coordinator's certificate and key (PEM files); the CA that
+    # signed the nodes' client certificates (agents on agent_listen must present one)
+    tls_cert: str | None = None
+    tls_key: str | None = None
+    tls_ca: str | None = None
+    # a TCP port for agents only, with mutual TLS (needs tls_cert, tls_key and tls_ca)
+    agent_listen: str | None = None
+    # plaintext TCP on an address other than loopback: refused unless this is true
+    insecure_tcp: bool = False
+    # the nodes that may register: one key file per node, <nodes_dir>/<node>.key
+    # (`gpuq admin node-key NODE`); None: GPUQ_HOME/nodes
+    nodes_dir: str | None = None
+    # calls in progress at once, streams included (more are refused RESOURCE_EXHAUSTED); one
+    # user keeps at most 128 submit and watch streams open
+    max_concurrent_rpcs: int = 2048
+    # Prometheus metrics (README "Metrics"): HOST:PORT of a plain-HTTP /metrics endpoint; None:
+    # off. Anything but loopback needs tls_cert (then it is HTTPS) or insecure_tcp
+    metrics_listen: str | None = None
+    # the web dashboard (README "Dashboard"): HOST:PORT; None: off. HTTPS with tls_cert/tls_key;
+    # plaintext only on loopback unless insecure_tcp, as for listen
+    web_listen: str | None = None
+    # the dashboard's address as browsers reach it (a proxy, a DNS name), for `gpuq web`'s
+    # links; None: from web_listen
+    web_url: str | None = None
+    # notifications (README "Notifications"): the local MTA, called as `mail_program -oi --
+    # RECIPIENT` with the message on stdin, as SLURM's MailProg
+    mail_program: str = "/usr/sbin/sendmail"
+    mail_from: str | None = None  # None: gpuq@<this host>
+    # networks a user's --notify webhook may reach besides public addresses (CIDRs): loopback,
+    # private and link-local addresses are refused unless listed, so that a job cannot make the
+    # coordinator call services only it can reach
+    notify_allow: tuple[str, ...] = ()
+    notify_retries: int = 5  # further attempts of a failed webhook or mail, backing off
+    # URLs told of node and GPU health changes (an admin's own: any address)
+    admin_webhooks: tuple[str, ...] = ()
+    qos: dict[str, QosTier] = field(default_factory=default_qos_tiers)
+    scheduler: SchedulerSettings = field(default_factory=SchedulerSettings)
+
+
+@dataclass(frozen=True, slots=True)
+class AgentSettings:
+    node_name: str = field(default_factory=lambda: socket.gethostname().split(".")[0])
+    # "unix:PATH" or "HOST:PORT", or several comma-separated (a leader and its standbys, tried
+    # in order); None: this home's socket
+    coordinator: str | None = None
+    run_dir: str | None = None  # job folders (<run_dir>/<node>); None: see Settings.agent_run_root
+    fake_gpus: str | None = None
+    cpus: int | None = None  # CPUs offered to jobs; None: every CPU of the machine
+    mem: str | None = None  # host memory offered to jobs, e.g. "200G"; None: all of it
+    mem_enforcement: str = "auto"  # auto | cgroup | poll
+    cgroup_parent: str = "gpuq"
+    visible_devices: str = "uuid"  # uuid | index: how CUDA_VISIBLE_DEVICES names GPUs
+    job_env: dict[str, str] = field(default_factory=lambda: dict(DEFAULT_JOB_ENV))
+    # an agent that cannot reach the coordinator this long stops its jobs itself (they end
+    # node_fail), so that a job the coordinator requeues never runs in two places; shorter than
+    # the coordinator's heartbeat_timeout, by more than the jobs' kill grace
+    fence_time: float = 240.0
+    # seconds between two reads of the GPU inventory (a MIG change, a reset GPU); it is also
+    # read again at once after NVML errors
+    gpu_rescan: float = 60.0
+    # seconds a job's processes may stay in NVML's process list after the job ended before its
+    # units are marked dirty (not given out) until they clear
+    handover_timeout: float = 10.0
+    # a process on a GPU that belongs to no job holding it: "report" (flag it in gpuq nodes and
+    # the log; a free unit is not given out while it is there) or "kill" (SIGKILL it too)
+    foreign_processes: str = "report"
+    # seconds between two samples of each job's GPUs (utilisation, memory, energy)
+    sample_interval: float = 5.0
+    # GPUs jobs may share through MPS (--gpu-share PCT --gpu-mem SIZE): "all", or GPU indices
+    # and UUIDs, comma-separated; "": none (every job gets whole GPUs or MIG slices)
+    shared_gpus: str = ""
+    # may this node run jobs as root (only for a root coordinator that allows root jobs too)
+    allow_root_jobs: bool = False
+    # this node's key (the coordinator's <nodes_dir>/<node>.key, copied here); None:
+    # GPUQ_HOME/nodes/<node_name>.key
+    node_key: str | None = None
+    # TLS towards a coordinator at HOST:PORT: the site CA (verifies the coordinator), and this
+    # node's client certificate and key (mutual TLS on the coordinator's agent_listen port)
+    tls_ca: str | None = None
+    tls_cert: str | None = None
+    tls_key: str | None = None
+    # labels --constraint (and --partition) match, e.g. ["nvlink", "ib", "debug"]; the
+    # types of the node's GPUs (a100, h100...) match too without being listed
+    features: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class ClientSettings:
+    """How `gpuq` commands and gpuq.Client reach a coordinator over TCP (a Unix socket needs
+    none of this: the kernel says who calls)."""
+
+    tls_ca: str | None = None  # the site CA that signed the coordinator's certificate
+    # a per-user token an admin issued (`gpuq admin token USER`); None: ~/.config/gpuq/token
+    token_file: str | None = None
+    # defaults for `gpuq submit` where the script and the command line say nothing: a webhook
+    # for every job (--notify) and mail types (--mail-type, e.g. "END,FAIL")
+    notify_url: str | None = None
+    mail_type: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Settings:
+    home: Path = field(default_factory=default_home)
+    coordinator: CoordinatorSettings = field(default_factory=CoordinatorSettings)
+    agent: AgentSettings = field(default_factory=AgentSettings)
+    client: ClientSettings = field(default_factory=ClientSettings)
+
+    @property
+    def socket_path(self) -> Path:
+        return self.home / "gpuq.sock"
+
+    @property
+    def auth_socket_path(self) -> Path:
+        """Where a local caller proves its uid (gpuq.identity: SO_PEERCRED)."""
+        return auth_socket_for(self.socket_path)
+
+    @property
+    def key_path(self) -> Path:
+        """The coordinator's secret for the credentials it signs (mode 0600)."""
+        return self.home / "auth.key"
+
+    @property
+    def nodes_dir(self) -> Path:
+        return (
+            Path(self.coordinator.nodes_dir) if self.coordinator.nodes_dir else self.home / "nodes"
+        )
+
+    @property
+    def node_key_path(self) -> Path:
+        if self.agent.node_key:
+            return Path(self.agent.node_key)
+        return self.home / "nodes" / f"{self.agent.node_name}.key"
+
+    @property
+    def token_file(self) -> Path:
+        if self.client.token_file:
+            return Path(self.client.token_file).expanduser()
+        return Path.home() / ".config" / "gpuq" / "token"
+
+    @property
+    def database_url(self) -> str:
+        return self.coordinator.database_url or f"sqlite:///{self.home / 'gpuq.db'}"
+
+    @property
+    def agent_state_dir(self) -> Path:
+        return self.home / "agent" / self.agent.node_name
+
+    @property
+    def agent_run_root(self) -> Path:
+        """Where a root agent keeps job folders and the supervisors' socket, one per node.
+
+        They matter only while supervisors run, and a reboot ends those, so by default they
+        live in a folder of this installation on tmpfs: a job costs no disk writes (and
+        no fsync behind a busy disk). The agent uses agent_state_dir instead when it is not root
+        (systemd-logind removes a user's /dev/shm files at logout) or /dev/shm is missing or
+        mounted noexec (a job's script runs from its folder).
+        """
+        if self.agent.run_dir:
+            return Path(self.agent.run_dir).expanduser()
+        # a random name per installation, remembered in the state folder (gpuq/agent/rundir):
+        # a fixed name in world-writable /dev/shm could be taken first by any user
+        from gpuq.agent.rundir import recorded_root
+
+        return recorded_root(self.agent_state_dir.parent) or self.agent_state_dir / "no-run-root"
+
+    @property
+    def coordinator_address(self) -> str:
+        """Where clients and a local agent reach the coordinator (several addresses are
+        separated by commas: see split_addresses)."""
+        return self.agent.coordinator or f"unix:{self.socket_path}"
+
+
+def auth_socket_for(socket_path: Path) -> Path:
+    """The handshake socket beside a coordinator's gRPC socket."""
+    return socket_path.with_name(socket_path.name + ".auth")
+
+
+def split_addresses(address: str) -> list[str]:
+    """The addresses in a coordinator address: a leader and its standbys, comma-separated, in
+    the order they are tried. A single address is a list of one."""
+    return [part.strip() for part in address.split(",") if part.strip()] or [address]
