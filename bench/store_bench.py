@@ -23,7 +23,8 @@ from sqlalchemy import create_engine, insert, text
 
 from gpuq.domain.codec import spec_to_dict
 from gpuq.domain.model import JobSpec, Resources
-from gpuq.store.api import NewJob, Store, _job_row
+from gpuq.store.api import Store, _job_row
+from gpuq.store.records import NewJob
 from gpuq.store.tables import job_events, jobs
 
 SPEC = JobSpec(
