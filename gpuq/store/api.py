@@ -33,6 +33,8 @@ from gpuq.store.token_rows import TokenReads, TokenWrites
 
 
 class Store(JobReads, NodeReads, AccountingReads, OutboxReads, CronReads, TokenReads):
+    """The reads, each on a connection of its own, and the one way to write: `transaction()`."""
+
     def __init__(self, engine: Engine) -> None:
         self.engine = engine
 

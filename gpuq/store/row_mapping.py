@@ -16,7 +16,7 @@ from gpuq.domain.model import GpuUnit, Job, JobResult, JobSpec, JobTelemetry, No
 from gpuq.domain.states import JobState
 from gpuq.store.records import NewJob
 
-SUBMITTED = "submitted"
+SUBMITTED = "submitted"  # a new job's reason, and its first event's
 
 
 def event_row(
