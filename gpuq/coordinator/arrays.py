@@ -16,7 +16,8 @@ from gpuq.domain.dependencies import Dependency
 from gpuq.domain.model import Job, JobEvent
 from gpuq.domain.states import JobState
 from gpuq.errors import NotFound, PermissionDenied
-from gpuq.store.api import JobQuery, Store
+from gpuq.store.api import Store
+from gpuq.store.records import JobQuery
 
 if TYPE_CHECKING:
     from gpuq.coordinator.core import Coordinator

@@ -59,15 +59,8 @@ from gpuq.errors import (
 )
 from gpuq.identity import new_user_token, token_digest
 from gpuq.scheduler.fitting import never_fits, never_fits_reason
-from gpuq.store.api import (
-    REQUEUABLE,
-    JobEdit,
-    JobQuery,
-    NewJob,
-    StateChange,
-    Store,
-    StoreTx,
-)
+from gpuq.store.api import Store, StoreTx
+from gpuq.store.records import REQUEUABLE, JobEdit, JobQuery, NewJob, StateChange
 
 log = logging.getLogger(__name__)
 

@@ -50,7 +50,7 @@ from gpuq.errors import (
     Unsatisfiable,
 )
 from gpuq.identity import METADATA_KEY, Caller, Unauthenticated
-from gpuq.store.api import JobQuery
+from gpuq.store.records import JobQuery
 from gpuq.tls import peer_common_name
 from gpuq.v1 import agent_pb2 as apb
 from gpuq.v1 import agent_pb2_grpc, queue_pb2, queue_pb2_grpc

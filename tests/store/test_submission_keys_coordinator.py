@@ -14,7 +14,8 @@ from gpuq.config.settings import CoordinatorSettings
 from gpuq.coordinator.core import Coordinator
 from gpuq.domain.states import JobState
 from gpuq.errors import InvalidInput
-from gpuq.store.api import JobQuery, NewJob, Store
+from gpuq.store.api import Store
+from gpuq.store.records import JobQuery, NewJob
 
 
 def run(store: Store, body: Callable[[Coordinator], Awaitable[None]]) -> None:
