@@ -23,7 +23,9 @@ from sqlalchemy import create_engine, insert, text
 
 from gpuq.domain.codec import spec_to_dict
 from gpuq.domain.model import JobSpec, Resources
-from gpuq.store.api import NewJob, Store, _job_row
+from gpuq.store.api import Store
+from gpuq.store.records import NewJob
+from gpuq.store.row_mapping import job_row
 from gpuq.store.tables import job_events, jobs
 
 SPEC = JobSpec(
@@ -47,7 +49,7 @@ def bench_inserts(store: Store, count: int) -> float:
 def fill_pending(store: Store, count: int) -> None:
     """Bulk-load `count` pending jobs of random priority (not part of the timing)."""
     rng = random.Random(1)
-    base = _job_row(NewJob(SPEC, "alice", "normal", 0), SPEC_STATE, 0.0)
+    base = job_row(NewJob(SPEC, "alice", "normal", 0), SPEC_STATE, 0.0)
     for offset in range(0, count, 10_000):
         rows = [
             {**base, "priority": rng.randint(0, 1000), "submit_time": float(i)}

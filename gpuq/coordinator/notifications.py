@@ -67,7 +67,7 @@ from gpuq.domain.notices import (
 from gpuq.domain.notify import check_mail_user
 from gpuq.domain.states import JobState
 from gpuq.errors import InvalidInput
-from gpuq.store.api import Notification
+from gpuq.store.records import Notification
 
 log = logging.getLogger(__name__)
 

@@ -1,5 +1,3 @@
-"""Persistence only: tables, migrations and the one store API (gpuq.store.api)."""
-
-from gpuq.store.api import JobQuery, JobStart, NewJob, StateChange, Store, StoreTx
-
-__all__ = ["JobQuery", "JobStart", "NewJob", "StateChange", "Store", "StoreTx"]
+"""Persistence only: tables, migrations and the one store API (gpuq.store.api: the `Store` and
+`StoreTx` front doors), with what they do kept in one module per thing stored and the request
+and record types in gpuq.store.records."""

@@ -107,7 +107,8 @@ allocations = Table(
     Column("started_at", Float, nullable=False),
     Column("released_at", Float, nullable=True),
     # an MPS share (0009): several shares may hold one unit at once; a whole job never
-    # holds a unit beside another job, share or not (gpuq.store.api checks the mix)
+    # holds a unit beside another job, share or not (gpuq.store.node_rows.check_units_free
+    # checks the mix)
     Column("shared", Boolean, nullable=False, server_default=false()),
 )
 Index(
@@ -155,8 +156,8 @@ cron_entries = Table(
 )
 
 # idempotent submission: a client's request key -> the job its first request created, written
-# in the job's own transaction (gpuq.store.api.StoreTx.add_jobs); the primary key makes a repeat
-# of (user, key) unable to create a second job. Rows older than a day are purged.
+# in the job's own transaction (gpuq.store.job_submissions, StoreTx.add_jobs); the primary key
+# makes a repeat of (user, key) unable to create a second job. Rows older than a day are purged.
 submission_keys = Table(
     "submission_keys",
     metadata,
@@ -211,7 +212,8 @@ job_telemetry = Table(
 )
 
 # a job's downsampled series for plotting: at most one point per job per SERIES_STEP seconds
-# and SERIES_CAP points per job (older points are thinned: gpuq.store.api.StoreTx.add_series)
+# and SERIES_CAP points per job (older points are thinned: StoreTx.add_series, in
+# gpuq.store.accounting_rows)
 job_series = Table(
     "job_series",
     metadata,

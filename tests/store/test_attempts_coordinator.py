@@ -150,7 +150,7 @@ def test_starts_carry_attempts_and_unreceived_starts_go_back_to_pending(store: S
 
 
 def job_id_of(store: Store) -> int:
-    from gpuq.store.api import JobQuery
+    from gpuq.store.records import JobQuery
 
     [job] = store.list_jobs(JobQuery())
     return job.id

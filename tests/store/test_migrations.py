@@ -78,7 +78,7 @@ def test_starting_twice_on_one_database_is_harmless(store_url: str) -> None:
     with first.transaction() as tx:
         from helpers import make_spec
 
-        from gpuq.store.api import NewJob
+        from gpuq.store.records import NewJob
 
         [[job_id]] = tx.add_jobs([NewJob(make_spec("kept"), "alice", "normal", 0)], 1.0)
     first.close()

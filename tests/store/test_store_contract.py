@@ -9,7 +9,8 @@ from gpuq.domain.array_specs import ArraySpec
 from gpuq.domain.model import GpuUnit, JobResult, Node, NodeState
 from gpuq.domain.states import JobState
 from gpuq.errors import DoubleBooking, IllegalTransition, NotFound
-from gpuq.store.api import JobQuery, JobStart, NewJob, StateChange, Store
+from gpuq.store.api import Store
+from gpuq.store.records import JobQuery, JobStart, NewJob, StateChange
 
 
 def submit(store: Store, *specs_and_priorities: tuple[str, int], now: float = 100.0) -> list[int]:

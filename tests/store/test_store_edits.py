@@ -12,7 +12,8 @@ from gpuq.domain.array_specs import ArraySpec
 from gpuq.domain.model import JobResult
 from gpuq.domain.states import JobState
 from gpuq.errors import IllegalTransition
-from gpuq.store.api import JobEdit, JobQuery, JobStart, NewJob, StateChange, Store
+from gpuq.store.api import Store
+from gpuq.store.records import JobEdit, JobQuery, JobStart, NewJob, StateChange
 
 
 def submit(store: Store, count: int = 1, **options: object) -> list[int]:

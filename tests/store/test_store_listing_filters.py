@@ -11,7 +11,8 @@ from helpers import make_spec
 
 from gpuq.domain.model import JobResult
 from gpuq.domain.states import JobState
-from gpuq.store.api import JobQuery, JobStart, NewJob, StateChange, Store
+from gpuq.store.api import Store
+from gpuq.store.records import JobQuery, JobStart, NewJob, StateChange
 
 ENDED = frozenset(s for s in JobState if not s.is_live)
 # job names are letters, digits and _ . + @ = : , - (gpuq.domain.limits): the patterns below

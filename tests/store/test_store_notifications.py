@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import math
 
-from gpuq.store.api import Notification, Store
+from gpuq.store.api import Store
+from gpuq.store.records import Notification
 
 
 def test_outbox_rows_go_in_come_out_when_due_and_are_deleted(store: Store) -> None:

@@ -24,7 +24,8 @@ from sqlalchemy import delete, func, select
 
 from gpuq.domain.states import TRANSITIONS, JobState
 from gpuq.errors import DoubleBooking, IllegalTransition
-from gpuq.store.api import JobQuery, JobStart, NewJob, StateChange, Store
+from gpuq.store.api import Store
+from gpuq.store.records import JobQuery, JobStart, NewJob, StateChange
 from gpuq.store.tables import allocations, job_events, jobs
 
 UNITS = [f"GPU-{i}" for i in range(5)]

@@ -8,7 +8,8 @@ from helpers import make_spec
 
 from gpuq.domain.model import JobResult, JobTelemetry, SeriesPoint, UnitTelemetry
 from gpuq.domain.states import JobState
-from gpuq.store.api import JobQuery, JobStart, NewJob, StateChange, Store
+from gpuq.store.api import Store
+from gpuq.store.records import JobQuery, JobStart, NewJob, StateChange
 
 GIB = 2**30
 

@@ -8,7 +8,8 @@ from helpers import make_spec
 
 from gpuq.domain.array_specs import ArraySpec
 from gpuq.domain.states import JobState
-from gpuq.store.api import JobQuery, NewJob, Store
+from gpuq.store.api import Store
+from gpuq.store.records import JobQuery, NewJob
 
 
 def keyed(user: str = "alice", key: str | None = "k1", name: str = "job") -> NewJob:

@@ -15,7 +15,8 @@ from gpuq.config.settings import CoordinatorSettings
 from gpuq.coordinator.server import Coordinator, assemble
 from gpuq.domain.states import JobState
 from gpuq.errors import InvalidInput
-from gpuq.store.api import JobQuery, NewJob, Store
+from gpuq.store.api import Store
+from gpuq.store.records import JobQuery, NewJob
 
 
 def run(store: Store, body: Callable[[Coordinator], Awaitable[None]]) -> None:

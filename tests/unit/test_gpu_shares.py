@@ -34,7 +34,8 @@ from gpuq.scheduler.array_split import room_for
 from gpuq.scheduler.fitting import NodeView, ShareUse, never_fits, never_fits_reason
 from gpuq.scheduler.plan import fit_key, plan
 from gpuq.scheduler.snapshot import PendingJob, RunningJob
-from gpuq.store.api import JobStart, NewJob, Store
+from gpuq.store.api import Store
+from gpuq.store.records import JobStart, NewJob
 from gpuq.submission import build_spec
 
 GiB = 1 << 30

@@ -17,7 +17,8 @@ from gpuq.coordinator.jobs.idle_rules import (
 )
 from gpuq.domain.policy import QosTier
 from gpuq.domain.states import JobState
-from gpuq.store.api import JobStart, NewJob, StateChange, Store
+from gpuq.store.api import Store
+from gpuq.store.records import JobStart, NewJob, StateChange
 
 TIER = QosTier("normal", idle_threshold=5.0, idle_window=1800, hung_window=1800)
 CANCEL = QosTier("batch", idle_threshold=5.0, idle_window=600, idle_action="cancel", hung_window=0)

@@ -28,7 +28,8 @@ from gpuq.coordinator.server import assemble
 from gpuq.domain.model import GpuUnit, JobResult, Node, NodeState
 from gpuq.domain.states import JobState
 from gpuq.errors import IllegalTransition, NotFound, StorageUnavailable
-from gpuq.store.api import NewJob, Store, StoreTx
+from gpuq.store.api import Store, StoreTx
+from gpuq.store.records import NewJob
 
 
 def _lost() -> OperationalError:

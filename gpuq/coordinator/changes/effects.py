@@ -18,7 +18,7 @@ from dataclasses import dataclass, field, replace
 
 from gpuq.domain.model import Job, JobResult, JobTelemetry
 from gpuq.domain.states import JobState
-from gpuq.store.api import JobEdit, JobStart
+from gpuq.store.records import JobEdit, JobStart
 
 
 @dataclass(frozen=True, slots=True)

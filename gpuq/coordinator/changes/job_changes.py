@@ -37,7 +37,8 @@ from gpuq.coordinator.memory.scheduler_inputs import SchedulerInputs
 from gpuq.coordinator.nodes.agent_commands import AgentCommands
 from gpuq.domain.model import Job, JobEvent, NodeState
 from gpuq.domain.states import JobState
-from gpuq.store.api import StateChange, StoreTx
+from gpuq.store.api import StoreTx
+from gpuq.store.records import StateChange
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")

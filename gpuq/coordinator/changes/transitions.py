@@ -16,7 +16,7 @@ from gpuq.domain.model import Job, JobResult, JobTelemetry
 from gpuq.domain.policy import QosTier
 from gpuq.domain.states import JobState, check_transition
 from gpuq.errors import IllegalTransition, NotFound, Unsatisfiable
-from gpuq.store.api import REQUEUABLE
+from gpuq.store.records import REQUEUABLE
 
 # one answer per job of a user's action: what happened, or why not
 Answer = str | Exception

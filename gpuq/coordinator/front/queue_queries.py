@@ -34,7 +34,7 @@ from gpuq.domain.model import Job, JobEvent, NodeState, SeriesPoint
 from gpuq.domain.states import JobState, parse_states
 from gpuq.errors import InvalidInput, NotFound
 from gpuq.identity import Caller
-from gpuq.store.api import JobQuery
+from gpuq.store.records import JobQuery
 from gpuq.v1 import queue_pb2
 
 MAX_IDS = 10_000  # job ids in one request (cancel, hold, release, list, watch)

@@ -21,7 +21,8 @@ from gpuq.domain.dependencies import Dependency
 from gpuq.domain.model import Job
 from gpuq.domain.states import JobState
 from gpuq.errors import NotFound
-from gpuq.store.api import JobQuery, Store, StoreTx
+from gpuq.store.api import Store, StoreTx
+from gpuq.store.records import JobQuery
 
 
 class ArrayTasks:

@@ -40,7 +40,7 @@ from gpuq.domain.states import JobState
 from gpuq.errors import GpuqError, InvalidInput, PermissionDenied, StorageUnavailable, Unsatisfiable
 from gpuq.identity import Caller
 from gpuq.scheduler.fitting import never_fits, never_fits_reason
-from gpuq.store.api import JobEdit
+from gpuq.store.records import JobEdit
 
 log = logging.getLogger(__name__)
 

@@ -19,7 +19,7 @@ from gpuq.domain.model import Job
 from gpuq.domain.states import JobState
 from gpuq.errors import InvalidInput, NotFound
 from gpuq.identity import Caller
-from gpuq.store.api import JobQuery
+from gpuq.store.records import JobQuery
 
 MAX_PATTERN = 128  # characters of a --name pattern
 

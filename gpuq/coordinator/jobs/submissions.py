@@ -18,7 +18,8 @@ from gpuq.domain.states import JobState
 from gpuq.domain.units import format_duration, format_size
 from gpuq.errors import GpuqError, InvalidInput, Unsatisfiable
 from gpuq.scheduler.fitting import never_fits, never_fits_reason
-from gpuq.store.api import NewJob, StoreTx
+from gpuq.store.api import StoreTx
+from gpuq.store.records import NewJob
 
 # idempotent submission: a request key is kept (in the store) this long, and purged about
 # hourly; the most recent keys are remembered, so a retry is answered from memory

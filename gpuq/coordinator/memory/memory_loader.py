@@ -14,7 +14,7 @@ from gpuq.coordinator.memory.node_table import NodeEntry, NodeTable
 from gpuq.coordinator.memory.scheduler_inputs import SchedulerInputs
 from gpuq.domain.model import Job
 from gpuq.domain.states import JobState
-from gpuq.store.api import JobQuery
+from gpuq.store.records import JobQuery
 
 log = logging.getLogger(__name__)
 

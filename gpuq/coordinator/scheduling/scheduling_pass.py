@@ -27,7 +27,8 @@ from gpuq.scheduler.fitting import NodeView
 from gpuq.scheduler.plan import plan
 from gpuq.scheduler.priority import Factors
 from gpuq.scheduler.snapshot import Decisions, PendingJob, RunningJob, Waiting
-from gpuq.store.api import JobStart, StoreTx
+from gpuq.store.api import StoreTx
+from gpuq.store.records import JobStart
 
 log = logging.getLogger(__name__)
 EXPLAIN_EVERY = 1.0  # seconds an explanation of the queue stays good
