@@ -299,6 +299,7 @@ def event_to_proto(event: JobEvent) -> pb.JobEvent:
         from_state=event.from_state.value if event.from_state else "",
         to_state=event.to_state.value,
         reason=event.reason,
+        cause=event.cause,
     )
 
 
@@ -309,6 +310,7 @@ def event_from_proto(message: pb.JobEvent) -> JobEvent:
         from_state=JobState(message.from_state) if message.from_state else None,
         to_state=JobState(message.to_state),
         reason=message.reason,
+        cause=message.cause,
     )
 
 

@@ -88,7 +88,9 @@ async def cancel(
     admin: bool = False,
     filters: Filters | None = None,
 ) -> list[Outcome]:
-    return await co.actions.cancel(Selection(tuple(ids), filters), user(owner, admin), TEST, reason)
+    caller = user(owner, admin)
+    cause = Cause.request("Cancel", owner)
+    return await co.actions.cancel(Selection(tuple(ids), filters), caller, cause, reason)
 
 
 async def save_node(co: Coordinator, node: Node) -> None:

@@ -274,6 +274,7 @@ def show(obj: Any, /, job_id: str, as_json: bool) -> int:
                 "from": e.from_state.value if e.from_state else None,
                 "to": e.to_state.value,
                 "reason": e.reason,
+                "cause": e.cause,  # "" where it was not kept (events from before 0011)
             }
             for e in events
         ]
@@ -401,10 +402,12 @@ def _describe(
     width = max(len(k) for k, _ in lines)
     # every value is what a user, an agent or the coordinator said: escaped, one line each
     text = [f"{k.rjust(width)}: {render.printable(v)}" for k, v in lines]
+    # each event: when, from -> to, its reason, and [what caused it] where that is known
     text.append("History:")
     text += [
         f"  {render.when(e.at)}  {(e.from_state.value if e.from_state else '-'):>13} -> "
         f"{e.to_state.value:<13} {render.printable(e.reason)}"
+        + (f" [{render.printable(e.cause)}]" if e.cause else "")
         for e in events
     ]
     return "\n".join(text)

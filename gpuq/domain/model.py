@@ -396,6 +396,7 @@ class JobEvent:
     from_state: JobState | None
     to_state: JobState
     reason: str
+    cause: str = ""  # what caused it: "Cancel by alice", "report from node a", ...
 
 
 class NodeState(StrEnum):

@@ -148,6 +148,7 @@ class JobReads:
                     from_state=JobState(row.from_state) if row.from_state else None,
                     to_state=JobState(row.to_state),
                     reason=row.reason,
+                    cause=row.cause or "",
                 )
                 for row in conn.execute(stmt)
             ]

@@ -75,11 +75,11 @@ class JobSubmissions:
                     array_tasks=format_indices(tasks) if len(tasks) > 1 else None,
                 )
             )
-        self.conn.execute(INSERT_EVENT, event_row(job_id, now, None, state, SUBMITTED))
+        self.conn.execute(INSERT_EVENT, event_row(job_id, now, None, state, SUBMITTED, new.cause))
         return [job_id]
 
     def split_tasks(
-        self, record_id: int, tasks: Sequence[int], now: float
+        self, record_id: int, tasks: Sequence[int], now: float, *, cause: str = ""
     ) -> tuple[JobState, dict[int, int]]:
         """Give tasks of an array's record rows of their own, in the record's state (pending
         or held); that state and the job id of each task. The record keeps the rest, and when
@@ -120,7 +120,7 @@ class JobSubmissions:
             ids = dict(zip(split, result.scalars(), strict=True))
             state = JobState(row.state)
             reason = f"array task split from {record_id}"
-            events = [event_row(i, now, None, state, reason) for i in ids.values()]
+            events = [event_row(i, now, None, state, reason, cause) for i in ids.values()]
             self.conn.execute(INSERT_EVENT, events)
         single = len(left) == 1
         self.conn.execute(

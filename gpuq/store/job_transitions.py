@@ -28,7 +28,7 @@ class JobTransitions:
     conn: Connection
     _rows: dict[int, dict[str, Any]]  # StoreTx's cache of locked job rows
 
-    def transition(self, changes: Sequence[StateChange], now: float) -> None:
+    def transition(self, changes: Sequence[StateChange], now: float, *, cause: str = "") -> None:
         """Apply state changes in order (a job may change twice, e.g. preempted then pending).
 
         Raises IllegalTransition or NotFound for the first change the table refuses; nothing
@@ -50,7 +50,9 @@ class JobTransitions:
             if current is JobState.RUNNING:
                 released.add(change.job_id)
             _apply_change(row, current, change, now)
-            events.append(event_row(change.job_id, now, current, change.to_state, change.reason))
+            events.append(
+                event_row(change.job_id, now, current, change.to_state, change.reason, cause)
+            )
         touched = sorted({c.job_id for c in changes})
         self.conn.execute(
             _UPDATE_MUTABLE,
@@ -60,7 +62,7 @@ class JobTransitions:
         if released:
             release_units(self.conn, sorted(released), now)
 
-    def edit_jobs(self, edits: Sequence[JobEdit], now: float) -> None:
+    def edit_jobs(self, edits: Sequence[JobEdit], now: float, *, cause: str = "") -> None:
         """Rewrite waiting (pending or held) jobs' specs and the columns that mirror them, with
         one event each (its state unchanged), in one statement per table; all or none: a job
         that is gone raises NotFound, one that is no longer waiting IllegalTransition."""
@@ -75,12 +77,18 @@ class JobTransitions:
             state = JobState(row["state"])
             if state not in (JobState.PENDING, JobState.HELD):
                 raise IllegalTransition(edit.job_id, state.value, "an updated spec")
-            events.append(event_row(edit.job_id, now, state, state, edit.reason))
+            events.append(event_row(edit.job_id, now, state, state, edit.reason, cause))
         self.conn.execute(_EDIT_JOB, [_edit_row(e) for e in edits])
         self.conn.execute(INSERT_EVENT, events)
 
     def requeue_jobs(
-        self, job_ids: Sequence[int], reason: str, now: float, *, hold: bool = False
+        self,
+        job_ids: Sequence[int],
+        reason: str,
+        now: float,
+        *,
+        hold: bool = False,
+        cause: str = "",
     ) -> None:
         """Ended jobs back to the queue with the same ids (`gpuq requeue`): pending, or held
         with `hold`; requeue_count + 1, the last run's node, end and result cleared, an event
@@ -107,16 +115,18 @@ class JobTransitions:
                 stop_state=None,
                 stop_reason=None,
             )
-            events.append(event_row(job_id, now, current, JobState.PENDING, reason))
+            events.append(event_row(job_id, now, current, JobState.PENDING, reason, cause))
             if hold:
-                events.append(event_row(job_id, now, JobState.PENDING, JobState.HELD, reason))
+                events.append(
+                    event_row(job_id, now, JobState.PENDING, JobState.HELD, reason, cause)
+                )
         self.conn.execute(
             _UPDATE_MUTABLE,
             [{"b_id": i, **{f"b_{c}": rows[i][c] for c in _MUTABLE}} for i in sorted(set(job_ids))],
         )
         self.conn.execute(INSERT_EVENT, events)
 
-    def start_jobs(self, starts: Sequence[JobStart], now: float) -> None:
+    def start_jobs(self, starts: Sequence[JobStart], now: float, *, cause: str = "") -> None:
         """pending -> running with the given GPU units; all or none.
 
         Raises IllegalTransition for a job that is not pending and DoubleBooking for a unit
@@ -158,7 +168,10 @@ class JobTransitions:
         allocate_units(self.conn, starts, now)
         self.conn.execute(
             INSERT_EVENT,
-            [event_row(s.job_id, now, states[s.job_id], JobState.RUNNING, s.why) for s in starts],
+            [
+                event_row(s.job_id, now, states[s.job_id], JobState.RUNNING, s.why, cause)
+                for s in starts
+            ],
         )
 
     def start_counts(self, job_ids: Iterable[int]) -> dict[int, int]:
@@ -201,14 +214,16 @@ class JobTransitions:
         row.update(stop_state=end_state.value, stop_reason=reason)
         self.conn.execute(_UPDATE_MUTABLE, {"b_id": job_id, **{f"b_{c}": row[c] for c in _MUTABLE}})
 
-    def add_event(self, job_id: int, at: float, state: JobState, reason: str) -> bool:
+    def add_event(
+        self, job_id: int, at: float, state: JobState, reason: str, *, cause: str = ""
+    ) -> bool:
         """Note something about a job in its events without a state change (from_state =
         to_state = state), e.g. "idle since 12:03"; only while the job is in that state
         (False, and nothing written, otherwise)."""
         row = self._lock_jobs([job_id]).get(job_id)
         if row is None or row["state"] != state.value:
             return False
-        self.conn.execute(INSERT_EVENT, [event_row(job_id, at, state, state, reason)])
+        self.conn.execute(INSERT_EVENT, [event_row(job_id, at, state, state, reason, cause)])
         return True
 
     def _lock_jobs(self, job_ids: Iterable[int]) -> dict[int, dict[str, Any]]:

@@ -21,6 +21,7 @@ class NewJob:
     priority: int
     # the client's request key: a repeat of (user, key) adds nothing (StoreTx.add_job)
     key: str | None = None
+    cause: str = ""  # kept with its "submitted" event: "Submit by alice", "cron entry 3"
 
 
 @dataclass(frozen=True, slots=True)

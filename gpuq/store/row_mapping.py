@@ -20,7 +20,12 @@ SUBMITTED = "submitted"  # a new job's reason, and its first event's
 
 
 def event_row(
-    job_id: int, now: float, from_state: JobState | None, to_state: JobState, reason: str
+    job_id: int,
+    now: float,
+    from_state: JobState | None,
+    to_state: JobState,
+    reason: str,
+    cause: str = "",
 ) -> dict[str, Any]:
     return {
         "job_id": job_id,
@@ -28,6 +33,7 @@ def event_row(
         "from_state": from_state.value if from_state else None,
         "to_state": to_state.value,
         "reason": reason,
+        "cause": cause or None,
     }
 
 

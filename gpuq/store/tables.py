@@ -93,6 +93,8 @@ job_events = Table(
     Column("from_state", String(16), nullable=True),
     Column("to_state", String(16), nullable=False),
     Column("reason", Text, nullable=False),
+    # what caused it (gpuq.coordinator.changes.effects.Cause); NULL for events before 0011
+    Column("cause", Text, nullable=True),
 )
 Index("ix_job_events_job_id", job_events.c.job_id, job_events.c.id)
 

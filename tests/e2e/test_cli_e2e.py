@@ -112,6 +112,10 @@ def test_listings_have_json(cluster: Cluster) -> None:
     assert {j["id"] for j in status["jobs"]} == {running, blocked}
     shown = json.loads(cluster.gpuq("show", str(done), "--json").stdout)
     assert [e["to"] for e in shown["events"]] == ["pending", "running", "completed"]
+    submitted, started, ended = (e["cause"] for e in shown["events"])  # what caused each
+    assert submitted.startswith("Submit by ") and started.startswith("scheduling pass ")
+    assert ended == f"report from node {shown['node']}"  # its agent said it ended
+    assert f"[{ended}]" in cluster.gpuq("show", str(done)).stdout
     text = cluster.gpuq("status").stdout
     assert f"job {running}" in text and "4/4 GPUs in use" in text
     gate.touch()

@@ -10,7 +10,7 @@ from gpuq.domain.model import GpuUnit, JobResult, Node, NodeState
 from gpuq.domain.states import JobState
 from gpuq.errors import DoubleBooking, IllegalTransition, NotFound
 from gpuq.store.api import Store
-from gpuq.store.records import JobQuery, JobStart, NewJob, StateChange
+from gpuq.store.records import JobEdit, JobQuery, JobStart, NewJob, StateChange
 
 
 def submit(store: Store, *specs_and_priorities: tuple[str, int], now: float = 100.0) -> list[int]:
@@ -312,3 +312,36 @@ def test_a_node_keeps_its_mig_units(store: Store) -> None:
         tx.save_node(Node("m", units, 8, 1 << 30, NodeState.UP))
     [node] = store.list_nodes()
     assert node.units == units
+
+
+def test_every_event_keeps_what_caused_it(store: Store) -> None:
+    """Each event-writing call keeps its cause with the events it writes (`gpuq show` prints
+    it); a call that names none keeps "" (as events from before causes were kept)."""
+    new = NewJob(make_spec("c", gpus=1), "alice", "normal", 0, cause="Submit by alice")
+    record = NewJob(make_spec("arr", array=ArraySpec((0, 1, 2))), "alice", "normal", 0)
+    with store.transaction() as tx:
+        [[job_id], [array_id]] = tx.add_jobs([new, record], 100.0)
+        tx.edit_jobs(
+            [JobEdit(job_id, make_spec("c2", gpus=1), "normal", 0, "renamed")],
+            101.0,
+            cause="Update by alice",
+        )
+        tx.start_jobs([JobStart(job_id, "n1", ("GPU-1",))], 102.0, cause="scheduling pass 7")
+        tx.add_event(job_id, 103.0, JobState.RUNNING, "idle since 1:00", cause="idle check")
+        tx.transition(
+            [StateChange(job_id, JobState.COMPLETED, "exit 0")], 104.0, cause="report from node n1"
+        )
+        tx.requeue_jobs([job_id], "requeued by alice", 105.0, hold=True, cause="Requeue by alice")
+        tx.split_tasks(array_id, [0], 106.0, cause="scheduling pass 8")
+    assert [(e.to_state.value, e.cause) for e in store.events(job_id)] == [
+        ("pending", "Submit by alice"),
+        ("pending", "Update by alice"),
+        ("running", "scheduling pass 7"),
+        ("running", "idle check"),
+        ("completed", "report from node n1"),
+        ("pending", "Requeue by alice"),
+        ("held", "Requeue by alice"),
+    ]
+    assert [e.cause for e in store.events(array_id)] == [""]  # submitted without a cause
+    [task] = [j for j in store.list_jobs(JobQuery(array_job_id=array_id)) if j.id != array_id]
+    assert [e.cause for e in store.events(task.id)] == ["scheduling pass 8"]

@@ -72,7 +72,7 @@ class JobChanges:
 
         def write(tx: StoreTx) -> tuple[Effects, T]:
             effects, answer = decide(tx, now)
-            write_effects(tx, effects, now)
+            write_effects(tx, effects, now, cause.text)
             return effects, answer
 
         effects, answer = await self.writer.write(write, fail_fast=fail_fast)
@@ -96,8 +96,8 @@ class JobChanges:
         events += [(started_event(job, now), job) for job in launched]
         self._stops(effects)
         events += self._followed(effects, now)
-        for event, version in events:
-            self.bus.job_event(event, version)
+        for event, version in events:  # each carries the change's cause
+            self.bus.job_event(replace(event, cause=cause.text), version)
         if launched:
             self.agents.send_starts(launched)
         if effects.stops:
@@ -191,22 +191,24 @@ def started_event(job: Job, now: float) -> JobEvent:
     return JobEvent(job.id, now, JobState.PENDING, JobState.RUNNING, job.reason)
 
 
-def write_effects(tx: StoreTx, effects: Effects, now: float) -> None:
+def write_effects(tx: StoreTx, effects: Effects, now: float, cause: str) -> None:
     """The store's part of `effects`, in the transaction that decided them (created and
     replaced jobs were written by their decider, which needed the ids)."""
     if effects.node_down is not None:
         node, reason = effects.node_down
         tx.set_node_state(node, NodeState.DOWN, reason)
-    tx.edit_jobs(effects.edits, now)
+    tx.edit_jobs(effects.edits, now, cause=cause)
     tx.transition(
-        [StateChange(m.job_id, m.after, m.reason, m.result, m.at) for m in effects.moves], now
+        [StateChange(m.job_id, m.after, m.reason, m.result, m.at) for m in effects.moves],
+        now,
+        cause=cause,
     )
     groups: dict[tuple[str, bool], list[int]] = {}  # one per request: one statement
     for requeue in effects.requeues:
         groups.setdefault((requeue.reason, requeue.hold), []).append(requeue.job.id)
     for (reason, hold), job_ids in groups.items():
-        tx.requeue_jobs(job_ids, reason, now, hold=hold)
-    tx.start_jobs(effects.starts, now)
+        tx.requeue_jobs(job_ids, reason, now, hold=hold, cause=cause)
+    tx.start_jobs(effects.starts, now, cause=cause)
     for order in effects.stops:
         tx.request_stop(order.job_id, order.end_state, order.reason)
     for measured in effects.telemetry:
@@ -214,4 +216,4 @@ def write_effects(tx: StoreTx, effects: Effects, now: float) -> None:
     for user, value in effects.usage.items():
         tx.set_usage(user, value, now)
     for job_id, at, text in effects.notes:
-        tx.add_event(job_id, at, JobState.RUNNING, text)
+        tx.add_event(job_id, at, JobState.RUNNING, text, cause=cause)

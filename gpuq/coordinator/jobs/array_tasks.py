@@ -76,7 +76,7 @@ class ArrayTasks:
         record = self.jobs.jobs.get(record_id)
 
         def decide(tx: StoreTx, now: float) -> tuple[Effects, dict[int, int]]:
-            state, ids = tx.split_tasks(record_id, tasks, now)
+            state, ids = tx.split_tasks(record_id, tasks, now, cause=cause.text)
             if record is None:  # memory lost it: reloaded below
                 return Effects(), ids
             return split_effects(record, state, ids, record_id), ids

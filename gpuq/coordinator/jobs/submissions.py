@@ -125,7 +125,7 @@ class Submissions:
                 if found is not None:
                     return found
             raise
-        new = NewJob(spec, user, qos, priority, key)
+        new = NewJob(spec, user, qos, priority, key, cause.text)
         purge = self.clock() >= self._keys_purge_at
         if purge:
             self._keys_purge_at = self.clock() + KEY_PURGE_EVERY
