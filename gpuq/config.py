@@ -287,7 +287,7 @@ class Settings:
             return Path(self.agent.run_dir).expanduser()
         # a random name per installation, remembered in the state folder (gpuq/agent/rundir):
         # a fixed name in world-writable /dev/shm could be taken first by any user
-        from gpuq.agent.rundir import recorded_root
+        from gpuq.run_root import recorded_root
 
         return recorded_root(self.agent_state_dir.parent) or self.agent_state_dir / "no-run-root"
 

@@ -17,7 +17,7 @@ from collections.abc import Callable
 from dataclasses import replace
 from typing import TYPE_CHECKING
 
-from gpuq.agent.rundir import agent_run_dir
+from gpuq.agent.run_folder import agent_run_dir
 from gpuq.config import Settings
 from gpuq.errors import GpuqError
 from gpuq.identity import create_key_file, read_key_file

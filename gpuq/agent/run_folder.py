@@ -6,35 +6,30 @@ then costs no disk write), in a folder of this installation with a random name,
 user, which would stop every root agent on the host (or worse, hand it a folder that user
 controls). The folder is made with mkdir (which fails on any existing name, a link included:
 another name is tried), its path is remembered in `<GPUQ_HOME>/agent/run-root` (next to the
-nodes' state folders; a folder per node is made in it), and on reuse it is
-accepted only if lstat says it is a folder (not a link), ours, and writable by nobody else;
+nodes' state folders; a folder per node is made in it; gpuq.run_root reads it), and on reuse it
+is accepted only if lstat says it is a folder (not a link), ours, and writable by nobody else;
 otherwise a new one is made. A configured `[agent] run_dir` is checked the same way, and so are
 the folders above it (root's or ours, writable by nobody else unless sticky): it fails with one
 clear line, as the admin chose that folder.
 
 Job folders must let a job's user execute its script (the supervisor runs it as the user): a
 root agent's run folders are 0711 (anyone may pass through, nobody else may list or write),
-spec.json and results 0600 root's, the script 0700 the user's (gpuq/agent/hub.py and the
-supervisor).
+spec.json and results 0600 root's, the script 0700 the user's (gpuq/agent/jobs/supervisors.py
+and the supervisor).
 """
 
 from __future__ import annotations
 
 import contextlib
 import os
-import re
 import secrets
 import stat
 from pathlib import Path
 
-from gpuq.config import TMPFS, Settings
+from gpuq.config import Settings
 from gpuq.errors import InvalidInput
+from gpuq.run_root import PREFIX, RECORD, TMPFS, recorded_root
 
-# the path of the installation's tmpfs run folder, in <GPUQ_HOME>/agent (the parent of every
-# node's state folder: one folder per installation, with a folder per node in it)
-RECORD = "run-root"
-PREFIX = "gpuq-"
-_RANDOM_NAME = re.compile(r"gpuq-[0-9a-f]{24}")
 ATTEMPTS = 100  # names tried before giving up (each taken name is someone's folder)
 
 
@@ -65,19 +60,6 @@ def agent_run_dir(settings: Settings) -> Path:
 def record_dir(settings: Settings) -> Path:
     """Where the installation's tmpfs run folder is remembered: <GPUQ_HOME>/agent."""
     return settings.agent_state_dir.parent
-
-
-def recorded_root(where: Path) -> Path | None:
-    """The tmpfs run folder remembered in the folder `where` (None: none, or not one of ours by
-    its name). Whether it still is ours is for safe_folder to say."""
-    try:
-        text = (where / RECORD).read_text().strip()
-    except (OSError, UnicodeDecodeError):
-        return None
-    path = Path(text)
-    if path.parent != TMPFS or not _RANDOM_NAME.fullmatch(path.name):
-        return None
-    return path
 
 
 def tmpfs_root(where: Path) -> Path:
