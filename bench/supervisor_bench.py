@@ -17,8 +17,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "e2e"))
 
 from supervisor_helpers import Reports, await_until, make_spec
 
-from gpuq.agent import proctree
-from gpuq.agent.hub import SupervisorHub
+from gpuq.agent.jobs import process_tree
+from gpuq.agent.jobs.supervisors import SupervisorHub
 
 JOBS = 600
 IN_FLIGHT = 8
@@ -50,7 +50,7 @@ def main(tmp_path: Path) -> None:
         elapsed = time.perf_counter() - began
         hub_cpu = cpu(resource.RUSAGE_SELF) - self_0
         # every supervisor reaped by the fork server, which close() reaps: all CPU is counted
-        await await_until(lambda: not proctree.children_of(fork_server), 10, "supervisors")
+        await await_until(lambda: not process_tree.children_of(fork_server), 10, "supervisors")
         await hub.close()
         return elapsed, hub_cpu, cpu(resource.RUSAGE_CHILDREN) - children_0
 

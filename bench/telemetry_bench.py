@@ -23,8 +23,10 @@ import tempfile
 import time
 from pathlib import Path
 
-from gpuq.agent.gpu_care import GpuCare
-from gpuq.agent.gpus_fake import GIB, FakeGpuBackend, claim_fake_vram, set_fake_utilization
+from gpuq.agent.fake.gpu_backend import FakeGpuBackend
+from gpuq.agent.fake.gpu_spec import GIB
+from gpuq.agent.fake.gpu_state import claim_fake_vram, set_fake_utilization
+from gpuq.agent.gpu.node_gpus import GpuCare
 from gpuq.config import AgentSettings
 
 

@@ -20,17 +20,10 @@ import grpc
 from google.protobuf import text_format
 
 from gpuq import __version__
-from gpuq.agent.forkserver import ForkServer
-from gpuq.agent.gpu_care import GpuCare
-from gpuq.agent.gpus import GpuBackend
-from gpuq.agent.hub import (
-    LaunchRefused,
-    SupervisorHub,
-    SupervisorReport,
-    coordinator_socket_owner,
-    lookup_account,
-)
-from gpuq.agent.launch import (
+from gpuq.agent.gpu.backend import GpuBackend
+from gpuq.agent.gpu.node_gpus import GpuCare
+from gpuq.agent.jobs.fork_server import ForkServer
+from gpuq.agent.jobs.launch_spec import (
     Account,
     LaunchOrder,
     NodePolicy,
@@ -38,8 +31,15 @@ from gpuq.agent.launch import (
     cgroup_key,
     launch_refusal,
 )
-from gpuq.agent.mps import MpsDaemons, MpsError, MpsShare, node_wide_mps
-from gpuq.agent.terminals import MAX_CHUNK, PtyEvent
+from gpuq.agent.jobs.mps_daemons import MpsDaemons, MpsError, MpsShare, node_wide_mps
+from gpuq.agent.jobs.pty_relay import MAX_CHUNK, PtyEvent
+from gpuq.agent.jobs.supervisors import (
+    LaunchRefused,
+    SupervisorHub,
+    SupervisorReport,
+    coordinator_socket_owner,
+    lookup_account,
+)
 from gpuq.config import AgentSettings, split_addresses
 from gpuq.convert import spec_from_proto, unit_to_proto
 from gpuq.domain.units import parse_size

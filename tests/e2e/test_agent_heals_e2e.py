@@ -16,13 +16,13 @@ from e2e_cluster import Cluster, pid_alive, wait_for
 from supervisor_helpers import alive, await_until, cleanup, make_spec, read_pid, running_hub
 
 from gpuq.agent import agent as agent_module
-from gpuq.agent import proctree
-from gpuq.agent.forkserver import ForkServer
-from gpuq.agent.gpu_care import GpuCare
-from gpuq.agent.gpus_fake import FakeGpuBackend
-from gpuq.agent.hub import LaunchRefused
-from gpuq.agent.jobdir import supervisor_alive
-from gpuq.agent.launch import NodePolicy
+from gpuq.agent.fake.gpu_backend import FakeGpuBackend
+from gpuq.agent.gpu.node_gpus import GpuCare
+from gpuq.agent.jobs import process_tree
+from gpuq.agent.jobs.fork_server import ForkServer
+from gpuq.agent.jobs.job_folder import supervisor_alive
+from gpuq.agent.jobs.launch_spec import NodePolicy
+from gpuq.agent.jobs.supervisors import LaunchRefused
 from gpuq.config import AgentSettings
 from gpuq.convert import spec_to_proto
 from gpuq.domain.model import JobSpec
@@ -38,21 +38,21 @@ def marked(name: str, value: str) -> list[int]:
     found = []
     for entry in os.listdir("/proc"):
         if entry.isdigit() and int(entry) != os.getpid():
-            environ = proctree.read_proc(f"/proc/{entry}/environ").split(b"\0")
+            environ = process_tree.read_proc(f"/proc/{entry}/environ").split(b"\0")
             if needle in environ and alive(int(entry)):
                 found.append(int(entry))
     return found
 
 
 def parent_of(pid: int) -> int:
-    stat = proctree.read_proc(f"/proc/{pid}/stat")
+    stat = process_tree.read_proc(f"/proc/{pid}/stat")
     return int(stat[stat.rfind(b")") + 2 :].split()[1])
 
 
 def fork_server_of(agent_pid: int) -> int | None:
     """The agent's fork server: its child that runs the C loop."""
-    for child in proctree.children_of(agent_pid):
-        if b"_supervise.serve" in proctree.read_proc(f"/proc/{child}/cmdline") and alive(child):
+    for child in process_tree.children_of(agent_pid):
+        if b"_supervise.serve" in process_tree.read_proc(f"/proc/{child}/cmdline") and alive(child):
             return child
     return None
 

@@ -19,8 +19,8 @@ from pathlib import Path
 import pytest
 from supervisor_helpers import Reports, cleanup, make_spec, running_hub
 
-from gpuq.agent.hub import SupervisorReport
-from gpuq.agent.isolation import device_numbers, device_rules
+from gpuq.agent.jobs.isolation import device_numbers, device_rules
+from gpuq.agent.jobs.supervisors import SupervisorReport
 
 pytestmark = pytest.mark.timeout(60)
 

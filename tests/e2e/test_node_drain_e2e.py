@@ -12,7 +12,7 @@ import pytest
 from e2e_cluster import Cluster, wait_for
 from test_agent_heals_e2e import fork_server_of
 
-from gpuq.agent.hub import TEST_BLOCK_ENV
+from gpuq.agent.jobs.supervisors import TEST_BLOCK_ENV
 from gpuq.domain.states import JobState
 
 pytestmark = pytest.mark.timeout(90)
@@ -81,7 +81,7 @@ def test_hub_stops_accepting_after_launches_keep_failing(monkeypatch: pytest.Mon
     for DRAIN_RETRY after the last; a launch that works, or a new fork server, ends it."""
     from pathlib import Path
 
-    from gpuq.agent import hub as hub_module
+    from gpuq.agent.jobs import supervisors as hub_module
 
     told: list[str | None] = []
     hub = hub_module.SupervisorHub(Path("/nonexistent"), lambda _: None)

@@ -1,8 +1,8 @@
 """A job runs as its submitter, and nothing a user names fools the root processes that start it.
 
 Real Unix users (tests/e2e/unix_users.py), a real fork server and supervisors run by a root hub,
-launch specs built as the agent builds them (gpuq.agent.launch.build_launch from the user's
-passwd entry). Root only; CI runs as root.
+launch specs built as the agent builds them (gpuq.agent.jobs.launch_spec.build_launch from the
+user's passwd entry). Root only; CI runs as root.
 """
 
 from __future__ import annotations
@@ -22,8 +22,8 @@ import unix_users
 from supervisor_helpers import TEST_CGROUP_PARENT, cleanup, running_hub
 from unix_users import UnixUser, needs_root, run_as
 
-from gpuq.agent.hub import lookup_account
-from gpuq.agent.launch import LaunchOrder, LaunchSpec, NodePolicy, build_launch
+from gpuq.agent.jobs.launch_spec import LaunchOrder, LaunchSpec, NodePolicy, build_launch
+from gpuq.agent.jobs.supervisors import lookup_account
 from gpuq.domain.model import JobSpec
 
 pytestmark = pytest.mark.timeout(60)
@@ -207,7 +207,7 @@ def test_a_user_without_an_account_here_never_runs(state: Path, unix_user: UnixU
 def agent_for(tmp_path: Path, address: str, *, allow_root_jobs: bool = False) -> Any:
     """An agent (not connected) whose launches go through its real checks and hub."""
     from gpuq.agent.agent import Agent, AgentOptions
-    from gpuq.agent.gpus_fake import FakeGpuBackend
+    from gpuq.agent.fake.gpu_backend import FakeGpuBackend
     from gpuq.config import AgentSettings
 
     settings = AgentSettings(

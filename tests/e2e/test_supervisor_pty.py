@@ -1,7 +1,7 @@
 """Interactive jobs on the node: the supervisor's pseudo-terminal and the hub's relay of it.
 
 Real fork server, supervisors, processes, signals and terminals (gpuq/agent/native/supervisor.c,
-gpuq/agent/terminals.py). Every wait has a deadline; nothing sleeps and hopes.
+gpuq/agent/jobs/pty_relay.py). Every wait has a deadline; nothing sleeps and hopes.
 """
 
 from __future__ import annotations
@@ -23,9 +23,9 @@ from typing import Any
 import pytest
 from supervisor_helpers import PY, alive, await_until, cleanup, make_spec, read_pid
 
-from gpuq.agent.hub import SupervisorHub, SupervisorReport
-from gpuq.agent.launch import LaunchSpec
-from gpuq.agent.terminals import PTY_SOCKET, PtyEvent, fetch_master
+from gpuq.agent.jobs.launch_spec import LaunchSpec
+from gpuq.agent.jobs.pty_relay import PTY_SOCKET, PtyEvent, fetch_master
+from gpuq.agent.jobs.supervisors import SupervisorHub, SupervisorReport
 
 pytestmark = pytest.mark.timeout(60)
 TIOCGPTN = 0x80045430  # the pty's number, asked of its master

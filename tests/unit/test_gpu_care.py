@@ -11,9 +11,11 @@ from types import SimpleNamespace
 
 import pytest
 
-from gpuq.agent.gpu_care import GpuCare
-from gpuq.agent.gpus import GpuEvent
-from gpuq.agent.gpus_fake import GIB, FakeGpuBackend, claim_fake_vram, set_fake_utilization
+from gpuq.agent.fake.gpu_backend import FakeGpuBackend
+from gpuq.agent.fake.gpu_spec import GIB
+from gpuq.agent.fake.gpu_state import claim_fake_vram, set_fake_utilization
+from gpuq.agent.gpu.backend import GpuEvent
+from gpuq.agent.gpu.node_gpus import GpuCare
 from gpuq.config import AgentSettings
 
 
@@ -56,7 +58,7 @@ def test_an_application_xid_storm_is_one_note_and_one_log_line(
     stops: list[tuple[int, str, str]] = []
     gpu_care, units = care(tmp_path, stops)
     event = GpuEvent(units[0], 13, False, "XID 13 (graphics engine exception)")
-    with caplog.at_level(logging.WARNING, logger="gpuq.agent.gpu_care"):
+    with caplog.at_level(logging.WARNING, logger="gpuq.agent.gpu.node_gpus"):
         for _ in range(1000):
             asyncio.run(gpu_care._on_event(event))
     assert len(caplog.records) == 1

@@ -1,11 +1,11 @@
 """The job's launch spec from an order and the node's policy: allocator settings as one
-setting, device rules, CPUs (gpuq/agent/launch.py)."""
+setting, device rules, CPUs (gpuq/agent/jobs/launch_spec.py)."""
 
 from __future__ import annotations
 
 import pytest
 
-from gpuq.agent.launch import (
+from gpuq.agent.jobs.launch_spec import (
     Account,
     LaunchOrder,
     LaunchSpec,

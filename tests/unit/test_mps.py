@@ -1,4 +1,4 @@
-"""Opt-in GPU sharing through MPS on the agent (gpuq/agent/mps.py): the job environment
+"""Opt-in GPU sharing through MPS on the agent (gpuq/agent/jobs/mps_daemons.py): the job environment
 contract, shared units at registration, the private control daemons (the fake one, a real
 process), a node-wide daemon found, and a share job over its VRAM ended out_of_memory."""
 
@@ -15,10 +15,12 @@ from pathlib import Path
 
 import pytest
 
-from gpuq.agent.gpu_care import GpuCare
-from gpuq.agent.gpus_fake import GIB, FakeGpuBackend, claim_fake_vram
-from gpuq.agent.launch import LaunchOrder, NodePolicy, build_launch
-from gpuq.agent.mps import (
+from gpuq.agent.fake.gpu_backend import FakeGpuBackend
+from gpuq.agent.fake.gpu_spec import GIB
+from gpuq.agent.fake.gpu_state import claim_fake_vram
+from gpuq.agent.gpu.node_gpus import GpuCare
+from gpuq.agent.jobs.launch_spec import LaunchOrder, NodePolicy, build_launch
+from gpuq.agent.jobs.mps_daemons import (
     MpsDaemons,
     MpsError,
     MpsShare,

@@ -1,7 +1,7 @@
 /* gpuq.agent._supervise: the fork server's loop and the supervisors it forks, as a Python
  * extension module so that it installs like any other (no separate executable to place).
  *
- * The fork server process (gpuq/agent/forkserver.py) calls serve(): from then on it runs this C loop
+ * The fork server process (gpuq/agent/jobs/fork_server.py) calls serve(): from then on it runs this C loop
  * and never Python again, and each supervisor is a fork of it that runs supervise() and
  * _exit()s. A fork of a process that runs no Python touches few pages, so it stays cheap.
  *

@@ -8,7 +8,7 @@
  * interpreter's heap, bytecode), which capped a 2-core node near 150 `true` jobs/s; this costs
  * about the fork and exec of the job itself.
  *
- * Protocol with the hub, newline-delimited JSON on `<state>/agent.sock` (gpuq/agent/hub.py):
+ * Protocol with the hub, newline-delimited JSON on `<state>/agent.sock` (gpuq/agent/jobs/supervisors.py):
  *   supervisor -> hub  {"type":"hello","job_id","pid","job_pid","started_at","isolation",
  *                      "cpu_binding","status":"running"} (or "status":"ended" with "result"),
  *                      {"type":"ended","job_id","result"}; the result has the same two fields
@@ -29,7 +29,7 @@
  * user's, 0700, in a folder the user may only pass through (0711, made by the hub).
  *
  * Cgroups: the job's groups are <cgroup_parent>/<cgroup_key>/job_<id>, the key being the
- * installation's (gpuq.agent.launch.cgroup_key), so that two installations never share one.
+ * installation's (gpuq.agent.jobs.launch_spec.cgroup_key), so that two installations never share one.
  *
  * Interactive jobs (spec.json has a "terminal"): the job runs on a pseudo-terminal instead of
  * output files. The supervisor opens it (window size and modes from the spec), the job's main
@@ -38,7 +38,7 @@
  * that restarts neither hangs the job up nor loses what it wrote). It serves the master on
  * `<job_dir>/pty.sock` (0600, the supervisor's user): each connection from a process of its
  * own euid (SO_PEERCRED) gets one byte "T" with the master fd (SCM_RIGHTS); any other gets
- * "N" and no fd. The agent (gpuq/agent/terminals.py) relays the terminal from there.
+ * "N" and no fd. The agent (gpuq/agent/jobs/pty_relay.py) relays the terminal from there.
  *
  * Isolation: the job's GPUs other than its own are denied in its devices group (devices.deny
  * on cgroup v1, a BPF_PROG_TYPE_CGROUP_DEVICE program on v2), its CPUs bound by its cpuset
@@ -246,7 +246,7 @@ typedef struct {
     const char *isolation, *cpu_binding;
 } job_end;
 
-/* result.json's object, as the hub reads it (gpuq/agent/hub.py, SupervisorReport.ended). */
+/* result.json's object, as the hub reads it (gpuq/agent/jobs/supervisors.py, SupervisorReport.ended). */
 static char *result_json(const job_end *end) {
     buf out = {0};
     buf_addf(&out, "{\"job_id\":%lld,\"end_state\":\"%s\",", end->job_id, end->state);
@@ -969,7 +969,7 @@ static int prepare(supervisor *s, char *script, size_t script_size, char *proble
 
 /* job.pid: "<job pid> <its start time>\n" and a line per cgroup folder of the job, for the
  * hub: when this supervisor dies (even by SIGKILL) the hub stops the job's process group and
- * cgroups itself, so that nothing of the job outlives its supervisor (gpuq/agent/hub.py,
+ * cgroups itself, so that nothing of the job outlives its supervisor (gpuq/agent/jobs/supervisors.py,
  * stop_job_processes). */
 static void record_job(supervisor *s) {
     char path[4200];

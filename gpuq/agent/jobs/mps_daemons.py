@@ -16,8 +16,8 @@ The daemon is started with a plain subprocess from the agent (no preexec_fn, no 
 a process serving gRPC must not run Python between fork and exec), in a session of its own and
 in the foreground (`nvidia-cuda-mps-control -f`, drivers 510 and later), so that the agent knows
 its pid, reaps it and can kill its process group (the control daemon and its MPS server). Fake
-GPUs get gpuq.agent.mps_fake, which keeps the real one's contract (the `control` socket in the
-pipe folder, a log, `quit` from a client on stdin).
+GPUs get gpuq.agent.fake.mps_daemon, which keeps the real one's contract (the `control` socket in
+the pipe folder, a log, `quit` from a client on stdin).
 
 Like jobs, a daemon outlives an agent that stops while share jobs use it: its folder's
 daemon.pid lets the next agent take it over (recover), and stop it after the last of them.
@@ -46,7 +46,7 @@ from gpuq.domain.model import GpuUnit
 log = logging.getLogger(__name__)
 
 REAL_COMMAND = ("nvidia-cuda-mps-control",)
-FAKE_COMMAND = (sys.executable, "-m", "gpuq.agent.mps_fake")
+FAKE_COMMAND = (sys.executable, "-m", "gpuq.agent.fake.mps_daemon")
 START_WAIT = 10.0  # seconds a new daemon has to make its control socket
 QUIT_WAIT = 5.0  # seconds a daemon told `quit` has to exit before SIGKILL
 # /proc/<pid>/comm is cut at 15 characters: nvidia-cuda-mps-control and nvidia-cuda-mps-server

@@ -22,15 +22,14 @@ from typing import Any
 
 import pynvml
 
-from gpuq.agent.gpu_devices import NVIDIA_MAJOR, DevicePaths, affinity_words, online_cpus
-from gpuq.agent.gpus_fake import (
+from gpuq.agent.fake.gpu_spec import (
     FakeGpuInstance,
     FakeGpuModel,
     _BadSpec,
     fake_uuid,
     parse_mig_layout,
 )
-from gpuq.agent.nvml_fake_files import (
+from gpuq.agent.fake.nvml_files import (
     CI_IDS,
     GI_IDS,
     PROCESS_KINDS,
@@ -45,6 +44,7 @@ from gpuq.agent.nvml_fake_files import (
     read_utilization,
     socket_cpus,
 )
+from gpuq.agent.gpu.device_paths import NVIDIA_MAJOR, DevicePaths, affinity_words, online_cpus
 
 NVIDIA_CAPS_MAJOR = 237  # a typical dynamic major of nvidia-caps; any value works for tests
 FAKE_DRIVER_RESERVED = 0.005  # share of a GPU's memory the fake driver keeps (v1 counts it)

@@ -3,10 +3,10 @@ hand-over of units between jobs, and each job's device rules and CPUs.
 
 The backend never raises for NVML trouble (a unit it cannot read is unhealthy, with the
 reason); this class adds what only the agent knows: which job holds which unit, which job a
-process belongs to (by cgroup, gpuq.agent.attribution), and what to do about it
-(gpuq.agent.gpu_watch decides; this class does the reads and the kills).
+process belongs to (by cgroup, gpuq.agent.jobs.attribution), and what to do about it
+(gpu.handover_watch decides; this class does the reads and the kills).
 
-Each read of the units also feeds every running job's telemetry (gpuq.agent.telemetry): a
+Each read of the units also feeds every running job's telemetry (gpuq.agent.gpu.job_gpu_telemetry): a
 sampler reads them every [agent] sample_interval while jobs run, and a heartbeat reuses a read
 that recent instead of reading NVML again (one that must be current, such as the one sent
 with a job's end, reads anew). Heartbeats carry each job's latest sample (job_samples), end
@@ -29,13 +29,13 @@ from collections import Counter
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 
-from gpuq.agent.attribution import JobOfProcess, pid_alive, process_name
-from gpuq.agent.gpu_watch import ProcessFacts, UnitVerdict, UnitWatch
-from gpuq.agent.gpus import HEALTH_OK, GpuBackend, GpuEvent, GpuInventory, UnitUsage
-from gpuq.agent.hub import SupervisorHub
-from gpuq.agent.isolation import DeviceNumber, choose_cpus, device_numbers, parse_cpulist
-from gpuq.agent.mps import MpsDaemons, shared_units
-from gpuq.agent.telemetry import JobTelemetry, UnitReading
+from gpuq.agent.gpu.backend import HEALTH_OK, GpuBackend, GpuEvent, GpuInventory, UnitUsage
+from gpuq.agent.gpu.handover_watch import ProcessFacts, UnitVerdict, UnitWatch
+from gpuq.agent.gpu.job_gpu_telemetry import JobTelemetry, UnitReading
+from gpuq.agent.jobs.attribution import JobOfProcess, pid_alive, process_name
+from gpuq.agent.jobs.isolation import DeviceNumber, choose_cpus, device_numbers, parse_cpulist
+from gpuq.agent.jobs.mps_daemons import MpsDaemons, shared_units
+from gpuq.agent.jobs.supervisors import SupervisorHub
 from gpuq.config import AgentSettings
 from gpuq.domain.units import format_size
 from gpuq.v1 import agent_pb2 as apb

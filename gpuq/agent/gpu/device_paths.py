@@ -20,7 +20,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from gpuq.agent import isolation
+from gpuq.agent.jobs import isolation
 
 NVIDIA_MAJOR = 195  # the driver's fixed character major for /dev/nvidiaN and nvidiactl
 

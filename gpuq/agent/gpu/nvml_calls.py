@@ -14,7 +14,7 @@ import threading
 from collections.abc import Sequence
 from typing import Any
 
-from gpuq.agent.gpu_health import describe_error, error_name
+from gpuq.agent.gpu.nvml_health import describe_error, error_name
 
 # Errors that mean the library, not a device, is in trouble: re-initialise NVML.
 LIBRARY_ERRORS = frozenset(

@@ -1,6 +1,6 @@
-"""A job's folder on the agent's node, `<state>/jobs/<id>`: the contract between the hub
-(gpuq/agent/hub.py) and the job's supervisor (gpuq/agent/native/supervisor.c, forked by the fork
-server).
+"""A job's folder on the agent's node, `<state>/jobs/<id>`: the contract between the agent
+(gpuq/agent/jobs/supervisors.py) and the job's supervisor (gpuq/agent/native/supervisor.c,
+forked by the fork server).
 
 The hub writes spec.json (a LaunchSpec) and asks the fork server for a supervisor; the supervisor
 writes the script, supervisor.pid ("<pid> <start time>"), job.pid (the job's main process, also
@@ -24,7 +24,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from gpuq.agent import proctree
+from gpuq.agent.jobs import process_tree
 
 ACK_WAIT_DEFAULT = 600.0  # seconds an ended supervisor waits for the agent's ack
 
@@ -73,7 +73,7 @@ def supervisor_alive(job_dir: Path) -> int | None:
         pid = int(pid_text)
     except (OSError, ValueError):
         return None
-    if str(proctree.start_time(pid)) != start_text or proctree.has_exited(pid):
+    if str(process_tree.start_time(pid)) != start_text or process_tree.has_exited(pid):
         return None
     return pid
 

@@ -17,15 +17,13 @@ import logging
 import math
 import threading
 import time
-from typing import TYPE_CHECKING, Any
+from collections.abc import Iterable
+from typing import Any, Protocol
 
-from gpuq.agent.gpu_health import DBE_XID, classify_xid
-from gpuq.agent.gpus import GpuEvent
-from gpuq.agent.nvml_calls import CallError, Fallback, NvmlCalls
-from gpuq.agent.nvml_inventory import text
-
-if TYPE_CHECKING:
-    from gpuq.agent.gpus_nvml import NvmlGpuBackend
+from gpuq.agent.gpu.backend import GpuEvent
+from gpuq.agent.gpu.nvml_calls import CallError, Fallback, NvmlCalls
+from gpuq.agent.gpu.nvml_health import DBE_XID, classify_xid
+from gpuq.agent.gpu.nvml_inventory import text
 
 log = logging.getLogger(__name__)
 
@@ -53,10 +51,24 @@ def instance_id(value: Any) -> int | None:
     return None if number == _NO_ID else number
 
 
+class EventSource(Protocol):
+    """What the watcher needs of its backend (gpu.nvml_backend.NvmlGpuBackend)."""
+
+    def event_targets(self) -> tuple[int, bool, Any, dict[str, Any]]:
+        """(handle generation, NVML running, its NvmlCalls, GPU uuid -> handle)."""
+        ...
+
+    def event_units(self, gpu_uuid: str, gi: int | None, ci: int | None) -> list[str]:
+        """The allocatable units an event on that GPU (or MIG instance) concerns."""
+        ...
+
+    def mark_unhealthy(self, units: Iterable[str], reason: str) -> None: ...
+
+
 class EventWatcher:
     """The event set of one backend; wait() runs on the agent's event thread."""
 
-    def __init__(self, backend: NvmlGpuBackend) -> None:
+    def __init__(self, backend: EventSource) -> None:
         self._backend = backend
         self._lock = threading.Lock()  # held while inside NVML's event calls
         self._stop = threading.Event()

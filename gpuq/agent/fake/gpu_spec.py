@@ -1,9 +1,7 @@
-"""Fake GPUs: a fake NVML library under the real NVML backend, for tests and `--fake-gpus`.
+"""What fake GPUs a `--fake-gpus` spec describes: its grammar, models, MIG layouts and UUIDs.
 
-FakeGpuBackend is the NVML backend (gpus_nvml.NvmlGpuBackend) over a FakeNvmlLibrary (nvml_fake),
-so fakes and real GPUs share every line of backend code: error handling, MIG, health, events.
-
-Spec grammar (`--fake-gpus`), case-insensitive, no spaces:
+The fake GPUs (fake.gpu_backend) are built from such a spec; the files that drive them while they
+run are fake.gpu_state's. Spec grammar (`--fake-gpus`), case-insensitive, no spaces:
 
     spec    := group ("," group)*                     at most 64 GPUs in all
     group   := COUNT ["x" MODEL] (":" option)*        COUNT 1..64; no MODEL: A100-80GB
@@ -30,65 +28,25 @@ GPU indices run over the groups in order. UUIDs are uuid5 hashes of (node, index
 MIG slices), so an agent that restarts offers the same UUIDs, and two nodes never share one. PCI
 bus ids grow with index; minor numbers equal indices.
 
-The box (NVML levels, mapped by gpus.distance_for_nvml_level): GPUs 2k and 2k+1 sit behind one
+The box (NVML levels, mapped by gpu.backend.distance_for_nvml_level; fake.nvml_library
+builds it): GPUs 2k and 2k+1 sit behind one
 two-level PCIe switch tree (PXB -> DISTANCE_PCIE_SWITCH); the switches are split between two
 CPU sockets, the first half on socket 0 (NODE -> DISTANCE_NUMA_NODE within a socket, SYSTEM ->
 DISTANCE_SYSTEM across). NVLink-capable GPUs of the same model are all connected through an
 NVSwitch, as in a DGX/HGX box (DISTANCE_NVLINK). MIG slices of one GPU are DISTANCE_SAME_BOARD.
 CPU affinity: this machine's online CPUs, in order, split in two halves, socket 0 the first
 (a one-CPU machine gives both sockets its CPU).
-
-State folder (`state_dir`, or GPUQ_FAKE_GPU_DIR), read at call time; UUID is a unit's (GPU-...
-or MIG-...); a GPU's UUID also covers its MIG slices where noted:
-
-    UUID/PID              a process using VRAM: "BYTES [compute|graphics|mps] [stuck]"; listed
-                          while PID lives (a dead PID's file is deleted), or until the file is
-                          removed when "stuck" (a context the driver has not torn down)
-    UUID/utilization      a percent (whole GPUs; MIG slices report NotSupported -> unknown),
-                          or a series "90 90 0 [every=S]": one value after the other every S
-                          seconds (default 1) from the file's last write, the last one holding
-    GPU-UUID/energy       the board's total-energy counter in millijoules; without it the
-                          counter grows from 0 at 50 W plus 3.5 W per percent of utilisation
-                          (write a smaller value to model a reset); MIG slices: NotSupported
-    nodriver              nvmlInit raises DriverNotLoaded
-    GPU-UUID/lost         every call on that GPU and its slices raises GpuIsLost
-    errors                lines "FUNCTION ERROR [UUID]": that NVML call raises NVMLError_ERROR
-                          (Unknown, GpuIsLost, NotSupported, Timeout, FunctionNotFound, ... or
-                          LibraryMismatch for NVMLLibraryMismatchError), only for calls on that
-                          unit (or GPU and its slices) when UUID is given. The memory call with
-                          a version is named nvmlDeviceGetMemoryInfo_v2.
-    UUID/xid              one XID per line; each line is delivered once by the event set (for a
-                          slice's UUID: on its GPU, with the slice's GPU/compute instance ids)
-    GPU-UUID/ecc          volatile uncorrected ECC error count
-    GPU-UUID/remap        "pending" or "failure" (nvmlDeviceGetRemappedRows)
-    GPU-UUID/fabric       an NVML error name: NVSwitch fabric registration completed with it
-    GPU-UUID/mig          a new MIG layout for that GPU (the mig= value; "off": no MIG)
-    GPU-UUID/compute_mode the compute mode nvmlDeviceSetComputeMode set (0 DEFAULT, 3
-                          EXCLUSIVE_PROCESS: MPS); write "noperm" to refuse it (NoPermission)
-    dev/, mig-minors      written by the library: when root, device nodes dev/nvidiaN
-                          (195:N) and dev/nvidia-caps/nvidia-capN (237:N) for MIG slices
 """
 
 from __future__ import annotations
 
 import math
-import os
 import re
 import uuid as uuid_module
-from collections.abc import Sequence
 from dataclasses import dataclass
-from pathlib import Path
-from typing import TYPE_CHECKING
 
-from gpuq.agent.gpus import GpuInventory
 from gpuq.errors import InvalidInput
 
-if TYPE_CHECKING:
-    from gpuq.agent.nvml_fake import FakeNvmlLibrary
-
-from gpuq.agent.gpus_nvml import NvmlGpuBackend
-
-FAKE_GPU_DIR_ENV = "GPUQ_FAKE_GPU_DIR"
 MAX_FAKE_GPUS = 64
 GIB = 1024**3
 MIB = 1024**2
@@ -114,7 +72,6 @@ _KNOWN_MODELS: dict[str, tuple[str, bool, int, bool, bool]] = {
 _GROUP_RE = re.compile(r"^(\d+)(?:x(.+))?$", re.IGNORECASE)
 _MODEL_RE = re.compile(r"^([A-Z0-9][A-Z0-9.]*(?:-[A-Z0-9.]+)*)-(\d+)GB$", re.IGNORECASE)
 _PROFILE_RE = re.compile(r"^(?:(\d)c\.)?(\d)g\.(\d+)gb$", re.IGNORECASE)
-_SAFE_UUID_RE = re.compile(r"^[A-Za-z0-9-]+$")
 _HELP = "expected e.g. 4, 8xA100-80GB, 2xH100-80GB,2xL4-24GB or 1xA100-80GB:mig=3g.40gb+3g.40gb"
 
 
@@ -164,16 +121,6 @@ def parse_fake_models(text: str) -> list[FakeGpuModel]:
     if len(gpus) > MAX_FAKE_GPUS:
         raise InvalidInput("--fake-gpus", text, f"more than {MAX_FAKE_GPUS} GPUs")
     return gpus
-
-
-def parse_fake_spec(text: str, node_name: str) -> GpuInventory:
-    """The inventory a FakeGpuBackend on node_name offers for spec text (grammar above)."""
-    parse_fake_models(text)  # the spec's own error before any backend exists
-    backend = FakeGpuBackend(text, node_name, state_dir=None, use_environment=False)
-    try:
-        return backend.inventory()
-    finally:
-        backend.close()
 
 
 def _parse_group(group: str) -> list[FakeGpuModel]:
@@ -266,114 +213,3 @@ def _parse_instance(part: str, value: str, gpu_memory: int) -> FakeGpuInstance:
 def fake_uuid(prefix: str, node_name: str, path: str) -> str:
     """An NVML-looking UUID (GPU-xxxxxxxx-xxxx-...), fixed for a node and a place in it."""
     return f"{prefix}-{uuid_module.uuid5(_FAKE_NAMESPACE, f'{node_name}/{path}')}"
-
-
-class FakeGpuBackend(NvmlGpuBackend):
-    """The NVML backend over a FakeNvmlLibrary built from a spec; files in state_dir drive it."""
-
-    def __init__(
-        self,
-        spec: str,
-        node_name: str,
-        state_dir: Path | None = None,
-        *,
-        use_environment: bool = True,
-        health_every: int = 10,
-        reinit_interval: float = 30.0,
-    ) -> None:
-        """state_dir None: the folder GPUQ_FAKE_GPU_DIR names; neither: no process uses VRAM.
-
-        The agent should hand state_dir to fake jobs (as GPUQ_FAKE_GPU_DIR) so they can claim.
-        """
-        from gpuq.agent.nvml_fake import FakeNvmlLibrary
-
-        if state_dir is None and use_environment:
-            state_dir = fake_state_dir()
-        self.state_dir = state_dir
-        self.library: FakeNvmlLibrary = FakeNvmlLibrary(
-            parse_fake_models(spec), node_name, state_dir, spec.strip()
-        )
-        super().__init__(self.library, health_every=health_every, reinit_interval=reinit_interval)
-
-
-def fake_state_dir() -> Path | None:
-    """The fake GPUs' state folder named by GPUQ_FAKE_GPU_DIR, or None when it is unset."""
-    value = os.environ.get(FAKE_GPU_DIR_ENV, "")
-    return Path(value) if value else None
-
-
-def claim_fake_vram(
-    uuid: str,
-    nbytes: int,
-    pid: int | None = None,
-    state_dir: Path | None = None,
-    *,
-    kind: str = "compute",
-    stuck: bool = False,
-) -> Path:
-    """Say that pid (default: this process) uses nbytes of VRAM on fake unit uuid; 0 releases.
-
-    What a fake job calls where a real one would allocate CUDA memory. kind: "compute",
-    "graphics" or "mps" (the NVML list it shows in); stuck: listed even after pid died, until
-    released (a straggler that will not die). The file appears whole (written aside, then
-    renamed), so the library never reads half a line. Returns the file.
-    """
-    folder = _unit_dir(uuid, state_dir)
-    owner = os.getpid() if pid is None else pid
-    if isinstance(nbytes, bool) or not isinstance(nbytes, int) or nbytes < 0:
-        raise InvalidInput("nbytes", nbytes, "must be a whole number of bytes, 0 or more")
-    if kind not in ("compute", "graphics", "mps"):
-        raise InvalidInput("kind", kind, "must be compute, graphics or mps")
-    path = folder / str(owner)
-    if nbytes == 0:
-        path.unlink(missing_ok=True)
-        return path
-    folder.mkdir(parents=True, exist_ok=True)
-    words = [str(nbytes)] + ([kind] if kind != "compute" else []) + (["stuck"] if stuck else [])
-    partial = folder / f".{owner}.{os.getpid()}.partial"
-    partial.write_text(" ".join(words) + "\n")
-    os.replace(partial, path)
-    return path
-
-
-def set_fake_utilization(
-    uuid: str,
-    percent: int | Sequence[int],
-    state_dir: Path | None = None,
-    *,
-    every: float = 1.0,
-) -> None:
-    """Set what usage() reports as fake unit uuid's utilisation (0 to 100): one value, or a
-    series whose values follow each other every `every` seconds from now, the last holding."""
-    values = [percent] if isinstance(percent, int) else list(percent)
-    if not values or any(isinstance(v, bool) or not isinstance(v, int) for v in values):
-        raise InvalidInput("percent", percent, "must be a percent or a series of percents")
-    if not every > 0:
-        raise InvalidInput("every", every, "must be more than 0 seconds")
-    text = " ".join(str(v) for v in values) + (f" every={every:g}" if len(values) > 1 else "")
-    _write_unit_file(uuid, "utilization", text, state_dir)
-
-
-def set_fake_energy(uuid: str, millijoules: int | None, state_dir: Path | None = None) -> None:
-    """Set fake GPU uuid's total-energy counter (millijoules); None: back to the simulated one."""
-    if millijoules is None:
-        (_unit_dir(uuid, state_dir) / "energy").unlink(missing_ok=True)
-        return
-    _write_unit_file(uuid, "energy", str(int(millijoules)), state_dir)
-
-
-def _write_unit_file(uuid: str, name: str, text: str, state_dir: Path | None) -> None:
-    folder = _unit_dir(uuid, state_dir)
-    folder.mkdir(parents=True, exist_ok=True)
-    partial = folder / f".{name}.{os.getpid()}.partial"
-    partial.write_text(f"{text}\n")
-    os.replace(partial, folder / name)
-
-
-def _unit_dir(uuid: str, state_dir: Path | None) -> Path:
-    base = state_dir if state_dir is not None else fake_state_dir()
-    if base is None:
-        raise InvalidInput(FAKE_GPU_DIR_ENV, "", "is not set and no state_dir was given")
-    if not _SAFE_UUID_RE.match(uuid):
-        raise InvalidInput("uuid", uuid, "expected a fake GPU or MIG UUID")
-    return base / uuid

@@ -13,7 +13,7 @@ import os
 import re
 from collections.abc import Mapping
 
-from gpuq.agent.proctree import read_proc
+from gpuq.agent.jobs.process_tree import read_proc
 
 _JOB_GROUP_RE = re.compile(r"/job_(\d+)(?:\.\d+)?/?$")
 _MAX_ANCESTRY = 64  # a parent chain longer than this is not a job's

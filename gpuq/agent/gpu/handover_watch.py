@@ -20,7 +20,7 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
-from gpuq.agent.gpus import HEALTH_DIRTY, HEALTH_OK, GpuProcess, UnitUsage
+from gpuq.agent.gpu.backend import HEALTH_DIRTY, HEALTH_OK, GpuProcess, UnitUsage
 from gpuq.domain.units import format_size
 
 Clock = Callable[[], float]

@@ -12,8 +12,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from gpuq.agent.isolation import DeviceNumber, device_rules, format_cpulist
-from gpuq.agent.mps import MpsShare, mps_environment
+from gpuq.agent.jobs.isolation import DeviceNumber, device_rules, format_cpulist
+from gpuq.agent.jobs.mps_daemons import MpsShare, mps_environment
 from gpuq.config import ALLOCATOR_NAMES
 from gpuq.domain.model import GpuUnit, JobSpec, output_paths
 from gpuq.domain.placement import Terminal
@@ -61,7 +61,7 @@ class LaunchSpec:
     attempt: int = 0  # the coordinator's start count for this start (0: unknown)
     # device rules ("c 195:1": type, major, minor; "*" for any) the job's devices cgroup
     # denies before it starts: the GPU nodes of the node's units it was not given (computed by
-    # the agent, gpuq.agent.isolation.device_rules). Empty: no rule, the job sees every device.
+    # the agent, gpuq.agent.jobs.isolation.device_rules). Empty: no rule, the job sees every device.
     # Where the machine cannot enforce them the job still runs and its result says
     # isolation "advisory: <why>".
     device_deny: tuple[str, ...] = ()
@@ -71,7 +71,7 @@ class LaunchSpec:
     mems: str | None = None
     # an interactive job's terminal ({"rows", "cols", "term", "stdin_tty", "stdout_tty"}, from
     # terminal_fields): the job runs on a pseudo-terminal that the agent relays
-    # (gpuq.agent.terminals) instead of writing output files (stdout_path is then ""). None: a
+    # (gpuq.agent.jobs.pty_relay) instead of writing output files (stdout_path is then ""). None: a
     # batch job
     terminal: dict[str, Any] | None = None
     extra: dict[str, Any] = field(default_factory=dict)
@@ -90,8 +90,8 @@ class LaunchSpec:
 @dataclass(frozen=True, slots=True)
 class Account:
     """The submitter's account on this node, from its password database (looked up at the
-    edge, gpuq.agent.hub.lookup_account): who a job runs as and what HOME, USER, LOGNAME and
-    SHELL it sees."""
+    edge, gpuq.agent.jobs.job_account.lookup_account): who a job runs as and what HOME, USER,
+    LOGNAME and SHELL it sees."""
 
     name: str
     uid: int
@@ -129,7 +129,7 @@ class NodePolicy:
     mem_enforcement: MemEnforcement = "auto"
     cgroup_parent: str | None = "gpuq"
     extra_env: Mapping[str, str] = field(default_factory=dict)  # e.g. GPUQ_FAKE_GPU_DIR
-    # each unit's device nodes as (type, major, minor), by UUID (gpuq.agent.isolation.
+    # each unit's device nodes as (type, major, minor), by UUID (gpuq.agent.jobs.isolation.
     # device_numbers): what the job's device rules deny of the units it was not given. Empty:
     # no device rules (e.g. fake GPUs, which have no device nodes)
     devices: Mapping[str, tuple[DeviceNumber, ...]] = field(default_factory=dict)
@@ -162,10 +162,10 @@ def build_launch(
     mps: MpsShare | None = None,
 ) -> LaunchSpec:
     """`cpus`, `mems`: the CPUs and memory nodes the agent chose for the job
-    (gpuq.agent.isolation.choose_cpus); empty: not bound. `account`: the submitter's (checked
+    (gpuq.agent.jobs.isolation.choose_cpus); empty: not bound. `account`: the submitter's (checked
     by launch_refusal first); it sets HOME, USER, LOGNAME and SHELL whatever the submitter
     sent, and who the job runs as when the policy switches users. `mps`: a share job's MPS
-    daemon and limits (gpuq.agent.mps), which its environment names."""
+    daemon and limits (gpuq.agent.jobs.mps_daemons), which its environment names."""
     spec = order.spec
     array = (
         (order.array_job_id, order.array_task_id)

@@ -20,7 +20,8 @@ from dataclasses import dataclass, field
 from itertools import combinations
 from typing import Any
 
-from gpuq.agent.gpu_devices import (
+from gpuq.agent.gpu.backend import distance_for_nvml_level
+from gpuq.agent.gpu.device_paths import (
     DevicePaths,
     cpus_from_affinity,
     gpu_device_node,
@@ -28,8 +29,7 @@ from gpuq.agent.gpu_devices import (
     parse_mig_minors,
     sysfs_local_cpus,
 )
-from gpuq.agent.gpus import distance_for_nvml_level
-from gpuq.agent.nvml_calls import CallError, NvmlCalls
+from gpuq.agent.gpu.nvml_calls import CallError, NvmlCalls
 from gpuq.domain.model import DISTANCE_NVLINK, GpuUnit
 
 MIB = 1024**2

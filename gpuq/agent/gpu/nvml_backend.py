@@ -1,7 +1,7 @@
 """The GPU backend: NVML through nvidia-ml-py (`pynvml`), or through an injected fake library.
 
 pynvml is imported when a backend is made, never at module import, so the agent (and the
-coordinator, and tests) import gpuq.agent.gpus on machines without a driver. The fake GPUs
+coordinator, and tests) import gpuq.agent.gpu.backend on machines without a driver. The fake GPUs
 (gpus_fake) are this backend over a FakeNvmlLibrary: one code path for both.
 
 Nothing here raises for NVML trouble (DESIGN.md: NVML errors are per unit and per call):
@@ -38,9 +38,7 @@ import time
 from collections.abc import Iterable
 from typing import Any
 
-from gpuq.agent.gpu_devices import DevicePaths
-from gpuq.agent.gpu_health import ecc_reason, fabric_reason, remap_reason
-from gpuq.agent.gpus import (
+from gpuq.agent.gpu.backend import (
     HEALTH_OK,
     HEALTH_UNHEALTHY,
     GpuEvent,
@@ -49,9 +47,11 @@ from gpuq.agent.gpus import (
     UnitUsage,
     unit_topology,
 )
-from gpuq.agent.nvml_calls import CallError, MemoryQuery, NvmlCalls, process_fallbacks
-from gpuq.agent.nvml_events import EventWatcher, handle_key
-from gpuq.agent.nvml_inventory import (
+from gpuq.agent.gpu.device_paths import DevicePaths
+from gpuq.agent.gpu.nvml_calls import CallError, MemoryQuery, NvmlCalls, process_fallbacks
+from gpuq.agent.gpu.nvml_events import EventWatcher, handle_key
+from gpuq.agent.gpu.nvml_health import ecc_reason, fabric_reason, remap_reason
+from gpuq.agent.gpu.nvml_inventory import (
     InventoryRead,
     UnitSlot,
     normalize_bus_id,

@@ -8,7 +8,7 @@ Device rules deny, they do not allow: a job loses the GPU device nodes of the un
 given and keeps everything else, like SLURM's ConstrainDevices. The NVIDIA control nodes
 (`nvidiactl`, `nvidia-uvm`, `nvidia-uvm-tools`, `nvidia-modeset`) are never in a unit's device
 list, so every job keeps them: CUDA needs them to start at all. Which nodes a unit has (its
-/dev/nvidiaN, a MIG slice's /dev/nvidia-caps nodes) is gpuq.agent.gpu_devices' business.
+/dev/nvidiaN, a MIG slice's /dev/nvidia-caps nodes) is gpuq.agent.gpu.device_paths' business.
 """
 
 from __future__ import annotations

@@ -37,9 +37,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
-from gpuq.agent import proctree
-from gpuq.agent.forkserver import ForkServer
-from gpuq.agent.jobdir import (
+from gpuq.agent.jobs import process_tree
+from gpuq.agent.jobs.fork_server import ForkServer
+from gpuq.agent.jobs.job_folder import (
     ACK_WAIT_DEFAULT,
     JOB_PID_FILE,
     RESULT_FILE,
@@ -51,8 +51,8 @@ from gpuq.agent.jobdir import (
     supervisor_alive,
     write_json_atomic,
 )
-from gpuq.agent.launch import Account, LaunchSpec
-from gpuq.agent.terminals import PtyEvent, Terminals
+from gpuq.agent.jobs.launch_spec import Account, LaunchSpec
+from gpuq.agent.jobs.pty_relay import PtyEvent, Terminals
 
 log = logging.getLogger(__name__)
 LIVENESS_CHECK = 1.0  # seconds between checks on a supervisor that is not connected
@@ -832,11 +832,11 @@ def _processes_of_job(
 ) -> set[int]:
     """The job's live processes: by its process group, marker and first cgroup (which holds
     the whole job), plus any member of its other groups (a process that joined only one)."""
-    pids = proctree.processes_of_job(pgid, cgroups[0] if cgroups else None, marker)
+    pids = process_tree.processes_of_job(pgid, cgroups[0] if cgroups else None, marker)
     for cgroup in cgroups[1:]:
         with contextlib.suppress(OSError, ValueError):
-            members = proctree.read_proc(f"{cgroup}/cgroup.procs").split()
-            pids.update(pid for pid in map(int, members) if not proctree.has_exited(pid))
+            members = process_tree.read_proc(f"{cgroup}/cgroup.procs").split()
+            pids.update(pid for pid in map(int, members) if not process_tree.has_exited(pid))
     pids.discard(os.getpid())
     return pids
 
@@ -861,5 +861,5 @@ def _remove_cgroup(path: str) -> None:
 def _group_is_the_jobs(pgid: int, start: int) -> bool:
     """The recorded group still names the job's: its leader is the job's main process, or it
     is gone (the number stays taken while any member of its group lives)."""
-    now = proctree.start_time(pgid)
+    now = process_tree.start_time(pgid)
     return now is None or now == start

@@ -1,28 +1,26 @@
-"""GPU discovery for the agent: what a node offers, and how busy it is right now.
+"""What a node's GPUs are to the agent: the backend Protocol and the facts it reports.
 
 An agent registers a GpuInventory (the allocatable units and how far apart they are) and sends
 UnitUsage in its heartbeats. One backend produces them behind one Protocol:
 
-- gpus_nvml.NvmlGpuBackend talks to the NVIDIA driver through nvidia-ml-py (`pynvml`);
-- gpus_fake.FakeGpuBackend is that same backend over a fake NVML library (nvml_fake), built from
-  a spec such as `2xH100-80GB,2xL4-24GB` and driven by fault files, so that tests and `gpuq
-  serve` run the whole system. Fakes only when asked for (`--fake-gpus`): never as a fallback.
+- gpu.nvml_backend.NvmlGpuBackend talks to the NVIDIA driver through nvidia-ml-py (`pynvml`);
+- fake.gpu_backend.FakeGpuBackend is that same backend over a fake NVML library
+  (fake.nvml_library), built from a spec such as `2xH100-80GB,2xL4-24GB` and driven by fault
+  files, so that tests and `gpuq serve` run the whole system. Fakes only when asked for
+  (`--fake-gpus`): never as a fallback. gpu.choose_backend picks one.
 
 An allocatable unit is a whole GPU, or, when a GPU is in MIG mode, each of its MIG slices instead
 of the GPU: CUDA cannot run work on a MIG-mode GPU except inside a slice, so offering both would
 let two jobs believe they own the same silicon.
 
-This module holds what both backends share and `select_backend`, which picks one. The backends
-import this module, so it imports them lazily (inside select_backend and `__getattr__`) to keep
-the import graph free of cycles; `from gpuq.agent.gpus import FakeGpuBackend` still works.
+This module holds what both backends share; it imports neither of them.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
-from typing import TYPE_CHECKING, Literal, Protocol
+from typing import Literal, Protocol
 
 from gpuq.domain.model import (
     DISTANCE_HOST_BRIDGE,
@@ -32,30 +30,6 @@ from gpuq.domain.model import (
     DISTANCE_SYSTEM,
     GpuUnit,
 )
-
-if TYPE_CHECKING:
-    from gpuq.agent.gpus_fake import FakeGpuBackend as FakeGpuBackend
-    from gpuq.agent.gpus_fake import claim_fake_vram as claim_fake_vram
-    from gpuq.agent.gpus_fake import fake_state_dir as fake_state_dir
-    from gpuq.agent.gpus_fake import parse_fake_spec as parse_fake_spec
-    from gpuq.agent.gpus_fake import set_fake_utilization as set_fake_utilization
-    from gpuq.agent.gpus_nvml import NvmlGpuBackend as NvmlGpuBackend
-
-__all__ = [
-    "FakeGpuBackend",
-    "GpuBackend",
-    "GpuInventory",
-    "NvmlGpuBackend",
-    "Topology",
-    "UnitUsage",
-    "claim_fake_vram",
-    "distance_for_nvml_level",
-    "fake_state_dir",
-    "parse_fake_spec",
-    "select_backend",
-    "set_fake_utilization",
-    "unit_topology",
-]
 
 Topology = tuple[tuple[str, str, int], ...]  # (uuid a, uuid b, distance), a < b, one per pair
 
@@ -68,16 +42,6 @@ _NVML_LEVEL_DISTANCE: dict[int, int] = {
     30: DISTANCE_HOST_BRIDGE,  # NVML_TOPOLOGY_HOSTBRIDGE (PHB)
     40: DISTANCE_NUMA_NODE,  # NVML_TOPOLOGY_NODE: same CPU socket / NUMA node
     50: DISTANCE_SYSTEM,  # NVML_TOPOLOGY_SYSTEM: across sockets (SMP interconnect)
-}
-
-_EXPORTS = {
-    "FakeGpuBackend": "gpuq.agent.gpus_fake",
-    "claim_fake_vram": "gpuq.agent.gpus_fake",
-    "fake_state_dir": "gpuq.agent.gpus_fake",
-    "parse_fake_spec": "gpuq.agent.gpus_fake",
-    "NvmlGpuBackend": "gpuq.agent.gpus_nvml",
-    "set_fake_utilization": "gpuq.agent.gpus_fake",
-    "FAKE_GPU_DIR_ENV": "gpuq.agent.gpus_fake",
 }
 
 
@@ -206,33 +170,3 @@ def unit_topology(
                 distance = gpu_distance.get(pair, DISTANCE_SYSTEM)
             links.append((first.uuid, second.uuid, distance))
     return tuple(links)
-
-
-def select_backend(
-    fake_spec: str | None, node_name: str, *, state_dir: Path | None = None
-) -> tuple[GpuBackend, str | None]:
-    """The backend an agent should use, and a warning to show the admin (or None).
-
-    With fake_spec the admin asked for fakes (`--fake-gpus`, `gpuq serve`): fake GPUs in
-    state_dir, no warning. Otherwise always NVML, never fakes: where NVML cannot be used (no
-    driver, library not found, driver not loaded, any init failure) the backend has no units,
-    its inventory().problem says why, and that text is the warning. The node then runs CPU jobs
-    only; the backend tries NVML again on refresh() (a driver loaded later brings its GPUs).
-    """
-    from gpuq.agent.gpus_fake import FakeGpuBackend
-    from gpuq.agent.gpus_nvml import NvmlGpuBackend
-
-    if fake_spec is not None:
-        return FakeGpuBackend(fake_spec, node_name, state_dir=state_dir), None
-    backend = NvmlGpuBackend()
-    return backend, backend.inventory().problem or None
-
-
-def __getattr__(name: str) -> object:
-    """Re-export the backends lazily (PEP 562): they import this module, not it them."""
-    module_name = _EXPORTS.get(name)
-    if module_name is None:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    import importlib
-
-    return getattr(importlib.import_module(module_name), name)

@@ -1,7 +1,9 @@
 """A fake MPS control daemon for fake GPUs, with the real one's contract (nvidia-cuda-mps-control).
 
-    python -m gpuq.agent.mps_fake -f     the daemon, in the foreground (as `-f` of the real one)
-    echo quit | python -m gpuq.agent.mps_fake     a client: each stdin line goes to the daemon
+    python -m gpuq.agent.fake.mps_daemon -f
+        the daemon, in the foreground (as `-f` of the real one)
+    echo quit | python -m gpuq.agent.fake.mps_daemon
+        a client: each stdin line goes to the daemon
 
 Both read CUDA_MPS_PIPE_DIRECTORY and CUDA_MPS_LOG_DIRECTORY (the defaults are the real ones'
 node-wide /tmp/nvidia-mps and /var/log/nvidia-mps; gpuq always sets both) and
