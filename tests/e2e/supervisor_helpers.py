@@ -18,7 +18,8 @@ from typing import Any
 
 from gpuq.agent.jobs import process_tree
 from gpuq.agent.jobs.launch_spec import LaunchSpec
-from gpuq.agent.jobs.supervisors import SupervisorHub, SupervisorReport
+from gpuq.agent.jobs.supervisor_reports import SupervisorReport
+from gpuq.agent.jobs.supervisors import Supervisors
 
 PY = sys.executable
 TEST_ACK_WAIT = 20.0  # supervisors of a failed test do not linger for 10 minutes
@@ -98,10 +99,10 @@ class Reports:
 
 
 @contextlib.asynccontextmanager
-async def running_hub(state: Path, **options: Any) -> AsyncIterator[tuple[SupervisorHub, Reports]]:
+async def running_hub(state: Path, **options: Any) -> AsyncIterator[tuple[Supervisors, Reports]]:
     reports = Reports()
     options.setdefault("ack_wait", TEST_ACK_WAIT)
-    hub = SupervisorHub(state, reports, **options)
+    hub = Supervisors(state, reports, **options)
     await hub.start()
     try:
         yield hub, reports

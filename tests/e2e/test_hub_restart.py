@@ -21,13 +21,13 @@ pytestmark = pytest.mark.timeout(60)
 HUB_OWNER = """
 import asyncio, json, sys
 from pathlib import Path
-from gpuq.agent.jobs.supervisors import SupervisorHub
+from gpuq.agent.jobs.supervisors import Supervisors
 from gpuq.agent.jobs.launch_spec import LaunchSpec
 
 async def main():
-    hub = SupervisorHub(Path(sys.argv[1]), lambda r: print(r.kind, flush=True), ack_wait=20)
+    hub = Supervisors(Path(sys.argv[1]), lambda r: print(r.kind, flush=True), ack_wait=20)
     await hub.start()
-    print("forkserver", hub.fork_server.process.pid, flush=True)
+    print("forkserver", hub.forks.fork_server.process.pid, flush=True)
     await hub.launch(LaunchSpec.from_dict(json.loads(sys.argv[2])))
     await asyncio.sleep(3600)
 

@@ -20,7 +20,7 @@ import pytest
 from supervisor_helpers import Reports, cleanup, make_spec, running_hub
 
 from gpuq.agent.jobs.isolation import device_numbers, device_rules
-from gpuq.agent.jobs.supervisors import SupervisorReport
+from gpuq.agent.jobs.supervisor_reports import SupervisorReport
 
 pytestmark = pytest.mark.timeout(60)
 

@@ -25,7 +25,8 @@ from supervisor_helpers import PY, alive, await_until, cleanup, make_spec, read_
 
 from gpuq.agent.jobs.launch_spec import LaunchSpec
 from gpuq.agent.jobs.pty_relay import PTY_SOCKET, PtyEvent, fetch_master
-from gpuq.agent.jobs.supervisors import SupervisorHub, SupervisorReport
+from gpuq.agent.jobs.supervisor_reports import SupervisorReport
+from gpuq.agent.jobs.supervisors import Supervisors
 
 pytestmark = pytest.mark.timeout(60)
 TIOCGPTN = 0x80045430  # the pty's number, asked of its master
@@ -104,9 +105,9 @@ class Timeline:
 
 
 @contextlib.asynccontextmanager
-async def relaying_hub(state: Path) -> AsyncIterator[tuple[SupervisorHub, Timeline]]:
+async def relaying_hub(state: Path) -> AsyncIterator[tuple[Supervisors, Timeline]]:
     timeline = Timeline()
-    hub = SupervisorHub(state, timeline.report, ack_wait=20.0, on_pty=timeline.pty)
+    hub = Supervisors(state, timeline.report, ack_wait=20.0, on_pty=timeline.pty)
     await hub.start()
     try:
         yield hub, timeline

@@ -130,7 +130,7 @@ def test_an_environment_variable_does_not_make_a_process_a_jobs() -> None:
 
 
 def test_the_node_claims_the_device_cgroup_its_supervisors_will_use() -> None:
-    from gpuq.agent.gpu.node_gpus import device_cgroup_kind
+    from gpuq.agent.jobs.isolation import device_cgroup_kind
 
     hybrid = (
         "cgroup /sys/fs/cgroup/devices cgroup rw,relatime,devices 0 0\n"

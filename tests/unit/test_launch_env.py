@@ -5,14 +5,13 @@ from __future__ import annotations
 
 import pytest
 
+from gpuq.agent.jobs.job_account import Account, launch_refusal
 from gpuq.agent.jobs.launch_spec import (
-    Account,
     LaunchOrder,
     LaunchSpec,
     NodePolicy,
     build_launch,
     cgroup_key,
-    launch_refusal,
 )
 from gpuq.config import DEFAULT_JOB_ENV, _job_env
 from gpuq.domain.model import GpuUnit, JobSpec

@@ -139,3 +139,24 @@ def choose_cpus(
         )
         chosen += rest[: count - len(chosen)]
     return tuple(sorted(chosen))
+
+
+def device_cgroup_kind(mounts: str, prefer: str | None = None) -> str:
+    """How the supervisor will enforce device rules on this machine, chosen as it chooses
+    (gpuq/agent/native/proc.c): the v1 devices controller, else a v2 device program; on a
+    machine with both, GPUQ_DEVICE_CGROUP=v2 picks the program."""
+    prefer = os.environ.get("GPUQ_DEVICE_CGROUP") if prefer is None else prefer
+    v1 = v2 = False
+    for line in mounts.splitlines():
+        fields = line.split()
+        if len(fields) < 4:
+            continue
+        if fields[2] == "cgroup2":
+            v2 = True
+        elif fields[2] == "cgroup" and "devices" in fields[3].split(","):
+            v1 = True
+    if v1 and not (v2 and prefer == "v2"):
+        return "devices cgroup v1"
+    if v2:
+        return "cgroup v2 device program"
+    return "advisory: no devices cgroup on this machine (neither v1 devices nor cgroup2)"

@@ -13,7 +13,8 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from gpuq.agent.jobs.isolation import DeviceNumber, device_rules, format_cpulist
-from gpuq.agent.jobs.mps_daemons import MpsShare, mps_environment
+from gpuq.agent.jobs.job_account import Account
+from gpuq.agent.jobs.mps_share import MpsShare, mps_environment
 from gpuq.config import ALLOCATOR_NAMES
 from gpuq.domain.model import GpuUnit, JobSpec, output_paths
 from gpuq.domain.placement import Terminal
@@ -71,33 +72,40 @@ class LaunchSpec:
     mems: str | None = None
     # an interactive job's terminal ({"rows", "cols", "term", "stdin_tty", "stdout_tty"}, from
     # terminal_fields): the job runs on a pseudo-terminal that the agent relays
-    # (gpuq.agent.jobs.pty_relay) instead of writing output files (stdout_path is then ""). None: a
-    # batch job
+    # (gpuq.agent.jobs.pty_relay) instead of writing output files (stdout_path is then "").
+    # None: a batch job
     terminal: dict[str, Any] | None = None
-    extra: dict[str, Any] = field(default_factory=dict)
+    # what only the agent reads back, for a job it adopts after a restart (the supervisor
+    # ignores them): the units the job was given, and a share job's VRAM limit in bytes
+    # (None: not a share job). spec.json keeps them under "extra" (EXTRA_FIELDS), as every
+    # agent version has written them.
+    gpus: tuple[str, ...] = ()
+    share_mem: int | None = None
 
     def to_dict(self) -> dict[str, Any]:
-        return {name: getattr(self, name) for name in self.__slots__}
+        """spec.json's object: the supervisor's fields, and the agent's own under "extra"."""
+        data = {name: getattr(self, name) for name in self.__slots__ if name not in EXTRA_FIELDS}
+        extra: dict[str, Any] = {"gpus": list(self.gpus)}
+        if self.share_mem is not None:
+            extra["share_mem"] = self.share_mem
+        data["extra"] = extra
+        return data
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> LaunchSpec:
+        """A spec from spec.json's object (to_dict's, or an earlier agent's: the same)."""
         values = dict(data)
+        extra = values.pop("extra", None) or {}
         values["args"] = tuple(values.get("args", ()))
         values["device_deny"] = tuple(values.get("device_deny", ()))
+        values["gpus"] = tuple(str(unit) for unit in extra.get("gpus") or ())
+        share_mem = extra.get("share_mem")
+        values["share_mem"] = share_mem if isinstance(share_mem, int) and share_mem > 0 else None
         return cls(**values)
 
 
-@dataclass(frozen=True, slots=True)
-class Account:
-    """The submitter's account on this node, from its password database (looked up at the
-    edge, gpuq.agent.jobs.job_account.lookup_account): who a job runs as and what HOME, USER,
-    LOGNAME and SHELL it sees."""
-
-    name: str
-    uid: int
-    gid: int  # the primary group
-    home: str
-    shell: str
+# the LaunchSpec fields spec.json holds in its "extra" object
+EXTRA_FIELDS = ("gpus", "share_mem")
 
 
 @dataclass(frozen=True, slots=True)
@@ -162,10 +170,11 @@ def build_launch(
     mps: MpsShare | None = None,
 ) -> LaunchSpec:
     """`cpus`, `mems`: the CPUs and memory nodes the agent chose for the job
-    (gpuq.agent.jobs.isolation.choose_cpus); empty: not bound. `account`: the submitter's (checked
-    by launch_refusal first); it sets HOME, USER, LOGNAME and SHELL whatever the submitter
-    sent, and who the job runs as when the policy switches users. `mps`: a share job's MPS
-    daemon and limits (gpuq.agent.jobs.mps_daemons), which its environment names."""
+    (gpuq.agent.jobs.isolation.choose_cpus); empty: not bound. `account`: the submitter's
+    (checked by launch_refusal first); it sets HOME, USER, LOGNAME and SHELL whatever the
+    submitter sent, and who the job runs as when the policy switches users. `mps`: a share
+    job's MPS daemon and limits (gpuq.agent.jobs.mps_daemons), which its environment names;
+    the spec keeps its VRAM limit, and the job's units, for an agent that adopts the job."""
     spec = order.spec
     array = (
         (order.array_job_id, order.array_task_id)
@@ -203,6 +212,8 @@ def build_launch(
         cpuset=format_cpulist(cpus) or None,
         mems=format_cpulist(mems) or None,
         terminal=terminal_fields(spec.terminal),
+        gpus=order.gpus,
+        share_mem=mps.mem_limit if mps is not None else None,
     )
 
 
@@ -292,43 +303,6 @@ def visible_devices(gpus: tuple[str, ...], policy: NodePolicy) -> str:
     if policy.visible_devices == "index" and not any(u.parent_uuid for u in units):
         return ",".join(str(u.index) for u in units)
     return ",".join(u.uuid for u in units)
-
-
-ROOT_JOBS_SETTING = "[agent] allow_root_jobs"
-
-
-def launch_refusal(
-    user: str,
-    account: Account | None,
-    *,
-    node: str,
-    agent_uid: int,
-    allow_root_jobs: bool,
-    coordinator_owner: int | None = None,
-) -> str | None:
-    """Why this node must not run a job of `user` (None: it may), one line.
-
-    `account`: the user's passwd entry here (None: none). `agent_uid`: the agent's euid; one
-    that is not root cannot switch users and runs only its own. `coordinator_owner`: the uid
-    owning the coordinator's Unix socket, where that is how the agent reaches it; a root agent
-    serving a user's private coordinator runs only that user's jobs (never root's)."""
-    if account is None:
-        return f"user {user!r} has no account on node {node}"
-    if agent_uid != 0 and account.uid != agent_uid:
-        return (
-            f"the agent on node {node} runs as uid {agent_uid} and cannot run jobs of user "
-            f"{account.name} (uid {account.uid}): only root switches users"
-        )
-    if coordinator_owner == -1:
-        return f"node {node} cannot tell who owns the coordinator's socket: it runs no job"
-    if coordinator_owner is not None and coordinator_owner not in (0, account.uid):
-        return (
-            f"node {node} serves the private coordinator of uid {coordinator_owner}: it runs "
-            f"only that user's jobs, not those of {account.name} (uid {account.uid})"
-        )
-    if account.uid == 0 and agent_uid == 0 and not allow_root_jobs:
-        return f"node {node} does not run jobs as root ({ROOT_JOBS_SETTING} is false)"
-    return None
 
 
 def cgroup_key(run_dir: str, node: str) -> str:

@@ -1,8 +1,7 @@
 """Opt-in GPU sharing through MPS: one private MPS control daemon per shared GPU in use.
 
-An admin shares GPUs with `[agent] shared_gpus` ("all", or indices and UUIDs; whole GPUs only,
-a MIG slice is never shared). A share job (`--gpu-share PCT --gpu-mem SIZE`) gets one such GPU;
-when the first share job starts on it the agent starts an MPS control daemon for that GPU alone
+A share job gets one GPU that the admin shares (gpuq.agent.jobs.mps_share); when the first
+share job starts on it the agent starts an MPS control daemon for that GPU alone
 (CUDA_VISIBLE_DEVICES = its UUID) with a private pipe and log folder,
 `<run_dir>/mps/<id>/{pipe,log}` (never the node-wide /tmp/nvidia-mps), and sets the GPU's
 compute mode to EXCLUSIVE_PROCESS where NVML permits (a failure is logged, not fatal: MPS works
@@ -10,7 +9,7 @@ without it); when the last share job on the GPU ends the daemon is told `quit` (
 it stays) and the compute mode goes back to DEFAULT. An MPS server serves one Unix user at a
 time: the pipe and log folders belong to the user the daemon was started for (0700; root reaches
 them anyway), and a share job of another user is refused while it runs (the scheduler never
-sends one). The job's environment names the folders and its limits (mps_environment).
+sends one). The job's environment names the folders and its limits (mps_share).
 
 The daemon is started with a plain subprocess from the agent (no preexec_fn, no user=: DESIGN.md,
 a process serving gRPC must not run Python between fork and exec), in a session of its own and
@@ -22,8 +21,8 @@ the pipe folder, a log, `quit` from a client on stdin).
 Like jobs, a daemon outlives an agent that stops while share jobs use it: its folder's
 daemon.pid lets the next agent take it over (recover), and stop it after the last of them.
 
-A daemon the admin left running outside gpuq (node_wide_mps) would capture every CUDA job on
-the node: the agent reports the node misconfigured (it takes no work) until it is gone.
+A daemon the admin left running outside gpuq would capture every CUDA job on the node: the
+agent reports the node misconfigured (it takes no work) until it is gone (mps_node_scan).
 """
 
 from __future__ import annotations
@@ -37,11 +36,11 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from gpuq.domain.model import GpuUnit
+from gpuq.agent.jobs.mps_share import MpsShare
 
 log = logging.getLogger(__name__)
 
@@ -49,13 +48,8 @@ REAL_COMMAND = ("nvidia-cuda-mps-control",)
 FAKE_COMMAND = (sys.executable, "-m", "gpuq.agent.fake.mps_daemon")
 START_WAIT = 10.0  # seconds a new daemon has to make its control socket
 QUIT_WAIT = 5.0  # seconds a daemon told `quit` has to exit before SIGKILL
-# /proc/<pid>/comm is cut at 15 characters: nvidia-cuda-mps-control and nvidia-cuda-mps-server
-# both read "nvidia-cuda-mps"
-MPS_COMM = "nvidia-cuda-mps"
-DEFAULT_PIPE_DIR = Path("/tmp/nvidia-mps")
 COMPUTE_MODE_DEFAULT = 0
 COMPUTE_MODE_EXCLUSIVE_PROCESS = 3
-MIB = 1024 * 1024
 PID_FILE = "daemon.pid"  # in a GPU's folder: "PID UID GPU-UUID STARTTIME" of its daemon
 
 SetComputeMode = Callable[[str, int], None]  # (GPU uuid, NVML compute mode); raises on failure
@@ -63,49 +57,6 @@ SetComputeMode = Callable[[str, int], None]  # (GPU uuid, NVML compute mode); ra
 
 class MpsError(Exception):
     """A share job cannot start here (a daemon would not start, or serves another user)."""
-
-
-@dataclass(frozen=True, slots=True)
-class MpsShare:
-    """What a share job's environment says: its daemon's folders and its limits."""
-
-    pipe_dir: str
-    log_dir: str
-    percent: int  # CUDA_MPS_ACTIVE_THREAD_PERCENTAGE
-    mem_limit: int  # bytes of VRAM (CUDA_MPS_PINNED_DEVICE_MEM_LIMIT, in MiB)
-
-
-def mps_environment(share: MpsShare) -> dict[str, str]:
-    """The contract variables of a share job (it sees one GPU: device ordinal 0)."""
-    mib = max(1, share.mem_limit // MIB)
-    return {
-        "CUDA_MPS_PIPE_DIRECTORY": share.pipe_dir,
-        "CUDA_MPS_LOG_DIRECTORY": share.log_dir,
-        "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE": str(share.percent),
-        "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT": f"0={mib}M",
-    }
-
-
-def shared_units(units: Iterable[GpuUnit], setting: str) -> tuple[frozenset[str], list[str]]:
-    """The UUIDs of the units `[agent] shared_gpus` names ("all", or indices and UUIDs,
-    comma-separated), whole GPUs only; and the entries that name no whole GPU here."""
-    whole = [u for u in units if not (u.parent_uuid or u.mig_profile)]
-    text = setting.strip()
-    if not text:
-        return frozenset(), []
-    if text.lower() == "all":
-        return frozenset(u.uuid for u in whole), []
-    chosen: set[str] = set()
-    unknown: list[str] = []
-    for entry in (e.strip() for e in text.split(",")):
-        if not entry:
-            continue
-        found = [u for u in whole if u.uuid.lower() == entry.lower() or str(u.index) == entry]
-        if found:
-            chosen.update(u.uuid for u in found)
-        else:
-            unknown.append(entry)
-    return frozenset(chosen), unknown
 
 
 def folder_name(uuid: str) -> str:
@@ -390,56 +341,6 @@ class MpsDaemons:
             self.set_compute_mode(uuid, mode)
         except Exception as error:  # not permitted (not root, a vGPU): MPS works without it
             log.warning("cannot set GPU %s's compute mode to %d: %s", uuid, mode, error)
-
-
-# ---- a node-wide daemon -----------------------------------------------------------------------
-
-
-def node_wide_mps(
-    is_ours: Callable[[int], bool],
-    *,
-    proc: Path = Path("/proc"),
-    default_pipe: Path = DEFAULT_PIPE_DIR,
-) -> str | None:
-    """Why the node is misconfigured by an MPS daemon gpuq did not start (None: none runs):
-    a process whose comm is nvidia-cuda-mps(-control/-server) that is not ours, or the
-    node-wide default pipe's control socket."""
-    try:
-        entries = list(os.scandir(proc))
-    except OSError:
-        entries = []
-    for entry in entries:
-        if not entry.name.isdigit():
-            continue
-        try:
-            comm = Path(entry.path, "comm").read_bytes().decode(errors="replace").strip()
-        except OSError:
-            continue
-        if not comm.startswith(MPS_COMM):
-            continue
-        pid = int(entry.name)
-        if is_ours(pid):
-            continue
-        name = _program(pid, proc) or comm
-        return (
-            f"misconfigured: a node-wide MPS daemon runs ({name}, pid {pid}): it would capture "
-            "every CUDA job; stop it (echo quit | nvidia-cuda-mps-control)"
-        )
-    control = default_pipe / "control"
-    if control.exists():
-        return (
-            f"misconfigured: a node-wide MPS daemon's {control} exists: it would capture every "
-            "CUDA job; stop the daemon (echo quit | nvidia-cuda-mps-control) or remove it"
-        )
-    return None
-
-
-def _program(pid: int, proc: Path = Path("/proc")) -> str:
-    try:
-        argv0 = (proc / str(pid) / "cmdline").read_bytes().split(b"\0", 1)[0]
-    except OSError:
-        return ""
-    return os.path.basename(argv0.decode(errors="replace"))
 
 
 def _parent(pid: int) -> int | None:

@@ -1,23 +1,15 @@
 """The agent's side of job supervision: launch through the fork server, listen to supervisors.
 
-Supervisors outlive the agent, so the hub holds no state that matters: every job's truth is its
-folder (`<state>/jobs/<id>`) and its supervisor. A new hub finds live supervisors when they
+Supervisors outlive the agent, so this holds no state that matters: every job's truth is its
+folder (`<state>/jobs/<id>`) and its supervisor. A new agent finds live supervisors when they
 reconnect to `<state>/agent.sock`, and reports the results that ended jobs left in result.json.
 An ended report is repeated until `ack()` (the coordinator recorded the end durably); only then
 does the folder go. Reports reach `on_report` in the order each supervisor sent them.
 
-Nothing a job started outlives it: when a supervisor dies without a result (even by SIGKILL),
-the hub stops the job's process group and cgroup (recorded in the folder's job.pid) itself and
-only then reports the end. The hub also heals its fork server: one that dies is restarted with
-backoff; while none runs, a launch raises LaunchRefused (the job did not start).
-
-`not_accepting()` says why the node should be given no work: no fork server runs and a restart
-failed, or LAUNCH_FAILURES_DRAIN launches in a row were refused (for DRAIN_RETRY seconds after
-the last, then it is tried again). `on_health` is called when that may have changed.
-
-Test hook: when the environment variable GPUQ_TEST_FORK_SERVER_BLOCK names a file that exists,
-restarting the fork server fails (as it would if it could not be started); removing the file
-lets the next attempt succeed. It is read only when a restart is attempted.
+Nothing a job started outlives it: a job whose supervisor died without a result is stopped
+here, and only then reported ended (gpuq.agent.jobs.orphan_reaper). The fork server that forks
+supervisors is kept alive by gpuq.agent.jobs.fork_server_link, which also says whether this
+node can start jobs at all (`forks.not_accepting()`).
 """
 
 from __future__ import annotations
@@ -27,21 +19,15 @@ import contextlib
 import json
 import logging
 import os
-import pwd
-import signal
-import stat
 import time
-from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Literal
 
-from gpuq.agent.jobs import process_tree
 from gpuq.agent.jobs.fork_server import ForkServer
+from gpuq.agent.jobs.fork_server_link import ForkServerLink, LaunchRefused
 from gpuq.agent.jobs.job_folder import (
     ACK_WAIT_DEFAULT,
-    JOB_PID_FILE,
     RESULT_FILE,
     SOCKET_NAME,
     SPEC_FILE,
@@ -49,103 +35,19 @@ from gpuq.agent.jobs.job_folder import (
     read_json_durable,
     remove_job_dir,
     supervisor_alive,
-    write_json_atomic,
 )
-from gpuq.agent.jobs.launch_spec import Account, LaunchSpec
+from gpuq.agent.jobs.json_lines import JsonLinesProtocol
+from gpuq.agent.jobs.launch_spec import LaunchSpec
+from gpuq.agent.jobs.orphan_reaper import orphan_result
 from gpuq.agent.jobs.pty_relay import PtyEvent, Terminals
+from gpuq.agent.jobs.supervisor_reports import ReportKind, SupervisorReport
+from gpuq.domain.states import JobState
 
 log = logging.getLogger(__name__)
 LIVENESS_CHECK = 1.0  # seconds between checks on a supervisor that is not connected
-ORPHAN_POLL = 0.05  # seconds between looks at a dead supervisor's job while stopping it
-ORPHAN_GIVE_UP = 10.0  # seconds after SIGKILL to stop waiting for a job's processes to go
-RESTART_DELAYS = (0.0, 0.2, 0.5, 1.0, 2.0)  # backoff between fork server restarts, then 5 s
-RESTART_DELAY_MAX = 5.0
-EXITS_KEPT = 1000  # abnormal supervisor exits remembered, newest
-EXIT_WAIT = 0.5  # seconds to wait for the fork server's word on how a supervisor died
-LAUNCH_WAIT = 2.0  # seconds a launch waits for a fork server that is being restarted
 # seconds a launch waits for an earlier start of the same job to leave its folder (its
 # supervisor removes it when told its end is recorded, perhaps just before this start came)
 EARLIER_START_WAIT = 5.0
-LAUNCH_FAILURES_DRAIN = 3  # launches refused in a row after which the node takes no work
-DRAIN_RETRY = 30.0  # seconds after the last of them until the node takes work again, to try
-TEST_BLOCK_ENV = "GPUQ_TEST_FORK_SERVER_BLOCK"  # see the module's docstring
-
-
-class LaunchRefused(Exception):
-    """The job was not started (no supervisor runs for it): it may go back to the queue."""
-
-
-def lookup_account(user: str) -> Account | None:
-    """`user`'s entry in this node's password database (None: no such account)."""
-    if not user or "\0" in user:
-        return None
-    try:
-        entry = pwd.getpwnam(user)
-    except (KeyError, ValueError, OSError):
-        return None
-    return Account(entry.pw_name, entry.pw_uid, entry.pw_gid, entry.pw_dir, entry.pw_shell)
-
-
-def coordinator_socket_owner(addresses: list[str]) -> int | None:
-    """The uid owning the coordinator's Unix socket when one of `addresses` is `unix:PATH`
-    and a user other than root owns it (a user's private coordinator), else None. A socket
-    that cannot be looked at counts as owned by nobody trusted (-1: no job runs)."""
-    owners = set()
-    for address in addresses:
-        if not address.startswith("unix:"):
-            continue
-        path = address[len("unix:") :].removeprefix("//")
-        try:
-            info = os.stat(path)
-        except OSError:
-            owners.add(-1)
-            continue
-        if info.st_uid != 0 or not stat.S_ISSOCK(info.st_mode):
-            owners.add(info.st_uid if stat.S_ISSOCK(info.st_mode) else -1)
-    if not owners:
-        return None
-    return owners.pop() if len(owners) == 1 else -1
-
-
-@dataclass(frozen=True, slots=True)
-class SupervisorReport:
-    """What a supervisor said about its job: it runs, or it ended (with the result)."""
-
-    job_id: int
-    # not_started: the agent's own, for a launch it handed back (no supervisor ran it)
-    kind: Literal["running", "ended", "not_started"]
-    end_state: str | None  # a JobState value for "ended", None for "running"
-    exit_code: int | None = None
-    signal: int | None = None
-    reason: str = ""
-    at: float = 0.0  # started_at for "running", ended_at for "ended"
-    peak_mem: int = 0
-    leftovers_killed: int = 0
-    attempt: int = 0  # which start of the job (the launch spec's attempt; 0: unknown)
-
-    @classmethod
-    def ended(cls, result: Message, attempt: int = 0) -> SupervisorReport:
-        return cls(
-            attempt=attempt,
-            job_id=int(result["job_id"]),
-            kind="ended",
-            end_state=str(result["end_state"]),
-            exit_code=result.get("exit_code"),
-            signal=result.get("signal"),
-            reason=_with_isolation(str(result.get("reason", "")), result.get("isolation")),
-            at=float(result.get("ended_at") or time.time()),
-            peak_mem=int(result.get("peak_mem") or 0),
-            leftovers_killed=int(result.get("leftovers_killed") or 0),
-        )
-
-
-def _with_isolation(reason: str, isolation: object) -> str:
-    """The end reason, with the isolation the job had when it was not enforced (its device
-    rules could not be applied): a job's record never hides that."""
-    if not isinstance(isolation, str) or not isolation.startswith("advisory"):
-        return reason
-    note = f"GPU isolation {isolation}"
-    return f"{reason}; {note}" if reason else note
 
 
 @dataclass(slots=True)
@@ -163,100 +65,26 @@ class _Job:
     ending: bool = False  # its end is being reported (after its terminal's last output)
 
 
-class _LineProtocol(asyncio.Protocol):
-    """Newline-delimited JSON over a stream transport."""
-
-    def __init__(self) -> None:
-        self.transport: asyncio.Transport | None = None
-        self.pending = b""
-
-    def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        assert isinstance(transport, asyncio.Transport)
-        self.transport = transport
-
-    def data_received(self, data: bytes) -> None:
-        *lines, self.pending = (self.pending + data).split(b"\n")
-        for line in lines:
-            if not line.strip():
-                continue
-            try:
-                message = json.loads(line)
-            except ValueError:
-                log.warning("ignoring a malformed line: %r", line[:200])
-                continue
-            if isinstance(message, dict):
-                self.on_message(message)
-
-    def send(self, message: Message) -> None:
-        if self.transport is not None and not self.transport.is_closing():
-            self.transport.write(json.dumps(message, separators=(",", ":")).encode() + b"\n")
-
-    def on_message(self, message: Message) -> None:
-        raise NotImplementedError
-
-
-class _SupervisorConn(_LineProtocol):
-    def __init__(self, hub: SupervisorHub) -> None:
+class _SupervisorConn(JsonLinesProtocol):
+    def __init__(self, supervisors: Supervisors) -> None:
         super().__init__()
-        self.hub = hub
+        self.supervisors = supervisors
         self.job: _Job | None = None
 
     def on_message(self, message: Message) -> None:
-        self.hub._on_message(self, message)
+        self.supervisors._on_message(self, message)
 
     def connection_lost(self, exc: Exception | None) -> None:
-        self.hub._on_disconnect(self)
+        self.supervisors._on_disconnect(self)
 
 
-class _ForkClient(_LineProtocol):
-    """The hub's end of the fork server's control socket: replies come in request order."""
-
-    def __init__(
-        self,
-        on_lost: Callable[[], None] | None = None,
-        on_exit: Callable[[int, int], None] | None = None,
-    ) -> None:
-        super().__init__()
-        self.waiters: deque[asyncio.Future[Message]] = deque()
-        self.on_lost = on_lost
-        self.on_exit = on_exit
-
-    def on_message(self, message: Message) -> None:
-        if "exited" in message:  # a supervisor ended abnormally: not a reply
-            if self.on_exit is not None:
-                self.on_exit(int(message["exited"]), int(message["status"]))
-            return
-        waiter = self.waiters.popleft()
-        if not waiter.done():
-            waiter.set_result(message)
-
-    def connection_lost(self, exc: Exception | None) -> None:
-        self.transport = None
-        while self.waiters:
-            waiter = self.waiters.popleft()
-            if not waiter.done():
-                waiter.set_exception(ConnectionError("the fork server is gone"))
-        if self.on_lost is not None:
-            self.on_lost()
-
-    async def spawn(self, job_dir: Path) -> int:
-        if self.transport is None:
-            raise ConnectionError("the fork server is gone")
-        waiter: asyncio.Future[Message] = asyncio.get_running_loop().create_future()
-        self.waiters.append(waiter)
-        self.send({"spawn": str(job_dir)})
-        reply = await waiter
-        if "error" in reply:
-            raise OSError(f"cannot start a supervisor for {job_dir}: {reply['error']}")
-        return int(reply["pid"])
-
-
-class SupervisorHub:
+class Supervisors:
     """Launches jobs through the fork server and relays what their supervisors report.
 
     `fork_server`: one the agent started before importing grpc (else start() starts one).
     `ack_wait`: how long an ended supervisor waits for its ack before it exits and leaves
-    result.json for a later hub; it goes to the fork server this hub starts.
+    result.json for a later agent; it goes to the fork servers started here.
+    `on_health`: told when whether this node can start jobs may have changed.
     """
 
     def __init__(
@@ -272,22 +100,11 @@ class SupervisorHub:
         self.state_dir = Path(state_dir).absolute()  # supervisors chdir away from their cwd
         self.jobs_dir = self.state_dir / "jobs"
         self.on_report = on_report
-        self.fork_server = fork_server  # pass one started before grpc was imported
-        self.ack_wait = ack_wait
+        self.forks = ForkServerLink(fork_server, ack_wait, on_health)
         self.jobs: dict[int, _Job] = {}
         self.server: asyncio.AbstractServer | None = None
-        self.forks: _ForkClient | None = None
         self.closing = False
-        self.forks_ready = asyncio.Event()
-        self.refusing: str | None = None  # why launches are refused (no fork server runs)
-        self.restarts = 0  # fork servers started after the first
-        self._restarter: asyncio.Task[None] | None = None
         self._reapers: set[asyncio.Task[None]] = set()
-        self.exits: dict[int, int] = {}  # wait status of supervisors that ended abnormally
-        self.on_health = on_health  # not_accepting() may have changed
-        self.failed_launches = 0  # refused in a row
-        self._last_failure = ""  # why the last of them was refused
-        self._last_failure_at = 0.0  # time.monotonic()
         # interactive jobs' terminals: their output goes to on_pty (none: it is read and
         # dropped, so that a job never blocks on it), always before the job's end report
         self.terminals = Terminals(on_pty or _drop_output)
@@ -312,96 +129,17 @@ class SupervisorHub:
         )
         # not via umask, which is process-wide (the agent has threads); the folder is 0700 anyway
         os.chmod(sock_path, 0o600)
-        if self.fork_server is None:
-            self.fork_server = ForkServer.start(self.ack_wait)
-        await self._connect_forks()
+        await self.forks.start()
         self._recover()
-
-    async def _connect_forks(self) -> None:
-        assert self.fork_server is not None
-        forks = _ForkClient(self._forks_lost, self._supervisor_exited)
-        loop = asyncio.get_running_loop()
-        await loop.create_unix_connection(lambda: forks, sock=self.fork_server.sock)
-        self.forks = forks
-        self.forks_ready.set()
-        self.failed_launches = 0  # a new fork server: launches get a fresh chance
-        self._set_refusing(None)
-
-    def _set_refusing(self, problem: str | None) -> None:
-        changed = problem != self.refusing
-        self.refusing = problem
-        if changed:
-            self._health_changed()
-
-    def _health_changed(self) -> None:
-        if self.on_health is not None:
-            try:
-                self.on_health()
-            except Exception:
-                log.exception("on_health failed")
-
-    def not_accepting(self) -> str | None:
-        """Why this node cannot start jobs now (None: it can)."""
-        if self.refusing is not None:
-            return self.refusing
-        if (
-            self.failed_launches >= LAUNCH_FAILURES_DRAIN
-            and time.monotonic() - self._last_failure_at < DRAIN_RETRY
-        ):
-            return f"launches keep failing (the last: {self._last_failure})"
-        return None
-
-    def _supervisor_exited(self, pid: int, status: int) -> None:
-        self.exits[pid] = status
-        while len(self.exits) > EXITS_KEPT:
-            del self.exits[next(iter(self.exits))]
-
-    def _forks_lost(self) -> None:
-        """The fork server's socket closed: unless we are closing, it died; start another."""
-        self.forks_ready.clear()
-        if self.closing or (self._restarter is not None and not self._restarter.done()):
-            return
-        log.error("the fork server is gone; restarting it")
-        self._restarter = asyncio.get_running_loop().create_task(self._restart_forks())
-
-    async def _restart_forks(self) -> None:
-        """Start a new fork server, with backoff, until one runs; launches are refused (not
-        failed) while none does."""
-        attempt = 0
-        while not self.closing and not self.forks_ready.is_set():
-            old = self.fork_server
-            if old is not None:
-                with contextlib.suppress(OSError):
-                    old.close()
-                if old.process.poll() is None:  # alive, yet its socket broke: end it
-                    with contextlib.suppress(OSError):
-                        old.process.kill()
-                with contextlib.suppress(Exception):
-                    await asyncio.to_thread(old.process.wait, 5)
-            delay = RESTART_DELAYS[attempt] if attempt < len(RESTART_DELAYS) else RESTART_DELAY_MAX
-            attempt += 1
-            await asyncio.sleep(delay)
-            try:
-                if (block := os.environ.get(TEST_BLOCK_ENV)) and os.path.exists(block):
-                    raise OSError(f"blocked by {TEST_BLOCK_ENV} (a test hook)")
-                self.fork_server = ForkServer.start(self.ack_wait)
-                await self._connect_forks()
-            except Exception as error:
-                self.fork_server = None
-                self._set_refusing(f"the fork server cannot be restarted: {error}")
-                log.error("%s (attempt %d)", self.refusing, attempt)
-                continue
-            self.restarts += 1
-            log.warning("fork server restarted (pid %d)", self.fork_server.process.pid)
 
     async def close(self) -> None:
         """Stop listening and let the fork server go; supervisors and jobs keep running."""
         self.closing = True
-        for task in (self._restarter, *self._reapers, *self._finishing):
-            if task is not None:
-                task.cancel()
-                with contextlib.suppress(BaseException):
-                    await task
+        await self.forks.stop_restarts()
+        for task in (*self._reapers, *self._finishing):
+            task.cancel()
+            with contextlib.suppress(BaseException):
+                await task
         self.terminals.close_all()
         if self.server is not None:
             self.server.close()
@@ -409,14 +147,7 @@ class SupervisorHub:
         for job in self.jobs.values():
             if job.conn is not None and job.conn.transport is not None:
                 job.conn.transport.close()
-        if self.forks is not None and self.forks.transport is not None:
-            self.forks.transport.close()
-        if self.fork_server is not None:
-            process = self.fork_server.process
-            for _ in range(200):
-                if process.poll() is not None:
-                    break
-                await asyncio.sleep(0.01)
+        await self.forks.close()
         # leave no litter: the socket, and the folders when no job folder is left in them
         with contextlib.suppress(OSError):
             (self.state_dir / SOCKET_NAME).unlink()
@@ -444,9 +175,10 @@ class SupervisorHub:
         return self.jobs_dir / str(job_id)
 
     async def launch(self, spec: LaunchSpec) -> int:
-        """Start `spec` in a new supervisor; its pid. Reports follow through on_report."""
+        """Start `spec` in a new supervisor; its pid. Reports follow through on_report.
+        LaunchRefused when no supervisor runs for it (the job did not start)."""
         if self.server is None:
-            raise RuntimeError("SupervisorHub.start() first")
+            raise RuntimeError("Supervisors.start() first")
         job_dir = self._job_dir(spec.job_id)
         text = json.dumps(spec.to_dict()).encode()
         await self._earlier_start_gone(job_dir)
@@ -461,26 +193,14 @@ class SupervisorHub:
                 del self.jobs[spec.job_id]
                 self.terminals.discard(spec.job_id)
             if isinstance(error, LaunchRefused):
-                self._launch_failed(str(error))
+                self.forks.launch_refused(str(error))
             raise
-        if self.failed_launches:
-            drained = self.not_accepting() is not None
-            self.failed_launches = 0
-            if drained:
-                self._health_changed()
+        self.forks.launch_worked()
         if job.pid is None:
             job.pid = pid
         if job.conn is None:
             self._watch(job)
         return pid
-
-    def _launch_failed(self, problem: str) -> None:
-        """A launch was refused for want of a supervisor (not for the job's own sake)."""
-        before = self.not_accepting()
-        self.failed_launches += 1
-        self._last_failure, self._last_failure_at = problem, time.monotonic()
-        if (self.not_accepting() is None) != (before is None):
-            self._health_changed()
 
     async def _earlier_start_gone(self, job_dir: Path) -> None:
         """Wait until an earlier start of the job has left its folder (its supervisor removes
@@ -503,13 +223,7 @@ class SupervisorHub:
         LaunchRefused when no supervisor runs for the job (it did not start)."""
         problem = ""
         for _ in range(2):
-            if not self.forks_ready.is_set() and self.refusing is None:
-                # being restarted (it takes milliseconds); once a restart failed, refuse at once
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(self.forks_ready.wait(), LAUNCH_WAIT)
-            forks = self.forks
-            if not self.forks_ready.is_set() or forks is None:
-                raise LaunchRefused(self.refusing or "the fork server is being restarted")
+            forks = await self.forks.ready_client()
             job_dir.mkdir(mode=0o700)
             if os.geteuid() == 0:  # its user passes through to its script (the only entry)
                 os.chmod(job_dir, 0o711)
@@ -551,13 +265,14 @@ class SupervisorHub:
     async def stop(
         self,
         job_id: int,
-        end_state: str = "cancelled",
+        end_state: JobState = JobState.CANCELLED,
         reason: str = "",
         signal: int = 0,
         grace: float = 30.0,
     ) -> bool:
-        """Stop the job: `signal` (0: SIGTERM) to its whole tree, SIGKILL after `grace`.
-        False when the hub knows no such running job."""
+        """Stop the job: `signal` (0: SIGTERM) to its whole tree, SIGKILL after `grace`; it
+        ends `end_state` (the supervisor keeps cancelled, preempted, timeout, node_fail and
+        out_of_memory, and makes anything else cancelled). False when no such job runs."""
         message: Message = {"type": "stop", "end_state": end_state, "reason": reason}
         message.update(signal=signal, grace=grace)
         return self._command(job_id, message)
@@ -598,7 +313,7 @@ class SupervisorHub:
         """The launch spec of a job this node runs, from its folder (None: gone/unreadable);
         what an agent that restarted knows of the jobs it adopted."""
         try:
-            data = json.loads((self._job_dir(job_id) / "spec.json").read_bytes())
+            data = json.loads((self._job_dir(job_id) / SPEC_FILE).read_bytes())
             return LaunchSpec.from_dict(data)
         except (OSError, ValueError, TypeError):
             return None
@@ -637,8 +352,10 @@ class SupervisorHub:
             elif not job.running_reported and not job.ended:
                 job.running_reported = True
                 at = float(message.get("started_at") or time.time())
-                report = SupervisorReport(job.job_id, "running", None, at=at, attempt=job.attempt)
-                self._report(report)
+                running = SupervisorReport(
+                    job.job_id, ReportKind.RUNNING, None, at=at, attempt=job.attempt
+                )
+                self._report(running)
         elif kind == "ended" and conn.job is not None:
             self._report_end(conn.job, message["result"])
 
@@ -713,43 +430,8 @@ class SupervisorHub:
             self._reapers.add(task)
             task.add_done_callback(self._reapers.discard)
 
-    async def _exit_told(self, pid: int) -> None:
-        while pid not in self.exits:
-            await asyncio.sleep(0.01)
-
-    def _how_it_died(self, job: _Job) -> str:
-        """ " (killed by signal 9)" when the fork server told how the supervisor ended."""
-        status = self.exits.pop(job.pid, None) if job.pid is not None else None
-        if status is None:
-            return ""
-        if os.WIFSIGNALED(status):
-            return f" (killed by signal {os.WTERMSIG(status)})"
-        return f" (exit code {os.waitstatus_to_exitcode(status)})"
-
     async def _stop_orphans(self, job: _Job, job_dir: Path) -> None:
-        """SIGTERM to the job's process group and cgroup, SIGKILL after its kill grace (as a
-        stop would: a job may save its work), and the end reported once nothing is left, so
-        that its GPUs are freed only then."""
-        try:
-            stopped = await asyncio.to_thread(stop_job_processes, job_dir, job.job_id)
-            if job.pid is not None and self.forks_ready.is_set():
-                # how it died comes from the fork server (its parent), perhaps a moment later;
-                # a supervisor of an earlier fork server has another parent: no word comes
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(self._exit_told(job.pid), EXIT_WAIT)
-        except Exception as error:  # never leave the job unreported
-            log.exception("stopping the processes of job %d", job.job_id)
-            reason = f"supervisor lost before the job ended; stopping its processes failed: {error}"
-        else:
-            left = f"{_count(stopped)} stopped" if stopped else "no process of it was left"
-            reason = f"supervisor lost before the job ended{self._how_it_died(job)}; {left}"
-        log.warning("job %d: %s", job.job_id, reason)
-        now = time.time()
-        result: Message = {"job_id": job.job_id, "end_state": "failed", "exit_code": None}
-        result.update(signal=None, started_at=now, ended_at=now, peak_mem=0)
-        result.update(leftovers_killed=0, reason=reason)
-        with contextlib.suppress(OSError):
-            write_json_atomic(job_dir / RESULT_FILE, result)
+        result = await orphan_result(job_dir, job.job_id, job.pid, self.forks)
         job.reaping = False
         if self.jobs.get(job.job_id) is job:
             self._report_end(job, result)
@@ -766,100 +448,4 @@ def _facts_in(job_dir: Path) -> tuple[int, bool]:
 
 
 def _drop_output(event: PtyEvent) -> None:
-    """Terminal output nobody asked for (a hub without on_pty)."""
-
-
-def _count(processes: int) -> str:
-    return f"its {processes} processes were" if processes != 1 else "its process was"
-
-
-def stop_job_processes(job_dir: Path, job_id: int) -> int:
-    """Stop every process of a job whose supervisor is gone; how many it had when this began.
-
-    Found by job.pid (the process group and cgroups the supervisor recorded) and by the job's
-    environment (GPUQ_JOB_ID and GPUQ_NODE, for processes that left the group of a job without
-    a cgroup). Blocking: run it in a thread."""
-    spec = read_json_durable(job_dir / SPEC_FILE) or {}
-    env = spec.get("env") or {}
-    grace = float(spec.get("kill_grace") or 0.0)
-    pgid, cgroups = None, []
-    try:
-        head, _, tail = (job_dir / JOB_PID_FILE).read_text().partition("\n")
-        # one folder a line: the job's groups in each cgroup hierarchy (memory first)
-        cgroups = [line.strip() for line in tail.splitlines() if line.strip()]
-        pid_text, start_text = head.split()
-        pgid = int(pid_text)
-        if pgid <= 1 or not _group_is_the_jobs(pgid, int(start_text)):
-            pgid = None
-    except (OSError, ValueError):
-        pass
-    # the environment is what a job says of itself (any process may set GPUQ_JOB_ID): it
-    # finds the job's processes only where no cgroup holds them
-    marker = (
-        (str(env["GPUQ_JOB_ID"]), str(env["GPUQ_NODE"]))
-        if "GPUQ_NODE" in env and not cgroups
-        else None
-    )
-    count: int | None = None
-    termed: set[int] = set()  # SIGTERM goes once to each: a job's trap must not run again
-    term_until = time.monotonic() + grace
-    give_up = term_until + ORPHAN_GIVE_UP
-    while True:
-        pids = _processes_of_job(pgid, cgroups, marker)
-        if count is None:
-            count = len(pids)
-        if not pids:
-            for cgroup in cgroups:
-                _remove_cgroup(cgroup)
-            return count
-        killing = time.monotonic() >= term_until
-        sig = signal.SIGKILL if killing else signal.SIGTERM
-        if pgid is not None and (killing or not termed):
-            with contextlib.suppress(OSError):
-                os.killpg(pgid, sig)
-        for pid in pids if killing else pids - termed:
-            with contextlib.suppress(OSError):
-                os.kill(pid, sig)
-        termed |= pids
-        if time.monotonic() > give_up:
-            log.error("job %d: processes %s outlive SIGKILL", job_id, sorted(pids))
-            return count
-        time.sleep(ORPHAN_POLL)
-
-
-def _processes_of_job(
-    pgid: int | None, cgroups: list[str], marker: tuple[str, str] | None
-) -> set[int]:
-    """The job's live processes: by its process group, marker and first cgroup (which holds
-    the whole job), plus any member of its other groups (a process that joined only one)."""
-    pids = process_tree.processes_of_job(pgid, cgroups[0] if cgroups else None, marker)
-    for cgroup in cgroups[1:]:
-        with contextlib.suppress(OSError, ValueError):
-            members = process_tree.read_proc(f"{cgroup}/cgroup.procs").split()
-            pids.update(pid for pid in map(int, members) if not process_tree.has_exited(pid))
-    pids.discard(os.getpid())
-    return pids
-
-
-def _remove_cgroup(path: str) -> None:
-    """Remove the dead supervisor's job cgroup once it is empty (the kernel may need a moment
-    to see its last process gone); a cgroup that stays busy is left, and logged."""
-    deadline = time.monotonic() + 1.0
-    while True:
-        try:
-            os.rmdir(path)
-            return
-        except FileNotFoundError:
-            return
-        except OSError as exc:
-            if time.monotonic() > deadline:
-                log.warning("could not remove the job cgroup %s: %s", path, exc)
-                return
-            time.sleep(ORPHAN_POLL)
-
-
-def _group_is_the_jobs(pgid: int, start: int) -> bool:
-    """The recorded group still names the job's: its leader is the job's main process, or it
-    is gone (the number stays taken while any member of its group lives)."""
-    now = process_tree.start_time(pgid)
-    return now is None or now == start
+    """Terminal output nobody asked for (no on_pty)."""
