@@ -1,5 +1,5 @@
-"""Supervision benchmark: how many `true` jobs one hub and its fork server complete with 8 in
-flight, and the CPU each costs (prints figures, asserts nothing).
+"""Supervision benchmark: how many `true` jobs one agent's supervisors and fork server complete
+with 8 in flight, and the CPU each costs (prints figures, asserts nothing).
 
     python bench/supervisor_bench.py
 """

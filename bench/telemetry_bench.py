@@ -2,8 +2,8 @@
 
     python bench/telemetry_bench.py [--gpus 8] [--samples 200] [--interval 5]
 
-Runs the agent's real sampling path (NodeGpus.reads.usage: the NVML backend's usage() over the fake
-NVML library, attribution of every GPU process to its job (by cgroup, then by ancestry to a
+Runs the agent's real sampling path (NodeGpus.reads.usage: the NVML backend's usage() over the
+fake NVML library, attribution of every GPU process to its job (by cgroup, then by ancestry to a
 job's supervisor, as on a node without job cgroups), the hand-over watch, and each job's
 telemetry accumulator) on --gpus fake H100s with one running job per GPU, each a real process
 holding VRAM through the fake's claim files at a changing utilisation. Reports the median CPU
@@ -31,7 +31,7 @@ from gpuq.config import AgentSettings
 
 
 class BenchHub:
-    """The hub's answers NodeGpus needs: running jobs, their supervisors, their launch specs."""
+    """What NodeGpus asks of the supervisors: running jobs, their supervisors, launch specs."""
 
     def __init__(self, supervisors: dict[int, int], out: Path) -> None:
         self.supervisors = supervisors

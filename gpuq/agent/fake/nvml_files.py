@@ -1,6 +1,6 @@
 """The fake NVML library's files: claims, fault names, device nodes, small readers.
 
-Pure helpers of nvml_fake (the grammar of the files is in gpus_fake's docstring).
+Pure helpers of fake.nvml_library and fake.nvml_box (the files' grammar is in fake.gpu_state).
 """
 
 from __future__ import annotations

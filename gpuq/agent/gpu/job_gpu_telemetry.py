@@ -1,6 +1,6 @@
 """Per-job GPU telemetry: what a job's units did, sample by sample, summed up. Pure: no I/O.
 
-The agent reads its units every sample interval (gpu_care), attributes each process to a job
+The agent reads its units every sample interval (gpu.unit_reads), attributes each process to a job
 by cgroup, and feeds one UnitReading per unit the job holds to that job's JobTelemetry:
 
 - peak VRAM: the sum of the job's processes' bytes, per unit and over all its units at once;

@@ -1,8 +1,8 @@
 """The GPU backend: NVML through nvidia-ml-py (`pynvml`), or through an injected fake library.
 
 pynvml is imported when a backend is made, never at module import, so the agent (and the
-coordinator, and tests) import gpuq.agent.gpu.backend on machines without a driver. The fake GPUs
-(gpus_fake) are this backend over a FakeNvmlLibrary: one code path for both.
+coordinator, and tests) import gpuq.agent.gpu on machines without a driver. The fake GPUs
+(fake.gpu_backend) are this backend over a FakeNvmlLibrary: one code path for both.
 
 Nothing here raises for NVML trouble (DESIGN.md: NVML errors are per unit and per call):
 

@@ -8,7 +8,7 @@ CallError, and only for the device count, without which there is nothing to read
 MIG: a compute instance is a unit. Compute instances that share one GPU instance each report the
 whole instance's memory in NVML; here each gets an equal share of it (rounded down to a MiB), so
 that a node's units add up to its memory and a GPU instance is counted once. Their usage is
-shared the same way (gpus_nvml).
+shared the same way (gpu.nvml_backend).
 """
 
 from __future__ import annotations

@@ -7,7 +7,7 @@ over to the C loop in gpuq/agent/native (the extension module gpuq.agent._superv
 supervisor per request, and the supervisors run C only, which keeps a `true` job near the cost
 of its own fork and exec.
 
-Protocol on the control socket (JSON lines): the hub sends `{"spawn": job_dir}`, the server
+Protocol on the control socket (JSON lines): the agent sends `{"spawn": job_dir}`, the server
 answers `{"job_dir": job_dir, "pid": N}` or `{"job_dir": job_dir, "error": text}`, in order.
 At EOF (the agent is gone) the server exits; supervisors are in their own sessions and go on.
 

@@ -2,18 +2,18 @@
 (gpuq/agent/jobs/supervisors.py) and the job's supervisor (gpuq/agent/native/supervisor.c,
 forked by the fork server).
 
-The hub writes spec.json (a LaunchSpec) and asks the fork server for a supervisor; the supervisor
-writes the script, supervisor.pid ("<pid> <start time>"), job.pid (the job's main process, also
-its process group, and its cgroup folder) and, when the job has ended, result.json, and deletes
-the folder once the hub acks the end. On a root agent the folder is 0711 (the job's user passes
-through to its script, which is the user's, 0700; everything else is root's, 0600). The two
-talk over `<state>/agent.sock` in newline-delimited JSON:
-  supervisor -> hub  {"type": "hello", "job_id", "pid", "job_pid", "started_at",
-                      "status": "running"}  (or "status": "ended" with "result")
-                     {"type": "ended", "job_id", "result"}
-  hub -> supervisor  {"type": "stop", "end_state", "reason", "signal", "grace"}
-                     {"type": "signal", "signal"}
-                     {"type": "ack"}: the end is recorded; delete the folder and exit
+The agent writes spec.json (a LaunchSpec) and asks the fork server for a supervisor; the
+supervisor writes the script, supervisor.pid ("<pid> <start time>"), job.pid (the job's main
+process, also its process group, and its cgroup folder) and, when the job has ended,
+result.json, and deletes the folder once the agent acks the end. On a root agent the folder is
+0711 (the job's user passes through to its script, which is the user's, 0700; everything else
+is root's, 0600). The two talk over `<state>/agent.sock` in newline-delimited JSON:
+  supervisor -> agent  {"type": "hello", "job_id", "pid", "job_pid", "started_at",
+                        "status": "running"}  (or "status": "ended" with "result")
+                       {"type": "ended", "job_id", "result"}
+  agent -> supervisor  {"type": "stop", "end_state", "reason", "signal", "grace"}
+                       {"type": "signal", "signal"}
+                       {"type": "ack"}: the end is recorded; delete the folder and exit
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Reading processes from /proc: what the hub needs to tell a live supervisor from a dead one.
+"""Reading processes from /proc: what the agent needs to tell a live supervisor from a dead one.
 
 The supervisor (gpuq/agent/native) does its own process work in C; these are the few reads the
 Python side makes: whether a supervisor recorded in a job folder still runs, and (for tests and

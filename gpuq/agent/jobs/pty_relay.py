@@ -8,12 +8,12 @@ wait) and writes what the submitter types. Because the supervisor holds the mast
 that restarts simply fetches it again: the job is neither hung up nor blocked for good, and
 nothing is lost but what the earlier agent had read and not yet sent.
 
-What the agent can rely on (it turns PtyEvents into PtyOutput, gpuq/agent/agent.py):
+What the agent can rely on (it turns PtyEvents into PtyOutput, gpuq/agent/pty_outbox.py):
 - data comes in order, in chunks of at most MAX_CHUNK bytes;
 - `closed` comes exactly once per relay: when the terminal gives EOF/EIO (every process of the
   job closed it), or when finish() ends the relay; with `problem` when the terminal could not
   be had (one line);
-- finish(), which the hub awaits before it reports a job's end, first drains what the job left
+- finish(), which the agent awaits before it reports a job's end, first drains what the job left
   in the terminal (even while paused: the kernel's pty buffers bound it to some 64 KiB), so all
   output precedes the end.
 Input the terminal cannot take at once waits in a buffer of PENDING_INPUT_MAX bytes (written as
