@@ -1,5 +1,5 @@
-"""Supervision benchmark: how many `true` jobs one hub and its fork server complete with 8 in
-flight, and the CPU each costs (prints figures, asserts nothing).
+"""Supervision benchmark: how many `true` jobs one agent's supervisors and fork server complete
+with 8 in flight, and the CPU each costs (prints figures, asserts nothing).
 
     python bench/supervisor_bench.py
 """
@@ -17,8 +17,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "e2e"))
 
 from supervisor_helpers import Reports, await_until, make_spec
 
-from gpuq.agent import proctree
-from gpuq.agent.hub import SupervisorHub
+from gpuq.agent.jobs import process_tree
+from gpuq.agent.jobs.supervisors import Supervisors
 
 JOBS = 600
 IN_FLIGHT = 8
@@ -32,10 +32,10 @@ def cpu(who: int) -> float:
 def main(tmp_path: Path) -> None:
     async def scenario() -> tuple[float, float, float]:
         reports = Reports()
-        hub = SupervisorHub(tmp_path / "state", reports, ack_wait=20)
+        hub = Supervisors(tmp_path / "state", reports, ack_wait=20)
         await hub.start()
-        assert hub.fork_server is not None
-        fork_server = hub.fork_server.process.pid
+        assert hub.forks.fork_server is not None
+        fork_server = hub.forks.fork_server.process.pid
         ended: asyncio.Queue[int] = asyncio.Queue()
         hub.on_report = lambda r: ended.put_nowait(r.job_id) if r.kind == "ended" else None
         specs = [make_spec(tmp_path, i, "true\n", stdout_path="/dev/null") for i in range(JOBS)]
@@ -50,7 +50,7 @@ def main(tmp_path: Path) -> None:
         elapsed = time.perf_counter() - began
         hub_cpu = cpu(resource.RUSAGE_SELF) - self_0
         # every supervisor reaped by the fork server, which close() reaps: all CPU is counted
-        await await_until(lambda: not proctree.children_of(fork_server), 10, "supervisors")
+        await await_until(lambda: not process_tree.children_of(fork_server), 10, "supervisors")
         await hub.close()
         return elapsed, hub_cpu, cpu(resource.RUSAGE_CHILDREN) - children_0
 

@@ -2,8 +2,8 @@
 
     python bench/telemetry_bench.py [--gpus 8] [--samples 200] [--interval 5]
 
-Runs the agent's real sampling path (GpuCare.usage: the NVML backend's usage() over the fake
-NVML library, attribution of every GPU process to its job (by cgroup, then by ancestry to a
+Runs the agent's real sampling path (NodeGpus.reads.usage: the NVML backend's usage() over the
+fake NVML library, attribution of every GPU process to its job (by cgroup, then by ancestry to a
 job's supervisor, as on a node without job cgroups), the hand-over watch, and each job's
 telemetry accumulator) on --gpus fake H100s with one running job per GPU, each a real process
 holding VRAM through the fake's claim files at a changing utilisation. Reports the median CPU
@@ -23,13 +23,15 @@ import tempfile
 import time
 from pathlib import Path
 
-from gpuq.agent.gpu_care import GpuCare
-from gpuq.agent.gpus_fake import GIB, FakeGpuBackend, claim_fake_vram, set_fake_utilization
+from gpuq.agent.fake.gpu_backend import FakeGpuBackend
+from gpuq.agent.fake.gpu_spec import GIB
+from gpuq.agent.fake.gpu_state import claim_fake_vram, set_fake_utilization
+from gpuq.agent.gpu.node_gpus import NodeGpus
 from gpuq.config.settings import AgentSettings
 
 
 class BenchHub:
-    """The hub's answers GpuCare needs: running jobs, their supervisors, their launch specs."""
+    """What NodeGpus asks of the supervisors: running jobs, their supervisors, launch specs."""
 
     def __init__(self, supervisors: dict[int, int], out: Path) -> None:
         self.supervisors = supervisors
@@ -63,7 +65,7 @@ def main() -> None:
         try:
             supervisors = {job.pid: number for number, job in enumerate(jobs, start=1)}
             hub = BenchHub(supervisors, root)
-            care = GpuCare(
+            care = NodeGpus(
                 backend,
                 AgentSettings(node_name="bench"),
                 hub,  # type: ignore[arg-type]
@@ -72,15 +74,15 @@ def main() -> None:
                 stop_job=lambda *_: asyncio.sleep(0),
             )
             for number, (job, uuid) in enumerate(zip(jobs, units, strict=True), start=1):
-                care.job_units[number] = (uuid,)
+                care.holders.job_units[number] = (uuid,)
                 claim_fake_vram(uuid, (number + 4) * GIB, pid=job.pid, state_dir=state)
                 set_fake_utilization(uuid, [10 * number, 90, 0, 50], state_dir=state, every=0.01)
                 (root / f"job-{number}.out").write_bytes(b"x" * 1000 * number)
-            care.usage()  # warm up: first reads, lazy imports
+            care.reads.usage()  # warm up: first reads, lazy imports
             costs = []
             for _ in range(args.samples):
                 start = time.process_time()
-                care.usage()
+                care.reads.usage()
                 costs.append(time.process_time() - start)
             reads = []  # the backend alone (the fake NVML's file reads), for comparison
             for _ in range(args.samples):
@@ -90,7 +92,7 @@ def main() -> None:
             beats = []
             for _ in range(args.samples):
                 start = time.process_time()
-                samples = care.job_samples()
+                samples = care.telemetry.job_samples()
                 beats.append(time.process_time() - start)
             assert len(samples) == len(units) and all(s.so_far.samples for s in samples)
         finally:

@@ -17,14 +17,14 @@ from collections.abc import Callable
 from dataclasses import replace
 from typing import TYPE_CHECKING
 
-from gpuq.agent.rundir import agent_run_dir
+from gpuq.agent.run_folder import agent_run_dir
 from gpuq.config.settings import Settings
 from gpuq.errors import GpuqError
 from gpuq.identity import create_key_file, read_key_file
 
 if TYPE_CHECKING:
     from gpuq.agent.agent import Agent
-    from gpuq.agent.forkserver import ForkServer
+    from gpuq.agent.jobs.fork_server import ForkServer
     from gpuq.coordinator.serving import RunningCoordinator
 
 log = logging.getLogger("gpuq")
@@ -57,7 +57,7 @@ def run_serve(settings: Settings) -> None:
 def _start_fork_server() -> ForkServer:
     if "grpc" in sys.modules:  # pragma: no cover - a programming error, caught by tests
         raise RuntimeError("the fork server must start before grpc is imported")
-    from gpuq.agent.forkserver import ForkServer
+    from gpuq.agent.jobs.fork_server import ForkServer
 
     return ForkServer.start()
 
@@ -143,7 +143,8 @@ def _make_agent(settings: Settings, fork_server: ForkServer, *, embedded: bool) 
     there is no driver, and says so; `gpuq agent` then offers no GPUs and says why, so a GPU
     server whose driver is broken never schedules real jobs onto imaginary GPUs."""
     from gpuq.agent.agent import Agent, AgentOptions
-    from gpuq.agent.gpus import FakeGpuBackend, select_backend
+    from gpuq.agent.fake.gpu_backend import FakeGpuBackend
+    from gpuq.agent.gpu.choose_backend import select_backend
 
     state_dir = settings.agent_state_dir
     state_dir.mkdir(parents=True, exist_ok=True, mode=0o700)

@@ -2,4 +2,4 @@
 
 def serve(fd: int, ack_wait: float, /) -> None:
     """Answer spawn requests on the control socket `fd` until EOF; each spawn forks a
-    supervisor that waits `ack_wait` seconds for the hub's ack once its job has ended."""
+    supervisor that waits `ack_wait` seconds for the agent's ack once its job has ended."""

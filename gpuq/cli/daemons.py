@@ -52,7 +52,7 @@ def agent_options(command: Any) -> Any:
 def _check_agent(agent: Any) -> None:
     """One clear error before anything starts."""
     if agent.fake_gpus is not None:
-        from gpuq.agent.gpus_fake import parse_fake_spec
+        from gpuq.agent.fake.gpu_backend import parse_fake_spec
 
         parse_fake_spec(agent.fake_gpus, agent.node_name)
     if agent.mem is not None:

@@ -14,9 +14,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from gpuq.domain.policy import QosTier, SchedulerSettings, default_qos_tiers
+from gpuq.run_root import recorded_root
 
 DEFAULT_TCP_PORT = 7817
-TMPFS = Path("/dev/shm")  # where a root agent keeps job folders by default
 DEFAULT_JOB_ENV = {
     # a fragmented PyTorch cache is the commonest avoidable OOM; JAX and TF grab all VRAM unless
     # told not to, which turns a shared GPU into a first-come-first-served one
@@ -226,10 +226,8 @@ class Settings:
         """
         if self.agent.run_dir:
             return Path(self.agent.run_dir).expanduser()
-        # a random name per installation, remembered in the state folder (gpuq/agent/rundir):
+        # a random name per installation, remembered in the state folder (gpuq.run_root):
         # a fixed name in world-writable /dev/shm could be taken first by any user
-        from gpuq.agent.rundir import recorded_root
-
         return recorded_root(self.agent_state_dir.parent) or self.agent_state_dir / "no-run-root"
 
     @property

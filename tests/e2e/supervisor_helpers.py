@@ -16,9 +16,10 @@ from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-from gpuq.agent import proctree
-from gpuq.agent.hub import SupervisorHub, SupervisorReport
-from gpuq.agent.launch import LaunchSpec
+from gpuq.agent.jobs import process_tree
+from gpuq.agent.jobs.launch_spec import LaunchSpec
+from gpuq.agent.jobs.supervisor_reports import SupervisorReport
+from gpuq.agent.jobs.supervisors import Supervisors
 
 PY = sys.executable
 TEST_ACK_WAIT = 20.0  # supervisors of a failed test do not linger for 10 minutes
@@ -98,10 +99,10 @@ class Reports:
 
 
 @contextlib.asynccontextmanager
-async def running_hub(state: Path, **options: Any) -> AsyncIterator[tuple[SupervisorHub, Reports]]:
+async def running_hub(state: Path, **options: Any) -> AsyncIterator[tuple[Supervisors, Reports]]:
     reports = Reports()
     options.setdefault("ack_wait", TEST_ACK_WAIT)
-    hub = SupervisorHub(state, reports, **options)
+    hub = Supervisors(state, reports, **options)
     await hub.start()
     try:
         yield hub, reports
@@ -132,7 +133,7 @@ def alive(pid: int) -> bool:
         os.kill(pid, 0)
     except ProcessLookupError:
         return False
-    stat = proctree.read_proc(f"/proc/{pid}/stat")
+    stat = process_tree.read_proc(f"/proc/{pid}/stat")
     return stat[stat.rfind(b")") + 2 :][:1] not in (b"Z", b"")
 
 
@@ -146,7 +147,7 @@ def kill_supervisors(state: Path) -> None:
     for pid_file in state.glob("jobs/*/supervisor.pid"):
         with contextlib.suppress(OSError, ValueError):
             pid = int(pid_file.read_text().split()[0])
-            for child in proctree.descendants(pid):  # the job first: it must not outlive it
+            for child in process_tree.descendants(pid):  # the job first: it must not outlive it
                 with contextlib.suppress(OSError):
                     os.kill(child, signal.SIGKILL)
             os.kill(pid, signal.SIGKILL)

@@ -16,13 +16,16 @@ from e2e_cluster import Cluster, pid_alive, wait_for
 from supervisor_helpers import alive, await_until, cleanup, make_spec, read_pid, running_hub
 
 from gpuq.agent import agent as agent_module
-from gpuq.agent import proctree
-from gpuq.agent.forkserver import ForkServer
-from gpuq.agent.gpu_care import GpuCare
-from gpuq.agent.gpus_fake import FakeGpuBackend
-from gpuq.agent.hub import LaunchRefused
-from gpuq.agent.jobdir import supervisor_alive
-from gpuq.agent.launch import NodePolicy
+from gpuq.agent import launcher as launcher_module
+from gpuq.agent.end_reports import EndReports, report_message
+from gpuq.agent.fake.gpu_backend import FakeGpuBackend
+from gpuq.agent.gpu.node_gpus import NodeGpus
+from gpuq.agent.jobs import process_tree
+from gpuq.agent.jobs.fork_server import ForkServer
+from gpuq.agent.jobs.fork_server_link import LaunchRefused
+from gpuq.agent.jobs.job_folder import supervisor_alive
+from gpuq.agent.jobs.launch_spec import NodePolicy
+from gpuq.agent.jobs.mps_daemons import MpsDaemons
 from gpuq.config.settings import AgentSettings
 from gpuq.convert import spec_to_proto
 from gpuq.domain.model import JobSpec
@@ -38,21 +41,21 @@ def marked(name: str, value: str) -> list[int]:
     found = []
     for entry in os.listdir("/proc"):
         if entry.isdigit() and int(entry) != os.getpid():
-            environ = proctree.read_proc(f"/proc/{entry}/environ").split(b"\0")
+            environ = process_tree.read_proc(f"/proc/{entry}/environ").split(b"\0")
             if needle in environ and alive(int(entry)):
                 found.append(int(entry))
     return found
 
 
 def parent_of(pid: int) -> int:
-    stat = proctree.read_proc(f"/proc/{pid}/stat")
+    stat = process_tree.read_proc(f"/proc/{pid}/stat")
     return int(stat[stat.rfind(b")") + 2 :].split()[1])
 
 
 def fork_server_of(agent_pid: int) -> int | None:
     """The agent's fork server: its child that runs the C loop."""
-    for child in proctree.children_of(agent_pid):
-        if b"_supervise.serve" in proctree.read_proc(f"/proc/{child}/cmdline") and alive(child):
+    for child in process_tree.children_of(agent_pid):
+        if b"_supervise.serve" in process_tree.read_proc(f"/proc/{child}/cmdline") and alive(child):
             return child
     return None
 
@@ -122,18 +125,18 @@ def test_hub_refuses_launches_while_no_fork_server_runs(
 
     async def scenario() -> None:
         async with running_hub(state) as (hub, reports):
-            assert hub.fork_server is not None
+            assert hub.forks.fork_server is not None
             monkeypatch.setattr(ForkServer, "start", broken)
-            os.kill(hub.fork_server.process.pid, signal.SIGKILL)
-            await await_until(lambda: hub.refusing is not None, 10)
+            os.kill(hub.forks.fork_server.process.pid, signal.SIGKILL)
+            await await_until(lambda: hub.forks.refusing is not None, 10)
             with pytest.raises(LaunchRefused, match="no fork server today"):
                 await hub.launch(make_spec(tmp_path, 1, "exit 0\n"))
             assert not (state / "jobs" / "1").exists() and reports.of(1) == []
             assert hub.running_jobs() == []
 
             monkeypatch.setattr(ForkServer, "start", real_start)
-            await await_until(hub.forks_ready.is_set, 15)
-            assert hub.refusing is None and hub.restarts >= 1
+            await await_until(hub.forks.ready.is_set, 15)
+            assert hub.forks.refusing is None and hub.forks.restarts >= 1
             await hub.launch(make_spec(tmp_path, 1, "echo $$ > main.pid; exit 3\n"))
             end = await reports.wait(1, "ended")
             assert (end.end_state, end.exit_code) == ("failed", 3)
@@ -175,7 +178,7 @@ def test_agent_hands_a_refused_launch_back_to_the_queue(
     """A launch the hub refuses is reported NOT_STARTED (back to the queue) after a hold, not
     `failed`, with its attempt; a stop that comes during the hold ends it as the stop says
     instead, and a stop of another start of the job is ignored."""
-    monkeypatch.setattr(agent_module, "REFUSE_HOLD", 0.2)
+    monkeypatch.setattr(launcher_module, "REFUSE_HOLD", 0.2)
 
     class RefusingHub:
         async def launch(self, spec: object) -> int:
@@ -198,45 +201,48 @@ def test_agent_hands_a_refused_launch_back_to_the_queue(
 
     async def scenario() -> None:
         agent = agent_module.Agent.__new__(agent_module.Agent)
-        agent.hub = RefusingHub()  # type: ignore[assignment]
-        agent.policy = NodePolicy(node="n1", units={})
-        agent.gpus = GpuCare(
+        agent.supervisors = RefusingHub()  # type: ignore[assignment]
+        gpus = NodeGpus(
             FakeGpuBackend("1", "n1", state_dir=tmp_path / "fake-gpus"),
             AgentSettings(node_name="n1"),
-            agent.hub,
+            agent.supervisors,
             beat_now=lambda: None,
             units_changed=lambda: None,
             stop_job=no_stop,
         )
-        agent._beat_due = False
-        agent.unacked, agent._outgoing, agent._flush = {}, [], asyncio.Event()
-        agent.refused, agent.refused_attempts = {}, {}
-        agent.options = agent_module.AgentOptions(
+        mps = MpsDaemons(tmp_path, fake=True)
+        agent._beat_due, agent._flush = False, asyncio.Event()
+        agent.reports = EndReports(gpus, mps, agent._send_soon)
+        agent.launcher = launcher_module.Launcher(
+            agent.supervisors,
+            gpus,
+            mps,
+            agent.reports,
             settings=AgentSettings(node_name="n1", allow_root_jobs=True),
             address="127.0.0.1:1",
-            node_key="x",
-            run_dir=tmp_path,
+            cgroup_key="x",
         )
+        agent.launcher.policy = NodePolicy(node="n1", units={})
         spec = JobSpec(name="j", script="#!/bin/sh\ntrue\n", workdir=str(tmp_path))
         user = pwd.getpwuid(os.geteuid()).pw_name
         for job_id in (1, 2):
             launch = apb.JobLaunch(job_id=job_id, spec=spec_to_proto(spec), attempt=3, user=user)
-            await agent._launch(launch)
-        assert agent.unacked == {} and sorted(agent.refused) == [1, 2]
+            await agent.launcher.launch(launch)
+        assert agent.reports.unacked == {} and sorted(agent.launcher.held) == [1, 2]
         stale = apb.StopJob(job_id=1, end_state="cancelled", attempt=2)
         await agent._handle(
             apb.CoordinatorMessage(
                 stop=[stale, apb.StopJob(job_id=2, end_state="cancelled", attempt=3)]
             )
         )
-        assert 1 in agent.refused  # the stop of start 2 was not for it
-        await await_until(lambda: 1 in agent.unacked, 5)
-        held, stopped = agent.unacked[1], agent.unacked[2]
+        assert 1 in agent.launcher.held  # the stop of start 2 was not for it
+        await await_until(lambda: 1 in agent.reports.unacked, 5)
+        held, stopped = agent.reports.unacked[1], agent.reports.unacked[2]
         assert held.kind == "not_started" and "not started" in held.reason
         assert "cannot be restarted" in held.reason and held.attempt == 3
-        message = agent_module._report_message(held)
+        message = report_message(held)
         assert message.kind == apb.JobReport.NOT_STARTED and message.attempt == 3
         assert stopped.end_state == "cancelled"
-        assert agent.refused == {} and agent.refused_attempts == {}
+        assert agent.launcher.held == {} and agent.launcher.held_attempts == {}
 
     asyncio.run(scenario())

@@ -25,7 +25,7 @@ GIB = 1024**3
 # that must stay text
 JOB = (
     "import os, time, pathlib; "
-    "from gpuq.agent.gpus_fake import claim_fake_vram, set_fake_utilization; "
+    "from gpuq.agent.fake.gpu_state import claim_fake_vram, set_fake_utilization; "
     'gpu = os.environ["CUDA_VISIBLE_DEVICES"]; '
     "set_fake_utilization(gpu, 70); claim_fake_vram(gpu, 20 << 30); "
     'print("holding <img src=x id=xss>", flush=True); '

@@ -12,7 +12,7 @@ from pathlib import Path
 
 from e2e_cluster import Cluster, pid_alive, wait_for
 
-from gpuq.agent.jobdir import supervisor_alive
+from gpuq.agent.jobs.job_folder import supervisor_alive
 from gpuq.config.loading import load_settings
 from gpuq.domain.states import JobState
 

@@ -1,6 +1,6 @@
 """GPUs as they really behave, end to end on fake GPUs with real processes: a lost GPU, XIDs,
 a clean hand-over (stragglers keep a unit dirty), foreign processes, and an agent without a
-driver. Faults are injected through the fake NVML's files (see gpuq.agent.gpus_fake)."""
+driver. Faults are injected through the fake NVML's files (see gpuq.agent.fake.gpu_spec)."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ import pytest
 from e2e_cluster import Cluster, wait_for
 from helpers import needs
 
-from gpuq.agent.gpus_fake import claim_fake_vram
+from gpuq.agent.fake.gpu_state import claim_fake_vram
 from gpuq.v1 import queue_pb2
 
 GIB = 1024**3
@@ -54,7 +54,7 @@ def job_python(code: str) -> str:
 
 
 CLAIM = (
-    "import os, time; from gpuq.agent.gpus_fake import claim_fake_vram; "
+    "import os, time; from gpuq.agent.fake.gpu_state import claim_fake_vram; "
     'claim_fake_vram(os.environ["CUDA_VISIBLE_DEVICES"], 2 << 30{extra}); {then}'
 )
 

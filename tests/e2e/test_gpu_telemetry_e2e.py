@@ -16,7 +16,7 @@ GIB = 1024**3
 
 # claims 20 GiB on its GPU, makes it look 60 % busy, holds both for 3 s, writes a line
 HOLD = (
-    "import os, time; from gpuq.agent.gpus_fake import claim_fake_vram, set_fake_utilization; "
+    "import os, time; from gpuq.agent.fake.gpu_state import claim_fake_vram, set_fake_utilization; "
     'gpu = os.environ["CUDA_VISIBLE_DEVICES"]; '
     "set_fake_utilization(gpu, 60); claim_fake_vram(gpu, 20 << 30); "
     'print("holding", flush=True); time.sleep(3); print("done", flush=True)'

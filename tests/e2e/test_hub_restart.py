@@ -13,21 +13,21 @@ from pathlib import Path
 import pytest
 from supervisor_helpers import alive, cleanup, make_spec, read_pid, running_hub, wait_until
 
-from gpuq.agent.jobdir import supervisor_alive
-from gpuq.agent.launch import LaunchSpec
+from gpuq.agent.jobs.job_folder import supervisor_alive
+from gpuq.agent.jobs.launch_spec import LaunchSpec
 
 pytestmark = pytest.mark.timeout(60)
 
 HUB_OWNER = """
 import asyncio, json, sys
 from pathlib import Path
-from gpuq.agent.hub import SupervisorHub
-from gpuq.agent.launch import LaunchSpec
+from gpuq.agent.jobs.supervisors import Supervisors
+from gpuq.agent.jobs.launch_spec import LaunchSpec
 
 async def main():
-    hub = SupervisorHub(Path(sys.argv[1]), lambda r: print(r.kind, flush=True), ack_wait=20)
+    hub = Supervisors(Path(sys.argv[1]), lambda r: print(r.kind, flush=True), ack_wait=20)
     await hub.start()
-    print("forkserver", hub.fork_server.process.pid, flush=True)
+    print("forkserver", hub.forks.fork_server.process.pid, flush=True)
     await hub.launch(LaunchSpec.from_dict(json.loads(sys.argv[2])))
     await asyncio.sleep(3600)
 

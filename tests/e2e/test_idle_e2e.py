@@ -135,7 +135,7 @@ def test_a_multi_gpu_job_stuck_at_one_figure_is_possibly_hung(tmp_path: Path) ->
 
 
 IDLE_JOB = (
-    "import os, time; from gpuq.agent.gpus_fake import claim_fake_vram, set_fake_utilization; "
+    "import os, time; from gpuq.agent.fake.gpu_state import claim_fake_vram, set_fake_utilization; "
     'gpu = os.environ["CUDA_VISIBLE_DEVICES"]; set_fake_utilization(gpu, 1); '
     "claim_fake_vram(gpu, 1 << 30); time.sleep(120)"
 )

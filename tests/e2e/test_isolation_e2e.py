@@ -20,8 +20,8 @@ import pytest
 from helpers import skip_or_fail
 from supervisor_helpers import Reports, cleanup, make_spec, running_hub
 
-from gpuq.agent.hub import SupervisorReport
-from gpuq.agent.isolation import device_numbers, device_rules
+from gpuq.agent.jobs.isolation import device_numbers, device_rules
+from gpuq.agent.jobs.supervisor_reports import SupervisorReport
 
 pytestmark = pytest.mark.timeout(60)
 

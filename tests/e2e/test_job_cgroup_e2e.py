@@ -237,8 +237,8 @@ def test_two_installations_never_share_a_job_group(
     """Each installation's jobs live below its own key (<parent>/<key>/job_<id>): the same job
     id on two installations of one host gets two groups, the end of one leaves the other's
     running, and a process is attributed only to its own installation's job."""
-    from gpuq.agent.attribution import job_of_cgroup_text
-    from gpuq.agent.launch import cgroup_key
+    from gpuq.agent.jobs.attribution import job_of_cgroup_text
+    from gpuq.agent.jobs.launch_spec import cgroup_key
 
     root, parent = group_parent
     keys = [cgroup_key(str(tmp_path / name), "n1") for name in ("one", "two")]

@@ -21,7 +21,7 @@ GIB = 1 << 30
 # writes its MPS environment and whether the daemon's control socket is there, claims CLAIM
 # GiB of VRAM on its GPU through the fake NVML, holds it for HOLD seconds
 JOB = (
-    "import os, time; from gpuq.agent.gpus_fake import claim_fake_vram; "
+    "import os, time; from gpuq.agent.fake.gpu_state import claim_fake_vram; "
     'e = os.environ; gpu = e["CUDA_VISIBLE_DEVICES"]; '
     'out = open(os.path.join(e["GPUQ_SUBMIT_DIR"], "job-" + e["GPUQ_JOB_ID"] + ".env"), "w"); '
     'out.write("".join(f"{k}={e[k]}\\n" for k in sorted(e) if k.startswith("CUDA_"))); '

@@ -14,7 +14,7 @@ GIB = 1 << 30
 # prints its MPS environment, claims CLAIM GiB through the fake NVML, holds it HOLD seconds
 JOB = """
 import os, sys, time
-from gpuq.agent.gpus_fake import claim_fake_vram
+from gpuq.agent.fake.gpu_state import claim_fake_vram
 for key, value in sorted(os.environ.items()):
     if key.startswith("CUDA_"):
         print(f"{key}={value}", flush=True)

@@ -12,7 +12,7 @@ import pytest
 from e2e_cluster import Cluster, wait_for
 from test_agent_heals_e2e import fork_server_of
 
-from gpuq.agent.hub import TEST_BLOCK_ENV
+from gpuq.agent.jobs.fork_server_link import TEST_BLOCK_ENV
 from gpuq.domain.states import JobState
 
 pytestmark = pytest.mark.timeout(90)
@@ -81,23 +81,25 @@ def test_hub_stops_accepting_after_launches_keep_failing(monkeypatch: pytest.Mon
     for DRAIN_RETRY after the last; a launch that works, or a new fork server, ends it."""
     from pathlib import Path
 
-    from gpuq.agent import hub as hub_module
+    from gpuq.agent.jobs import fork_server_link
+    from gpuq.agent.jobs.supervisors import Supervisors
 
     told: list[str | None] = []
-    hub = hub_module.SupervisorHub(Path("/nonexistent"), lambda _: None)
-    hub.on_health = lambda: told.append(hub.not_accepting())
-    for _ in range(hub_module.LAUNCH_FAILURES_DRAIN - 1):
-        hub._launch_failed("cannot fork: EAGAIN")
-    assert hub.not_accepting() is None and told == []
-    hub._launch_failed("cannot fork: EAGAIN")
+    hub = Supervisors(Path("/nonexistent"), lambda _: None)
+    forks = hub.forks
+    forks.on_health = lambda: told.append(forks.not_accepting())
+    for _ in range(fork_server_link.LAUNCH_FAILURES_DRAIN - 1):
+        forks.launch_refused("cannot fork: EAGAIN")
+    assert forks.not_accepting() is None and told == []
+    forks.launch_refused("cannot fork: EAGAIN")
     assert told == ["launches keep failing (the last: cannot fork: EAGAIN)"]
-    hub._launch_failed("cannot fork: EAGAIN")  # still not accepting: no news
+    forks.launch_refused("cannot fork: EAGAIN")  # still not accepting: no news
     assert len(told) == 1
-    monkeypatch.setattr(hub_module, "DRAIN_RETRY", 0.0)  # its time is up: it tries again
-    assert hub.not_accepting() is None
-    monkeypatch.setattr(hub_module, "DRAIN_RETRY", 30.0)
-    hub._set_refusing("the fork server cannot be restarted: test")
+    monkeypatch.setattr(fork_server_link, "DRAIN_RETRY", 0.0)  # its time is up: it tries again
+    assert forks.not_accepting() is None
+    monkeypatch.setattr(fork_server_link, "DRAIN_RETRY", 30.0)
+    forks.set_refusing("the fork server cannot be restarted: test")
     assert told[-1] == "the fork server cannot be restarted: test"
-    hub._set_refusing(None)
-    hub.failed_launches = 0
-    assert hub.not_accepting() is None
+    forks.set_refusing(None)
+    forks.failed_launches = 0
+    assert forks.not_accepting() is None

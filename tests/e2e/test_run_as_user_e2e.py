@@ -1,8 +1,8 @@
 """A job runs as its submitter, and nothing a user names fools the root processes that start it.
 
 Real Unix users (tests/e2e/unix_users.py), a real fork server and supervisors run by a root hub,
-launch specs built as the agent builds them (gpuq.agent.launch.build_launch from the user's
-passwd entry). Root only; CI runs as root.
+launch specs built as the agent builds them (gpuq.agent.jobs.launch_spec.build_launch from the
+user's passwd entry). Root only; CI runs as root.
 """
 
 from __future__ import annotations
@@ -22,8 +22,8 @@ import unix_users
 from supervisor_helpers import TEST_CGROUP_PARENT, cleanup, running_hub
 from unix_users import UnixUser, needs_root, run_as
 
-from gpuq.agent.hub import lookup_account
-from gpuq.agent.launch import LaunchOrder, LaunchSpec, NodePolicy, build_launch
+from gpuq.agent.jobs.job_account import lookup_account
+from gpuq.agent.jobs.launch_spec import LaunchOrder, LaunchSpec, NodePolicy, build_launch
 from gpuq.domain.model import JobSpec
 
 pytestmark = pytest.mark.timeout(60)
@@ -205,9 +205,9 @@ def test_a_user_without_an_account_here_never_runs(state: Path, unix_user: UnixU
 
 
 def agent_for(tmp_path: Path, address: str, *, allow_root_jobs: bool = False) -> Any:
-    """An agent (not connected) whose launches go through its real checks and hub."""
+    """An agent (not connected) whose launches go through its real checks and supervisors."""
     from gpuq.agent.agent import Agent, AgentOptions
-    from gpuq.agent.gpus_fake import FakeGpuBackend
+    from gpuq.agent.fake.gpu_backend import FakeGpuBackend
     from gpuq.config.settings import AgentSettings
 
     settings = AgentSettings(
@@ -246,9 +246,9 @@ def test_an_agent_refuses_root_jobs_unless_allowed(tmp_path: Path) -> None:
 
     async def scenario() -> None:
         agent = agent_for(tmp_path, address)
-        await agent._launch(launch_message(1, "root", tmp_path))
-        await agent._launch(launch_message(2, "gpuqt_nosuchuser", tmp_path))
-        ends = {job_id: agent.unacked[job_id] for job_id in (1, 2)}
+        await agent.launcher.launch(launch_message(1, "root", tmp_path))
+        await agent.launcher.launch(launch_message(2, "gpuqt_nosuchuser", tmp_path))
+        ends = {job_id: agent.reports.unacked[job_id] for job_id in (1, 2)}
         assert (ends[1].end_state, ends[1].reason) == (
             "failed",
             "node n1 does not run jobs as root ([agent] allow_root_jobs is false)",
@@ -271,20 +271,20 @@ def test_a_root_agent_of_a_users_coordinator_runs_only_that_users_jobs(
 
     async def scenario() -> None:
         agent = agent_for(tmp_path, address, allow_root_jobs=True)
-        await agent.hub.start()
+        await agent.supervisors.start()
         try:
-            await agent._launch(launch_message(1, "root", tmp_path))
-            await agent._launch(launch_message(2, other.name, tmp_path))
-            await agent._launch(launch_message(3, unix_user.name, work))
+            await agent.launcher.launch(launch_message(1, "root", tmp_path))
+            await agent.launcher.launch(launch_message(2, other.name, tmp_path))
+            await agent.launcher.launch(launch_message(3, unix_user.name, work))
             for _ in range(2000):
-                if 3 in agent.unacked:
+                if 3 in agent.reports.unacked:
                     break
                 await asyncio.sleep(0.01)
         finally:
-            await agent.hub.close()
-        assert "private coordinator of uid" in agent.unacked[1].reason
-        assert "private coordinator of uid" in agent.unacked[2].reason
-        assert agent.unacked[3].end_state == "completed", agent.unacked[3].reason
+            await agent.supervisors.close()
+        assert "private coordinator of uid" in agent.reports.unacked[1].reason
+        assert "private coordinator of uid" in agent.reports.unacked[2].reason
+        assert agent.reports.unacked[3].end_state == "completed", agent.reports.unacked[3].reason
 
     try:
         with cleanup(tmp_path / "run"):

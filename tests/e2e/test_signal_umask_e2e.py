@@ -18,7 +18,7 @@ import pytest
 from e2e_cluster import Cluster, wait_for
 from supervisor_helpers import cleanup, make_spec, running_hub, wait_until
 
-from gpuq.agent.launch import LaunchOrder, NodePolicy, build_launch
+from gpuq.agent.jobs.launch_spec import LaunchOrder, NodePolicy, build_launch
 from gpuq.domain.states import JobState
 from gpuq.submission import build_spec
 

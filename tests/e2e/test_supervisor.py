@@ -25,7 +25,7 @@ from supervisor_helpers import (
     running_hub,
 )
 
-from gpuq.agent.forkserver import ForkServer
+from gpuq.agent.jobs.fork_server import ForkServer
 from gpuq.errors import GpuqError
 
 pytestmark = pytest.mark.timeout(60)

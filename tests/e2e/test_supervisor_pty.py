@@ -1,7 +1,7 @@
 """Interactive jobs on the node: the supervisor's pseudo-terminal and the hub's relay of it.
 
 Real fork server, supervisors, processes, signals and terminals (gpuq/agent/native/supervisor.c,
-gpuq/agent/terminals.py). Every wait has a deadline; nothing sleeps and hopes.
+gpuq/agent/jobs/pty_relay.py). Every wait has a deadline; nothing sleeps and hopes.
 """
 
 from __future__ import annotations
@@ -24,9 +24,10 @@ import pytest
 from helpers import skip_or_fail
 from supervisor_helpers import PY, alive, await_until, cleanup, make_spec, read_pid
 
-from gpuq.agent.hub import SupervisorHub, SupervisorReport
-from gpuq.agent.launch import LaunchSpec
-from gpuq.agent.terminals import PTY_SOCKET, PtyEvent, fetch_master
+from gpuq.agent.jobs.launch_spec import LaunchSpec
+from gpuq.agent.jobs.pty_relay import PTY_SOCKET, PtyEvent, fetch_master
+from gpuq.agent.jobs.supervisor_reports import SupervisorReport
+from gpuq.agent.jobs.supervisors import Supervisors
 
 pytestmark = pytest.mark.timeout(60)
 TIOCGPTN = 0x80045430  # the pty's number, asked of its master
@@ -105,9 +106,9 @@ class Timeline:
 
 
 @contextlib.asynccontextmanager
-async def relaying_hub(state: Path) -> AsyncIterator[tuple[SupervisorHub, Timeline]]:
+async def relaying_hub(state: Path) -> AsyncIterator[tuple[Supervisors, Timeline]]:
     timeline = Timeline()
-    hub = SupervisorHub(state, timeline.report, ack_wait=20.0, on_pty=timeline.pty)
+    hub = Supervisors(state, timeline.report, ack_wait=20.0, on_pty=timeline.pty)
     await hub.start()
     try:
         yield hub, timeline

@@ -2,8 +2,8 @@
 fence_time has passed since the coordinator was last known to be there: not before, and not
 much after (within one look: a tenth of fence_time, at most a second apart). Driven on a fake
 clock: the fence loop's sleeps advance the clock instead of waiting, so a fence four times late
-(or early) fails here in milliseconds. Only gpuq.agent.agent's `time` and `asyncio` names are
-replaced, for the loop alone; the loop runs on a stand-in agent (its state and a recording hub).
+(or early) fails here in milliseconds. Only gpuq.agent.fencing's `time` and `asyncio` names are
+replaced, for the loop alone; the Fence stops jobs through recording supervisors.
 
 The e2e tests (test_faults_e2e, test_network_cut_e2e) check the same with real processes."""
 
@@ -18,8 +18,9 @@ from typing import Any
 import grpc
 import pytest
 
-from gpuq.agent import agent as agent_module
-from gpuq.agent.agent import FENCE_GRACE, KEEPALIVE_MAX, KEEPALIVE_MIN, Agent
+from gpuq.agent import fencing as fencing_module
+from gpuq.agent.agent import KEEPALIVE_MAX, KEEPALIVE_MIN, Agent
+from gpuq.agent.fencing import FENCE_GRACE, Fence
 from gpuq.config.settings import AgentSettings, CoordinatorSettings
 
 
@@ -29,7 +30,7 @@ class Horizon(Exception):
 
 @dataclass
 class FakeClock:
-    """time.monotonic for the agent module, and asyncio.sleep for its fence loop: a sleep
+    """time.monotonic for the fencing module, and asyncio.sleep for its fence loop: a sleep
     moves the clock on at once; `at` runs an action once the clock reaches a moment."""
 
     now: float = 0.0
@@ -70,23 +71,21 @@ class RecordingHub:
 @pytest.fixture
 def clock(monkeypatch: pytest.MonkeyPatch) -> FakeClock:
     fake = FakeClock()
-    monkeypatch.setattr(agent_module, "time", SimpleNamespace(monotonic=fake.monotonic))
-    monkeypatch.setattr(agent_module, "asyncio", SimpleNamespace(sleep=fake.sleep))
+    monkeypatch.setattr(fencing_module, "time", SimpleNamespace(monotonic=fake.monotonic))
+    monkeypatch.setattr(fencing_module, "asyncio", SimpleNamespace(sleep=fake.sleep))
     return fake
 
 
+def keepalive(fence_time: float) -> tuple[float, float]:
+    """The agent's keepalive for a fence_time (what it gives its Fence)."""
+    settings = AgentSettings(node_name="n1", fence_time=fence_time)
+    return Agent._keepalive(SimpleNamespace(options=SimpleNamespace(settings=settings)))  # type: ignore[arg-type]
+
+
 def stand_in(clock: FakeClock, fence_time: float, jobs: list[int]) -> Any:
-    """What Agent._fence and Agent._lost read and write of an agent."""
-    agent = SimpleNamespace(
-        options=SimpleNamespace(settings=AgentSettings(node_name="n1", fence_time=fence_time)),
-        connected=asyncio.Event(),
-        last_contact=clock.now,
-        _last_heard=clock.now,
-        fenced=set(),
-        hub=RecordingHub(clock, list(jobs)),
-    )
-    agent._keepalive = lambda: Agent._keepalive(agent)
-    return agent
+    """A Fence as an agent makes it, over recording supervisors."""
+    hub = RecordingHub(clock, list(jobs))
+    return Fence(fence_time, keepalive(fence_time), asyncio.Event(), hub)  # type: ignore[arg-type]
 
 
 def drive(agent: Any, clock: FakeClock, until: float) -> None:
@@ -95,7 +94,7 @@ def drive(agent: Any, clock: FakeClock, until: float) -> None:
 
     async def main() -> None:
         with pytest.raises(Horizon):
-            await Agent._fence(agent)
+            await agent.run()
 
     asyncio.run(main())
 
@@ -111,7 +110,7 @@ def test_a_cut_off_agent_fences_its_jobs_at_fence_time_not_before(
 ) -> None:
     agent = stand_in(clock, fence_time, jobs=[4, 9])
     drive(agent, clock, until=3 * fence_time)
-    stops = agent.hub.stops
+    stops = agent.supervisors.stops
     assert [job for _, job, *_ in stops] == [4, 9]  # each once, though the loop looked on
     reason = f"fenced: no word from the coordinator for {fence_time:g} s"
     for at, _, end_state, why, sig, grace in stops:
@@ -127,7 +126,7 @@ def test_the_fence_counts_from_the_last_contact_not_from_the_loops_start(
     agent = stand_in(clock, 240.0, jobs=[1])
     agent.last_contact = -100.0  # known there last 100 s before the loop began
     drive(agent, clock, until=400)
-    [(at, *_)] = agent.hub.stops
+    [(at, *_)] = agent.supervisors.stops
     assert 140 <= at <= 141
 
 
@@ -138,26 +137,26 @@ def test_a_connected_agent_never_fences_and_forgets_its_fenced_jobs(clock: FakeC
     clock.at(50, lambda: agent.fenced.add(1))
 
     def lose() -> None:  # the connection goes at 100 (last known there then), a job starts
-        assert agent.hub.stops == []
+        assert agent.supervisors.stops == []
         assert agent.fenced == set()  # cleared while connected
         agent.connected.clear()
         agent.last_contact = 100.0
-        agent.hub.running.append(2)
+        agent.supervisors.running.append(2)
 
     clock.at(100, lose)
     drive(agent, clock, until=130)
-    assert [(job, state) for _, job, state, *_ in agent.hub.stops] == [
+    assert [(job, state) for _, job, state, *_ in agent.supervisors.stops] == [
         (1, "node_fail"),
         (2, "node_fail"),
     ]
-    assert all(110 <= at <= 111 for at, *_ in agent.hub.stops)
+    assert all(110 <= at <= 111 for at, *_ in agent.supervisors.stops)
 
 
 def test_a_job_started_after_the_fence_is_fenced_at_the_next_look(clock: FakeClock) -> None:
     agent = stand_in(clock, 20.0, jobs=[1])
-    clock.at(25, lambda: agent.hub.running.append(2))
+    clock.at(25, lambda: agent.supervisors.running.append(2))
     drive(agent, clock, until=40)
-    assert [(job, round(at)) for at, job, *_ in agent.hub.stops] == [(1, 20), (2, 25)]
+    assert [(job, round(at)) for at, job, *_ in agent.supervisors.stops] == [(1, 20), (2, 25)]
 
 
 # ---- when the coordinator was last known to be there -----------------------------------------
@@ -174,8 +173,7 @@ def rpc_error(details: str) -> grpc.aio.AioRpcError:
 def test_keepalive_pings_every_quarter_fence_time_within_bounds(
     clock: FakeClock, fence_time: float, every: float
 ) -> None:
-    agent = stand_in(clock, fence_time, jobs=[])
-    assert Agent._keepalive(agent) == (every, every)
+    assert keepalive(fence_time) == (every, every)
 
 
 @pytest.mark.parametrize(
@@ -196,17 +194,17 @@ def test_a_lost_connection_dates_the_last_contact(
     clock: FakeClock, error: grpc.aio.AioRpcError | None, earlier: float
 ) -> None:
     agent = stand_in(clock, 240.0, jobs=[])  # pings every 5 s, 5 s to answer
-    agent._last_heard = 900.0
+    agent.last_heard = 900.0
     clock.now = 1000.0
-    Agent._lost(agent, error)
+    agent.lost(error)
     assert agent.last_contact == 1000.0 - earlier
 
 
 def test_a_silent_cut_is_never_dated_before_the_last_message_heard(clock: FakeClock) -> None:
     agent = stand_in(clock, 240.0, jobs=[])
-    agent._last_heard = 996.0
+    agent.last_heard = 996.0
     clock.now = 1000.0
-    Agent._lost(agent, rpc_error("ping timeout"))
+    agent.lost(rpc_error("ping timeout"))
     assert agent.last_contact == 996.0
 
 
@@ -216,16 +214,16 @@ def test_a_silently_cut_agent_fences_fence_time_after_its_last_answered_ping(
     """As test_network_cut_e2e sees it, in milliseconds: cut at 1000, the keepalive gives up
     at 1010 (5 s pings, 5 s to answer), the loss is dated 1000, the job fenced at 1240."""
     agent = stand_in(clock, 240.0, jobs=[3])
-    agent._last_heard = 990.0
+    agent.last_heard = 990.0
     agent.connected.set()
 
     def given_up() -> None:
-        Agent._lost(agent, rpc_error("keepalive watchdog timeout"))
+        agent.lost(rpc_error("keepalive watchdog timeout"))
         agent.connected.clear()
 
     clock.at(1010.0, given_up)
     drive(agent, clock, until=1400)
-    [(at, job, state, *_)] = agent.hub.stops
+    [(at, job, state, *_)] = agent.supervisors.stops
     assert (job, state) == (3, "node_fail")
     assert 1240 <= at <= 1241
 

@@ -10,8 +10,9 @@ from pathlib import Path
 import pytest
 from helpers import needs
 
-from gpuq.agent import nvml_fake
-from gpuq.agent.gpu_devices import (
+from gpuq.agent.fake import nvml_box
+from gpuq.agent.fake.gpu_backend import FakeGpuBackend
+from gpuq.agent.gpu.device_paths import (
     NVIDIA_MAJOR,
     affinity_words,
     cpus_from_affinity,
@@ -22,7 +23,6 @@ from gpuq.agent.gpu_devices import (
     sysfs_bus_id,
     sysfs_local_cpus,
 )
-from gpuq.agent.gpus import FakeGpuBackend
 
 MIG_MINORS = """\
 config 1
@@ -104,7 +104,7 @@ def test_as_root_fake_gpus_get_real_device_nodes(tmp_path: Path) -> None:
     assert len({n[1] for n in nodes}) == 2 and len({n[2] for n in nodes}) == 3
     for node in nodes[0][1:]:
         found = os.stat(node)
-        assert os.major(found.st_rdev) == nvml_fake.NVIDIA_CAPS_MAJOR
+        assert os.major(found.st_rdev) == nvml_box.NVIDIA_CAPS_MAJOR
     with pytest.raises(OSError) as opened:  # no NVIDIA driver here: the node leads nowhere
         os.open(devices[whole.uuid][0], os.O_RDWR)
     assert opened.value.errno in (errno.ENXIO, errno.ENODEV)

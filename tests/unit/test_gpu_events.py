@@ -8,7 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from gpuq.agent.gpus import FakeGpuBackend, GpuEvent
+from gpuq.agent.fake.gpu_backend import FakeGpuBackend
+from gpuq.agent.gpu.backend import GpuEvent
 
 
 def make(tmp_path: Path, spec: str) -> FakeGpuBackend:

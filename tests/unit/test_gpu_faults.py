@@ -11,9 +11,12 @@ from pathlib import Path
 import pynvml
 import pytest
 
-from gpuq.agent.gpus import FakeGpuBackend, GpuProcess, UnitUsage, select_backend
-from gpuq.agent.gpus_fake import GIB, claim_fake_vram
-from gpuq.agent.nvml_fake import FAKE_DRIVER_RESERVED
+from gpuq.agent.fake.gpu_backend import FakeGpuBackend
+from gpuq.agent.fake.gpu_spec import GIB
+from gpuq.agent.fake.gpu_state import claim_fake_vram
+from gpuq.agent.fake.nvml_library import FAKE_DRIVER_RESERVED
+from gpuq.agent.gpu.backend import GpuProcess, UnitUsage
+from gpuq.agent.gpu.choose_backend import select_backend
 
 MIB = 1024**2
 ERROR_NAMES = sorted(

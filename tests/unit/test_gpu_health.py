@@ -5,7 +5,7 @@ from __future__ import annotations
 import pynvml
 import pytest
 
-from gpuq.agent.gpu_health import (
+from gpuq.agent.gpu.nvml_health import (
     APPLICATION_XIDS,
     classify_xid,
     describe_error,

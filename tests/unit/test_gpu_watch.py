@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import os
 
-from gpuq.agent.attribution import JobOfProcess, job_of_cgroup_text
-from gpuq.agent.gpu_watch import ProcessFacts, UnitWatch
-from gpuq.agent.gpus import GpuProcess, UnitUsage
+from gpuq.agent.gpu.backend import GpuProcess, UnitUsage
+from gpuq.agent.gpu.handover_watch import ProcessFacts, UnitWatch
+from gpuq.agent.jobs.attribution import JobOfProcess, job_of_cgroup_text
 
 GIB = 1024**3
 
@@ -130,7 +130,7 @@ def test_an_environment_variable_does_not_make_a_process_a_jobs() -> None:
 
 
 def test_the_node_claims_the_device_cgroup_its_supervisors_will_use() -> None:
-    from gpuq.agent.gpu_care import device_cgroup_kind
+    from gpuq.agent.jobs.isolation import device_cgroup_kind
 
     hybrid = (
         "cgroup /sys/fs/cgroup/devices cgroup rw,relatime,devices 0 0\n"

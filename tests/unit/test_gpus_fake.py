@@ -15,23 +15,17 @@ from pathlib import Path
 
 import pytest
 
-from gpuq.agent.gpus import (
-    FakeGpuBackend,
-    GpuInventory,
-    GpuProcess,
-    NvmlGpuBackend,
-    UnitUsage,
-    parse_fake_spec,
-)
-from gpuq.agent.gpus_fake import (
+from gpuq.agent.fake.gpu_backend import FakeGpuBackend, parse_fake_spec
+from gpuq.agent.fake.gpu_spec import GIB, MIB
+from gpuq.agent.fake.gpu_state import (
     FAKE_GPU_DIR_ENV,
-    GIB,
-    MIB,
     claim_fake_vram,
     fake_state_dir,
     set_fake_energy,
     set_fake_utilization,
 )
+from gpuq.agent.gpu.backend import GpuInventory, GpuProcess, UnitUsage
+from gpuq.agent.gpu.nvml_backend import NvmlGpuBackend
 from gpuq.domain.model import (
     DISTANCE_NUMA_NODE,
     DISTANCE_NVLINK,
@@ -368,7 +362,7 @@ def test_a_job_process_claims_through_the_environment(
     backend = FakeGpuBackend("1", "node-a")  # state_dir from the environment
     unit = backend.inventory().units[0].uuid
     code = (
-        "import sys, time; from gpuq.agent.gpus_fake import claim_fake_vram; "
+        "import sys, time; from gpuq.agent.fake.gpu_state import claim_fake_vram; "
         f"claim_fake_vram({unit!r}, 7 * 1024**3); print('claimed', flush=True); time.sleep(60)"
     )
     job = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE)

@@ -21,15 +21,10 @@ import pynvml
 import pytest
 from helpers import needs
 
-from gpuq.agent.gpus import (
-    FakeGpuBackend,
-    GpuInventory,
-    GpuProcess,
-    NvmlGpuBackend,
-    UnitUsage,
-    select_backend,
-)
-from gpuq.agent.gpus_nvml import normalize_bus_id
+from gpuq.agent.fake.gpu_backend import FakeGpuBackend
+from gpuq.agent.gpu.backend import GpuInventory, GpuProcess, UnitUsage
+from gpuq.agent.gpu.choose_backend import select_backend
+from gpuq.agent.gpu.nvml_backend import NvmlGpuBackend, normalize_bus_id
 from gpuq.domain.model import (
     DISTANCE_HOST_BRIDGE,
     DISTANCE_NUMA_NODE,

@@ -1,4 +1,4 @@
-"""The pure parts of device isolation and CPU binding (gpuq/agent/isolation.py)."""
+"""The pure parts of device isolation and CPU binding (gpuq/agent/jobs/isolation.py)."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from helpers import needs
 from hypothesis import given
 from hypothesis import strategies as st
 
-from gpuq.agent.isolation import (
+from gpuq.agent.jobs.isolation import (
     choose_cpus,
     device_numbers,
     device_rules,

@@ -1,19 +1,19 @@
 """The job's launch spec from an order and the node's policy: allocator settings as one
-setting, device rules, CPUs (gpuq/agent/launch.py)."""
+setting, device rules, CPUs (gpuq/agent/jobs/launch_spec.py)."""
 
 from __future__ import annotations
 
 import pytest
 
-from gpuq.agent.launch import (
-    Account,
+from gpuq.agent.jobs.job_account import Account, launch_refusal
+from gpuq.agent.jobs.launch_spec import (
     LaunchOrder,
     LaunchSpec,
     NodePolicy,
     build_launch,
     cgroup_key,
-    launch_refusal,
 )
+from gpuq.agent.jobs.mps_share import MpsShare
 from gpuq.config.settings import DEFAULT_JOB_ENV
 from gpuq.config.value_checks import _job_env
 from gpuq.domain.model import GpuUnit, JobSpec
@@ -83,6 +83,30 @@ def test_device_rules_and_cpus_in_the_spec() -> None:
 def test_no_devices_known_no_rules_and_unbound_by_default() -> None:
     spec = build_launch(order({}, ()), NodePolicy("n1", {}))
     assert spec.device_deny == () and spec.cpuset is None and spec.mems is None
+
+
+def test_units_and_share_limit_go_under_extra_in_spec_json_as_every_agent_wrote_them() -> None:
+    """An agent that restarts adopts jobs an earlier agent started: it reads their units and a
+    share job's VRAM limit back from spec.json's "extra" object, where agents have always
+    written them (the supervisor ignores it)."""
+    units = {"GPU-1": unit("GPU-1", 1)}
+    mps = MpsShare("/run/mps/pipe", "/run/mps/log", 50, 20 << 30)
+    spec = build_launch(order({}, ("GPU-1",)), NodePolicy("n1", units), mps=mps)
+    assert (spec.gpus, spec.share_mem) == (("GPU-1",), 20 << 30)
+    data = spec.to_dict()
+    assert data["extra"] == {"gpus": ["GPU-1"], "share_mem": 20 << 30}
+    assert "gpus" not in data and "share_mem" not in data
+    assert LaunchSpec.from_dict(data) == spec
+    cpu_job = build_launch(order({}, ()), NodePolicy("n1", {}))
+    assert cpu_job.to_dict()["extra"] == {"gpus": []}
+    # what an earlier agent wrote (extra filled in after build_launch), and a bare spec's {}
+    earlier = {**cpu_job.to_dict(), "extra": {"gpus": ["GPU-1"], "share_mem": 5}}
+    assert (LaunchSpec.from_dict(earlier).gpus, LaunchSpec.from_dict(earlier).share_mem) == (
+        ("GPU-1",),
+        5,
+    )
+    bare = LaunchSpec.from_dict({**cpu_job.to_dict(), "extra": {}})
+    assert (bare.gpus, bare.share_mem) == ((), None)
 
 
 ALICE = Account("alice", 1001, 1001, "/home/alice", "/bin/zsh")

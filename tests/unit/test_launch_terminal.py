@@ -1,9 +1,9 @@
 """An interactive job's launch spec: its terminal goes to spec.json, its TERM to the job, and
-no output file is named (gpuq/agent/launch.py)."""
+no output file is named (gpuq/agent/jobs/launch_spec.py)."""
 
 from __future__ import annotations
 
-from gpuq.agent.launch import LaunchOrder, LaunchSpec, NodePolicy, build_launch
+from gpuq.agent.jobs.launch_spec import LaunchOrder, LaunchSpec, NodePolicy, build_launch
 from gpuq.domain.interactive_jobs import Terminal
 from gpuq.domain.model import JobSpec
 

@@ -1,4 +1,4 @@
-"""Opt-in GPU sharing through MPS on the agent (gpuq/agent/mps.py): the job environment
+"""Opt-in GPU sharing through MPS on the agent (gpuq/agent/jobs/mps_daemons.py): the job environment
 contract, shared units at registration, the private control daemons (the fake one, a real
 process), a node-wide daemon found, and a share job over its VRAM ended out_of_memory."""
 
@@ -16,17 +16,14 @@ from pathlib import Path
 import pytest
 from helpers import needs, until
 
-from gpuq.agent.gpu_care import GpuCare
-from gpuq.agent.gpus_fake import GIB, FakeGpuBackend, claim_fake_vram
-from gpuq.agent.launch import LaunchOrder, NodePolicy, build_launch
-from gpuq.agent.mps import (
-    MpsDaemons,
-    MpsError,
-    MpsShare,
-    folder_name,
-    node_wide_mps,
-    shared_units,
-)
+from gpuq.agent.fake.gpu_backend import FakeGpuBackend
+from gpuq.agent.fake.gpu_spec import GIB
+from gpuq.agent.fake.gpu_state import claim_fake_vram
+from gpuq.agent.gpu.node_gpus import NodeGpus
+from gpuq.agent.jobs.launch_spec import LaunchOrder, NodePolicy, build_launch
+from gpuq.agent.jobs.mps_daemons import MpsDaemons, MpsError, folder_name
+from gpuq.agent.jobs.mps_node_scan import node_wide_mps
+from gpuq.agent.jobs.mps_share import MpsShare, shared_units
 from gpuq.config.settings import AgentSettings
 from gpuq.convert import unit_to_proto
 from gpuq.domain.model import GpuUnit, JobSpec, Resources
@@ -88,7 +85,7 @@ def test_shared_units_register_as_shared_and_unknown_entries_warn_once(
 ) -> None:
     backend = FakeGpuBackend("2xH100-80GB,1xA100-80GB:mig=3g.40gb+3g.40gb", "n1", tmp_path / "g")
     settings = AgentSettings(node_name="n1", shared_gpus="0,2,9")
-    care = GpuCare(
+    care = NodeGpus(
         backend,
         settings,
         None,  # type: ignore[arg-type]
@@ -283,7 +280,7 @@ def test_a_share_job_over_its_vram_ends_out_of_memory_and_its_neighbour_runs(
         stops.append((job_id, state, reason))
 
     async def scenario() -> None:
-        care = GpuCare(
+        care = NodeGpus(
             backend,
             AgentSettings(node_name="n1", shared_gpus="all"),
             TwoJobsHub({first.pid: 7, second.pid: 8}, gpu),  # type: ignore[arg-type]
@@ -291,27 +288,30 @@ def test_a_share_job_over_its_vram_ends_out_of_memory_and_its_neighbour_runs(
             units_changed=lambda: None,
             stop_job=stop,
         )
-        care._loop = asyncio.get_running_loop()
+        care.shares.loop = asyncio.get_running_loop()
         for job in (7, 8):
-            care.job_units[job] = (gpu,)
-            care.set_share(job, 20 * GIB)
+            care.holders.job_units[job] = (gpu,)
+            care.holders.set_share(job, 20 * GIB)
         claim_fake_vram(gpu, 20 * GIB, pid=first.pid, state_dir=state)  # at its limit: fine
         claim_fake_vram(gpu, 10 * GIB, pid=second.pid, state_dir=state)
-        await asyncio.to_thread(care.usage)
+        await asyncio.to_thread(care.reads.usage)
         assert stops == []  # (one asked here would also show in the list checked below)
         claim_fake_vram(gpu, int(23.1 * GIB), pid=first.pid, state_dir=state)
-        await asyncio.to_thread(care.usage)
-        await asyncio.to_thread(care.usage)  # stopped once
+        await asyncio.to_thread(care.reads.usage)
+        await asyncio.to_thread(care.reads.usage)  # stopped once
         await until(lambda: stops)
         assert stops == [
             (7, "out_of_memory", "used 23.1G of its 20G GPU share (MPS) on GPU 0"),
         ]
         # the supervisor ends it "cancelled" with that reason: its report says out_of_memory
         reason = stops[0][2]
-        assert care.end_state(8, "completed", "") == "completed"
-        assert care.end_state(7, "cancelled", f"{reason}; isolation: advisory") == "out_of_memory"
+        assert care.shares.end_state(8, "completed", "") == "completed"
+        assert (
+            care.shares.end_state(7, "cancelled", f"{reason}; isolation: advisory")
+            == "out_of_memory"
+        )
         assert care.job_ended(7)
-        assert 7 not in care.share_limits and 8 in care.share_limits
+        assert 7 not in care.holders.share_limits and 8 in care.holders.share_limits
 
     try:
         asyncio.run(scenario())

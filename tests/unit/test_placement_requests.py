@@ -81,7 +81,7 @@ def test_nvml_names_normalise_to_types(name: str, expected: str) -> None:
 
 
 def test_the_fake_backends_models_have_the_types_people_type() -> None:
-    from gpuq.agent.gpus_fake import parse_fake_spec
+    from gpuq.agent.fake.gpu_backend import parse_fake_spec
 
     inventory = parse_fake_spec("1xH100-80GB,1xA100-40GB,1xL4-24GB,1xRTX4090-24GB", "n")
     assert [gpu_type(u.name) for u in inventory.units] == ["h100", "a100", "l4", "rtx4090"]

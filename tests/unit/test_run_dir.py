@@ -1,5 +1,5 @@
 """Where an agent keeps job folders: tmpfs for a root agent, in a folder of this installation
-with a random name, never a folder someone else owns or can write (gpuq/agent/rundir.py)."""
+with a random name, never a folder someone else owns or can write (gpuq/agent/run_folder.py)."""
 
 from __future__ import annotations
 
@@ -13,7 +13,8 @@ from pathlib import Path
 import pytest
 from helpers import needs, skip_or_fail
 
-from gpuq.agent import rundir
+from gpuq import run_root
+from gpuq.agent import run_folder
 from gpuq.config.settings import AgentSettings, Settings
 from gpuq.daemons import agent_run_dir
 from gpuq.errors import InvalidInput
@@ -63,7 +64,7 @@ def test_root_agent_keeps_job_folders_in_a_random_tmpfs_folder(
     for folder in (root, run_dir):
         info = folder.lstat()
         assert (info.st_uid, info.st_mode & 0o777) == (0, 0o711)
-    assert (settings.home / "agent" / rundir.RECORD).read_text().strip() == str(root)
+    assert (settings.home / "agent" / run_root.RECORD).read_text().strip() == str(root)
     assert agent_run_dir(settings) == run_dir  # remembered: the same folder next time
     other = settings_for(tmp_path / "other")
     other_dir = agent_run_dir(other)
@@ -84,7 +85,7 @@ def test_names_taken_by_others_never_stop_a_root_agent(
     taken = "a" * 24
     squat(Path(f"/dev/shm/gpuq-{taken}"), made)
     names = iter([taken, "b" * 24])
-    monkeypatch.setattr(rundir.secrets, "token_hex", lambda _: next(names))
+    monkeypatch.setattr(run_folder.secrets, "token_hex", lambda _: next(names))
     settings = settings_for(tmp_path)
     run_dir = agent_run_dir(settings)
     made.append(run_dir.parent)
@@ -92,7 +93,7 @@ def test_names_taken_by_others_never_stop_a_root_agent(
     # the remembered folder removed at a clean stop, then taken by someone: a new one
     shutil.rmtree(run_dir.parent)
     squat(run_dir.parent, made)
-    monkeypatch.setattr(rundir.secrets, "token_hex", lambda _: "c" * 24)
+    monkeypatch.setattr(run_folder.secrets, "token_hex", lambda _: "c" * 24)
     again = agent_run_dir(settings)
     made.append(again.parent)
     assert again.parent == Path(f"/dev/shm/gpuq-{'c' * 24}")
@@ -111,12 +112,12 @@ def test_a_link_in_place_of_the_folder_is_never_followed(
     link.symlink_to(target)
     made.append(link)
     names = iter(["d" * 24, "e" * 24])
-    monkeypatch.setattr(rundir.secrets, "token_hex", lambda _: next(names))
+    monkeypatch.setattr(run_folder.secrets, "token_hex", lambda _: next(names))
     run_dir = agent_run_dir(settings_for(tmp_path))
     made.append(run_dir.parent)
     assert run_dir.parent == Path(f"/dev/shm/gpuq-{'e' * 24}")
     assert list(target.iterdir()) == []
-    assert rundir.safe_folder(link) == "is a symbolic link"
+    assert run_folder.safe_folder(link) == "is a symbolic link"
 
 
 def test_an_agent_that_is_not_root_uses_its_state_dir(

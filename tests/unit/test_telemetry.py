@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from gpuq.agent.telemetry import JobTelemetry, UnitReading
+from gpuq.agent.gpu.job_gpu_telemetry import JobTelemetry, UnitReading
 
 GIB = 1024**3
 

@@ -1,14 +1,14 @@
 /* gpuq.agent._supervise: the fork server's loop and the supervisors it forks, as a Python
  * extension module so that it installs like any other (no separate executable to place).
  *
- * The fork server process (gpuq/agent/forkserver.py) calls serve(): from then on it runs this C loop
- * and never Python again, and each supervisor is a fork of it that runs supervise() and
+ * The fork server process (gpuq/agent/jobs/fork_server.py) calls serve(): from then on it runs
+ * this C loop and never Python again, and each supervisor is a fork of it that runs supervise() and
  * _exit()s. A fork of a process that runs no Python touches few pages, so it stays cheap.
  *
- * Protocol on the control socket (JSON lines): the hub sends {"spawn": job_dir}, the server
+ * Protocol on the control socket (JSON lines): the agent sends {"spawn": job_dir}, the server
  * answers {"job_dir": job_dir, "pid": N} or {"job_dir": job_dir, "error": text}, in order.
  * A supervisor that ends other than with exit code 0 (killed by a signal, say) is told, at any
- * time between replies: {"exited": pid, "status": N} (N as waitpid gives it), so that the hub
+ * time between replies: {"exited": pid, "status": N} (N as waitpid gives it), so that the agent
  * can say how a job's supervisor died.
  * At EOF (the agent is gone) serve() returns; supervisors are in their own sessions and go on. */
 #define PY_SSIZE_T_CLEAN

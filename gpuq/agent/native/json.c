@@ -1,6 +1,6 @@
 /* Just enough JSON: a recursive-descent parser into a small tree, and a writer of strings.
  *
- * What it reads was written by Python's json.dumps (spec.json, the hub's commands), so the
+ * What it reads was written by Python's json.dumps (spec.json, the agent's commands), so the
  * parser is strict and small. Lone surrogates \udc80-\udcff are turned back into the bytes
  * that Python's surrogateescape made them from (an environment value that was not UTF-8). */
 #define _GNU_SOURCE

@@ -9,7 +9,7 @@
 #include <stddef.h>
 #include <sys/types.h>
 
-/* ---- json.c: the parts of JSON the job folder and the hub protocol use ---- */
+/* ---- json.c: the parts of JSON the job folder and the agent protocol use ---- */
 
 typedef enum { J_NULL, J_BOOL, J_NUM, J_STR, J_ARR, J_OBJ } jtype;
 

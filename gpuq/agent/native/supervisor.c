@@ -3,19 +3,20 @@
  * It owns everything about one run so that the agent can die and come back without the job
  * noticing: it writes the script, starts the job, enforces the time and memory limits, kills
  * every leftover process when the job ends, writes result.json durably, and tells the agent
- * (the hub) over a Unix socket, reconnecting while the agent restarts. It is C, not Python,
+ * over a Unix socket, reconnecting while the agent restarts. It is C, not Python,
  * because a forked Python supervisor cost 3 to 4 ms of CPU per job (copy-on-write faults in the
  * interpreter's heap, bytecode), which capped a 2-core node near 150 `true` jobs/s; this costs
  * about the fork and exec of the job itself.
  *
- * Protocol with the hub, newline-delimited JSON on `<state>/agent.sock` (gpuq/agent/hub.py):
- *   supervisor -> hub  {"type":"hello","job_id","pid","job_pid","started_at","isolation",
- *                      "cpu_binding","status":"running"} (or "status":"ended" with "result"),
- *                      {"type":"ended","job_id","result"}; the result has the same two fields
- *   hub -> supervisor  {"type":"stop","end_state","reason","signal","grace"},
- *                      {"type":"signal","signal"}, {"type":"ack"}: the end is recorded; delete
- *                      the folder and exit.
- * The folder: spec.json (from the hub), script, supervisor.pid ("<pid> <start time>"),
+ * Protocol with the agent, newline-delimited JSON on `<state>/agent.sock`
+ * (gpuq/agent/jobs/supervisors.py):
+ *   supervisor -> agent  {"type":"hello","job_id","pid","job_pid","started_at","isolation",
+ *                        "cpu_binding","status":"running"} (or "status":"ended" with "result"),
+ *                        {"type":"ended","job_id","result"}; the result has the same two fields
+ *   agent -> supervisor  {"type":"stop","end_state","reason","signal","grace"},
+ *                        {"type":"signal","signal"}, {"type":"ack"}: the end is recorded;
+ *                        delete the folder and exit.
+ * The folder: spec.json (from the agent), script, supervisor.pid ("<pid> <start time>"),
  * job.pid ("<job pid> <start time>", then each of the job's cgroup folders on a line of its
  * own), isolation (the device isolation the job got, one line), result.json (written with
  * temp + fsync + rename; a reader falls back to result.json.tmp).
@@ -26,10 +27,11 @@
  * sets groups, gid and uid before it touches anything the user named: the working folder, the
  * output files (opened as the user: a link the user planted gets the user's rights, never
  * root's), the script. spec.json, results and pid files are root's, 0600; the script is the
- * user's, 0700, in a folder the user may only pass through (0711, made by the hub).
+ * user's, 0700, in a folder the user may only pass through (0711, made by the agent).
  *
  * Cgroups: the job's groups are <cgroup_parent>/<cgroup_key>/job_<id>, the key being the
- * installation's (gpuq.agent.launch.cgroup_key), so that two installations never share one.
+ * installation's (gpuq.agent.jobs.launch_spec.cgroup_key), so that two installations never
+ * share one.
  *
  * Interactive jobs (spec.json has a "terminal"): the job runs on a pseudo-terminal instead of
  * output files. The supervisor opens it (window size and modes from the spec), the job's main
@@ -38,7 +40,7 @@
  * that restarts neither hangs the job up nor loses what it wrote). It serves the master on
  * `<job_dir>/pty.sock` (0600, the supervisor's user): each connection from a process of its
  * own euid (SO_PEERCRED) gets one byte "T" with the master fd (SCM_RIGHTS); any other gets
- * "N" and no fd. The agent (gpuq/agent/terminals.py) relays the terminal from there.
+ * "N" and no fd. The agent (gpuq/agent/jobs/pty_relay.py) relays the terminal from there.
  *
  * Isolation: the job's GPUs other than its own are denied in its devices group (devices.deny
  * on cgroup v1, a BPF_PROG_TYPE_CGROUP_DEVICE program on v2), its CPUs bound by its cpuset
@@ -137,7 +139,7 @@ typedef struct {
     char *result; /* the result object's JSON once the job has ended */
     int acked;
     int wake_r, wake_w;
-    int sock; /* the hub link, -1 when not connected */
+    int sock; /* the agent link, -1 when not connected */
     int pty_master, pty_slave; /* an interactive job's terminal (-1: none); the slave until spawned */
     int pty_listen; /* pty.sock, where the agent gets the master (-1: none) */
     buf in, out;
@@ -246,7 +248,8 @@ typedef struct {
     const char *isolation, *cpu_binding;
 } job_end;
 
-/* result.json's object, as the hub reads it (gpuq/agent/hub.py, SupervisorReport.ended). */
+/* result.json's object, as the agent reads it (gpuq/agent/jobs/supervisor_reports.py,
+ * SupervisorReport.ended). */
 static char *result_json(const job_end *end) {
     buf out = {0};
     buf_addf(&out, "{\"job_id\":%lld,\"end_state\":\"%s\",", end->job_id, end->state);
@@ -659,7 +662,7 @@ static void spawn_job(supervisor *s, const char *script, const child_args *joins
     snprintf(s->launch_error, sizeof s->launch_error, "launch failed: cannot %s%s: %s", step, detail, strerror(failure.err));
 }
 
-/* ---- the hub link ---- */
+/* ---- the agent link ---- */
 
 static void link_close(supervisor *s) {
     if (s->sock < 0) return;
@@ -968,9 +971,9 @@ static int prepare(supervisor *s, char *script, size_t script_size, char *proble
 }
 
 /* job.pid: "<job pid> <its start time>\n" and a line per cgroup folder of the job, for the
- * hub: when this supervisor dies (even by SIGKILL) the hub stops the job's process group and
- * cgroups itself, so that nothing of the job outlives its supervisor (gpuq/agent/hub.py,
- * stop_job_processes). */
+ * agent: when this supervisor dies (even by SIGKILL) the agent stops the job's process group
+ * and cgroups itself, so that nothing of the job outlives its supervisor
+ * (gpuq/agent/jobs/orphan_reaper.py, stop_job_processes). */
 static void record_job(supervisor *s) {
     char path[4200];
     const char *folders[CG_ROLES];
@@ -1164,7 +1167,7 @@ static void on_terminal_client(supervisor *s) {
 
 static void start(supervisor *s, const char *script) {
     const launch_spec *spec = &s->spec;
-    /* every job gets groups of its own where they can be made, so that the end (or the hub,
+    /* every job gets groups of its own where they can be made, so that the end (or the agent,
      * when this supervisor is gone) finds every process of the job, even one that escaped with
      * setsid; the memory group enforces --mem unless the admin asked for polling or no limit
      * could be set */
@@ -1245,7 +1248,7 @@ static void run(supervisor *s, const char *script) {
             int ms = wait <= 0 ? 0 : (int)fmin(wait * 1000 + 1, 1e9);
             if (timeout < 0 || ms < timeout) timeout = ms;
         }
-        /* wake, the terminal's socket (always there when the job has one), the hub link */
+        /* wake, the terminal's socket (always there when the job has one), the agent link */
         struct pollfd fds[3] = {{s->wake_r, POLLIN, 0}, {s->pty_listen, POLLIN, 0}, {s->sock, (short)(POLLIN | (s->out.len ? POLLOUT : 0)), 0}};
         int link = s->sock >= 0;
         int n = poll(fds, 3, timeout); /* a negative fd is skipped */
@@ -1260,7 +1263,7 @@ static void run(supervisor *s, const char *script) {
 
 static void crash_result(supervisor *s, const char *problem) {
     /* the supervisor cannot go on: the job must not run unsupervised, and its end must not be
-     * lost; the hub finds this result when it sees the supervisor gone */
+     * lost; the agent finds this result when it sees the supervisor gone */
     if (s->job_pid > 0) signal_tree(s->me, s->job_pid, SIGKILL, NULL);
     const char *name = strrchr(s->job_dir, '/');
     long long job_id = s->have_spec ? s->spec.job_id : strtoll(name ? name + 1 : s->job_dir, NULL, 10);
