@@ -1,5 +1,6 @@
-"""Pure parts of the dashboard's server (gpuq.web.app): reading a job's output file as root
-would, and the listing parameters. The routes themselves run in tests/e2e/test_web_e2e.py."""
+"""Pure parts of the dashboard's server (gpuq.web.log_tail, gpuq.web.dashboard_api): reading a
+job's output file as root would, and the listing parameters. The routes themselves run in
+tests/e2e/test_web_e2e.py."""
 
 from __future__ import annotations
 
@@ -10,7 +11,8 @@ from pathlib import Path
 import pytest
 
 from gpuq.errors import InvalidInput, NotFound, PermissionDenied
-from gpuq.web.app import LOG_TAIL, _get_request, _list_request, read_tail
+from gpuq.web.dashboard_api import job_request, listing_request
+from gpuq.web.log_tail import LOG_TAIL, read_tail
 
 
 def test_tail_of_a_long_file(tmp_path: Path) -> None:
@@ -53,15 +55,15 @@ def test_tail_refuses_what_is_not_the_users_regular_file(tmp_path: Path) -> None
 
 
 def test_listing_parameters() -> None:
-    assert _list_request({}).with_pending_info and not _list_request({}).finished
-    finished = _list_request({"finished": "1"})
+    assert listing_request({}).with_pending_info and not listing_request({}).finished
+    finished = listing_request({"finished": "1"})
     assert finished.finished and finished.limit == 50
-    assert _list_request({"finished": "1", "limit": "100000"}).limit == 500
-    assert _list_request({"user": "alice"}).user == "alice"
+    assert listing_request({"finished": "1", "limit": "100000"}).limit == 500
+    assert listing_request({"user": "alice"}).user == "alice"
     for bad in ({"finished": "yes"}, {"limit": "-1"}, {"user": "x" * 65}):
         with pytest.raises(InvalidInput):
-            _list_request(bad)
-    assert (_get_request("12").job_id, _get_request("12").HasField("task")) == (12, False)
-    assert (_get_request("12_3").job_id, _get_request("12_3").task) == (12, 3)
+            listing_request(bad)
+    assert (job_request("12").job_id, job_request("12").HasField("task")) == (12, False)
+    assert (job_request("12_3").job_id, job_request("12_3").task) == (12, 3)
     with pytest.raises(NotFound):
-        _get_request("0")
+        job_request("0")
