@@ -123,7 +123,8 @@ class HttpEndpoint:
             headers[key] = f"{headers[key]}, {value}" if key in headers else value
         target = request.raw_path
         if len(target) + sum(len(k) + len(v) + 4 for k, v in request.raw_headers) > MAX_HEADER:
-            raise _BadRequest(431, "request header fields too large\n")  # pipelined: not counted
+            # a head the guard did not count (it came pipelined behind another request)
+            raise _BadRequest(431, "request header fields too large\n")
         length = headers.get("content-length", "0")
         if not length.isdigit() or int(length) > MAX_BODY:
             raise _BadRequest(413, "request body too large\n")

@@ -386,6 +386,10 @@ async def test_a_body_is_bounded() -> None:
         chunked = b"POST /p HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n" + chunks
         reply = await asyncio.to_thread(raw, server.address, chunked)
         assert status_of(reply) == 413
+        # a malformed chunk size: aiohttp's parser answers 400 and closes
+        malformed = b"POST /p HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\nzz\r\n"
+        reply = await asyncio.to_thread(raw, server.address, malformed)
+        assert status_of(reply) == 400
     finally:
         await server.close()
 
