@@ -1,6 +1,7 @@
-"""The web dashboard's page weight and time to first render: prints figures, asserts nothing.
+"""The web dashboard's page weight and time to first render, and the HTTP ports' throughput:
+prints figures, asserts nothing.
 
-    python bench/web_bench.py [--loads 7] [--gpus 8] [--pending 20]
+    python bench/web_bench.py [--loads 7] [--gpus 8] [--pending 20] [--requests 2000]
 
 Starts `gpuq serve` (coordinator and a local agent with --gpus fake GPUs, SQLite in a temporary
 GPUQ_HOME, [coordinator] web_listen on a free loopback port), fills the queue with one running
@@ -12,19 +13,26 @@ measured by the page's Performance API:
     the wire (transferSize) and decoded;
   - first contentful paint (the "paint" entry), the page's own marks "gpuq-first-render" (its
     first view on screen) and "gpuq-cards" (the cluster view's GPU cards in the DOM), all from
-    the navigation's start; medians over the loads, and the first (cold) load apart.
+    the navigation's start; medians over the loads, and the first (cold) load apart;
+  - then --requests GETs each of `/api/jobs` (signed in) and `/metrics` ([coordinator]
+    metrics_listen), gzip accepted, over kept-alive connections: one connection in turn
+    (latency), then --connections at once (throughput): requests/s and p50/p90 latency.
+The script serves whichever gpuq the Python running it imports, so one copy measures two trees
+(`other-tree/.venv/bin/python bench/web_bench.py`).
 """
 
 from __future__ import annotations
 
 import argparse
 import gzip
+import http.client
 import json
 import os
 import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -75,6 +83,8 @@ def main() -> None:
     parser.add_argument("--loads", type=int, default=7)
     parser.add_argument("--gpus", type=int, default=8)
     parser.add_argument("--pending", type=int, default=20)
+    parser.add_argument("--requests", type=int, default=2000, help="per path and run (0: none)")
+    parser.add_argument("--connections", type=int, default=8)
     parser.add_argument(
         "--screenshots", action="store_true", help="save the cluster and user views' (.artifacts)"
     )
@@ -86,7 +96,8 @@ def main() -> None:
         home.mkdir(mode=0o700)
         root_ok = "allow_root_jobs = true\n" if os.geteuid() == 0 else ""
         (home / "config.toml").write_text(
-            f'[coordinator]\nweb_listen = "127.0.0.1:0"\n{root_ok}[agent]\n{root_ok}'
+            f'[coordinator]\nweb_listen = "127.0.0.1:0"\nmetrics_listen = "127.0.0.1:0"\n'
+            f"{root_ok}[agent]\n{root_ok}"
         )
         env = {**os.environ, "GPUQ_HOME": str(home)}
         env.pop("GPUQ_CONFIG", None)
@@ -144,6 +155,16 @@ def main() -> None:
                 )
                 loads.append(figures)
             report(loads, args)
+            if args.requests:
+                cookie = driver.get_cookie("gpuq_session")["value"]
+                metrics = json.loads(address.read_text())["metrics"]
+                print(f"load: {args.requests} GETs a path and run, gzip accepted, kept alive")
+                for where, path, headers in (
+                    (web, "/api/jobs", {"Cookie": f"gpuq_session={cookie}"}),
+                    (metrics, "/metrics", {}),
+                ):
+                    for connections in (1, args.connections):
+                        load(where, path, headers, args.requests, connections)
             if args.screenshots:
                 screenshot(driver, "bench-cluster.png")
                 driver.get(f"{base}/users/{client.get(running[0]).user}")
@@ -166,6 +187,46 @@ def main() -> None:
             except subprocess.TimeoutExpired:
                 serve.kill()
                 serve.wait()
+
+
+def load(address: str, path: str, headers: dict[str, str], requests: int, connections: int) -> None:
+    """`requests` GETs of `path`, spread over `connections` kept-alive connections at once."""
+    host, _, port = address.rpartition(":")
+    latencies: list[float] = []
+    failed: list[str] = []
+    servers: set[str] = set()
+
+    def client(count: int) -> None:
+        conn = http.client.HTTPConnection(host, int(port), timeout=30)
+        try:
+            for _ in range(count):
+                started = time.perf_counter()
+                conn.request("GET", path, headers={"Accept-Encoding": "gzip", **headers})
+                reply = conn.getresponse()
+                reply.read()
+                servers.add(reply.getheader("server") or "(none)")
+                latencies.append(time.perf_counter() - started)
+                if reply.status != 200:
+                    failed.append(str(reply.status))
+        finally:
+            conn.close()
+
+    threads = [
+        threading.Thread(target=client, args=(requests // connections,)) for _ in range(connections)
+    ]
+    started = time.perf_counter()
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    took = time.perf_counter() - started
+    ms = sorted(x * 1000 for x in latencies)
+    print(
+        f"  {path:10} {connections:2} connection(s): {len(ms) / took:7.0f} requests/s, "
+        f"p50 {ms[len(ms) // 2]:6.2f} ms, p90 {ms[len(ms) * 9 // 10]:6.2f} ms"
+        + (f", {len(failed)} not 200 ({failed[0]})" if failed else "")
+        + f"; Server: {', '.join(sorted(servers))}"
+    )
 
 
 def require_browser_or_exit() -> None:

@@ -285,7 +285,7 @@ def check_coordinator_tls(settings: Settings) -> None:
     if cfg.agent_listen:
         agent_server_credentials(settings)
     tls_on = bool(cfg.tls_cert and cfg.tls_key)
-    if cfg.web_listen:  # the dashboard (gpuq.web.app)
+    if cfg.web_listen:  # the dashboard (gpuq.web.dashboard)
         check_listen_security(cfg.web_listen, tls_on, cfg.insecure_tcp, "session cookies")
     if cfg.metrics_listen:  # unauthenticated, as Prometheus expects (gpuq.coordinator.metrics)
         check_listen_security(cfg.metrics_listen, tls_on, cfg.insecure_tcp, "the metrics")

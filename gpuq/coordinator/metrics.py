@@ -39,7 +39,7 @@ from gpuq.domain.model import GpuUnit, Health, Job, JobEvent, NodeState
 from gpuq.domain.states import JobState
 from gpuq.scheduler.plan import NEVER_ON_UP
 from gpuq.scheduler.snapshot import Waiting
-from gpuq.web.http import Request, Response
+from gpuq.web.http_types import Request, Response
 
 # seconds: a batch queue's waits and runs go from seconds to days
 LONG_BUCKETS = (

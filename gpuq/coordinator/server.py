@@ -169,7 +169,7 @@ def assemble(
     cron = CronService(writer, submissions, chores, clock)
     messages = JobMessages(settings.hide_job_names, idle.flags, scheduling.pending_detail)
     queries = QueueQueries(
-        settings, writer, jobs, nodes, arrays, telemetry, watchers, cron, messages, inputs, clock
+        settings, writer, jobs, nodes, arrays, telemetry, watchers, cron, messages, inputs
     )
     commands = QueueCommands(settings, submissions, actions, node_admin, tokens, cron)
 

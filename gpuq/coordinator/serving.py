@@ -47,8 +47,9 @@ from gpuq.identity import create_key_file
 from gpuq.store.api import Store
 from gpuq.store.engine import PgLock, storage_unavailable
 from gpuq.v1 import agent_pb2_grpc, queue_pb2_grpc
-from gpuq.web.app import WebApp
-from gpuq.web.http import HttpServer, serve_http, server_ssl_context
+from gpuq.web.dashboard import Dashboard
+from gpuq.web.http_endpoint import HttpEndpoint, serve_http, server_ssl_context
+from gpuq.web.queue_access import QueueAccess
 
 log = logging.getLogger(__name__)
 PERIODIC_PASS = 2.0  # seconds between passes when nothing happens (begin times, aging)
@@ -66,7 +67,7 @@ class RunningCoordinator:
     socket_id: tuple[int, int] | None = None  # (st_dev, st_ino) of the socket this one made
     handshake: asyncio.AbstractServer | None = None
     # the HTTP endpoints ([coordinator] metrics_listen, web_listen), closed first on stop
-    http: list[HttpServer] = field(default_factory=list)
+    http: list[HttpEndpoint] = field(default_factory=list)
 
     async def stop(self, grace: float = 1.0) -> None:
         self.coordinator.chores.shutdown(wait=False)
@@ -305,11 +306,12 @@ async def _start_http(
         endpoint = await serve_http(cfg.metrics_listen, metrics.handle, context, name="metrics")
         running.http.append(endpoint)
     if cfg.web_listen:
-        app = WebApp(running.coordinator, streams, authority, cfg.web_url)
-        endpoint = await serve_http(cfg.web_listen, app.handle, context, name="web")
+        access = QueueAccess(running.coordinator, streams, authority)
+        dashboard = Dashboard(access, cfg.web_url)
+        endpoint = await serve_http(cfg.web_listen, dashboard.handle, context, name="web")
         running.http.append(endpoint)
-        app.address, app.secure = endpoint.address, context is not None
-        running.coordinator.commands.web_login = app.login_link
+        dashboard.address, dashboard.secure = endpoint.address, context is not None
+        running.coordinator.commands.web_login = dashboard.login_link
 
 
 def attach_metrics(co: Coordinator) -> Metrics:

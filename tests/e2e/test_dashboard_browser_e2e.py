@@ -165,6 +165,11 @@ def test_dashboard_shows_gpus_and_a_job_live_with_its_chart(cluster: Cluster, dr
     driver.refresh()
     until(driver, f"{state} === 'completed'", "the ended job's page")
     until(driver, f"{points} >= 3", "the ended job's chart to keep its points")
+    # its history says what caused each change: the submission, a pass, its agent's report
+    causes = driver.execute_script(
+        "return [...document.querySelectorAll('#events tr')].map(r => r.lastChild.textContent);"
+    )
+    assert causes[-1] == "report from node a" and any(c.startswith("Submit by ") for c in causes)
     job_load_id = driver.execute_script("return window.__loadId;")
     screenshot(driver, "dashboard-job-ended.png")
     assert console_errors(driver) == []

@@ -1,8 +1,10 @@
-"""gpuq.web.http: the small HTTP server of the metrics and dashboard ports, over real sockets."""
+"""gpuq.web.http_endpoint and gpuq.web.connection_guard: the metrics and dashboard ports' HTTP
+server (aiohttp, with the limits it lacks added around it), over real sockets."""
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import gzip
 import http.client
@@ -13,8 +15,9 @@ from typing import Any
 import pytest
 
 from gpuq.errors import GpuqError
-from gpuq.web import http as web_http
-from gpuq.web.http import EventStream, Request, Response, serve_http
+from gpuq.web import connection_guard, http_endpoint
+from gpuq.web.http_endpoint import serve_http
+from gpuq.web.http_types import EventStream, Request, Response
 
 
 def run(test: Callable[..., Coroutine[Any, Any, None]]) -> Callable[..., None]:
@@ -43,6 +46,13 @@ def fetch(address: str, method: str, path: str, body: bytes | None = None) -> tu
         return reply.status, reply.read()
     finally:
         conn.close()
+
+
+def status_of(reply: bytes) -> int:
+    """The status of the one response in `reply` (nothing may follow it)."""
+    version, status, _ = reply.split(b" ", 2)
+    assert version in (b"HTTP/1.0", b"HTTP/1.1") and reply.count(b"HTTP/1.") == 1, reply
+    return int(status)
 
 
 def raw(address: str, data: bytes, timeout: float = 10.0) -> bytes:
@@ -92,7 +102,7 @@ async def test_bad_and_oversized_requests_get_one_error_and_a_close() -> None:
     server = await serve_http("127.0.0.1:0", echo, name="web")
     try:
         reply = await asyncio.to_thread(raw, server.address, b"NONSENSE\r\n\r\n")
-        assert reply.startswith(b"HTTP/1.1 400")
+        assert status_of(reply) == 400  # no version to answer in: aiohttp says HTTP/1.0
         big = b"POST / HTTP/1.1\r\nHost: x\r\nContent-Length: 10000000\r\n\r\n"
         reply = await asyncio.to_thread(raw, server.address, big)
         assert reply.startswith(b"HTTP/1.1 413")
@@ -110,7 +120,7 @@ async def test_bad_and_oversized_requests_get_one_error_and_a_close() -> None:
 async def test_a_client_that_never_finishes_its_request_is_cut_off(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    monkeypatch.setattr(web_http, "REQUEST_TIMEOUT", 0.3)
+    monkeypatch.setattr(connection_guard, "REQUEST_TIMEOUT", 0.3)
     server = await serve_http("127.0.0.1:0", echo, name="web")
     try:
         loop = asyncio.get_running_loop()
@@ -193,7 +203,7 @@ async def test_a_port_in_use_is_one_clear_error() -> None:
 
 @run
 async def test_one_client_cannot_hold_every_connection(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(web_http, "MAX_PER_HOST", 3)
+    monkeypatch.setattr(connection_guard, "MAX_PER_HOST", 3)
     server = await serve_http("127.0.0.1:0", echo, name="web")
     try:
         host, _, port = server.address.rpartition(":")
@@ -251,5 +261,215 @@ async def test_text_is_gzipped_for_clients_that_take_it() -> None:
         assert body == b"tiny" and "content-encoding" not in headers
         body, headers = await asyncio.to_thread(get, "/png", "gzip")
         assert "content-encoding" not in headers and "vary" not in headers
+    finally:
+        await server.close()
+
+
+def address_of(server: Any) -> tuple[str, int]:
+    host, _, port = server.address.rpartition(":")
+    return host, int(port)
+
+
+async def read_all(reader: asyncio.StreamReader, timeout: float = 5.0) -> bytes:
+    """Everything until the server closes the connection."""
+    return await asyncio.wait_for(reader.read(), timeout)
+
+
+@run
+async def test_a_slow_loris_is_cut_off_while_its_bytes_still_trickle(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """REQUEST_TIMEOUT bounds the whole first head, not the gap between two of its bytes."""
+    monkeypatch.setattr(connection_guard, "REQUEST_TIMEOUT", 0.5)
+    server = await serve_http("127.0.0.1:0", echo, name="web")
+    try:
+        loop = asyncio.get_running_loop()
+        reader, writer = await asyncio.open_connection(*address_of(server))
+        started = loop.time()
+        writer.write(b"GET / HTTP/1.1\r\n")
+        closed_at = None
+        for i in range(100):  # a header line every 50 ms: 5 s if it were let through
+            await asyncio.sleep(0.05)
+            if reader.at_eof() or writer.is_closing():
+                break
+            try:
+                writer.write(f"X-{i}: y\r\n".encode())
+                await writer.drain()
+            except ConnectionError:
+                break
+            with contextlib.suppress(TimeoutError):
+                if await asyncio.wait_for(reader.read(1), 0.001) == b"":
+                    break
+        closed_at = loop.time() - started
+        assert await read_all(reader) == b""  # unanswered
+        assert 0.4 < closed_at < 2.0, closed_at
+        writer.close()
+    finally:
+        await server.close()
+
+
+@run
+async def test_a_body_that_never_comes_whole_is_cut_off(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(http_endpoint, "REQUEST_TIMEOUT", 0.3)
+    server = await serve_http("127.0.0.1:0", echo, name="web")
+    try:
+        loop = asyncio.get_running_loop()
+        reader, writer = await asyncio.open_connection(*address_of(server))
+        started = loop.time()
+        writer.write(b"POST /p HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n\r\n0123456789")
+        assert await read_all(reader) == b""
+        assert loop.time() - started < 3.0
+        writer.close()
+    finally:
+        await server.close()
+
+
+@run
+async def test_a_kept_alive_connection_idle_too_long_is_closed(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(http_endpoint, "IDLE_TIMEOUT", 0.5)
+    server = await serve_http("127.0.0.1:0", echo, name="web")
+    try:
+        loop = asyncio.get_running_loop()
+        reader, writer = await asyncio.open_connection(*address_of(server))
+        writer.write(b"GET /1 HTTP/1.1\r\nHost: x\r\n\r\n")
+        assert b"GET /1 []" in await asyncio.wait_for(reader.readuntil(b"GET /1 [] 0"), 5.0)
+        answered = loop.time()
+        assert await read_all(reader) == b""
+        assert 0.3 < loop.time() - answered < 3.0
+        writer.close()
+    finally:
+        await server.close()
+
+
+@run
+async def test_a_header_block_is_bounded_however_it_comes() -> None:
+    """16 KiB of request head: a 20 KiB block of small headers is refused (431) whether it
+    comes in one write or in pieces, first on a connection or after a kept-alive request; a
+    15 KiB one is served."""
+    fields = b"".join(b"X-%d: %s\r\n" % (i, b"v" * 1000) for i in range(20))  # 20 KiB
+    head = b"GET /h HTTP/1.1\r\nHost: x\r\n" + fields + b"\r\n"
+    server = await serve_http("127.0.0.1:0", echo, name="web")
+    try:
+        reply = await asyncio.to_thread(raw, server.address, head)
+        assert status_of(reply) == 431
+        reader, writer = await asyncio.open_connection(*address_of(server))
+        for start in range(0, 17000, 1000):  # no end of head yet: cut once past 16 KiB
+            writer.write(head[start : start + 1000])
+            await asyncio.sleep(0.01)
+        assert status_of(await read_all(reader)) == 431
+        writer.close()
+        kept = b"GET /1 HTTP/1.1\r\nHost: x\r\n\r\n" + head
+        reply = await asyncio.to_thread(raw, server.address, kept)
+        assert reply.startswith(b"HTTP/1.1 200") and reply.count(b"HTTP/1.") == 2, reply[:300]
+        assert b"HTTP/1.1 431" in reply
+        small = b"GET /s HTTP/1.1\r\nHost: x\r\nConnection: close\r\n" + fields[:15000] + b"\r\n"
+        small = small[: small.rindex(b"\r\n") + 2] + b"\r\n"
+        reply = await asyncio.to_thread(raw, server.address, small)
+        assert reply.startswith(b"HTTP/1.1 200"), reply[:200]
+    finally:
+        await server.close()
+
+
+@run
+async def test_a_body_is_bounded() -> None:
+    """64 KiB of body: exactly that is served; 70 KiB is refused (413) whether announced by
+    Content-Length or sent chunked."""
+    server = await serve_http("127.0.0.1:0", echo, name="web")
+    try:
+        status, body = await asyncio.to_thread(fetch, server.address, "POST", "/p", b"x" * 65536)
+        assert (status, body) == (200, b"POST /p [] 65536")
+        status, _ = await asyncio.to_thread(fetch, server.address, "POST", "/p", b"x" * 71680)
+        assert status == 413
+        chunks = b"".join(b"%x\r\n%s\r\n" % (8192, b"y" * 8192) for _ in range(9)) + b"0\r\n\r\n"
+        chunked = b"POST /p HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n" + chunks
+        reply = await asyncio.to_thread(raw, server.address, chunked)
+        assert status_of(reply) == 413
+        # a malformed chunk size: aiohttp's parser answers 400 and closes
+        malformed = b"POST /p HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\nzz\r\n"
+        reply = await asyncio.to_thread(raw, server.address, malformed)
+        assert status_of(reply) == 400
+    finally:
+        await server.close()
+
+
+@run
+async def test_the_port_holds_at_most_max_connections(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(connection_guard, "MAX_CONNECTIONS", 3)
+    server = await serve_http("127.0.0.1:0", echo, name="web")
+    try:
+        held = [await asyncio.open_connection(*address_of(server)) for _ in range(3)]
+        reader, writer = await asyncio.open_connection(*address_of(server))
+        assert await asyncio.wait_for(reader.read(10), 5.0) == b""  # closed unanswered
+        writer.close()
+        reader, writer = held[0]
+        writer.write(b"GET /ok HTTP/1.1\r\nHost: x\r\n\r\n")
+        assert b"GET /ok []" in await asyncio.wait_for(reader.readuntil(b"[] 0"), 5.0)
+        for _, held_writer in held:
+            held_writer.close()
+    finally:
+        await server.close()
+
+
+@run
+async def test_a_client_that_stops_reading_is_dropped(monkeypatch: pytest.MonkeyPatch) -> None:
+    """WRITE_TIMEOUT: an event stream to a client that reads nothing ends once the socket's
+    buffers are full and stay full; the stream's cleanup runs."""
+    monkeypatch.setattr(connection_guard, "WRITE_TIMEOUT", 0.5)
+    closed = asyncio.Event()
+
+    async def flood() -> AsyncIterator[bytes]:
+        try:
+            while True:
+                yield b"data: " + b"x" * 65536 + b"\n\n"
+        finally:
+            closed.set()
+
+    async def handler(request: Request) -> Response | EventStream:
+        return EventStream(flood())
+
+    server = await serve_http("127.0.0.1:0", handler, name="web")
+    try:
+        sock = socket.create_connection(address_of(server))
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+        sock.sendall(b"GET /api/events HTTP/1.1\r\nHost: x\r\n\r\n")
+        await asyncio.wait_for(closed.wait(), 10.0)  # never read: dropped
+        sock.close()
+    finally:
+        await server.close()
+
+
+@run
+async def test_close_lets_a_request_in_progress_finish_briefly() -> None:
+    """Closing the port gives a request being handled CLOSE_GRACE, then ends it."""
+    started = asyncio.Event()
+
+    async def slow(request: Request) -> Response | EventStream:
+        started.set()
+        await asyncio.sleep(60)
+        return Response(200, b"late")
+
+    server = await serve_http("127.0.0.1:0", slow, name="web")
+    reader, writer = await asyncio.open_connection(*address_of(server))
+    writer.write(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n")
+    await asyncio.wait_for(started.wait(), 5.0)
+    loop = asyncio.get_running_loop()
+    before = loop.time()
+    await asyncio.wait_for(server.close(), 5.0)
+    assert loop.time() - before < http_endpoint.CLOSE_GRACE + 2.0
+    assert await read_all(reader) == b""
+    writer.close()
+
+
+@run
+async def test_responses_name_no_framework_version() -> None:
+    server = await serve_http("127.0.0.1:0", echo, name="web")
+    try:
+        reply = await asyncio.to_thread(
+            raw, server.address, b"GET / HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"
+        )
+        head = reply.split(b"\r\n\r\n")[0].lower()
+        assert b"\r\nserver: gpuq" in head and b"aiohttp" not in head
     finally:
         await server.close()

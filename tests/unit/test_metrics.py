@@ -29,7 +29,7 @@ from gpuq.domain.states import JobState
 from gpuq.scheduler.snapshot import Waiting
 from gpuq.store.api import Store
 from gpuq.v1 import types_pb2 as pb
-from gpuq.web.http import Request
+from gpuq.web.http_types import Request
 
 GiB = 1 << 30
 DASHBOARD = Path(__file__).resolve().parents[2] / "grafana" / "gpuq.json"

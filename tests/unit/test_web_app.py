@@ -1,16 +1,33 @@
-"""Pure parts of the dashboard's server (gpuq.web.app): reading a job's output file as root
-would, and the listing parameters. The routes themselves run in tests/e2e/test_web_e2e.py."""
+"""Pure parts of the dashboard's server (gpuq.web.log_tail, gpuq.web.dashboard_api): reading a
+job's output file as root would, and the listing parameters. The routes themselves run in
+tests/e2e/test_web_e2e.py."""
 
 from __future__ import annotations
 
+import ast
+import asyncio
+import json
 import os
 import threading
+from collections.abc import AsyncIterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
+from gpuq.coordinator.front.rpc_calls import StreamCount
+from gpuq.domain.model import JobEvent
+from gpuq.domain.states import JobState
 from gpuq.errors import InvalidInput, NotFound, PermissionDenied
-from gpuq.web.app import LOG_TAIL, _get_request, _list_request, read_tail
+from gpuq.identity import Caller, Unauthenticated
+from gpuq.v1 import queue_pb2
+from gpuq.web import event_feed
+from gpuq.web.dashboard import CSP, Dashboard
+from gpuq.web.dashboard_api import job_request, listing_request
+from gpuq.web.http_types import EventStream, Request, Response
+from gpuq.web.log_tail import LOG_TAIL, read_tail
+from gpuq.web.queue_access import QueueAccess
+from gpuq.web.sessions import LOGIN_ATTEMPTS, LOGIN_WINDOW, SESSION_TTL, Session
 
 
 def test_tail_of_a_long_file(tmp_path: Path) -> None:
@@ -53,15 +70,259 @@ def test_tail_refuses_what_is_not_the_users_regular_file(tmp_path: Path) -> None
 
 
 def test_listing_parameters() -> None:
-    assert _list_request({}).with_pending_info and not _list_request({}).finished
-    finished = _list_request({"finished": "1"})
+    assert listing_request({}).with_pending_info and not listing_request({}).finished
+    finished = listing_request({"finished": "1"})
     assert finished.finished and finished.limit == 50
-    assert _list_request({"finished": "1", "limit": "100000"}).limit == 500
-    assert _list_request({"user": "alice"}).user == "alice"
+    assert listing_request({"finished": "1", "limit": "100000"}).limit == 500
+    assert listing_request({"user": "alice"}).user == "alice"
     for bad in ({"finished": "yes"}, {"limit": "-1"}, {"user": "x" * 65}):
         with pytest.raises(InvalidInput):
-            _list_request(bad)
-    assert (_get_request("12").job_id, _get_request("12").HasField("task")) == (12, False)
-    assert (_get_request("12_3").job_id, _get_request("12_3").task) == (12, 3)
+            listing_request(bad)
+    assert (job_request("12").job_id, job_request("12").HasField("task")) == (12, False)
+    assert (job_request("12_3").job_id, job_request("12_3").task) == (12, 3)
     with pytest.raises(NotFound):
-        _get_request("0")
+        job_request("0")
+
+
+# ---- the dashboard's rules, over a stand-in for the coordinator (QueueAccess) ----------------
+
+KEY = b"k" * 32
+TOKEN = "gpuqt_" + "a" * 40
+
+
+class StubAccess:
+    """What gpuq.web.queue_access.QueueAccess offers, without a coordinator: one user, alice,
+    with one token; nodes and jobs lists are empty; changes are recorded."""
+
+    signing_key = KEY
+    stream_limit = 2
+
+    def __init__(self) -> None:
+        self.revoked = False
+        self.changes: list[tuple[str, str, str]] = []
+        self.events: asyncio.Queue[list[JobEvent]] = asyncio.Queue()
+        self.streams = StreamCount(self.stream_limit)
+
+    def token_owner(self, token: str) -> tuple[str, int | None, str]:
+        if token != TOKEN or self.revoked:
+            raise Unauthenticated("an unknown or revoked gpuq token")
+        return "alice", 1001, "d" * 16
+
+    def caller(self, session: Session) -> Caller:
+        if session.digest and self.revoked:
+            raise Unauthenticated("the token this session was opened with was revoked")
+        return Caller(session.user, session.uid, admin=False, how=f"web {session.how}")
+
+    async def nodes(self, caller: Caller) -> queue_pb2.ListNodesReply:
+        return queue_pb2.ListNodesReply()
+
+    async def cancel(self, caller: Caller, job_id: str) -> queue_pb2.ActionReply:
+        self.changes.append(("cancel", caller.user, job_id))
+        return queue_pb2.ActionReply()
+
+    async def hold(self, caller: Caller, job_id: str) -> queue_pb2.ActionReply:
+        self.changes.append(("hold", caller.user, job_id))
+        return queue_pb2.ActionReply()
+
+    async def release(self, caller: Caller, job_id: str) -> queue_pb2.ActionReply:
+        self.changes.append(("release", caller.user, job_id))
+        return queue_pb2.ActionReply()
+
+    def streams_open(self, user: str) -> int:
+        return self.streams.open[user]
+
+    def stream_slot(self, user: str) -> Any:
+        return self.streams.opened(user)
+
+    def nodes_state(self) -> tuple[Any, ...]:
+        return ()
+
+    async def job_events(self) -> AsyncIterator[list[JobEvent]]:
+        while True:
+            yield await self.events.get()
+
+    http_error = staticmethod(QueueAccess.http_error)
+
+
+def request(
+    method: str,
+    path: str,
+    headers: dict[str, str] | None = None,
+    body: bytes = b"",
+    secure: bool = False,
+    peer: str = "10.0.0.1:5555",
+) -> Request:
+    return Request(method, path, {}, {"host": "dash:8080", **(headers or {})}, body, peer, secure)
+
+
+def answer(dashboard: Dashboard, req: Request) -> Response:
+    result = asyncio.run(dashboard.handle(req))
+    assert isinstance(result, Response)
+    return result
+
+
+def headers_of(response: Response) -> dict[str, str]:
+    return {name: value for name, value in response.headers}
+
+
+def signed_in(dashboard: Dashboard, secure: bool = False) -> tuple[str, Response]:
+    """A session cookie for alice (by her token), and the sign-in's response."""
+    body = json.dumps({"token": TOKEN}).encode()
+    response = answer(dashboard, request("POST", "/api/login", CHANGE, body, secure))
+    assert response.status == 200, response.body
+    cookie = headers_of(response)["set-cookie"].split(";")[0]
+    return cookie, response
+
+
+CHANGE = {"x-gpuq": "1"}
+
+
+def test_every_answer_carries_the_security_headers() -> None:
+    dashboard = Dashboard(StubAccess(), static_dir=Path(__file__).parents[2] / "gpuq/web/static")
+    cookie, _ = signed_in(dashboard)
+    for req in (
+        request("GET", "/"),
+        request("GET", "/static/app.css"),
+        request("GET", "/nothing"),
+        request("POST", "/"),
+        request("GET", "/api/me"),
+        request("GET", "/api/me", {"cookie": cookie}),
+        request("POST", "/api/logout"),
+    ):
+        headers = headers_of(answer(dashboard, req))
+        assert headers["content-security-policy"] == CSP, req.path
+        assert headers["x-content-type-options"] == "nosniff"
+        assert headers["referrer-policy"] == "no-referrer"
+        assert headers["x-frame-options"] == "DENY"
+        assert (headers.get("cache-control") == "no-store") == req.path.startswith("/api/")
+    stream = asyncio.run(dashboard.handle(request("GET", "/api/events", {"cookie": cookie})))
+    assert isinstance(stream, EventStream)
+    assert dict(stream.headers)["content-security-policy"] == CSP
+
+
+def test_checks_come_in_order_csrf_then_session_then_route() -> None:
+    dashboard = Dashboard(StubAccess())
+    cookie, _ = signed_in(dashboard)
+    cases = [
+        (request("POST", "/api/me"), 403),  # a change without the header: before anything
+        (request("POST", "/api/nothing"), 403),
+        (request("POST", "/api/login", body=b'{"token": "x"}'), 403),
+        (request("DELETE", "/api/me"), 401),  # then who asks
+        (request("GET", "/api/nothing"), 401),
+        (request("GET", "/api/login"), 405),  # sign-in needs no session
+        (request("GET", "/api/nothing", {"cookie": cookie}), 404),  # then the route
+        (request("POST", "/api/me", {"cookie": cookie, **CHANGE}), 405),
+        (request("GET", "/api/jobs/abc", {"cookie": cookie}), 404),
+        (request("GET", "/api/me", {"cookie": cookie}), 200),
+    ]
+    for req, status in cases:
+        response = answer(dashboard, req)
+        assert response.status == status, (req.method, req.path, response.body)
+        assert "error" in json.loads(response.body) or status == 200
+
+
+def test_a_change_needs_the_header_and_this_sites_origin() -> None:
+    access = StubAccess()
+    dashboard = Dashboard(access, web_url="https://gpuq.example.org")
+    cookie, _ = signed_in(dashboard)
+    path = "/api/jobs/12/cancel"
+    missing = answer(dashboard, request("POST", path, {"cookie": cookie}))
+    assert missing.status == 403 and b"X-Gpuq" in missing.body
+    for origin in ("http://evil.example", "https://dash:8080", "http://gpuq.example.org"):
+        refused = answer(
+            dashboard, request("POST", path, {"cookie": cookie, **CHANGE, "origin": origin})
+        )
+        assert refused.status == 403 and b"Origin" in refused.body, origin
+    assert access.changes == []
+    for origin in (None, "http://dash:8080", "HTTP://DASH:8080/", "https://gpuq.example.org"):
+        headers = {"cookie": cookie, **CHANGE, **({"origin": origin} if origin else {})}
+        assert answer(dashboard, request("POST", path, headers)).status == 200, origin
+    assert access.changes == [("cancel", "alice", "12")] * 4
+    for change in ("hold", "release"):
+        sent = request("POST", f"/api/jobs/12_3/{change}", {"cookie": cookie, **CHANGE})
+        assert answer(dashboard, sent).status == 200
+    assert access.changes[-2:] == [("hold", "alice", "12_3"), ("release", "alice", "12_3")]
+    secure = request(
+        "POST", path, {"cookie": cookie, **CHANGE, "origin": "https://dash:8080"}, secure=True
+    )
+    assert answer(dashboard, secure).status == 200
+
+
+def test_the_session_cookie_is_httponly_strict_and_secure_over_tls() -> None:
+    for web_url, secure, marked in (
+        (None, False, False),
+        (None, True, True),
+        ("https://gpuq.example.org", False, True),  # TLS ends at a proxy
+        ("http://gpuq.example.org", False, False),
+    ):
+        dashboard = Dashboard(StubAccess(), web_url=web_url)
+        _, response = signed_in(dashboard, secure)
+        flags = headers_of(response)["set-cookie"].split("; ")
+        assert flags[0].startswith("gpuq_session=gw1s.")
+        assert {"Path=/", "HttpOnly", "SameSite=Strict", f"Max-Age={int(SESSION_TTL)}"} <= set(
+            flags
+        )
+        assert ("Secure" in flags) == marked, (web_url, secure)
+
+
+def test_failed_sign_ins_are_limited_per_client_address() -> None:
+    now = [1_700_000_000.0]
+    dashboard = Dashboard(StubAccess(), clock=lambda: now[0])
+    wrong = json.dumps({"token": "gpuqt_wrong"}).encode()
+    right = json.dumps({"token": TOKEN}).encode()
+    for _ in range(LOGIN_ATTEMPTS):
+        assert answer(dashboard, request("POST", "/api/login", CHANGE, wrong)).status == 401
+    blocked = answer(dashboard, request("POST", "/api/login", CHANGE, right))
+    assert blocked.status == 429 and b"too many failed sign-ins" in blocked.body
+    other = request("POST", "/api/login", CHANGE, right, peer="10.0.0.2:1")
+    assert answer(dashboard, other).status == 200
+    now[0] += LOGIN_WINDOW + 1
+    assert answer(dashboard, request("POST", "/api/login", CHANGE, right)).status == 200
+
+
+def test_an_event_stream_counts_against_the_users_streams_and_ends_when_signed_out(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(event_feed, "PING_EVERY", 0.05)
+    access = StubAccess()
+    dashboard = Dashboard(access)
+    cookie, _ = signed_in(dashboard)
+
+    async def main() -> None:
+        streams = []
+        for _ in range(access.stream_limit):
+            stream = await dashboard.handle(request("GET", "/api/events", {"cookie": cookie}))
+            assert isinstance(stream, EventStream)
+            assert await anext(stream.events) == b"retry: 2000\n\n"
+            streams.append(stream)
+        assert access.streams_open("alice") == access.stream_limit
+        full = await dashboard.handle(request("GET", "/api/events", {"cookie": cookie}))
+        assert isinstance(full, Response) and full.status == 429
+        first = streams[0].events
+        access.events.put_nowait([JobEvent(7, 1.0, JobState.PENDING, JobState.RUNNING, "")])
+        message = await anext(first)
+        assert message.startswith(b"event: jobs\ndata: ") and b'"job_id":"7"' in message
+        assert await anext(first) == b": ping\n\n"  # the session still stands
+        await streams[1].events.aclose()  # a client that went away frees its slot
+        assert access.streams_open("alice") == 1
+        logout = request("POST", "/api/logout", {"cookie": cookie, **CHANGE})
+        out = await dashboard.handle(logout)
+        assert isinstance(out, Response) and out.status == 200
+        while (message := await anext(first)) == b": ping\n\n":
+            pass
+        assert message.startswith(b"event: signed-out\ndata: ") and b"signed out" in message
+        with pytest.raises(StopAsyncIteration):
+            await anext(first)
+        assert access.streams_open("alice") == 0
+
+    asyncio.run(main())
+
+
+def test_only_queue_access_reaches_into_the_coordinator() -> None:
+    """The dashboard's one seam to the coordinator: pointing QueueAccess elsewhere is enough."""
+    for path in sorted((Path(__file__).parents[2] / "gpuq" / "web").glob("*.py")):
+        tree = ast.parse(path.read_text())
+        names = {n.module for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and n.module}
+        names |= {a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
+        reached = {name for name in names if name.startswith("gpuq.coordinator")}
+        assert not reached or path.name == "queue_access.py", (path.name, reached)

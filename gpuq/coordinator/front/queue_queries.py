@@ -7,7 +7,7 @@ that user.
 from __future__ import annotations
 
 import math
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncIterator, Sequence
 from dataclasses import replace
 from typing import Any
 
@@ -54,7 +54,6 @@ class QueueQueries:
         cron: CronService,
         messages: JobMessages,
         inputs: SchedulerInputs,
-        clock: Callable[[], float],
     ) -> None:
         self.settings = settings
         self.writer = writer
@@ -66,7 +65,6 @@ class QueueQueries:
         self.cron = cron
         self.messages = messages
         self.inputs = inputs
-        self.clock = clock
 
     async def get_job(
         self, caller: Caller, request: queue_pb2.GetJobRequest
@@ -233,10 +231,10 @@ class QueueQueries:
         last = stored[-1].at if stored else float("-inf")
         return [*stored, *(p for p in self.telemetry.recent(job_id) if p.at > last)]
 
-    def fair_share(self, user: str) -> tuple[float, float]:
-        """The user's fair-share usage now (GPU-seconds, decayed) and factor."""
+    def fair_share(self, user: str, now: float) -> tuple[float, float]:
+        """The user's fair-share usage at `now` (GPU-seconds, decayed) and factor."""
         inputs = self.inputs
-        return inputs.current_usage(self.clock()).get(user, 0.0), inputs.shares.get(user, 1.0)
+        return inputs.current_usage(now).get(user, 0.0), inputs.shares.get(user, 1.0)
 
     def running_gpus(self, user: str) -> int:
         return sum(len(j.gpus) for j in self.live_jobs(user) if j.state is JobState.RUNNING)

@@ -407,8 +407,8 @@ async function jobView(id) {
     h("h2", {}, "State history"),
     table(
       "State history",
-      ["Time", "From", "To", "Reason"],
-      events.map((e) => h("tr", {}, h("td", {}, clock(e.at)), h("td", {}, e.from_state || "—"), h("td", {}, stateBadge(e.to_state)), h("td", { class: "reason" }, e.reason || ""))),
+      ["Time", "From", "To", "Reason", "Cause"],
+      events.map((e) => h("tr", {}, h("td", {}, clock(e.at)), h("td", {}, e.from_state || "—"), h("td", {}, stateBadge(e.to_state)), h("td", { class: "reason" }, e.reason || ""), h("td", { class: "muted" }, e.cause || ""))),
       { id: "events" },
     ),
     h("h2", {}, "Log"),

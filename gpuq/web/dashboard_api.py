@@ -1,0 +1,126 @@
+"""The answers of the dashboard's JSON API, from what QueueAccess gives: the gRPC replies as
+proto3 JSON (field names as in the .proto), so the page reads what `gpuq --json` would, and the
+few views gRPC has no reply for (a job's chart and output tail, a user's page).
+
+Query parameters are checked here, with the CLI's limits: a bad one is InvalidInput (400).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import re
+from typing import Any, TypeVar
+
+from google.protobuf.json_format import MessageToDict
+from google.protobuf.message import Message
+
+from gpuq.domain.limits import MAX_JOB_ID, check_text
+from gpuq.errors import InvalidInput, NotFound, PermissionDenied
+from gpuq.identity import Caller
+from gpuq.v1 import queue_pb2
+from gpuq.web.log_tail import read_tail
+from gpuq.web.queue_access import QueueAccess
+
+M = TypeVar("M", bound=Message)
+FINISHED_LIMIT, FINISHED_MAX = 50, 500
+JOB_ID = re.compile(r"([0-9]{1,19})(?:_([0-9]{1,9}))?")  # 12, or an array's task: 12_3
+
+
+async def jobs(access: QueueAccess, caller: Caller, query: dict[str, str]) -> dict[str, Any]:
+    listing = await access.jobs(caller, listing_request(query))
+    return proto_json(lean(listing, *listing.jobs))
+
+
+async def job(access: QueueAccess, caller: Caller, job_text: str) -> dict[str, Any]:
+    detail = await access.job(caller, job_request(job_text))
+    return proto_json(lean(detail, detail.job))
+
+
+async def series(access: QueueAccess, caller: Caller, job_text: str) -> dict[str, Any]:
+    points = await access.series(caller, job_request(job_text))
+    return {"points": [{"at": p.at, "gpu_mem": p.gpu_mem, "util": p.util} for p in points]}
+
+
+async def log(
+    access: QueueAccess, caller: Caller, job_text: str, query: dict[str, str]
+) -> dict[str, Any]:
+    """The tail of a job's output file, for its owner or an admin (gpuq.web.log_tail)."""
+    stream = query.get("stream", "stdout")
+    if stream not in ("stdout", "stderr"):
+        raise InvalidInput("stream", stream, "expected stdout or stderr")
+    detail = await access.job(caller, job_request(job_text))
+    job = detail.job
+    if job.user != caller.user and not caller.admin:
+        raise PermissionDenied(f"job {job.id} is {job.user}'s: only its owner or an admin")
+    path = job.stdout_path if stream == "stdout" else job.stderr_path
+    if not path:
+        raise NotFound(f"job {job.id} has no {stream} file")
+    uid = access.user_uid(job.user)
+    if uid is None:
+        raise PermissionDenied(f"{job.user} has no uid on the coordinator's machine")
+    try:
+        return await asyncio.to_thread(read_tail, path, uid)
+    except NotFound as exc:  # not yet written, or on a node's own disk: not an error
+        return {"path": path, "text": "", "size": 0, "truncated": False, "missing": str(exc)}
+
+
+async def user(access: QueueAccess, caller: Caller, name: str, now: float) -> dict[str, Any]:
+    """A user's page: their usage report, fair share, GPUs in use and live jobs."""
+    check_text("user", name, 64)
+    report = await access.report(caller, name)
+    row = next((r for r in report.rows if r.user == name), None)
+    usage, factor = access.fair_share(name, now)
+    listing = await access.jobs(
+        caller, queue_pb2.ListJobsRequest(user=name, with_pending_info=True)
+    )
+    return {
+        "user": name,
+        "report": proto_json(row) if row is not None else None,
+        "fairshare": {"usage": usage, "factor": factor},
+        "running_gpus": access.running_gpus(name),
+        "jobs": proto_json(lean(listing, *listing.jobs)).get("jobs", []),
+    }
+
+
+def lean(reply: M, *jobs: Any) -> M:
+    """`reply` without its jobs' lists of array indices (up to 100,000 each, 700 KB as JSON):
+    a page shows an array by its tasks' summary (array_tasks) and counts."""
+    for job in jobs:
+        if job.spec.HasField("array"):
+            job.spec.array.ClearField("indices")
+    return reply
+
+
+def proto_json(message: Message) -> dict[str, Any]:
+    return MessageToDict(message, preserving_proto_field_name=True)
+
+
+def job_request(job_text: str) -> queue_pb2.GetJobRequest:
+    """`12` or `12_3` (an array's task) as a GetJob request; NotFound for anything else."""
+    found = JOB_ID.fullmatch(job_text)
+    if found is None:
+        raise NotFound(f"no job {job_text[:40]}")
+    job_id = int(found.group(1))
+    if not 1 <= job_id <= MAX_JOB_ID:
+        raise NotFound(f"no job {job_id}")
+    task = int(found.group(2)) if found.group(2) is not None else None
+    return queue_pb2.GetJobRequest(job_id=job_id, task=task)
+
+
+def listing_request(query: dict[str, str]) -> queue_pb2.ListJobsRequest:
+    """`/api/jobs?finished=0|1&user=NAME&limit=N` as a ListJobs request: live jobs (with why
+    each waits) by default, or the last `limit` finished ones (FINISHED_LIMIT, at most
+    FINISHED_MAX)."""
+    finished = query.get("finished", "0")
+    if finished not in ("0", "1", ""):
+        raise InvalidInput("finished", finished, "expected 0 or 1")
+    user = query.get("user", "")
+    check_text("user", user, 64)
+    limit_text = query.get("limit", "")
+    if limit_text and not limit_text.isdigit():
+        raise InvalidInput("limit", limit_text, "expected a number of jobs")
+    if finished == "1":
+        limit = min(int(limit_text or FINISHED_LIMIT), FINISHED_MAX) or FINISHED_LIMIT
+        return queue_pb2.ListJobsRequest(finished=True, user=user, limit=limit)
+    limit = min(int(limit_text), 100_000) if limit_text else 0
+    return queue_pb2.ListJobsRequest(user=user, limit=limit, with_pending_info=True)
