@@ -19,9 +19,8 @@ being down never blocks the scheduling path (events only queue here) nor loses w
 memory: a delivery whose row cannot be written is still attempted, from memory only (logged
 once per outage). Events not yet turned into deliveries are still memory only.
 
-Users' URLs may not reach the coordinator's own networks (SSRF): the host is resolved once, the
-address checked (gpuq.domain.notices.address_allowed, with [coordinator] notify_allow) and the
-connection made to that address; HTTPS checks the certificate against the URL's host name.
+Sending one delivery (the MTA, a webhook's POST pinned to the address that passed the SSRF
+check) is gpuq.coordinator.notification_sending's.
 
 `sent` counts outcomes for the metrics: (kind, outcome), kind "mail" or "webhook" (admin ones
 too), outcome "sent", "failed" (given up) or "dropped" (the queue was full).
@@ -31,29 +30,26 @@ from __future__ import annotations
 
 import asyncio
 import collections
-import http.client
 import logging
 import math
 import socket
-import ssl
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from urllib.parse import urlsplit
 
-from gpuq import __version__
 from gpuq.config.settings import CoordinatorSettings
 from gpuq.coordinator.background_tasks import Background
 from gpuq.coordinator.changes.store_writer import StoreWriter
 from gpuq.coordinator.memory.live_jobs import LiveJobs
 from gpuq.coordinator.memory.node_table import NodeTable, unit_states
 from gpuq.coordinator.memory.scheduler_inputs import SchedulerInputs
+from gpuq.coordinator.notification_sending import Refused, post, send_mail
 from gpuq.domain.model import Job, JobEvent
 from gpuq.domain.notices import (
     Change,
     HealthChange,
-    address_allowed,
     backoff,
     due_warnings,
     health_changes,
@@ -61,7 +57,6 @@ from gpuq.domain.notices import (
     mail_message,
     passed_warnings,
     redact,
-    retryable,
     triggered,
 )
 from gpuq.domain.notify import check_mail_user
@@ -75,16 +70,10 @@ MAX_PENDING = 10_000  # events and deliveries waiting, at most
 MAX_PENDING_PER_USER = 1_000  # of them about one user's jobs
 THREADS = 8  # blocking deliveries at once
 PER_HOST = 2  # of them to one receiving host (or to the MTA)
-HTTP_TIMEOUT = 10.0
-MAIL_TIMEOUT = 30.0
 TICK = 1.0  # seconds between looks at time limits and at nodes' health
 DROP_LOG_EVERY = 60.0
 DIRTY_GRACE = 60.0  # seconds a unit stays dirty before admins are told
 REMEMBERED = 10_000  # arrays whose BEGIN or END mail went out, remembered at most
-
-
-class Refused(Exception):
-    """A delivery that no retry can help (a refused address, a 4xx answer)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -530,7 +519,7 @@ class Notifier:
 
     async def _once(self, delivery: Delivery) -> None:
         if delivery.kind == "mail":
-            await self._send_mail(delivery.target, delivery.data)
+            await send_mail(self.settings.mail_program, delivery.target, delivery.data)
             return
         if self._pool is None:
             self._pool = ThreadPoolExecutor(THREADS, thread_name_prefix="gpuq-notify")
@@ -539,27 +528,6 @@ class Notifier:
         await loop.run_in_executor(
             self._pool, post, delivery.target, delivery.data, delivery.trusted, allow
         )
-
-    async def _send_mail(self, recipient: str, data: bytes) -> None:
-        """`mail_program -oi -- RECIPIENT`, the message on stdin (SLURM's MailProg way)."""
-        process = await asyncio.create_subprocess_exec(
-            self.settings.mail_program,
-            "-oi",
-            "--",
-            recipient,
-            stdin=asyncio.subprocess.PIPE,
-            stdout=asyncio.subprocess.DEVNULL,
-            stderr=asyncio.subprocess.PIPE,
-        )
-        try:
-            _, errors = await asyncio.wait_for(process.communicate(data), MAIL_TIMEOUT)
-        except (TimeoutError, asyncio.CancelledError):
-            process.kill()
-            await process.wait()
-            raise
-        if process.returncode != 0:
-            said = errors.decode(errors="replace").strip()[:200]
-            raise OSError(f"{self.settings.mail_program} exited {process.returncode}: {said}")
 
 
 def _remember(seen: collections.OrderedDict[int, None], key: int) -> None:
@@ -587,89 +555,3 @@ def _change(event: JobEvent, job: Job, live: Job | None) -> Change:
         start_time=event.at if event.to_state is JobState.RUNNING else start,
         end_time=job.end_time if not event.to_state.is_live else None,
     )
-
-
-# ---- HTTP, in a thread ---------------------------------------------------------------------
-
-
-class _PinnedHTTP(http.client.HTTPConnection):
-    """Connects to the address that was checked, not to whatever the name resolves to now."""
-
-    def __init__(self, host: str, port: int, address: str, timeout: float) -> None:
-        super().__init__(host, port, timeout=timeout)
-        self._address = address
-
-    def connect(self) -> None:
-        self.sock = socket.create_connection((self._address, self.port), self.timeout)
-
-
-class _PinnedHTTPS(http.client.HTTPSConnection):
-    def __init__(
-        self, host: str, port: int, address: str, timeout: float, context: ssl.SSLContext
-    ) -> None:
-        super().__init__(host, port, timeout=timeout, context=context)
-        self._address = address
-        self._tls = context
-
-    def connect(self) -> None:
-        raw = socket.create_connection((self._address, self.port), self.timeout)
-        try:
-            self.sock = self._tls.wrap_socket(raw, server_hostname=self.host)
-        except BaseException:
-            raw.close()
-            raise
-
-
-def resolve(host: str, port: int, trusted: bool, allow: tuple[str, ...]) -> str:
-    """The address to connect to: the first the name resolves to that a user's webhook may
-    reach (any, for an admin's). Refused when none may."""
-    try:
-        found = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
-    except socket.gaierror as exc:
-        raise OSError(f"cannot resolve the host: {exc.strerror}") from None
-    addresses = [str(info[4][0]) for info in found]
-    for address in addresses:
-        if trusted or address_allowed(address, allow):
-            return address
-    raise Refused(
-        f"the host resolves to {', '.join(sorted(set(addresses))[:4])}: not a public address "
-        "and not in [coordinator] notify_allow"
-    )
-
-
-def post(url: str, body: bytes, trusted: bool, allow: tuple[str, ...]) -> int:
-    """POST `body` as JSON; the status when 2xx. Raises Refused for what a retry cannot
-    help (a refused address, a redirect, another 4xx), OSError for what it may."""
-    parts = urlsplit(url)
-    host = parts.hostname or ""
-    https = parts.scheme == "https"
-    port = parts.port or (443 if https else 80)
-    address = resolve(host, port, trusted, allow)
-    connection: http.client.HTTPConnection
-    if https:
-        connection = _PinnedHTTPS(host, port, address, HTTP_TIMEOUT, ssl.create_default_context())
-    else:
-        connection = _PinnedHTTP(host, port, address, HTTP_TIMEOUT)
-    path = parts.path or "/"
-    if parts.query:
-        path += "?" + parts.query
-    headers = {"Content-Type": "application/json", "User-Agent": f"gpuq/{__version__}"}
-    if parts.username is not None:  # user:password@host: basic authentication
-        import base64
-
-        pair = f"{parts.username}:{parts.password or ''}".encode()
-        headers["Authorization"] = "Basic " + base64.b64encode(pair).decode()
-    try:
-        connection.request("POST", path, body=body, headers=headers)
-        response = connection.getresponse()
-        status = response.status
-        response.read(65536)
-    except http.client.HTTPException as exc:
-        raise OSError(f"bad HTTP answer: {type(exc).__name__}") from None
-    finally:
-        connection.close()
-    if 200 <= status < 300:
-        return status
-    if retryable(status):
-        raise OSError(f"HTTP {status}")
-    raise Refused(f"HTTP {status}")
