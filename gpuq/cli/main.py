@@ -45,13 +45,13 @@ COMMANDS = {
     "web": "gpuq.cli.web",
     "nodes": "gpuq.cli.listings",
     "completion": "gpuq.cli.completion",
-    "cron": "gpuq.cli.cron",
+    "cron": "gpuq.cli.cron_verbs",
     "drain": "gpuq.cli.admin",
     "resume": "gpuq.cli.admin",
     "admin": "gpuq.cli.security",
-    "serve": "gpuq.cli.daemons",
-    "coordinator": "gpuq.cli.daemons",
-    "agent": "gpuq.cli.daemons",
+    "serve": "gpuq.cli.daemon_verbs",
+    "coordinator": "gpuq.cli.daemon_verbs",
+    "agent": "gpuq.cli.daemon_verbs",
 }
 # commands whose process must not be a fork of a long-lived helper: the daemons (they own
 # sockets, threads, logging and children for hours). A command that needs the controlling
