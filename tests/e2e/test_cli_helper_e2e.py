@@ -1,4 +1,4 @@
-"""The CLI helper (gpuq.cli.helper) against a running cluster: a call through the helper says
+"""The CLI helper (gpuq.cli.fast) against a running cluster: a call through the helper says
 and does what the same call does in-process (GPUQ_CLI_HELPER=off), as its caller (folder,
 umask, environment, stdin, signals), and only for its own user.
 
@@ -22,7 +22,7 @@ import unix_users
 from e2e_cluster import Cluster, pid_alive, wait_for
 from unix_users import UnixUser, run_as
 
-from gpuq.cli.helper import stop_helpers
+from gpuq.cli.fast.helper_process import stop_helpers
 
 user_homes = unix_users.user_homes
 unix_user = unix_users.unix_user
@@ -194,7 +194,7 @@ def test_changed_code_makes_the_helper_refuse_and_leave(
 ) -> None:
     """A copy of the package (its own helper: the socket's key names the package's path)."""
     copy = tmp_path / "src"
-    package = Path(stop_helpers.__code__.co_filename).parent.parent
+    package = Path(stop_helpers.__code__.co_filename).parents[2]
     shutil.copytree(package, copy / "gpuq", ignore=shutil.ignore_patterns("__pycache__"))
     extra = {"PYTHONPATH": str(copy)}
     first = gpuq(cluster, runtime, "queue", mode="debug", extra=extra)
@@ -291,12 +291,12 @@ def test_another_user_cannot_use_the_helper(cluster: Cluster, unix_user: UnixUse
             path.chmod(0o777)
             probe = (
                 "import socket, sys\n"
-                "from gpuq.cli import main\n"
+                "from gpuq.cli.fast import protocol\n"
                 "s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)\n"
                 "s.connect(sys.argv[1])\n"
                 "s.settimeout(10)\n"
                 "try:\n"
-                "    main._send_request(s, ['submit', '--wrap', 'true'])\n"
+                "    protocol.send_request(s, ['submit', '--wrap', 'true'])\n"
                 "    print(repr(s.recv(5)))\n"
                 "except (BrokenPipeError, ConnectionResetError):\n"
                 "    print(repr(b''))  # closed before it was all sent\n"

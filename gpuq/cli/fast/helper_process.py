@@ -1,10 +1,11 @@
 """The CLI helper: one process per user and installation that has the CLI's modules (click,
 grpc, the protobuf descriptors, the command modules) loaded, so that a `gpuq` call costs a
-fork instead of a 100+ ms import (see gpuq.cli.main for the stub on the other end).
+fork instead of a 100+ ms import (see gpuq.cli.fast.stub for the stub on the other end, and
+gpuq.cli.fast.protocol for what the two say).
 
-Per call it forks a child that becomes the caller (gpuq.cli.helper_child: its fds 0-2, working
-folder, umask, environment, stdio encodings, argv) and runs the one CLI entry,
-gpuq.cli.commands.run. The child says its pid at once (the stub forwards signals to it) and its
+Per call it forks a child that becomes the caller (gpuq.cli.fast.become_caller: its fds 0-2,
+working folder, umask, environment, stdio encodings, argv) and runs the one CLI entry,
+gpuq.cli.group.run. The child says its pid at once (the stub forwards signals to it) and its
 exit code once it closed the caller's fds; the parent sends the wait status when the child ends
 (what counts when the child was killed). A stub that goes away first (killed) gets its child
 SIGHUP then SIGTERM, and SIGKILL if it lingers.
@@ -30,22 +31,25 @@ import os
 import selectors
 import signal
 import socket
-import struct
 import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from gpuq.cli.helper_request import LEFT, MAX_ENVIRON, TOOK, spare
-from gpuq.cli.main import (
-    BYPASS,
-    COMMANDS,
+from gpuq.cli.fast.protocol import (
     EXIT,
-    IDLE_VAR,
+    LEFT,
+    TOOK,
+    answer,
+    lock_path,
     private_folder,
+    read_spare_message,
 )
+from gpuq.cli.fast.spare import spare
+from gpuq.cli.verbs import OWN_PROCESS, VERBS
 
+IDLE_VAR = "GPUQ_CLI_HELPER_IDLE"  # seconds a helper waits for the next call (default 600)
 DEFAULT_IDLE = 600.0
 HANGUP_GRACE = 10.0  # seconds from SIGHUP+SIGTERM to SIGKILL for an abandoned child
 STOP_GRACE = 5.0  # the same when the helper itself is told to stop
@@ -55,7 +59,7 @@ KEPT_VARS = frozenset({"PATH", "HOME", "LANG", "TMPDIR", "USER", "LOGNAME", "XDG
 KEPT_PREFIXES = ("LC_", "PYTHON", "GPUQ_CLI_HELPER", "GRPC_")
 # loaded before the first call (each only if it imports): what the client commands use
 PRELOAD = (
-    "gpuq.cli.commands",
+    "gpuq.cli.group",
     "gpuq.client",
     "gpuq.config",
     "gpuq.submission",
@@ -79,7 +83,8 @@ PRELOAD = (
     "ctypes",  # a spare's PR_SET_PDEATHSIG
 )
 BOOT = (
-    "import sys; sys.path[0] = sys.argv[2]; from gpuq.cli.helper import serve; serve(sys.argv[1])"
+    "import sys; sys.path[0] = sys.argv[2]; "
+    "from gpuq.cli.fast.helper_process import serve; serve(sys.argv[1])"
 )
 
 
@@ -90,7 +95,7 @@ def start_helper(path: str) -> None:
     """Start a helper for `path` in the background (its own session, stdio on /dev/null, an
     environment of its own). A second one, started at the same time, finds the lock taken and
     leaves. Never fails the caller."""
-    package_parent = str(Path(__file__).resolve().parent.parent.parent)
+    package_parent = str(Path(__file__).resolve().parents[3])  # above gpuq/cli/fast/
     env = {k: v for k, v in os.environ.items() if k in KEPT_VARS or k.startswith(KEPT_PREFIXES)}
     try:
         devnull = os.open(os.devnull, os.O_RDWR | os.O_CLOEXEC)
@@ -147,17 +152,13 @@ def _holder(lock: Path) -> int | None:
         os.close(fd)
 
 
-def lock_path(path: str) -> str:
-    return path.removesuffix(".sock") + ".lock"
-
-
 # ---- the code's fingerprint ----------------------------------------------------------------
 
 
 def code_fingerprint(package: Path | None = None) -> tuple[tuple[str, int, int], ...]:
     """(name, mtime_ns, size) of every module and extension of the gpuq package, and of the
     folders that hold the CLI's dependencies (pip changes them when it installs): ~0.5 ms."""
-    root = str(package or Path(__file__).resolve().parent.parent)
+    root = str(package or Path(__file__).resolve().parents[2])  # gpuq/
     found = []
     folders = [root]
     while folders:
@@ -186,7 +187,7 @@ def preload() -> None:
     import importlib
 
     names = list(PRELOAD)
-    names += sorted({m for c, m in COMMANDS.items() if c not in BYPASS})
+    names += sorted({m for c, m in VERBS.items() if c not in OWN_PROCESS})
     for name in names:
         with contextlib.suppress(Exception):
             importlib.import_module(name)
@@ -207,7 +208,7 @@ class Session:
 
 @dataclass
 class Spare:
-    """The child forked ahead of the next call, waiting in accept (gpuq.cli.helper_request)."""
+    """The child forked ahead of the next call, waiting in accept (gpuq.cli.fast.spare)."""
 
     pid: int
     pidfd: int
@@ -227,7 +228,7 @@ class Helper:
     last_call: float = field(default_factory=time.monotonic)
     selector: selectors.BaseSelector = field(default_factory=selectors.DefaultSelector)
     inode: int = 0
-    # the last caller's settings variables (gpuq.cli.helper_request.settings_environ): the
+    # the last caller's settings variables (gpuq.cli.fast.spare.settings_environ): the
     # next spare connects a client with them while it waits
     last_environ: bytes = b""
 
@@ -323,15 +324,7 @@ class Helper:
         """The spare took a call (its connection comes along), or found the code changed."""
         spare_ = self.spare
         assert spare_ is not None
-        try:
-            message, ancillary, _, _ = control.recvmsg(MAX_ENVIRON, socket.CMSG_SPACE(4))
-        except OSError:
-            message, ancillary = b"", []
-        fds = [
-            struct.unpack("i", data[:4])[0]
-            for level, kind, data in ancillary
-            if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS and len(data) >= 4
-        ]
+        message, fds = read_spare_message(control)
         if message[:1] == TOOK and fds:
             self.last_call = time.monotonic()
             self.last_environ = message[1:]
@@ -424,7 +417,7 @@ class Helper:
         if session.conn is not None:
             self.selector.unregister(session.conn)
             with contextlib.suppress(OSError):
-                session.conn.sendall(EXIT + struct.pack("!i", status))
+                session.conn.sendall(answer(EXIT, status))
             session.conn.close()
         self.last_call = time.monotonic()
 

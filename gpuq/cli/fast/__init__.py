@@ -1,0 +1,1 @@
+"""The CLI's fast path (placeholder: the budget follows)."""
