@@ -46,4 +46,5 @@ def take_warm_client(settings: Any) -> Any:
 def _connectivity(client: Any, try_to_connect: bool) -> int:
     """The first channel's state, asked of gRPC's core directly: the public subscribe() starts
     a polling thread that holds every call up by up to 200 ms."""
-    return int(client._channels[0]._channel.check_connectivity_state(try_to_connect))
+    channel = client._connection.channels[0]
+    return int(channel._channel.check_connectivity_state(try_to_connect))
