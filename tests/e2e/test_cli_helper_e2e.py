@@ -360,3 +360,52 @@ def test_a_dead_helpers_socket_is_replaced(cluster: Cluster, runtime: Path) -> N
         timeout=60,
         what="a new helper",
     )
+
+
+NEW_VERB = '''"""`gpuq hello NAME`: a verb as a newcomer writes it."""
+
+import click
+
+
+@click.command()
+@click.argument("name")
+def hello(name: str) -> None:
+    """Say hello."""
+    click.echo(f"hello {name}")
+'''
+
+
+def test_a_new_verb_is_one_line_in_verbs_and_goes_through_the_helper(
+    runtime: Path, tmp_path: Path
+) -> None:
+    """A verb defined as any click command, in a module of its own, and named by one line in
+    gpuq/cli/verbs.py, runs through the CLI helper as in-process: nothing in gpuq/cli/fast/
+    learns of it. (A copy of the package with the verb added: its own helper.)"""
+    copy = tmp_path / "src"
+    package = Path(stop_helpers.__code__.co_filename).parents[2]
+    shutil.copytree(package, copy / "gpuq", ignore=shutil.ignore_patterns("__pycache__"))
+    (copy / "gpuq" / "cli" / "hello.py").write_text(NEW_VERB)
+    verbs = copy / "gpuq" / "cli" / "verbs.py"
+    table = verbs.read_text()
+    assert "VERBS = {\n" in table
+    verbs.write_text(table.replace("VERBS = {\n", 'VERBS = {\n    "hello": "gpuq.cli.hello",\n'))
+    env = {**os.environ, "XDG_RUNTIME_DIR": str(runtime), "PYTHONPATH": str(copy)}
+
+    def hello(mode: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [sys.executable, "-m", "gpuq.cli.main", "hello", "you"],
+            cwd=tmp_path,
+            env={**env, "GPUQ_CLI_HELPER": mode},
+            capture_output=True,
+            text=True,
+            timeout=30,
+        )
+
+    slow = hello("off")
+    assert (slow.returncode, slow.stdout, slow.stderr) == (0, "hello you\n", "")
+    first = hello("debug")
+    assert first.stderr.startswith(NONE_ANSWERED) and first.stdout == "hello you\n"
+    wait_for(lambda: THROUGH in hello("debug").stderr, timeout=60, what="the copy's helper")
+    fast = hello("debug")
+    assert THROUGH in fast.stderr, fast.stderr
+    assert (fast.returncode, fast.stdout, without_debug(fast.stderr)) == (0, "hello you\n", "")
