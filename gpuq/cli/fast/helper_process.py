@@ -47,7 +47,7 @@ from gpuq.cli.fast.protocol import (
     read_spare_message,
 )
 from gpuq.cli.fast.spare import spare
-from gpuq.cli.verbs import OWN_PROCESS, VERBS
+from gpuq.cli.verbs import CALL_TIME_IMPORTS, OWN_PROCESS, VERBS
 
 IDLE_VAR = "GPUQ_CLI_HELPER_IDLE"  # seconds a helper waits for the next call (default 600)
 DEFAULT_IDLE = 600.0
@@ -57,25 +57,16 @@ CHECK_EVERY = 5.0  # seconds between checks that the socket is still there and o
 # what the helper's own environment keeps of the first caller's (each call brings its own)
 KEPT_VARS = frozenset({"PATH", "HOME", "LANG", "TMPDIR", "USER", "LOGNAME", "XDG_RUNTIME_DIR"})
 KEPT_PREFIXES = ("LC_", "PYTHON", "GPUQ_CLI_HELPER", "GRPC_")
-# loaded before the first call (each only if it imports): what the client commands use
+# loaded before the first call (each only if it imports), with every verb's module and what
+# the verbs import when they run (gpuq.cli.verbs.CALL_TIME_IMPORTS): what a call needs beyond
 PRELOAD = (
     "gpuq.cli.group",
-    "gpuq.client",
+    "gpuq.client",  # the warm client (gpuq.cli.fast.warm_client)
     "gpuq.config",
-    "gpuq.submission",
-    "gpuq.directives",
-    "gpuq.convert",
-    "gpuq.domain.dependencies",
-    "gpuq.domain.placement",
-    "gpuq.domain.states",
-    "gpuq.cli.render",
-    "google.protobuf.json_format",
     "grpc._channel",  # grpc loads these on the first channel
     "grpc._simple_stubs",
     "grpc.experimental",
-    "getpass",
-    "pwd",
-    "locale",
+    "locale",  # the child sets LC_CTYPE (gpuq.cli.fast.become_caller)
     "encodings.ascii",
     "importlib.metadata",
     "email.parser",  # what importlib.metadata reads a version with (`gpuq --version`)
@@ -186,7 +177,7 @@ def preload() -> None:
     reports it exactly as the slow path would."""
     import importlib
 
-    names = list(PRELOAD)
+    names = [*PRELOAD, *CALL_TIME_IMPORTS]
     names += sorted({m for c, m in VERBS.items() if c not in OWN_PROCESS})
     for name in names:
         with contextlib.suppress(Exception):
