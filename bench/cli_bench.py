@@ -34,7 +34,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from gpuq.cli.fast.helper_process import stop_helpers  # noqa: E402
+from gpuq.cli.fast.helper_control import stop_helpers  # noqa: E402
 
 STUB_IMPORTS = "import sys; from gpuq.cli.fast.stub import main"
 

@@ -72,7 +72,7 @@ def cli_helper_runtime() -> Iterator[Path]:
     import shutil
     import tempfile
 
-    from gpuq.cli.fast.helper_process import stop_helpers
+    from gpuq.cli.fast.helper_control import stop_helpers
 
     folder = Path(tempfile.mkdtemp(prefix="gpuq-run-"))
     folder.chmod(0o700)

@@ -22,7 +22,7 @@ import unix_users
 from e2e_cluster import Cluster, pid_alive, wait_for
 from unix_users import UnixUser, run_as
 
-from gpuq.cli.fast.helper_process import stop_helpers
+from gpuq.cli.fast.helper_control import stop_helpers
 
 user_homes = unix_users.user_homes
 unix_user = unix_users.unix_user

@@ -21,6 +21,8 @@ Rules it keeps:
 - One helper per socket: a POSIX lock held for life; a new one binds a temporary name and renames
   it over the socket, so a dead one's socket is replaced. It leaves after GPUQ_CLI_HELPER_IDLE
   seconds (600) without calls, and on SIGTERM, removing its socket.
+
+gpuq.cli.fast.helper_control starts one (serve() is its main) and stops them.
 """
 
 from __future__ import annotations
@@ -54,9 +56,6 @@ DEFAULT_IDLE = 600.0
 HANGUP_GRACE = 10.0  # seconds from SIGHUP+SIGTERM to SIGKILL for an abandoned child
 STOP_GRACE = 5.0  # the same when the helper itself is told to stop
 CHECK_EVERY = 5.0  # seconds between checks that the socket is still there and ours
-# what the helper's own environment keeps of the first caller's (each call brings its own)
-KEPT_VARS = frozenset({"PATH", "HOME", "LANG", "TMPDIR", "USER", "LOGNAME", "XDG_RUNTIME_DIR"})
-KEPT_PREFIXES = ("LC_", "PYTHON", "GPUQ_CLI_HELPER", "GRPC_")
 # loaded before the first call (each only if it imports), with every verb's module and what
 # the verbs import when they run (gpuq.cli.verbs.CALL_TIME_IMPORTS): what a call needs beyond
 PRELOAD = (
@@ -73,74 +72,6 @@ PRELOAD = (
     "email.feedparser",
     "ctypes",  # a spare's PR_SET_PDEATHSIG
 )
-BOOT = (
-    "import sys; sys.path[0] = sys.argv[2]; "
-    "from gpuq.cli.fast.helper_process import serve; serve(sys.argv[1])"
-)
-
-
-# ---- starting and stopping helpers ---------------------------------------------------------
-
-
-def start_helper(path: str) -> None:
-    """Start a helper for `path` in the background (its own session, stdio on /dev/null, an
-    environment of its own). A second one, started at the same time, finds the lock taken and
-    leaves. Never fails the caller."""
-    package_parent = str(Path(__file__).resolve().parents[3])  # above gpuq/cli/fast/
-    env = {k: v for k, v in os.environ.items() if k in KEPT_VARS or k.startswith(KEPT_PREFIXES)}
-    try:
-        devnull = os.open(os.devnull, os.O_RDWR | os.O_CLOEXEC)
-    except OSError:
-        return
-    try:
-        os.posix_spawn(
-            sys.executable,
-            [sys.executable, "-c", BOOT, path, package_parent],
-            env,
-            file_actions=[(os.POSIX_SPAWN_DUP2, devnull, fd) for fd in (0, 1, 2)],
-            setsid=True,
-        )
-    except OSError:
-        pass
-    finally:
-        os.close(devnull)
-
-
-def stop_helpers(folder: Path, timeout: float = 10.0) -> list[int]:
-    """SIGTERM every helper serving a socket in `folder` and wait until each has let go of its
-    lock (SIGKILL at the deadline); their pids. For tests and for `gpuq` upgrades by hand."""
-    held = {}
-    for lock in folder.glob("cli-*.lock"):
-        pid = _holder(lock)
-        if pid:
-            held[lock] = pid
-            with contextlib.suppress(OSError):
-                os.kill(pid, signal.SIGTERM)
-    deadline = time.monotonic() + timeout
-    for lock, pid in held.items():
-        while _holder(lock) and time.monotonic() < deadline:
-            time.sleep(0.02)
-        if _holder(lock):
-            with contextlib.suppress(OSError):
-                os.kill(pid, signal.SIGKILL)
-    return list(held.values())
-
-
-def _holder(lock: Path) -> int | None:
-    """The pid of the helper holding `lock` (it writes its pid there), or None when free."""
-    try:
-        fd = os.open(lock, os.O_RDONLY | os.O_CLOEXEC)
-    except OSError:
-        return None
-    try:
-        try:
-            fcntl.lockf(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
-        except OSError:
-            text = os.pread(fd, 32, 0).strip()
-            return int(text) if text.isdigit() else None
-        return None  # we got it, so nobody holds it; closing lets go
-    finally:
-        os.close(fd)
 
 
 # ---- the code's fingerprint ----------------------------------------------------------------

@@ -164,7 +164,7 @@ def _slow_path(args: list[str], path: str | None) -> NoReturn:
     sys.stdout.flush()
     sys.stderr.flush()
     if path is not None:
-        from gpuq.cli.fast.helper_process import start_helper
+        from gpuq.cli.fast.helper_control import start_helper
 
         start_helper(path)
     os._exit(code)
