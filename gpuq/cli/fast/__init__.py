@@ -28,9 +28,10 @@ GPUs, medians of 21 runs; 2 CPUs shared with other work, so read the ratios):
 
 So the fast path saves about 300 ms of a 350 ms call (12x the floor) on this machine; the
 target (issue 13) is every command within 2x the floor. What keeps it there:
-- the stub loads nothing but the interpreter's own modules and four small ones of gpuq's
-  (tests/unit/test_cli_fast_path.py checks it), and scripts/gpuq is a plain script, not pip's
-  launcher (which imports `re`: 5-7 ms);
+- the stub loads nothing but the interpreter's own modules and six small ones of gpuq's (the
+  packages gpuq, gpuq.cli and this one, the stub, the protocol and gpuq.cli.verbs: checked by
+  tests/unit/test_cli_fast_path.py), and scripts/gpuq is a plain script, not pip's launcher
+  (which imports `re`: 5-7 ms);
 - the fork, gRPC's start-up, the connection to the coordinator, the credential handshake,
   click's parser and the copy-on-write faults of the loaded modules all happen in a spare
   before the call comes: a call pays its request (one sendmsg), its command, and its exit;
