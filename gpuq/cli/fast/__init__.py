@@ -15,19 +15,23 @@ one table of verbs; gpuq.cli.group.run is the one implementation of a call, here
                        locale, streams, signals) and running gpuq.cli.group.run
     warm_client.py     the client the spare connected ahead of the call
 
-The latency budget. bench/cli_bench.py (a wheel in a fresh venv, `gpuq serve` with 4 fake
-GPUs, medians of 21 runs; 2 CPUs shared with other work, so read the ratios):
+The latency budget, measured with bench/cli_bench.py (a wheel in a fresh venv, `gpuq serve`
+with 4 fake GPUs, medians of 21 runs, on 2 CPUs shared with other work: read the ratios):
 
-    python3 -c pass (the floor: any Python command)          1.00x   (27-52 ms here)
-    the stub's imports before main()                         0.98-1.02x
-    gpuq show / cancel / logs / queue, through a helper      1.2-1.8x
-    gpuq status / submit, through a helper                   1.6-1.95x
-    gpuq submit in a loop, back to back                      2.2-2.4x
-    gpuq queue, cold (no helper yet: in-process, starts one)  10x
-    gpuq queue, GPUQ_CLI_HELPER=off (in-process)             13-14x
+                                                          quiet machine     loaded (load 8-11)
+    python3 -c pass (the floor: any Python command)      16-19 ms  1.00x   27-52 ms  1.00x
+    the stub's imports before main()                     19-20 ms  1.1x    0.7-1.0x
+    status, queue, submit, show, cancel, logs (helper)   30-38 ms  1.9-2.1x   1.2-2.1x
+    gpuq submit in a loop, back to back                  50-62 ms  3.2x    2.2-3.9x
+    gpuq queue, cold (no helper yet: runs in-process)   150-240 ms 10-13x  10-20x
+    gpuq queue, GPUQ_CLI_HELPER=off (in-process)         190-260 ms 12-14x  12-26x
 
-So the fast path saves about 300 ms of a 350 ms call (12x the floor) on this machine; the
-target (issue 13) is every command within 2x the floor. What keeps it there:
+So the fast path saves about 150-230 ms of each call here (the difference of the last row
+and the helper's), about 85 % of it; the target (issue 13) is every command within 2x the
+floor. The stub's imports cost 1-2 ms over the floor: in a paired A/B of 200 starts each,
+16.5 ms against 14.5 ms for `python3 -c pass`, of which +0.7 ms is the fenced layout's (three
+more small modules: this package, the protocol, the verb table) over the single stub module
+it replaced. What keeps it there:
 - the stub loads nothing but the interpreter's own modules and six small ones of gpuq's (the
   packages gpuq, gpuq.cli and this one, the stub, the protocol and gpuq.cli.verbs: checked by
   tests/unit/test_cli_fast_path.py), and scripts/gpuq is a plain script, not pip's launcher
