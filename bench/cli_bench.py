@@ -9,7 +9,7 @@ machine weighs on every figure alike, each as a new process with its output on a
 --pause seconds (untimed) before each, as when a person types:
   - `python3 -c pass` (the venv's python): the baseline;
   - `gpuq status`, `queue`, `submit --wrap true --hold`, `show ID`, `cancel ID`, `logs ID`,
-    through a warm CLI helper (gpuq.cli.helper), as users run them;
+    through a warm CLI helper (gpuq.cli.fast), as users run them;
   - the gpuq script's own cost before main() (the interpreter and the stub's imports);
   - `gpuq submit` 21 times back to back, as in a shell loop (the helper's next spare is still
     warming up when the next call comes);
@@ -34,9 +34,9 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from gpuq.cli.helper import stop_helpers  # noqa: E402
+from gpuq.cli.fast.helper_control import stop_helpers  # noqa: E402
 
-STUB_IMPORTS = "import sys; from gpuq.cli.main import main"
+STUB_IMPORTS = "import sys; from gpuq.cli.fast.stub import main"
 
 
 def build_venv(work: Path) -> Path:

@@ -4,7 +4,7 @@ The Python API: `Client` (submit, get, list, cancel, wait, logs), `build_spec` a
 (what a submission says), `Job` and `JobState` (what the queue knows), and the errors.
 Everything loads on first use, so that `import gpuq` (and the CLI) stays fast: this module
 imports nothing at all (not even typing: the `gpuq` command's stub is timed against a bare
-interpreter, see gpuq.cli.main).
+interpreter, see gpuq.cli.fast.stub).
 """
 
 from __future__ import annotations

@@ -13,56 +13,37 @@ The address may name several coordinators, comma-separated (a leader and its sta
 PostgreSQL store): a call goes to the one that answered last (at first, the first one), and
 one that finds it unreachable (UNAVAILABLE) tries the next, so a standby that took over is
 found without a restart.
+
+The Client is the front; its parts: gpuq.client_connection (channels, credentials, which
+address answers), gpuq.client_submit (the submission streams, and resending a submission that
+got no answer), gpuq.client_attach (an interactive job's terminal), gpuq.client_errors (what
+a gRPC status means: the coordinator's exception, no coordinator, or its store down).
 """
 
 from __future__ import annotations
 
 import builtins
-import queue
-import threading
-import time
 import uuid
-import weakref
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import grpc
 
+from gpuq.client_attach import Attachment
+from gpuq.client_connection import Connection
+from gpuq.client_errors import STATUS_CODES, error_for, unreachable
+from gpuq.client_submit import Submissions
 from gpuq.config.loading import load_settings
-from gpuq.config.settings import Settings, auth_socket_for, split_addresses
+from gpuq.config.settings import Settings, split_addresses
 from gpuq.domain.dependencies import parse_job_ref
 from gpuq.domain.states import JobState, parse_states
-from gpuq.errors import (
-    Conflict,
-    GpuqError,
-    IllegalTransition,
-    InvalidInput,
-    NotFound,
-    PermissionDenied,
-    ServerUnavailable,
-    StorageUnavailable,
-    Unsatisfiable,
-)
-from gpuq.identity import (
-    METADATA_KEY,
-    credential_expiry,
-    fetch_credential,
-    read_user_token,
-)
-from gpuq.tls import client_channel
-from gpuq.v1 import queue_pb2, queue_pb2_grpc
+from gpuq.errors import InvalidInput
+from gpuq.v1 import queue_pb2
 
 if TYPE_CHECKING:
     from gpuq.domain.model import Job, JobEvent, JobSpec
     from gpuq.v1 import types_pb2 as pb
-
-STORAGE_PREFIX = "storage unavailable: "  # gpuq.coordinator.front.rpc_calls says it so
-HOW_TO_START = "start it with `gpuq serve` (or `systemctl start gpuq-coordinator` on a server)"
-# a submission that got no answer is sent again (with its request key, so it is not a second
-# job) after each of these pauses, in seconds, before ServerUnavailable is raised
-SUBMIT_RETRY_DELAYS = (0.2, 0.5, 1.0, 2.0)
-_TRANSIENT = frozenset({grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED})
 
 
 class Client:
@@ -74,64 +55,25 @@ class Client:
         timeout: float = 30.0,
     ) -> None:
         settings = settings or load_settings()
-        self.addresses = split_addresses(address or settings.coordinator_address)
-        self._current = 0  # the address that answered last
-        self._token = token  # a per-user token for TCP; None: read from the token file
-        self._token_file = settings.token_file
-        # each Unix socket address's credential (gpuq.identity), until shortly before it expires
-        self._credentials: dict[str, str] = {}
+        addresses = split_addresses(address or settings.coordinator_address)
+        self._connection = Connection(addresses, token, settings.token_file, settings.client.tls_ca)
         self.timeout = timeout
-        self._tls_ca = settings.client.tls_ca  # verifies the coordinator over TCP (gpuq.tls)
-        self._channels: builtins.list[grpc.Channel | None] = [None] * len(self.addresses)
-        self._stubs: builtins.list[queue_pb2_grpc.QueueStub | None] = [None] * len(self.addresses)
-        self._channels_lock = threading.Lock()
-        self._stub_at(0)
-        self._streams = threading.local()  # each thread's open Submit stream
-        # every thread's, to close with the client; weak: a thread's stream ends with the thread
-        self._open: weakref.WeakSet[_SubmitStream] = weakref.WeakSet()
-        self._open_lock = threading.Lock()
+        self._connection.stub_at(0)
+        self._submissions = Submissions(self._connection)
 
     def close(self) -> None:
-        with self._open_lock:
-            streams, self._open = list(self._open), weakref.WeakSet()
-        for stream in streams:
-            stream.close()
-        with self._channels_lock:
-            for channel in self._channels:
-                if channel is not None:
-                    channel.close()
+        self._submissions.close()
+        self._connection.close()
+
+    @property
+    def addresses(self) -> builtins.list[str]:
+        """The coordinator addresses, in the order they are tried."""
+        return self._connection.addresses
 
     @property
     def address(self) -> str:
         """The coordinator address in use (the one that answered last)."""
-        return self.addresses[self._current]
-
-    @property
-    def _where(self) -> str:
-        """All the addresses, for messages."""
-        return ", ".join(self.addresses)
-
-    def _stub_at(self, index: int) -> queue_pb2_grpc.QueueStub:
-        stub = self._stubs[index]
-        if stub is None:
-            with self._channels_lock:
-                stub = self._stubs[index]
-                if stub is None:
-                    # TLS for HOST:PORT when [client] tls_ca is set; a Unix socket never
-                    channel = client_channel(
-                        self.addresses[index],
-                        self._tls_ca,
-                        [("grpc.max_receive_message_length", 256 << 20)],
-                    )
-                    self._channels[index] = channel
-                    stub = self._stubs[index] = queue_pb2_grpc.QueueStub(channel)
-        return stub
-
-    def _unreachable_at(self, index: int) -> None:
-        """The address `index` did not answer: the next call starts at the one after it
-        (unless another thread has moved on already)."""
-        if self._current == index:
-            self._current = (index + 1) % len(self.addresses)
+        return self._connection.address
 
     def __enter__(self) -> Client:
         return self
@@ -175,76 +117,11 @@ class Client:
         request = queue_pb2.SubmitRequest(
             spec=spec_to_proto(spec), request_key=request_key or uuid.uuid4().hex
         )
-        result = self._submit_until_answered(request)
+        result = self._submissions.submit(request, self.timeout)
         if result.code:
-            raise _error_for(_CODES.get(result.code, grpc.StatusCode.UNKNOWN), result.message)
+            code = STATUS_CODES.get(result.code, grpc.StatusCode.UNKNOWN)
+            raise error_for(code, result.message, result.error_kind)
         return list(result.job_ids)
-
-    def _submit_until_answered(self, request: queue_pb2.SubmitRequest) -> queue_pb2.SubmitResult:
-        """The coordinator's answer; the request is sent again (on a new stream) while none
-        comes, after each of SUBMIT_RETRY_DELAYS. An answer, an error included, is final.
-        With several addresses, an unreachable one passes the request to the next at once;
-        the pause comes when each has been tried."""
-        delays = iter((*SUBMIT_RETRY_DELAYS, None))
-        delay = next(delays)
-        others = len(self.addresses) - 1  # to try before the next pause
-        while True:
-            stream = self._submit_stream()
-            try:
-                result = stream.submit(request)
-            except grpc.RpcError as error:
-                self._drop(stream)
-                if not _transient(error):
-                    raise _translate(error, self._where, self._tls_ca is not None) from None
-                if others and _unreachable(error):
-                    others -= 1
-                    self._unreachable_at(stream.index)
-                    continue
-                if delay is None:
-                    code = error.code()
-                    if code == grpc.StatusCode.DEADLINE_EXCEEDED:
-                        raise ServerUnavailable(
-                            f"the gpuq coordinator at {self.address} did not answer the "
-                            f"submission in {self.timeout:g} s ({len(SUBMIT_RETRY_DELAYS) + 1} "
-                            "tries)"
-                        ) from None
-                    raise _translate(error, self._where, self._tls_ca is not None) from None
-                if _unreachable(error):
-                    self._unreachable_at(stream.index)  # the next round starts at the next
-            else:
-                if result is not None:
-                    self._current = stream.index
-                    return result
-                self._drop(stream)
-                if delay is None:
-                    raise ServerUnavailable(
-                        f"the gpuq coordinator at {self.address} ended the submission stream "
-                        f"without an answer ({len(SUBMIT_RETRY_DELAYS) + 1} tries)"
-                    )
-            time.sleep(delay)
-            delay = next(delays)
-            others = len(self.addresses) - 1
-
-    def _submit_stream(self) -> _SubmitStream:
-        stream: _SubmitStream | None = getattr(self._streams, "current", None)
-        if stream is not None and stream.stale():
-            self._drop(stream)
-            stream = None
-        if stream is None:
-            index = self._current
-            stream = _SubmitStream(self._stub_at(index), self._metadata(index), self.timeout)
-            stream.index = index
-            self._streams.current = stream
-            with self._open_lock:
-                self._open.add(stream)
-        return stream
-
-    def _drop(self, stream: _SubmitStream) -> None:
-        """End the stream (a broken one too: that stops the thread feeding it)."""
-        stream.close()
-        self._streams.current = None
-        with self._open_lock:
-            self._open.discard(stream)
 
     # ---- reading ---------------------------------------------------------------------------
 
@@ -436,28 +313,29 @@ class Client:
         from gpuq.convert import event_from_proto
 
         job_ids = list(job_ids)
-        start, count = self._current, len(self.addresses)
+        connection = self._connection
+        start, count = connection.current, len(connection.addresses)
         for attempt in range(count):
             index = (start + attempt) % count
-            stream = self._stub_at(index).Watch(
+            stream = connection.stub_at(index).Watch(
                 queue_pb2.WatchRequest(job_ids=job_ids),
-                metadata=self._metadata(index),
+                metadata=connection.metadata(index),
                 timeout=timeout,
             )
             answered = False
             try:
                 for batch in stream:
                     if not answered:
-                        answered, self._current = True, index
+                        answered, connection.current = True, index
                     for event in batch.events:
                         yield event_from_proto(event)
                 return
             except grpc.RpcError as error:
-                if not answered and attempt + 1 < count and _unreachable(error):
-                    self._unreachable_at(index)
+                if not answered and attempt + 1 < count and unreachable(error):
+                    connection.unreachable_at(index)
                     continue
                 if error.code() != grpc.StatusCode.DEADLINE_EXCEEDED:
-                    raise _translate(error, self._where, self._tls_ca is not None) from None
+                    raise connection.translate(error) from None
                 raise TimeoutError(f"jobs {job_ids} did not finish in time") from None
 
     def wait(self, job_id: int | str, timeout: float | None = None) -> Job:
@@ -484,8 +362,10 @@ class Client:
         """The terminal of an interactive job of ours (gpuq run, gpuq alloc): send input,
         window sizes and signals on it, and iterate its replies (state changes, output, and
         last the end). Closing it before the job ended cancels the job."""
-        index = self._current
-        return Attachment(self._stub_at(index), self._metadata(index), job_id, self._where)
+        connection = self._connection
+        index = connection.current
+        stub, metadata = connection.stub_at(index), connection.metadata(index)
+        return Attachment(stub, metadata, job_id, connection.where)
 
     # ---- recurring jobs --------------------------------------------------------------------
 
@@ -537,144 +417,13 @@ class Client:
 
     def call_metadata(self, index: int | None = None) -> tuple[tuple[str, str], ...]:
         """The metadata every call carries: who calls (gpuq.identity)."""
-        return self._metadata(self._current if index is None else index)
-
-    def _metadata(self, index: int) -> tuple[tuple[str, str], ...]:
-        """On a Unix socket, a credential from the coordinator's handshake socket (the kernel
-        tells it our uid); over TCP, this user's token."""
-        address = self.addresses[index]
-        if address.startswith("unix:"):
-            credential = self._credentials.get(address)
-            if credential is None or credential_expiry(credential) < time.time() + 60:
-                socket_path = Path(address.removeprefix("unix:").removeprefix("//"))
-                credential = fetch_credential(auth_socket_for(socket_path))
-                self._credentials[address] = credential
-            return ((METADATA_KEY, f"Bearer {credential}"),)
-        if self._token is None:
-            self._token = read_user_token(self._token_file)
-        return ((METADATA_KEY, f"Token {self._token}"),)
+        connection = self._connection
+        return connection.metadata(connection.current if index is None else index)
 
     def _call(self, method: str, request: Any) -> Any:
         """The reply from the address that answered last, or else from the first of the
         others that answers (each tried once)."""
-        start, count = self._current, len(self.addresses)
-        for attempt in range(count):
-            index = (start + attempt) % count
-            try:
-                metadata = self._metadata(index)
-            except ServerUnavailable:
-                if attempt + 1 < count:
-                    self._unreachable_at(index)
-                    continue
-                raise
-            try:
-                reply = getattr(self._stub_at(index), method)(
-                    request, metadata=metadata, timeout=self.timeout
-                )
-            except grpc.RpcError as error:
-                if attempt + 1 < count and _unreachable(error):
-                    self._unreachable_at(index)
-                    continue
-                raise _translate(error, self._where, self._tls_ca is not None) from None
-            if index != start:
-                self._current = index
-            return reply
-        raise AssertionError("unreachable")  # pragma: no cover
-
-
-class _SubmitStream:
-    """One open Submit stream, used by one thread: a request in, its result out.
-
-    The call has a deadline of `timeout` and is replaced once half of that has passed, so a
-    submission on it has between timeout/2 and timeout to finish, as a call of its own would."""
-
-    index = 0  # which of the client's addresses it goes to
-
-    def __init__(
-        self, stub: queue_pb2_grpc.QueueStub, metadata: tuple[Any, ...], timeout: float | None
-    ) -> None:
-        self._requests: queue.SimpleQueue[queue_pb2.SubmitRequest | None] = queue.SimpleQueue()
-        self._results = stub.Submit(
-            iter(self._requests.get, None), metadata=metadata, timeout=timeout
-        )
-        self._replace_at = time.monotonic() + timeout / 2 if timeout is not None else None
-        # the end of the requests ends the call (and gRPC's thread that feeds it): on close(),
-        # or when the stream is dropped with the thread that used it
-        self._end = weakref.finalize(self, self._requests.put, None)
-
-    def stale(self) -> bool:
-        """Past half its deadline, or already over (the coordinator restarted since): a request
-        sent on it now would fail without having been seen, so a new stream takes it."""
-        if self._results.done():
-            return True
-        return self._replace_at is not None and time.monotonic() >= self._replace_at
-
-    def submit(self, request: queue_pb2.SubmitRequest) -> queue_pb2.SubmitResult | None:
-        """Its result; None when the stream ended instead (grpc.RpcError when it failed)."""
-        self._requests.put(request)
-        result: queue_pb2.SubmitResult | None = next(self._results, None)
-        return result
-
-    def close(self) -> None:
-        self._end()
-
-
-class Attachment:
-    """One open Attach stream. The send methods may be called from any thread (and from a
-    signal handler: they only queue); the replies are read by one thread."""
-
-    def __init__(
-        self,
-        stub: queue_pb2_grpc.QueueStub,
-        metadata: tuple[Any, ...],
-        job_id: int,
-        where: str = "",
-    ) -> None:
-        self.job_id = job_id
-        self._where = where
-        self._requests: queue.SimpleQueue[queue_pb2.AttachRequest | None] = queue.SimpleQueue()
-        self._requests.put(queue_pb2.AttachRequest(job_id=job_id))
-        self._replies = stub.Attach(iter(self._requests.get, None), metadata=metadata)
-
-    def send(self, data: bytes) -> None:
-        """Input for the job's terminal (cut into pieces the coordinator takes)."""
-        for start in range(0, len(data), ATTACH_CHUNK):
-            self._requests.put(queue_pb2.AttachRequest(input=data[start : start + ATTACH_CHUNK]))
-
-    def resize(self, rows: int, cols: int) -> None:
-        if 1 <= rows <= 65535 and 1 <= cols <= 65535:
-            self._requests.put(queue_pb2.AttachRequest(rows=rows, cols=cols))
-
-    def signal(self, number: int) -> None:
-        self._requests.put(queue_pb2.AttachRequest(signal=number))
-
-    def eof(self) -> None:
-        self._requests.put(queue_pb2.AttachRequest(eof=True))
-
-    def replies(self) -> Iterator[queue_pb2.AttachReply]:
-        """The coordinator's replies until the last (`ended`); GpuqError when the stream
-        fails (a refusal, or the coordinator went away)."""
-        try:
-            yield from self._replies
-        except grpc.RpcError as error:
-            if error.code() == grpc.StatusCode.CANCELLED and self._replies.cancelled():
-                return  # we closed it
-            raise _translate(error, self._where) from None
-
-    def close(self) -> None:
-        """End the stream (the job is cancelled if it has not ended)."""
-        self._requests.put(None)
-        self._replies.cancel()
-
-
-ATTACH_CHUNK = 16 << 10  # bytes of input in one AttachRequest (the coordinator takes 64 KiB)
-_CODES = {code.value[0]: code for code in grpc.StatusCode}
-_ERRORS: dict[grpc.StatusCode, type[GpuqError]] = {
-    grpc.StatusCode.NOT_FOUND: NotFound,
-    grpc.StatusCode.PERMISSION_DENIED: PermissionDenied,
-    grpc.StatusCode.UNAUTHENTICATED: PermissionDenied,
-    grpc.StatusCode.ALREADY_EXISTS: Conflict,
-}
+        return self._connection.call(method, request, self.timeout)
 
 
 def split_target(target: str) -> tuple[str, str]:
@@ -683,47 +432,3 @@ def split_target(target: str) -> tuple[str, str]:
     if not node or (":" in str(target) and not gpu):
         raise InvalidInput("NODE[:GPU]", target, "expected a node, or NODE:GPU (index or UUID)")
     return node, gpu
-
-
-def _transient(error: grpc.RpcError) -> bool:
-    """No answer came (the request may or may not have been seen): sending it again with its
-    key is safe. A storage error is an answer (the coordinator said it, and saved nothing)."""
-    details = error.details() or ""
-    return error.code() in _TRANSIENT and not details.startswith(STORAGE_PREFIX)
-
-
-def _unreachable(error: grpc.RpcError) -> bool:
-    """No coordinator answered at that address (down, or a standby not leading yet)."""
-    details = error.details() or ""
-    return error.code() == grpc.StatusCode.UNAVAILABLE and not details.startswith(STORAGE_PREFIX)
-
-
-def _translate(error: grpc.RpcError, address: str, tls_on: bool = False) -> GpuqError:
-    code, details = error.code(), error.details() or ""
-    if code == grpc.StatusCode.UNAVAILABLE and not details.startswith(STORAGE_PREFIX):
-        from gpuq.tls import explain_unavailable
-
-        tls_problem = explain_unavailable(details, tls_on=tls_on)
-        if tls_problem is not None:
-            return ServerUnavailable(f"cannot talk to the coordinator at {address}: {tls_problem}")
-        return ServerUnavailable(f"no gpuq coordinator at {address}; {HOW_TO_START}")
-    return _error_for(code, details)
-
-
-def _error_for(code: grpc.StatusCode, details: str) -> GpuqError:
-    """The exception the coordinator raised, from the status code it was mapped to."""
-    if code == grpc.StatusCode.UNAVAILABLE and details.startswith(STORAGE_PREFIX):
-        return StorageUnavailable(details[len(STORAGE_PREFIX) :] + "; retry later")
-    if code == grpc.StatusCode.INVALID_ARGUMENT:
-        return _from_message(InvalidInput, details)
-    if code == grpc.StatusCode.FAILED_PRECONDITION:
-        kind = IllegalTransition if "cannot go from" in details else Unsatisfiable
-        return _from_message(kind, details)
-    return _from_message(_ERRORS.get(code, GpuqError), details or code.name)
-
-
-def _from_message(kind: type[GpuqError], message: str) -> GpuqError:
-    """The coordinator's exception type with its message (the fields stay server-side)."""
-    error = kind.__new__(kind)
-    Exception.__init__(error, message)
-    return error

@@ -15,14 +15,16 @@ submitter can read it (0700, files 0600), and no file is unpickled unless it is 
 submitter's and writable by nobody else.
 
 One thread per Executor follows every outstanding job over one Watch stream
-(gpuq.executor_watch) and completes the futures.
+(gpuq.executor_watch) and completes the futures with the outcomes this module reads.
 """
 
 from __future__ import annotations
 
 import concurrent.futures
+import contextlib
 import itertools
 import os
+import pickle
 import re
 import shlex
 import stat
@@ -32,10 +34,12 @@ import threading
 import time
 from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
-from gpuq.executor_watch import JobFailed, RemoteError, Tracked, Watcher
-from gpuq.executor_worker import write_atomically
+from gpuq.domain.states import JobState
+from gpuq.errors import GpuqError
+from gpuq.executor_watch import Tracked, Watcher
+from gpuq.executor_worker import OK, read_trusted, write_atomically
 from gpuq.options import BY_NAME
 
 if TYPE_CHECKING:
@@ -48,6 +52,23 @@ __all__ = ["Executor", "JobFailed", "JobFuture", "RemoteError"]
 # is map's business
 JOB_OPTIONS = frozenset(BY_NAME) - {"array"}
 CANCEL_REASON = "cancelled through gpuq.Executor"
+
+
+class JobFailed(GpuqError):
+    """A job of the Executor ended without a result: cancelled, timed out, out of memory, its
+    node lost, killed, or its result file missing. Says which job, how it ended and why, and
+    where its output is."""
+
+    def __init__(self, job: str, state: str, reason: str, output: str, detail: str = "") -> None:
+        self.job, self.state, self.reason, self.output = job, state, reason, output
+        why = f" ({reason})" if reason and reason != state else ""
+        text = detail or "without a result"
+        super().__init__(f"gpuq job {job} ended {state}{why} {text}; its output: {output}")
+
+
+class RemoteError(GpuqError):
+    """An exception the function raised that cannot be unpickled here (its class does not
+    import, or it does not pickle): its type and message; the traceback is a note."""
 
 
 class JobFuture(concurrent.futures.Future[Any]):
@@ -194,8 +215,6 @@ class Executor(concurrent.futures.Executor):
     ) -> Path:
         """N.fn (the callable, and this interpreter's sys.path for the imports it needs),
         and N.args or N.T.args (each task's calls)."""
-        import pickle
-
         import cloudpickle
 
         paths = [entry or os.getcwd() for entry in sys.path]
@@ -236,13 +255,14 @@ class Executor(concurrent.futures.Executor):
         """Futures for the submitted job (or each task), handed to the watcher thread."""
         merged = {**self._defaults, **options}
         requeued = not merged.get("no_requeue")  # a preempted job comes back to the queue
-        tracked = []
+        tracked, futures = [], []
         for task in range(tasks) if as_list else [None]:
             job = str(job_id) if task is None else f"{job_id}_{task}"
             base = f"{number}" if task is None else f"{number}.{task}"
             output = merged.get("output") or str(self.folder / f"{base}.out")
             output = output.replace("%a", str(task)).replace("%j", str(job_id))
             future = JobFuture(self, job)
+            futures.append(future)
             tracked.append(
                 Tracked(
                     future, job_id, task, self.folder / f"{base}.result", output, as_list, requeued
@@ -250,9 +270,37 @@ class Executor(concurrent.futures.Executor):
             )
         with self._lock:
             if self._watcher is None:
-                self._watcher = Watcher(self.client, self._lock, self._on_watcher_end)
+                end, outcome = self._on_watcher_end, self._outcome
+                self._watcher = Watcher(self.client, self._lock, end, outcome)
             self._watcher.add(tracked, self.folder / f"{number}.fn")
-        return [t.future for t in tracked]
+        return futures
+
+    # ---- outcomes --------------------------------------------------------------------------
+
+    def _outcome(self, tracked: Tracked, state: JobState | None, reason: str) -> tuple[bool, Any]:
+        """(True, fn's value) or (False, the exception) for a job that ended (the watcher
+        completes its future with it): from its result file, or JobFailed when it wrote none."""
+        try:
+            return _read_result(tracked)
+        except FileNotFoundError:
+            return False, self._failed(tracked, state, reason)
+        except Exception as error:  # an unreadable result: say so through the future
+            return False, error
+
+    def _failed(self, tracked: Tracked, state: JobState | None, reason: str) -> JobFailed:
+        """The error of a job that ended without a result file."""
+        detail = "without a result"
+        if state is JobState.COMPLETED:
+            detail = (
+                f"but wrote no result at {tracked.result_path}: is "
+                f"{tracked.result_path.parent} on a file system this machine and the node share?"
+            )
+        output = tracked.output
+        if "%" in output:  # a pattern of the user's: the coordinator knows what it became
+            with contextlib.suppress(GpuqError):
+                output = self.client.output_path(tracked.job)
+        state_text = state.value if state is not None else "unknown"
+        return JobFailed(tracked.job, state_text, reason, output, detail)
 
     # ---- cancelling and ending -------------------------------------------------------------
 
@@ -274,7 +322,8 @@ class Executor(concurrent.futures.Executor):
             while self._submitting:
                 self._submitted.wait()
             watcher = self._watcher
-        futures = watcher.futures() if watcher is not None else []
+        # the JobFutures this Executor handed it (it knows them as plain Futures)
+        futures = cast("list[JobFuture]", watcher.futures()) if watcher is not None else []
         if cancel_futures:
             self._cancel_futures(futures)
         if watcher is not None:
@@ -326,3 +375,21 @@ def _make_run_folder(base: Path) -> Path:
         )
     stamp = time.strftime("%Y%m%d-%H%M%S")
     return Path(tempfile.mkdtemp(prefix=f"{stamp}-", dir=base))
+
+
+def _read_result(tracked: Tracked) -> tuple[bool, Any]:
+    """(True, its value) or (False, the exception) from the result file of a job that ended;
+    FileNotFoundError when it wrote none."""
+    import cloudpickle  # noqa: F401 - what the results' pickles refer to
+
+    result = pickle.loads(read_trusted(tracked.result_path))
+    if result[0] == OK:
+        return True, result[1] if tracked.as_list else result[1][0]
+    _, index, pickled, text, kind, message = result
+    error: BaseException = RemoteError(f"{kind}: {message}")
+    if pickled is not None:
+        with contextlib.suppress(Exception):  # its class may not import here
+            error = pickle.loads(pickled)
+    item = f" (item {index} of its chunk)" if tracked.as_list else ""
+    error.add_note(f"remote traceback of gpuq job {tracked.job}{item}:\n{text.rstrip()}")
+    return False, error

@@ -1,23 +1,23 @@
 """The thread behind a gpuq.Executor that completes its futures.
 
 It follows every outstanding job (single jobs by id, array jobs by the array's id) over one
-Watch stream, and when a job ends it reads the job's result file (gpuq.executor_worker wrote
-it) into the future. The set of ids a Watch stream follows is fixed when it opens, so jobs
-submitted meanwhile are taken in by opening a new stream: at the next event, or when the
-stream's short deadline passes. Each time a stream opens, the jobs' states are read once
-(one ListJobs for the single jobs, one per array), which finds the jobs that ended while no
-stream was open.
+Watch stream, and when a job ends it completes the future with the job's outcome (the
+Executor's: fn's value or exception from the result file gpuq.executor_worker wrote, or
+gpuq.executor.JobFailed) and removes the job's files. The set of ids a Watch stream follows
+is fixed when it opens, so jobs submitted meanwhile are taken in by opening a new stream: at
+the next event, or when the stream's short deadline passes. Each time a stream opens, the
+jobs' states are read once (one ListJobs for the single jobs, one per array), which finds the
+jobs that ended while no stream was open.
 """
 
 from __future__ import annotations
 
 import contextlib
 import logging
-import pickle
 import threading
 import time
 from collections.abc import Callable, Generator
-from concurrent.futures import InvalidStateError
+from concurrent.futures import Future, InvalidStateError
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -25,11 +25,9 @@ from typing import TYPE_CHECKING, Any
 from gpuq.domain.array_specs import parse_indices
 from gpuq.domain.states import JobState
 from gpuq.errors import GpuqError, NotFound
-from gpuq.executor_worker import OK, read_trusted
 
 if TYPE_CHECKING:
     from gpuq.client import Client
-    from gpuq.executor import JobFuture
 
 # a stream's deadline: short while jobs are being submitted (new ones are taken in by a new
 # stream), longer once the submitter waits
@@ -39,28 +37,11 @@ MAX_IDS = 10_000  # job ids in one ListJobs request (the coordinator's bound)
 LOG = logging.getLogger(__name__)
 
 
-class JobFailed(GpuqError):
-    """A job of the Executor ended without a result: cancelled, timed out, out of memory, its
-    node lost, killed, or its result file missing. Says which job, how it ended and why, and
-    where its output is."""
-
-    def __init__(self, job: str, state: str, reason: str, output: str, detail: str = "") -> None:
-        self.job, self.state, self.reason, self.output = job, state, reason, output
-        why = f" ({reason})" if reason and reason != state else ""
-        text = detail or "without a result"
-        super().__init__(f"gpuq job {job} ended {state}{why} {text}; its output: {output}")
-
-
-class RemoteError(GpuqError):
-    """An exception the function raised that cannot be unpickled here (its class does not
-    import, or it does not pickle): its type and message; the traceback is a note."""
-
-
 @dataclass(frozen=True, slots=True)
 class Tracked:
     """One job (or task of an array job) and its future."""
 
-    future: JobFuture
+    future: Future[Any]  # the Executor's JobFuture
     job_id: int  # the job's id, or the array job's
     task: int | None  # the task index of an array job's task
     result_path: Path
@@ -70,14 +51,27 @@ class Tracked:
 
     @property
     def job(self) -> str:
-        return self.future.job
+        """Its gpuq id: `12`, or `12_3` for task 3 of array job 12."""
+        return str(self.job_id) if self.task is None else f"{self.job_id}_{self.task}"
+
+
+# (True, fn's value) or (False, the exception) for a job that ended (state None: the queue no
+# longer knows it), with the reason it ended: the Executor's, which reads the result file
+Outcome = Callable[[Tracked, JobState | None, str], tuple[bool, Any]]
 
 
 class Watcher:
     """Follows the Executor's jobs on a thread of its own until stopped with none left."""
 
-    def __init__(self, client: Client, lock: threading.RLock, on_end: Callable[[], None]) -> None:
+    def __init__(
+        self,
+        client: Client,
+        lock: threading.RLock,
+        on_end: Callable[[], None],
+        outcome: Outcome,
+    ) -> None:
         self._client = client
+        self._outcome = outcome
         self._lock = lock  # the Executor's: guards the tables and the futures' transitions
         self._wake = threading.Condition(lock)
         self._on_end = on_end
@@ -107,7 +101,7 @@ class Watcher:
             self._fresh, self._last_add = True, time.monotonic()
             self._wake.notify_all()
 
-    def futures(self) -> list[JobFuture]:
+    def futures(self) -> list[Future[Any]]:
         """The futures not done yet."""
         with self._lock:
             items = [*self._singles.values()]
@@ -265,30 +259,10 @@ class Watcher:
                     self._task_ids = {k: v for k, v in self._task_ids.items() if v.job_id != array}
         future = tracked.future
         if not future.done():
-            try:
-                ok, value = _outcome(tracked)
-            except FileNotFoundError:
-                ok, value = False, self._failed(tracked, state, reason)
-            except Exception as error:  # an unreadable result: say so through the future
-                ok, value = False, error
+            ok, value = self._outcome(tracked, state, reason)
             with contextlib.suppress(InvalidStateError):  # cancelled meanwhile
                 future.set_result(value) if ok else future.set_exception(value)
         self._remove_files(tracked)
-
-    def _failed(self, tracked: Tracked, state: JobState | None, reason: str) -> JobFailed:
-        """The error of a job that ended without a result file."""
-        detail = "without a result"
-        if state is JobState.COMPLETED:
-            detail = (
-                f"but wrote no result at {tracked.result_path}: is "
-                f"{tracked.result_path.parent} on a file system this machine and the node share?"
-            )
-        output = tracked.output
-        if "%" in output:  # a pattern of the user's: the coordinator knows what it became
-            with contextlib.suppress(GpuqError):
-                output = self._client.output_path(tracked.job)
-        state_text = state.value if state is not None else "unknown"
-        return JobFailed(tracked.job, state_text, reason, output, detail)
 
     def _remove_files(self, tracked: Tracked) -> None:
         """Its arguments and result (its output file stays); the callable's file once every
@@ -314,21 +288,3 @@ class Watcher:
         for tracked in items:
             with contextlib.suppress(InvalidStateError):
                 tracked.future.set_exception(error)
-
-
-def _outcome(tracked: Tracked) -> tuple[bool, Any]:
-    """(True, its value) or (False, the exception) from the result file of a job that ended;
-    FileNotFoundError when it wrote none."""
-    import cloudpickle  # noqa: F401 - what the results' pickles refer to
-
-    result = pickle.loads(read_trusted(tracked.result_path))
-    if result[0] == OK:
-        return True, result[1] if tracked.as_list else result[1][0]
-    _, index, pickled, text, kind, message = result
-    error: BaseException = RemoteError(f"{kind}: {message}")
-    if pickled is not None:
-        with contextlib.suppress(Exception):  # its class may not import here
-            error = pickle.loads(pickled)
-    item = f" (item {index} of its chunk)" if tracked.as_list else ""
-    error.add_note(f"remote traceback of gpuq job {tracked.job}{item}:\n{text.rstrip()}")
-    return False, error

@@ -86,13 +86,13 @@ def store(store_url: str) -> Iterator[Store]:
 
 @pytest.fixture(scope="session", autouse=True)
 def cli_helper_runtime() -> Iterator[Path]:
-    """The `gpuq` calls of this session start their CLI helpers (gpuq.cli.helper) in a runtime
+    """The `gpuq` calls of this session start their CLI helpers (gpuq.cli.fast) in a runtime
     folder of its own (XDG_RUNTIME_DIR, 0700), idle-limited, all stopped at the end: no helper
     outlives the tests, and none of the session serves anything else."""
     import shutil
     import tempfile
 
-    from gpuq.cli.helper import stop_helpers
+    from gpuq.cli.fast.helper_control import stop_helpers
 
     folder = Path(tempfile.mkdtemp(prefix="gpuq-run-"))
     folder.chmod(0o700)

@@ -22,7 +22,8 @@ import pytest
 from e2e_cluster import Cluster, wait_for
 from raw_agent import RawAgent
 
-from gpuq.client import Attachment, Client
+from gpuq.client import Client
+from gpuq.client_attach import Attachment
 from gpuq.config.loading import load_settings
 from gpuq.domain.interactive_jobs import Terminal
 from gpuq.errors import InvalidInput, NotFound, PermissionDenied, Unsatisfiable

@@ -1,4 +1,4 @@
-"""The CLI helper (gpuq.cli.helper) against a running cluster: a call through the helper says
+"""The CLI helper (gpuq.cli.fast) against a running cluster: a call through the helper says
 and does what the same call does in-process (GPUQ_CLI_HELPER=off), as its caller (folder,
 umask, environment, stdin, signals), and only for its own user.
 
@@ -22,7 +22,7 @@ import unix_users
 from e2e_cluster import Cluster, pid_alive, wait_for
 from unix_users import UnixUser, run_as
 
-from gpuq.cli.helper import stop_helpers
+from gpuq.cli.fast.helper_control import stop_helpers
 
 user_homes = unix_users.user_homes
 unix_user = unix_users.unix_user
@@ -194,7 +194,7 @@ def test_changed_code_makes_the_helper_refuse_and_leave(
 ) -> None:
     """A copy of the package (its own helper: the socket's key names the package's path)."""
     copy = tmp_path / "src"
-    package = Path(stop_helpers.__code__.co_filename).parent.parent
+    package = Path(stop_helpers.__code__.co_filename).parents[2]
     shutil.copytree(package, copy / "gpuq", ignore=shutil.ignore_patterns("__pycache__"))
     extra = {"PYTHONPATH": str(copy)}
     first = gpuq(cluster, runtime, "queue", mode="debug", extra=extra)
@@ -291,12 +291,12 @@ def test_another_user_cannot_use_the_helper(cluster: Cluster, unix_user: UnixUse
             path.chmod(0o777)
             probe = (
                 "import socket, sys\n"
-                "from gpuq.cli import main\n"
+                "from gpuq.cli.fast import protocol\n"
                 "s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)\n"
                 "s.connect(sys.argv[1])\n"
                 "s.settimeout(10)\n"
                 "try:\n"
-                "    main._send_request(s, ['submit', '--wrap', 'true'])\n"
+                "    protocol.send_request(s, ['submit', '--wrap', 'true'])\n"
                 "    print(repr(s.recv(5)))\n"
                 "except (BrokenPipeError, ConnectionResetError):\n"
                 "    print(repr(b''))  # closed before it was all sent\n"
@@ -360,3 +360,52 @@ def test_a_dead_helpers_socket_is_replaced(cluster: Cluster, runtime: Path) -> N
         timeout=60,
         what="a new helper",
     )
+
+
+NEW_VERB = '''"""`gpuq hello NAME`: a verb as a newcomer writes it."""
+
+import click
+
+
+@click.command()
+@click.argument("name")
+def hello(name: str) -> None:
+    """Say hello."""
+    click.echo(f"hello {name}")
+'''
+
+
+def test_a_new_verb_is_one_line_in_verbs_and_goes_through_the_helper(
+    runtime: Path, tmp_path: Path
+) -> None:
+    """A verb defined as any click command, in a module of its own, and named by one line in
+    gpuq/cli/verbs.py, runs through the CLI helper as in-process: nothing in gpuq/cli/fast/
+    learns of it. (A copy of the package with the verb added: its own helper.)"""
+    copy = tmp_path / "src"
+    package = Path(stop_helpers.__code__.co_filename).parents[2]
+    shutil.copytree(package, copy / "gpuq", ignore=shutil.ignore_patterns("__pycache__"))
+    (copy / "gpuq" / "cli" / "hello.py").write_text(NEW_VERB)
+    verbs = copy / "gpuq" / "cli" / "verbs.py"
+    table = verbs.read_text()
+    assert "VERBS = {\n" in table
+    verbs.write_text(table.replace("VERBS = {\n", 'VERBS = {\n    "hello": "gpuq.cli.hello",\n'))
+    env = {**os.environ, "XDG_RUNTIME_DIR": str(runtime), "PYTHONPATH": str(copy)}
+
+    def hello(mode: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [sys.executable, "-m", "gpuq.cli.main", "hello", "you"],
+            cwd=tmp_path,
+            env={**env, "GPUQ_CLI_HELPER": mode},
+            capture_output=True,
+            text=True,
+            timeout=30,
+        )
+
+    slow = hello("off")
+    assert (slow.returncode, slow.stdout, slow.stderr) == (0, "hello you\n", "")
+    first = hello("debug")
+    assert first.stderr.startswith(NONE_ANSWERED) and first.stdout == "hello you\n"
+    wait_for(lambda: THROUGH in hello("debug").stderr, timeout=60, what="the copy's helper")
+    fast = hello("debug")
+    assert THROUGH in fast.stderr, fast.stderr
+    assert (fast.returncode, fast.stdout, without_debug(fast.stderr)) == (0, "hello you\n", "")

@@ -11,7 +11,7 @@ import pytest
 from e2e_cluster import Cluster
 
 import gpuq
-import gpuq.client
+import gpuq.client_submit
 from gpuq.domain.states import JobState
 
 
@@ -59,7 +59,7 @@ def test_a_submission_waits_out_a_coordinator_restart(
     bare_cluster: Cluster, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Sent while no coordinator listens: the client tries again until one answers."""
-    monkeypatch.setattr(gpuq.client, "SUBMIT_RETRY_DELAYS", (0.2, 0.5, 1.0, 2.0, 4.0, 8.0))
+    monkeypatch.setattr(gpuq.client_submit, "SUBMIT_RETRY_DELAYS", (0.2, 0.5, 1.0, 2.0, 4.0, 8.0))
     cluster = bare_cluster
     cluster.start_coordinator()
     client = cluster.client()

@@ -282,7 +282,7 @@ def test_postgres_without_its_driver_says_what_to_install(tmp_path: Path) -> Non
     cluster.env["GPUQ_DATABASE_URL"] = "postgresql://postgres@127.0.0.1:1/x"
     code = (
         "import sys; sys.modules['psycopg'] = None; sys.argv[0] = 'gpuq'; "
-        "from gpuq.cli.main import main; main()"
+        "from gpuq.cli.fast.stub import main; main()"
     )
     try:
         result = subprocess.run(

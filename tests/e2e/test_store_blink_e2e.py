@@ -23,6 +23,7 @@ from helpers import skip_or_fail
 from private_postgres import PrivatePostgres, pg_bin
 
 from gpuq.domain.states import JobState
+from gpuq.errors import StorageUnavailable
 
 JOBS = 24
 GPUS = 4
@@ -78,6 +79,9 @@ def test_jobs_complete_through_postgres_restarts(
             wait_for(lambda: cluster.client().list(states=["running"]), 10, "jobs running")
             before = len(list(ended.iterdir()))
             private_postgres.stop_fast()
+            if stage == GPUS:  # a user's call meanwhile: the coordinator says its store is down
+                with pytest.raises(StorageUnavailable, match="retry later"):
+                    cluster.client().cancel(424242)  # (an id of nothing: nothing can change)
             wait_for(lambda b=before: len(list(ended.iterdir())) >= b + 2, 10, "jobs to end")  # type: ignore[misc]
             time.sleep(0.2)  # (an outage has a length) the agent reports the ends meanwhile
             private_postgres.start_again()

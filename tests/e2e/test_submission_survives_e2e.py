@@ -14,7 +14,7 @@ from e2e_cluster import Cluster
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from gpuq.cli.main import run
+from gpuq.cli.group import run
 from gpuq.errors import GpuqError
 from gpuq.submission import build_spec
 

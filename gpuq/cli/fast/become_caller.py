@@ -1,11 +1,12 @@
-"""A CLI helper's child becoming the `gpuq` process that called (gpuq.cli.helper forks it).
+"""A CLI helper's child becoming the `gpuq` process that called (the spare that took the call:
+gpuq.cli.fast.spare).
 
 What a fresh `gpuq` process would have from its caller, the child takes from the request:
 fds 0, 1 and 2, the working folder (an fd, so a deleted or unreadable folder works as it would),
 the umask, the environment (through os.environ, so C code's getenv sees it too: grpc reads its
 settings when the first channel is made, which happens here, never in the helper), the time
 zone and LC_CTYPE, the std streams' encodings and buffering, the signals it ignores, argv. Then
-it runs the one CLI entry, gpuq.cli.commands.run, and leaves with its exit code.
+it runs the one CLI entry, gpuq.cli.group.run, and leaves with its exit code.
 """
 
 from __future__ import annotations
@@ -14,15 +15,11 @@ import contextlib
 import io
 import os
 import signal
-import struct
 import sys
 import time
-from typing import TYPE_CHECKING, Any, NoReturn
+from typing import Any, NoReturn
 
-from gpuq.cli.main import EXIT, FORWARDED, PID, SIGTSTP
-
-if TYPE_CHECKING:
-    from gpuq.cli.helper_request import Request
+from gpuq.cli.fast.protocol import EXIT, FORWARDED, PID, SIGTSTP, Request, answer
 
 EXIT_INTERNAL = 4
 
@@ -35,9 +32,9 @@ def run_as_caller(request: Request, report: int, close: tuple[int, ...] = ()) ->
     code = EXIT_INTERNAL
     try:
         # the pid first, from here: the helper writes only after this process ended
-        os.write(report, PID + struct.pack("!i", os.getpid()))
+        os.write(report, answer(PID, os.getpid()))
         become_caller(request, close)
-        from gpuq.cli.commands import run
+        from gpuq.cli.group import run
 
         code = run(request.argv[1:])
         sys.stdout.flush()
@@ -50,7 +47,7 @@ def run_as_caller(request: Request, report: int, close: tuple[int, ...] = ()) ->
         with contextlib.suppress(BaseException):
             for fd in (0, 1, 2):
                 os.close(fd)
-            os.write(report, EXIT + struct.pack("!i", (code & 0xFF) << 8))
+            os.write(report, answer(EXIT, (code & 0xFF) << 8))
         os._exit(code)
 
 

@@ -1,10 +1,11 @@
 """The CLI helper: one process per user and installation that has the CLI's modules (click,
 grpc, the protobuf descriptors, the command modules) loaded, so that a `gpuq` call costs a
-fork instead of a 100+ ms import (see gpuq.cli.main for the stub on the other end).
+fork instead of a 100+ ms import (see gpuq.cli.fast.stub for the stub on the other end, and
+gpuq.cli.fast.protocol for what the two say).
 
-Per call it forks a child that becomes the caller (gpuq.cli.helper_child: its fds 0-2, working
-folder, umask, environment, stdio encodings, argv) and runs the one CLI entry,
-gpuq.cli.commands.run. The child says its pid at once (the stub forwards signals to it) and its
+Per call it forks a child that becomes the caller (gpuq.cli.fast.become_caller: its fds 0-2,
+working folder, umask, environment, stdio encodings, argv) and runs the one CLI entry,
+gpuq.cli.group.run. The child says its pid at once (the stub forwards signals to it) and its
 exit code once it closed the caller's fds; the parent sends the wait status when the child ends
 (what counts when the child was killed). A stub that goes away first (killed) gets its child
 SIGHUP then SIGTERM, and SIGKILL if it lingers.
@@ -20,6 +21,8 @@ Rules it keeps:
 - One helper per socket: a POSIX lock held for life; a new one binds a temporary name and renames
   it over the socket, so a dead one's socket is replaced. It leaves after GPUQ_CLI_HELPER_IDLE
   seconds (600) without calls, and on SIGTERM, removing its socket.
+
+gpuq.cli.fast.helper_control starts one (serve() is its main) and stops them.
 """
 
 from __future__ import annotations
@@ -30,127 +33,45 @@ import os
 import selectors
 import signal
 import socket
-import struct
 import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from gpuq.cli.helper_request import LEFT, MAX_ENVIRON, TOOK, spare
-from gpuq.cli.main import (
-    BYPASS,
-    COMMANDS,
+from gpuq.cli.fast.protocol import (
     EXIT,
-    IDLE_VAR,
+    LEFT,
+    TOOK,
+    answer,
+    lock_path,
     private_folder,
+    read_spare_message,
 )
+from gpuq.cli.fast.spare import spare
+from gpuq.cli.verbs import CALL_TIME_IMPORTS, OWN_PROCESS, VERBS
 
+IDLE_VAR = "GPUQ_CLI_HELPER_IDLE"  # seconds a helper waits for the next call (default 600)
 DEFAULT_IDLE = 600.0
 HANGUP_GRACE = 10.0  # seconds from SIGHUP+SIGTERM to SIGKILL for an abandoned child
 STOP_GRACE = 5.0  # the same when the helper itself is told to stop
 CHECK_EVERY = 5.0  # seconds between checks that the socket is still there and ours
-# what the helper's own environment keeps of the first caller's (each call brings its own)
-KEPT_VARS = frozenset({"PATH", "HOME", "LANG", "TMPDIR", "USER", "LOGNAME", "XDG_RUNTIME_DIR"})
-KEPT_PREFIXES = ("LC_", "PYTHON", "GPUQ_CLI_HELPER", "GRPC_")
-# loaded before the first call (each only if it imports): what the client commands use
+# loaded before the first call (each only if it imports), with every verb's module and what
+# the verbs import when they run (gpuq.cli.verbs.CALL_TIME_IMPORTS): what a call needs beyond
 PRELOAD = (
-    "gpuq.cli.commands",
-    "gpuq.client",
+    "gpuq.cli.group",
+    "gpuq.client",  # the warm client (gpuq.cli.fast.warm_client)
     "gpuq.config.loading",
-    "gpuq.submission",
-    "gpuq.directives",
-    "gpuq.convert",
-    "gpuq.domain.dependencies",
-    "gpuq.domain.gpu_types",
-    "gpuq.domain.node_constraints",
-    "gpuq.domain.interactive_jobs",
-    "gpuq.domain.states",
-    "gpuq.cli.render",
-    "google.protobuf.json_format",
     "grpc._channel",  # grpc loads these on the first channel
     "grpc._simple_stubs",
     "grpc.experimental",
-    "getpass",
-    "pwd",
-    "locale",
+    "locale",  # the child sets LC_CTYPE (gpuq.cli.fast.become_caller)
     "encodings.ascii",
     "importlib.metadata",
     "email.parser",  # what importlib.metadata reads a version with (`gpuq --version`)
     "email.feedparser",
     "ctypes",  # a spare's PR_SET_PDEATHSIG
 )
-BOOT = (
-    "import sys; sys.path[0] = sys.argv[2]; from gpuq.cli.helper import serve; serve(sys.argv[1])"
-)
-
-
-# ---- starting and stopping helpers ---------------------------------------------------------
-
-
-def start_helper(path: str) -> None:
-    """Start a helper for `path` in the background (its own session, stdio on /dev/null, an
-    environment of its own). A second one, started at the same time, finds the lock taken and
-    leaves. Never fails the caller."""
-    package_parent = str(Path(__file__).resolve().parent.parent.parent)
-    env = {k: v for k, v in os.environ.items() if k in KEPT_VARS or k.startswith(KEPT_PREFIXES)}
-    try:
-        devnull = os.open(os.devnull, os.O_RDWR | os.O_CLOEXEC)
-    except OSError:
-        return
-    try:
-        os.posix_spawn(
-            sys.executable,
-            [sys.executable, "-c", BOOT, path, package_parent],
-            env,
-            file_actions=[(os.POSIX_SPAWN_DUP2, devnull, fd) for fd in (0, 1, 2)],
-            setsid=True,
-        )
-    except OSError:
-        pass
-    finally:
-        os.close(devnull)
-
-
-def stop_helpers(folder: Path, timeout: float = 10.0) -> list[int]:
-    """SIGTERM every helper serving a socket in `folder` and wait until each has let go of its
-    lock (SIGKILL at the deadline); their pids. For tests and for `gpuq` upgrades by hand."""
-    held = {}
-    for lock in folder.glob("cli-*.lock"):
-        pid = _holder(lock)
-        if pid:
-            held[lock] = pid
-            with contextlib.suppress(OSError):
-                os.kill(pid, signal.SIGTERM)
-    deadline = time.monotonic() + timeout
-    for lock, pid in held.items():
-        while _holder(lock) and time.monotonic() < deadline:
-            time.sleep(0.02)
-        if _holder(lock):
-            with contextlib.suppress(OSError):
-                os.kill(pid, signal.SIGKILL)
-    return list(held.values())
-
-
-def _holder(lock: Path) -> int | None:
-    """The pid of the helper holding `lock` (it writes its pid there), or None when free."""
-    try:
-        fd = os.open(lock, os.O_RDONLY | os.O_CLOEXEC)
-    except OSError:
-        return None
-    try:
-        try:
-            fcntl.lockf(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
-        except OSError:
-            text = os.pread(fd, 32, 0).strip()
-            return int(text) if text.isdigit() else None
-        return None  # we got it, so nobody holds it; closing lets go
-    finally:
-        os.close(fd)
-
-
-def lock_path(path: str) -> str:
-    return path.removesuffix(".sock") + ".lock"
 
 
 # ---- the code's fingerprint ----------------------------------------------------------------
@@ -159,7 +80,7 @@ def lock_path(path: str) -> str:
 def code_fingerprint(package: Path | None = None) -> tuple[tuple[str, int, int], ...]:
     """(name, mtime_ns, size) of every module and extension of the gpuq package, and of the
     folders that hold the CLI's dependencies (pip changes them when it installs): ~0.5 ms."""
-    root = str(package or Path(__file__).resolve().parent.parent)
+    root = str(package or Path(__file__).resolve().parents[2])  # gpuq/
     found = []
     folders = [root]
     while folders:
@@ -187,8 +108,8 @@ def preload() -> None:
     reports it exactly as the slow path would."""
     import importlib
 
-    names = list(PRELOAD)
-    names += sorted({m for c, m in COMMANDS.items() if c not in BYPASS})
+    names = [*PRELOAD, *CALL_TIME_IMPORTS]
+    names += sorted({m for c, m in VERBS.items() if c not in OWN_PROCESS})
     for name in names:
         with contextlib.suppress(Exception):
             importlib.import_module(name)
@@ -209,7 +130,7 @@ class Session:
 
 @dataclass
 class Spare:
-    """The child forked ahead of the next call, waiting in accept (gpuq.cli.helper_request)."""
+    """The child forked ahead of the next call, waiting in accept (gpuq.cli.fast.spare)."""
 
     pid: int
     pidfd: int
@@ -229,7 +150,7 @@ class Helper:
     last_call: float = field(default_factory=time.monotonic)
     selector: selectors.BaseSelector = field(default_factory=selectors.DefaultSelector)
     inode: int = 0
-    # the last caller's settings variables (gpuq.cli.helper_request.settings_environ): the
+    # the last caller's settings variables (gpuq.cli.fast.spare.settings_environ): the
     # next spare connects a client with them while it waits
     last_environ: bytes = b""
 
@@ -325,15 +246,7 @@ class Helper:
         """The spare took a call (its connection comes along), or found the code changed."""
         spare_ = self.spare
         assert spare_ is not None
-        try:
-            message, ancillary, _, _ = control.recvmsg(MAX_ENVIRON, socket.CMSG_SPACE(4))
-        except OSError:
-            message, ancillary = b"", []
-        fds = [
-            struct.unpack("i", data[:4])[0]
-            for level, kind, data in ancillary
-            if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS and len(data) >= 4
-        ]
+        message, fds = read_spare_message(control)
         if message[:1] == TOOK and fds:
             self.last_call = time.monotonic()
             self.last_environ = message[1:]
@@ -426,7 +339,7 @@ class Helper:
         if session.conn is not None:
             self.selector.unregister(session.conn)
             with contextlib.suppress(OSError):
-                session.conn.sendall(EXIT + struct.pack("!i", status))
+                session.conn.sendall(answer(EXIT, status))
             session.conn.close()
         self.last_call = time.monotonic()
 

@@ -1,7 +1,7 @@
-"""The `gpuq` command group: each verb group lives in its own module (gpuq.cli.main.COMMANDS
-names them); this one wires them together and turns every error into one line on stderr, never
-a traceback. `run(argv)` is the one implementation of a CLI call, whether it runs in the `gpuq`
-process itself or in a child of the CLI helper (gpuq.cli.helper). Exit codes:
+"""The `gpuq` command group: each verb lives in a module of its own (gpuq.cli.verbs names
+them); this one wires them together and turns every error into one line on stderr, never a
+traceback. `run(argv)` is the one implementation of a CLI call, whether it runs in the `gpuq`
+process itself or in a child of the CLI helper (gpuq.cli.fast). Exit codes:
 
     0    done
     1    the command ran but did not succeed as asked (a job that failed under `submit --wait`
@@ -28,7 +28,7 @@ from typing import Any
 
 import click
 
-from gpuq.cli.main import COMMANDS
+from gpuq.cli.verbs import VERBS
 from gpuq.errors import GpuqError, ServerUnavailable, StorageUnavailable
 
 EXIT_OK = 0
@@ -56,6 +56,9 @@ class Context:
     def client(self) -> Any:
         if self._client is None:
             settings = self.settings()
+            # a client a CLI helper's spare connected while it waited (None outside the helper)
+            from gpuq.cli.fast.warm_client import take_warm_client
+
             self._client = take_warm_client(settings)
             if self._client is None:
                 from gpuq.client import Client
@@ -64,56 +67,12 @@ class Context:
         return self._client
 
 
-# a client a CLI helper's spare started connecting while it waited (gpuq.cli.helper_request),
-# with the settings it was made for; the call that resolves the same settings uses it while
-# its channel is connected, and skips the credential handshake and the connection (~2-3 ms)
-_warm: list[tuple[Any, Any]] = []
-_READY = 2  # grpc_connectivity_state GRPC_CHANNEL_READY (grpc.ChannelConnectivity.READY)
-
-
-def warm_client() -> None:
-    """Start connecting a client with this process's settings, for the next call. Returns at
-    once: gRPC connects in its own threads while the spare waits for a call. Best effort: a
-    coordinator that is down leaves nothing warm."""
-    from gpuq.client import Client
-    from gpuq.config.loading import load_settings
-
-    try:
-        settings = load_settings(None, None)
-        client = Client(settings=settings)
-        client.call_metadata(0)  # the credential (Unix socket) or the token file
-        _connectivity(client, try_to_connect=True)
-    except Exception:
-        return
-    _warm.append((settings, client))
-
-
-def take_warm_client(settings: Any) -> Any:
-    """The warm client when it was made for exactly these settings (the caller's environment
-    and config file resolve the same) and its channel is connected now, else None (a channel
-    that failed would wait out gRPC's reconnection backoff instead of trying at once)."""
-    if not _warm:
-        return None
-    made_for, client = _warm.pop()
-    try:
-        ready = _connectivity(client, try_to_connect=False) == _READY
-    except Exception:
-        return None
-    return client if ready and made_for == settings else None
-
-
-def _connectivity(client: Any, try_to_connect: bool) -> int:
-    """The first channel's state, asked of gRPC's core directly: the public subscribe() starts
-    a polling thread that holds every call up by up to 200 ms."""
-    return int(client._channels[0]._channel.check_connectivity_state(try_to_connect))
-
-
 class LazyGroup(click.Group):
     def list_commands(self, ctx: click.Context) -> list[str]:
-        return list(COMMANDS)
+        return list(VERBS)
 
     def get_command(self, ctx: click.Context, name: str) -> click.Command | None:
-        module = COMMANDS.get(name)
+        module = VERBS.get(name)
         if module is None:
             return None
         command = getattr(importlib.import_module(module), name)

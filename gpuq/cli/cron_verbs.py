@@ -1,4 +1,4 @@
-"""`gpuq cron`: recurring jobs (SLURM's scrontab)."""
+"""`gpuq cron` (add, list, remove): recurring jobs (SLURM's scrontab)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The long-running commands: serve (coordinator + local agent), coordinator, agent."""
+"""The long-running verbs, each a daemon: serve (coordinator + local agent), coordinator, agent."""
 
 from __future__ import annotations
 
