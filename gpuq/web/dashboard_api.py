@@ -50,8 +50,7 @@ async def log(
         raise InvalidInput("stream", stream, "expected stdout or stderr")
     detail = await access.job(caller, job_request(job_text))
     job = detail.job
-    if job.user != caller.user and not caller.admin:
-        raise PermissionDenied(f"job {job.id} is {job.user}'s: only its owner or an admin")
+    access.check_reads_log(caller, job.user, job.id)
     path = job.stdout_path if stream == "stdout" else job.stderr_path
     if not path:
         raise NotFound(f"job {job.id} has no {stream} file")

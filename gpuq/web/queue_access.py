@@ -16,6 +16,7 @@ from typing import Any
 import grpc
 
 from gpuq.coordinator.access.authority import Authority, user_uid
+from gpuq.coordinator.access.permissions import check_reads_log
 from gpuq.coordinator.front.rpc_calls import StreamCount, error_status
 from gpuq.coordinator.server import Coordinator
 from gpuq.domain.model import JobEvent, SeriesPoint
@@ -70,6 +71,11 @@ class QueueAccess:
             )
         admin = authority.is_admin(session.user, session.uid)
         return Caller(session.user, session.uid, admin=admin, how=f"web {session.how}")
+
+    @staticmethod
+    def check_reads_log(caller: Caller, owner: str, job_id: int) -> None:
+        """A job's output is its owner's and admins' (gpuq.coordinator.access.permissions)."""
+        check_reads_log(caller, owner, job_id)
 
     def user_uid(self, user: str) -> int | None:
         """A user's uid on the coordinator's machine (whose files a job's output must be)."""

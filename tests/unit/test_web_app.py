@@ -142,6 +142,7 @@ class StubAccess:
             yield await self.events.get()
 
     http_error = staticmethod(QueueAccess.http_error)
+    check_reads_log = staticmethod(QueueAccess.check_reads_log)
 
 
 def request(
