@@ -98,7 +98,11 @@ def main() -> None:
     root = Path(tempfile.mkdtemp(prefix="gpuq-bench-"))
     home = root / "home"
     home.mkdir(mode=0o700)
-    (home / "config.toml").write_text('[coordinator]\nlisten = "127.0.0.1:0"\n')
+    # as root (CI, a lab server's admin) the jobs would run as root: allowed only so
+    root_jobs = "allow_root_jobs = true\n" if os.geteuid() == 0 else ""
+    (home / "config.toml").write_text(
+        f'[coordinator]\nlisten = "127.0.0.1:0"\n{root_jobs}[agent]\n{root_jobs}'
+    )
     env = {**os.environ, "GPUQ_HOME": str(home)}
     gpuq = [sys.executable, "-m", "gpuq.cli.main"]
     coordinator = subprocess.Popen(
