@@ -1,7 +1,8 @@
-"""What a SLURM user relies on, end to end: submission order among equals, `40_3` meaning
-array 40 task 3 everywhere, dependencies on whole arrays and on single tasks, compact arrays
-across a restart, one bad stored job never stopping the queue, and listings that take SLURM's
-state codes and refuse bad input with one line."""
+"""What a SLURM user relies on, end to end: `40_3` meaning array 40 task 3 everywhere, compact
+arrays across a restart, one bad stored job never stopping the queue, and listings that take
+SLURM's state codes and refuse bad input with one line. (Submission order among equals and
+dependencies on whole arrays and on single tasks: tests/store/test_queue_order_coordinator.py
+and test_dependencies_coordinator.py, in process.)"""
 
 from __future__ import annotations
 
@@ -10,7 +11,6 @@ import sqlite3
 import stat
 import subprocess
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -18,41 +18,6 @@ from e2e_cluster import Cluster, wait_for
 
 import gpuq
 from gpuq.domain.states import JobState
-
-
-@pytest.fixture
-def one_gpu(tmp_path: Path) -> Iterator[Cluster]:
-    """One node with one GPU and one CPU: jobs run one at a time, in the queue's order."""
-    running = Cluster(tmp_path)
-    try:
-        running.start_coordinator()
-        running.start_agent("a", "1xA100-80GB")
-        yield running
-    finally:
-        running.close()
-
-
-def started_order(cluster: Cluster, job_ids: list[int]) -> list[int]:
-    jobs = [cluster.wait_state(i, "completed") for i in job_ids]
-    return [j.id for j in sorted(jobs, key=lambda j: (j.start_time or 0.0, j.id))]
-
-
-def test_equal_priority_starts_in_submission_order(one_gpu: Cluster) -> None:
-    gate = one_gpu.root / "gate"
-    blocker = one_gpu.submit(f"while [ ! -e {gate} ]; do sleep 0.05; done", gpus=1)
-    one_gpu.wait_state(blocker, "running")
-    singles = [one_gpu.submit("true", gpus=1, hold=True) for _ in range(8)]
-    array = one_gpu.submit("true", gpus=1, array="0-5", hold=True)
-    one_gpu.client().release(array, *reversed(singles))  # released in reverse: order is id's
-    gate.touch()
-    one_gpu.client().wait(array, timeout=60)
-    tasks = [one_gpu.client().get(f"{array}_{t}") for t in range(6)]
-    order = started_order(one_gpu, singles)
-    assert order == singles
-    starts = [t.start_time or 0.0 for t in tasks]
-    assert starts == sorted(starts), "array tasks start from the lowest index up"
-    last_single = one_gpu.job(singles[-1])
-    assert (last_single.start_time or 0.0) <= starts[0]
 
 
 def test_array_task_ids_mean_the_task_everywhere(cluster: Cluster) -> None:
@@ -71,32 +36,6 @@ def test_array_task_ids_mean_the_task_everywhere(cluster: Cluster) -> None:
         assert "Traceback" not in refused.stderr and len(refused.stderr.splitlines()) == 1
     missing = cluster.gpuq("show", f"{array}_12")
     assert missing.returncode == 2 and f"no job {array}_12" in missing.stderr
-
-
-def test_after_an_array_waits_for_every_task_and_after_a_task_for_that_task(
-    cluster: Cluster,
-) -> None:
-    log = cluster.root / "order.log"
-    array = cluster.submit(
-        f"sleep 0.3; echo task $GPUQ_ARRAY_TASK_ID >> {log}", array="0-3%1", gpus=1
-    )
-    after_all = cluster.submit(f"echo all >> {log}", after=[str(array)])
-    after_one = cluster.submit(f"echo one >> {log}", after=[f"{array}_1:ok"])
-    slurm = cluster.submit(f"echo slurm >> {log}", after=[f"afterok:{array}"])
-    for job_id in (after_all, after_one, slurm):
-        cluster.wait_state(job_id, "completed", timeout=60)
-    lines = log.read_text().splitlines()
-    assert lines.index("one") > lines.index("task 1")
-    assert lines.index("all") > lines.index("task 3")
-    assert lines.index("slurm") > lines.index("task 3")
-    failing = cluster.submit("exit $GPUQ_ARRAY_TASK_ID", array="0-2")
-    needs_ok = cluster.submit("true", after=[str(failing)])
-    on_failure = cluster.submit("true", after=[f"{failing}:notok"])
-    job = cluster.wait_state(needs_ok, "cancelled", timeout=60)
-    assert f"job {failing} failed (afterok)" in job.reason
-    assert cluster.wait_state(on_failure, "completed").state is JobState.COMPLETED
-    missing = cluster.gpuq("submit", "--wrap", "true", "--after", f"{array}_9")
-    assert missing.returncode == 2 and f"{array}_9" in missing.stderr, missing
 
 
 def test_held_array_is_one_record_that_survives_a_restart(cluster: Cluster) -> None:
@@ -173,25 +112,6 @@ def test_listings_take_slurm_state_codes_and_refuse_bad_values(cluster: Cluster)
     assert cluster.job(held).state is JobState.HELD  # a refused request changes nothing
     gate.touch()
     cluster.wait_state(running, "completed")
-
-
-def test_cancelling_an_array_while_its_tasks_start_reaches_every_task(cluster: Cluster) -> None:
-    """Tasks are split off the array's record as they start; a cancel racing with that must
-    still end every task (none may slip back into the queue)."""
-    client = cluster.client()
-    for _ in range(4):
-        array = cluster.submit("true", array="0-999")
-        wait_for(
-            lambda a=array: client.array_states(a).get("completed", 0) >= 5,
-            what="tasks to run",
-        )
-        client.cancel(array)
-        states = wait_for(
-            lambda a=array: (s := client.array_states(a)).get("running", 0) == 0 and s,
-            what=f"array {array} to end",
-        )
-        assert set(states) <= {"cancelled", "completed"}, states
-        assert sum(states.values()) == 1000
 
 
 def test_output_files_follow_the_submitters_umask(cluster: Cluster) -> None:
