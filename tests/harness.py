@@ -16,11 +16,13 @@ gRPC, identity, agents, supervisors, signals.
 from __future__ import annotations
 
 import asyncio
+import inspect
 from collections.abc import Awaitable, Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 from gpuq.agent.fake.gpu_backend import parse_fake_spec
+from gpuq.cli.edit import update_fields
 from gpuq.config.settings import CoordinatorSettings
 from gpuq.convert import event_from_proto, job_from_proto, spec_to_proto, unit_to_proto
 from gpuq.coordinator.changes.effects import Cause
@@ -452,6 +454,14 @@ class InProcessClient:
                 setattr(request, key, value)
         return list((await self.co.commands.update(self.caller, request)).outcomes)
 
+    async def update_as_typed(self, *job_ids: int | str, **flags: str | bool) -> Outcomes:
+        """`gpuq update JOB... --FLAG VALUE...`: the flags as typed (`time="0:00:03"`,
+        `after="none"`, `hold=False` for --release), parsed as the command line parses them
+        (gpuq.cli.edit.update_fields: bad input raises InvalidInput before any request)."""
+        typed: dict[str, Any] = {name: flags.pop(name, None) for name in UPDATE_FLAGS}
+        assert not flags, f"no such flag of gpuq update: {sorted(flags)}"
+        return await self.update(*job_ids, **update_fields(**typed))
+
     async def state(self, job_id: int | str) -> str:
         return (await self.detail_reply(job_id)).job.state
 
@@ -466,3 +476,4 @@ class InProcessClient:
 
 
 Outcomes = list[queue_pb2.ActionOutcome]
+UPDATE_FLAGS = inspect.signature(update_fields).parameters
