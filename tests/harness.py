@@ -309,6 +309,13 @@ class FakeAgent:
         return ended
 
 
+async def started_on(agents: Iterable[FakeAgent], job_id: int, timeout: float = 10.0) -> FakeAgent:
+    """The agent that `job_id`'s launch reached, once one did."""
+    candidates = list(agents)
+    await until(lambda: any(job_id in a.running for a in candidates), timeout)
+    return next(a for a in candidates if job_id in a.running)
+
+
 def stopped_report(stop: apb.StopJob, at: float) -> apb.JobReport:
     """What an agent reports once a stopped job's processes are gone (SIGTERM did it)."""
     return apb.JobReport(
