@@ -13,10 +13,7 @@ import sqlite3
 import stat
 import subprocess
 import sys
-from collections.abc import Iterator
-from pathlib import Path
 
-import pytest
 from e2e_cluster import Cluster
 
 
@@ -38,19 +35,8 @@ def test_array_task_ids_mean_the_task_everywhere(cluster: Cluster) -> None:
     assert missing.returncode == 2 and f"no job {array}_12" in missing.stderr
 
 
-@pytest.fixture
-def queue_only(tmp_path: Path) -> Iterator[Cluster]:
-    """A coordinator without nodes: what is submitted waits."""
-    cluster = Cluster(tmp_path)
-    try:
-        cluster.start_coordinator()
-        yield cluster
-    finally:
-        cluster.close()
-
-
-def test_a_held_array_is_one_line_and_listings_take_state_codes(queue_only: Cluster) -> None:
-    cluster = queue_only
+def test_a_held_array_is_one_line_and_listings_take_state_codes(lone_coordinator: Cluster) -> None:
+    cluster = lone_coordinator
     array = cluster.submit("echo $GPUQ_ARRAY_TASK_ID", array="0-999%3", hold=True)
     queue = cluster.gpuq("queue")
     assert f"{array}_[0-999%3]" in queue.stdout, queue.stdout
@@ -69,10 +55,10 @@ def test_a_held_array_is_one_line_and_listings_take_state_codes(queue_only: Clus
         assert "Traceback" not in result.stderr and len(result.stderr.splitlines()) == 1
 
 
-def test_a_stored_job_that_breaks_scheduling_is_listed(queue_only: Cluster) -> None:
+def test_a_stored_job_that_breaks_scheduling_is_listed(lone_coordinator: Cluster) -> None:
     """A job stored before today's checks (a begin time in year 33658): once the pass has set
     it aside (held, the error its reason), every listing still shows it."""
-    cluster = queue_only
+    cluster = lone_coordinator
     bad = cluster.submit("true", hold=True)
     cluster.kill(cluster.coordinator)
     with sqlite3.connect(cluster.home / "gpuq.db") as db:

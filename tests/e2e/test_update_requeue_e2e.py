@@ -7,26 +7,11 @@ test_identity_e2e.py."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from pathlib import Path
-
-import pytest
 from e2e_cluster import Cluster
 
 
-@pytest.fixture
-def queue_only(tmp_path: Path) -> Iterator[Cluster]:
-    """A coordinator without nodes: what is submitted waits."""
-    cluster = Cluster(tmp_path)
-    try:
-        cluster.start_coordinator()
-        yield cluster
-    finally:
-        cluster.close()
-
-
-def test_update_requeue_and_bulk_verbs_print_their_answers(queue_only: Cluster) -> None:
-    cluster = queue_only
+def test_update_requeue_and_bulk_verbs_print_their_answers(lone_coordinator: Cluster) -> None:
+    cluster = lone_coordinator
     job = cluster.submit("true", hold=True, time="1:00:00")
     result = cluster.gpuq("update", str(job), "--time", "0:00:03")
     assert result.returncode == 0, result.stderr
