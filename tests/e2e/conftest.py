@@ -23,6 +23,18 @@ def cluster(tmp_path: Path) -> Iterator[Cluster]:
 
 
 @pytest.fixture
+def lone_coordinator(tmp_path: Path) -> Iterator[Cluster]:
+    """A coordinator and no agents: what is submitted waits (for what the command line and
+    gRPC do with the coordinator's answers; what it decides is tested in process)."""
+    running = Cluster(tmp_path)
+    try:
+        running.start_coordinator()
+        yield running
+    finally:
+        running.close()
+
+
+@pytest.fixture
 def bare_cluster(tmp_path: Path) -> Iterator[Cluster]:
     """A cluster with nothing started yet."""
     running = Cluster(tmp_path)

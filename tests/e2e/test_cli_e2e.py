@@ -7,12 +7,26 @@ import os
 import signal
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 from e2e_cluster import ALLOW_ROOT, MARKER, Cluster, wait_for
 
 from gpuq.config.loading import load_settings
+
+
+@pytest.fixture(scope="module")
+def refusing(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
+    """One coordinator and node a (4 GPUs) for the module's refused submissions (each test
+    checks that nothing was made): a cluster started once, not once per case."""
+    running = Cluster(tmp_path_factory.mktemp("refusals"))
+    try:
+        running.start_coordinator()
+        running.start_agent("a", "4xA100-80GB")
+        yield running
+    finally:
+        running.close()
 
 
 def one_line_error(result: subprocess.CompletedProcess[str]) -> str:
@@ -67,8 +81,9 @@ def test_submit_wait_returns_the_exit_code(cluster: Cluster) -> None:
     ],
 )
 def test_bad_submissions_are_refused_with_one_line(
-    cluster: Cluster, args: list[str], message: str
+    refusing: Cluster, args: list[str], message: str
 ) -> None:
+    cluster = refusing
     before = len(cluster.client().list()) + len(cluster.client().list(finished=True))
     line = one_line_error(cluster.gpuq("submit", *args))
     assert message in line
@@ -76,7 +91,8 @@ def test_bad_submissions_are_refused_with_one_line(
     assert after == before, "a refused submission must not create a job"
 
 
-def test_script_without_shebang_is_refused(cluster: Cluster) -> None:
+def test_script_without_shebang_is_refused(refusing: Cluster) -> None:
+    cluster = refusing
     script = cluster.root / "plain.sh"
     script.write_text("echo hi\n")
     assert "#!" in one_line_error(cluster.gpuq("submit", str(script)))
@@ -139,7 +155,8 @@ def test_logs_follow_until_the_job_ends(cluster: Cluster) -> None:
     assert follower.wait(20) == 0
 
 
-def test_cancel_unknown_job_is_bad_input(cluster: Cluster) -> None:
+def test_cancel_unknown_job_is_bad_input(lone_coordinator: Cluster) -> None:
+    cluster = lone_coordinator
     result = cluster.gpuq("cancel", "424242")
     assert result.returncode == 2
     assert "no job 424242" in result.stderr

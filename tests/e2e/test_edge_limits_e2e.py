@@ -1,7 +1,8 @@
 """Limits at the edge: the largest valid job (a 4 MiB script, a 1 MiB environment) travels
 from the CLI to the coordinator to an agent and runs; several of them dispatched at once
-reach the agent (split over messages); and listings never carry scripts, so one user's
-large scripts cannot break `gpuq queue` for everyone."""
+reach the agent (split over messages). (That listings never carry scripts, so one user's
+large scripts cannot make `gpuq queue` large for everyone, is tested at the front door in
+process: tests/store/test_queue_semantics_coordinator.py.)"""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from e2e_cluster import Cluster, wait_for
+from e2e_cluster import Cluster
 
 from gpuq.domain.limits import MAX_ENV_BYTES, MAX_SCRIPT_BYTES
 
@@ -70,25 +71,3 @@ def test_the_largest_valid_jobs_run_and_several_reach_the_agent_at_once(
         out = (cluster.root / f"gpuq-{job_id}.out").read_text()
         assert out == f"ok {job_id} {size} {size} {i}\n"
     assert cluster.agents["a"].poll() is None  # the agent's stream survived all of it
-
-
-def test_a_queue_of_large_scripts_lists_small(one_node: Cluster) -> None:
-    cluster = one_node
-    script = big_script(cluster.root)
-    ids = [
-        cluster.client().submit(script, environ=cluster.env, chdir=str(cluster.root), hold=True)
-        for _ in range(66)  # 264 MiB of scripts: more than any client takes in one reply
-    ]
-    result = cluster.gpuq("queue")
-    assert result.returncode == 0, result.stderr
-    assert len(result.stdout.splitlines()) == 1 + 66
-    jobs = cluster.client().list_raw()
-    assert sorted(j.id for j in jobs) == sorted(ids)
-    assert all(not j.spec.script and not j.spec.env and not j.spec.args for j in jobs)
-    assert sum(j.ByteSize() for j in jobs) < 66 * 2048
-    # the owner still sees the script in full (gpuq show / GetJob)
-    assert len(cluster.job(ids[0]).spec.script.encode()) == MAX_SCRIPT_BYTES
-    for state in ("history", "status"):
-        assert cluster.gpuq(state).returncode == 0
-    cluster.client().cancel(*ids)
-    wait_for(lambda: not cluster.client().list_raw(), 30, "the queue to empty")

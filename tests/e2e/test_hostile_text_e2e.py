@@ -1,7 +1,8 @@
-"""Text is data, and a node speaks only for itself: what users and agents say is refused
-where it enters or escaped where it is printed (also when stdout is not a terminal), a
-hostile agent registration is refused with a clear INVALID_ARGUMENT, and a node's reports
-on jobs not dispatched to it change nothing."""
+"""Text is data: what users and agents say is refused where it enters or escaped where it is
+printed (also when stdout is not a terminal), and a hostile agent registration ends its stream
+with a clear INVALID_ARGUMENT. (Which registrations are refused, and that a node's reports on
+jobs not dispatched to it change nothing: tests/store/test_agent_reports_coordinator.py, in
+process.)"""
 
 from __future__ import annotations
 
@@ -75,33 +76,25 @@ def assert_no_raw_controls(text: str) -> None:
         assert not CONTROL_RE.search(line), repr(line)
 
 
-@pytest.mark.parametrize(
-    ("fields", "named"),
-    [
-        ({"gpus": [gpu(name=f"H100{OSC}")]}, "name"),
-        ({"gpus": [gpu(uuid=f"GPU-{OSC}")]}, "GPU uuid"),
-        ({"driver": f"550{OSC}"}, "driver"),
-        ({"gpu_problem": "no driver\x1b[2J"}, "gpu_problem"),
-        ({"isolation": "advisory: \u202eevil"}, "isolation"),
-    ],
-)
-def test_a_hostile_registration_is_refused(
-    cluster: Cluster, fields: dict[str, Any], named: str
-) -> None:
+def test_a_hostile_registration_is_refused(lone_coordinator: Cluster) -> None:
+    """Over gRPC: the stream ends INVALID_ARGUMENT with the refusal (which fields are refused:
+    tests/store/test_agent_reports_coordinator.py)."""
+    cluster = lone_coordinator
     agent = RawAgent(cluster, "raw")
     try:
         with pytest.raises(grpc.RpcError) as caught:
-            agent.register(**fields)
+            agent.register(gpus=[gpu(name=f"H100{OSC}")])
     finally:
         agent.close()
     assert caught.value.code() == grpc.StatusCode.INVALID_ARGUMENT
     message = caught.value.details() or ""
-    assert "registration" in message and named in message, message
+    assert "registration" in message and "name" in message, message
     assert not CONTROL_RE.search(message)
     assert "raw" not in {n.name for n in cluster.client().nodes()}
 
 
-def test_hostile_text_comes_out_escaped(cluster: Cluster) -> None:
+def test_hostile_text_comes_out_escaped(lone_coordinator: Cluster) -> None:
+    cluster = lone_coordinator
     # a job's arguments may hold anything but NUL (they are the script's business)
     job_id = cluster.client().submit(
         None,
@@ -155,31 +148,3 @@ def test_hostile_text_comes_out_escaped(cluster: Cluster) -> None:
             assert "\x1b" not in result.stdout
     finally:
         agent.close()
-
-
-def test_a_node_reports_only_on_its_own_jobs(cluster: Cluster) -> None:
-    job_id = cluster.submit("sleep 60", gpus=1)
-    job = cluster.wait_state(job_id, "running")
-    ended = apb.JobReport(
-        job_id=job_id,
-        kind=apb.JobReport.ENDED,
-        end_state="completed",
-        result=pb.JobResult(exit_code=0, reason="forged"),
-        at=time.time(),
-        attempt=job.start_count,
-    )
-    agent = RawAgent(cluster, "raw")
-    try:
-        # in its registration (as if it ran the job before a restart), then as a report
-        assert agent.register(gpus=[gpu()], jobs=[ended]).HasField("registered")
-        agent.send(reports=[ended, apb.JobReport(job_id=job_id, kind=apb.JobReport.NOT_STARTED)])
-        agent.send(reports=[ended.__class__(job_id=job_id, kind=apb.JobReport.ENDED, attempt=0)])
-        time.sleep(1.5)  # a few passes
-    finally:
-        agent.close()
-    after = cluster.job(job_id)
-    assert after.state.value == "running" and after.node == job.node
-    assert after.start_count == job.start_count
-    assert "forged" not in after.reason
-    cluster.client().cancel(job_id)
-    assert cluster.wait_state(job_id, "cancelled").state.value == "cancelled"

@@ -94,7 +94,10 @@ def test_malformed_requests_get_one_clear_status(cluster: Cluster) -> None:
         "Bearer " + "x" * 5000,
     ],
 )
-def test_a_call_without_a_credential_is_refused(cluster: Cluster, authorization: str) -> None:
+def test_a_call_without_a_credential_is_refused(
+    lone_coordinator: Cluster, authorization: str
+) -> None:
+    cluster = lone_coordinator
     settings = load_settings(home=cluster.home)
     with grpc.insecure_channel(settings.coordinator_address) as channel:
         stub = queue_pb2_grpc.QueueStub(channel)

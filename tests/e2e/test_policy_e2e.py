@@ -1,5 +1,7 @@
-"""Scheduling policy end to end: preemption with a checkpoint, arrays with a limit,
-dependencies, begin times."""
+"""Scheduling policy end to end, where it reaches a job's processes: a preempted job told by
+SIGTERM checkpoints and resumes, a --no-requeue job gets its warning signal, a memory limit
+ends a job. (Arrays with a limit, dependencies, begin times and pending reasons: tests/store/
+test_queue_order_coordinator.py and test_dependencies_coordinator.py, in process.)"""
 
 from __future__ import annotations
 
@@ -51,65 +53,6 @@ def test_preempted_job_checkpoints_requeues_and_completes(cluster: Cluster) -> N
     assert events[2].reason.startswith(f"preempted by job {high}")
     high_job = cluster.job(high)
     assert high_job.start_time is not None and high_job.start_time >= events[2].at
-
-
-def test_array_limit_is_never_exceeded(cluster: Cluster) -> None:
-    log = cluster.root / "tasks.log"
-    record = (
-        f'echo "start $GPUQ_ARRAY_TASK_ID $(date +%s.%N)" >> {log}; sleep 0.4; '
-        f'echo "end $GPUQ_ARRAY_TASK_ID $(date +%s.%N)" >> {log}'
-    )
-    array = cluster.submit(record, gpus=1, array="0-5%2")
-    finished = cluster.client().wait(array, timeout=60)
-    assert finished.state is JobState.COMPLETED
-    events = sorted(
-        (float(t), 1 if kind == "start" else -1)
-        for kind, _, t in (line.split() for line in log.read_text().splitlines())
-    )
-    running = peak = 0
-    for _, step in events:
-        running += step
-        peak = max(peak, running)
-    assert len(events) == 12
-    assert peak == 2, f"{peak} tasks ran at once"
-
-
-def test_dependencies_run_in_order_and_a_failed_one_cancels(cluster: Cluster) -> None:
-    log = cluster.root / "order.log"
-    first = cluster.submit(f"sleep 0.5; echo first >> {log}")
-    second = cluster.submit(f"echo second >> {log}", after=[f"{first}:ok"])
-    assert cluster.wait_state(second, "completed").state is JobState.COMPLETED
-    assert log.read_text() == "first\nsecond\n"
-    failing = cluster.submit("exit 1")
-    needs_ok = cluster.submit("echo never", after=[str(failing)])
-    on_failure = cluster.submit("echo cleanup", after=[f"{failing}:notok"])
-    anyway = cluster.submit("echo anyway", after=[f"{failing}:any"])
-    cancelled = cluster.wait_state(needs_ok, "cancelled")
-    assert cancelled.reason == f"dependency can never be met: job {failing} failed (afterok)"
-    assert cluster.wait_state(on_failure, "completed").state is JobState.COMPLETED
-    assert cluster.wait_state(anyway, "completed").state is JobState.COMPLETED
-
-
-def test_pending_job_says_why_and_when(cluster: Cluster) -> None:
-    gate = cluster.root / "gate"
-    blocker = cluster.submit(f"while [ ! -e {gate} ]; do sleep 0.05; done", gpus=4, time="10")
-    cluster.wait_state(blocker, "running")
-    waiting = cluster.submit("true", gpus=4, after=[str(blocker)])
-    later = cluster.submit("true", begin="now+3600")
-
-    def info(job_id: int):  # type: ignore[no-untyped-def]
-        return cluster.client().detail(job_id)[0].pending
-
-    reasons = wait_for(lambda: list(info(waiting).reasons), what="reasons")
-    assert reasons[0] == f"dependency: waiting for job {blocker} (afterok)"
-    assert any("largest free block is 2" in r for r in reasons)
-    begin = wait_for(lambda: list(info(later).reasons), what="begin reason")
-    assert begin[0].startswith("begin time")
-    detail = info(waiting)
-    assert {f.name for f in detail.factors} == {"qos", "age", "fairshare", "nice"}
-    assert detail.priority > 0
-    gate.touch()
-    assert cluster.wait_state(waiting, "completed").state is JobState.COMPLETED
 
 
 def test_no_requeue_job_ends_preempted_after_its_warning_signal(cluster: Cluster) -> None:

@@ -1,85 +1,12 @@
-"""The queue end to end: real coordinator and agents, fake GPUs, real jobs."""
+"""The queue end to end: real coordinator and agents, fake GPUs, real jobs: cancelling kills
+the whole process tree, time limits, exit codes, output files and the GPUs a job sees. (The
+order jobs start in and the GPUs they are given: tests/store/test_queue_order_coordinator.py.)"""
 
 from __future__ import annotations
-
-import itertools
-from pathlib import Path
 
 from e2e_cluster import Cluster, pid_alive, wait_for
 
 from gpuq.domain.states import JobState
-
-RECORD = (
-    'echo "start $GPUQ_JOB_ID $(date +%s.%N) $GPUQ_NODE $CUDA_VISIBLE_DEVICES" >> {log}; '
-    "sleep {seconds}; "
-    'echo "end $GPUQ_JOB_ID $(date +%s.%N)" >> {log}'
-)
-
-
-def read_record(log: Path) -> dict[int, dict[str, object]]:
-    jobs: dict[int, dict[str, object]] = {}
-    for line in log.read_text().splitlines():
-        parts = line.split()
-        entry = jobs.setdefault(int(parts[1]), {})
-        if parts[0] == "start":
-            entry.update(
-                start=float(parts[2]),
-                node=parts[3],
-                gpus=parts[4].split(",") if len(parts) > 4 else [],
-            )
-        else:
-            entry["end"] = float(parts[2])
-    return jobs
-
-
-def test_no_gpu_is_ever_held_by_two_overlapping_jobs(cluster: Cluster) -> None:
-    log = cluster.root / "record.log"
-    shapes = [1, 2, 1, 3, 1, 2, 2, 1, 4, 1, 1, 2, 1, 1]
-    ids = [
-        cluster.submit(RECORD.format(log=log, seconds=0.3 + 0.1 * (i % 3)), gpus=g)
-        for i, g in enumerate(shapes)
-    ]
-    for job_id in ids:
-        job = cluster.wait_state(job_id, "completed", "failed", timeout=60)
-        assert job.state is JobState.COMPLETED, job
-    record = read_record(log)
-    assert sorted(record) == sorted(ids)
-    nodes = {n.name: {g.uuid for g in n.gpus} for n in cluster.client().nodes()}
-    for job_id, gpus in zip(ids, shapes, strict=True):
-        entry = record[job_id]
-        assert len(entry["gpus"]) == gpus  # type: ignore[arg-type]
-        assert set(entry["gpus"]) <= nodes[entry["node"]]  # type: ignore[index,arg-type]
-        assert cluster.job(job_id).gpus == tuple(
-            sorted(
-                entry["gpus"],  # type: ignore[arg-type]
-                key=list(cluster.job(job_id).gpus).index,
-            )
-        )
-    for (a, ra), (b, rb) in itertools.combinations(record.items(), 2):
-        shared = set(ra["gpus"]) & set(rb["gpus"])  # type: ignore[arg-type]
-        if shared:
-            overlap = ra["start"] < rb["end"] and rb["start"] < ra["end"]  # type: ignore[operator]
-            assert not overlap, f"jobs {a} and {b} both held {shared}"
-
-
-def test_higher_priority_starts_first(cluster: Cluster) -> None:
-    gate = cluster.root / "gate"
-    blockers = [
-        cluster.submit(f"while [ ! -e {gate} ]; do sleep 0.05; done", gpus=g) for g in (4, 2)
-    ]
-    for job_id in blockers:
-        cluster.wait_state(job_id, "running")
-    log = cluster.root / "record.log"
-    low = [cluster.submit(RECORD.format(log=log, seconds=0.5), gpus=1, qos="low") for _ in range(6)]
-    high = [
-        cluster.submit(RECORD.format(log=log, seconds=0.5), gpus=1, qos="high") for _ in range(6)
-    ]
-    gate.touch()
-    done = {j: cluster.wait_state(j, "completed", timeout=60) for j in low + high}
-    # the scheduler's start times (the jobs' own clocks can run a few ms out of order)
-    last_high_start = max(done[j].start_time or 0 for j in high)
-    first_low_start = min(done[j].start_time or 0 for j in low)
-    assert last_high_start <= first_low_start, "a low-priority job started before a high one"
 
 
 def test_cancel_pending_and_running_kills_the_whole_tree(cluster: Cluster) -> None:
@@ -127,6 +54,7 @@ def test_exit_codes_and_output_files(cluster: Cluster) -> None:
         "echo to-out; echo to-err >&2", output="o-%x.txt", error="e-%x.txt", name="split"
     )
     killed = cluster.submit("kill -SEGV $$")
+    gpus = cluster.submit("echo $CUDA_VISIBLE_DEVICES", gpus=3)
     assert cluster.wait_state(ok, "completed").result.exit_code == 0  # type: ignore[union-attr]
     failed = cluster.wait_state(bad, "failed")
     assert failed.result is not None and failed.result.exit_code == 3
@@ -138,3 +66,7 @@ def test_exit_codes_and_output_files(cluster: Cluster) -> None:
     assert (cluster.root / "o-split.txt").read_text() == "to-out\n"
     assert (cluster.root / "e-split.txt").read_text() == "to-err\n"
     assert cluster.client().logs(ok) == "out\nerr\n"
+    # the units it was given, in its order, and only those
+    job = cluster.wait_state(gpus, "completed")
+    assert len(job.gpus) == 3
+    assert (cluster.root / f"gpuq-{gpus}.out").read_text() == ",".join(job.gpus) + "\n"

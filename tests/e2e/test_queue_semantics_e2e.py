@@ -1,7 +1,10 @@
-"""What a SLURM user relies on, end to end: submission order among equals, `40_3` meaning
-array 40 task 3 everywhere, dependencies on whole arrays and on single tasks, compact arrays
-across a restart, one bad stored job never stopping the queue, and listings that take SLURM's
-state codes and refuse bad input with one line."""
+"""What a SLURM user relies on, at the command line against real processes: `40_3` meaning
+array 40 task 3 everywhere, a held array listed as one line, SLURM's state codes, bad input
+refused with one line, a job the scheduler had to set aside still listed, output files that
+follow the submitter's umask. What the coordinator does with these (order among equals,
+dependencies, arrays across a restart, setting a bad job aside, limits) is tested in process:
+tests/store/test_queue_order_coordinator.py, test_dependencies_coordinator.py,
+test_queue_semantics_coordinator.py and test_limits_coordinator.py."""
 
 from __future__ import annotations
 
@@ -10,49 +13,8 @@ import sqlite3
 import stat
 import subprocess
 import sys
-from collections.abc import Iterator
-from pathlib import Path
 
-import pytest
-from e2e_cluster import Cluster, wait_for
-
-import gpuq
-from gpuq.domain.states import JobState
-
-
-@pytest.fixture
-def one_gpu(tmp_path: Path) -> Iterator[Cluster]:
-    """One node with one GPU and one CPU: jobs run one at a time, in the queue's order."""
-    running = Cluster(tmp_path)
-    try:
-        running.start_coordinator()
-        running.start_agent("a", "1xA100-80GB")
-        yield running
-    finally:
-        running.close()
-
-
-def started_order(cluster: Cluster, job_ids: list[int]) -> list[int]:
-    jobs = [cluster.wait_state(i, "completed") for i in job_ids]
-    return [j.id for j in sorted(jobs, key=lambda j: (j.start_time or 0.0, j.id))]
-
-
-def test_equal_priority_starts_in_submission_order(one_gpu: Cluster) -> None:
-    gate = one_gpu.root / "gate"
-    blocker = one_gpu.submit(f"while [ ! -e {gate} ]; do sleep 0.05; done", gpus=1)
-    one_gpu.wait_state(blocker, "running")
-    singles = [one_gpu.submit("true", gpus=1, hold=True) for _ in range(8)]
-    array = one_gpu.submit("true", gpus=1, array="0-5", hold=True)
-    one_gpu.client().release(array, *reversed(singles))  # released in reverse: order is id's
-    gate.touch()
-    one_gpu.client().wait(array, timeout=60)
-    tasks = [one_gpu.client().get(f"{array}_{t}") for t in range(6)]
-    order = started_order(one_gpu, singles)
-    assert order == singles
-    starts = [t.start_time or 0.0 for t in tasks]
-    assert starts == sorted(starts), "array tasks start from the lowest index up"
-    last_single = one_gpu.job(singles[-1])
-    assert (last_single.start_time or 0.0) <= starts[0]
+from e2e_cluster import Cluster
 
 
 def test_array_task_ids_mean_the_task_everywhere(cluster: Cluster) -> None:
@@ -73,33 +35,8 @@ def test_array_task_ids_mean_the_task_everywhere(cluster: Cluster) -> None:
     assert missing.returncode == 2 and f"no job {array}_12" in missing.stderr
 
 
-def test_after_an_array_waits_for_every_task_and_after_a_task_for_that_task(
-    cluster: Cluster,
-) -> None:
-    log = cluster.root / "order.log"
-    array = cluster.submit(
-        f"sleep 0.3; echo task $GPUQ_ARRAY_TASK_ID >> {log}", array="0-3%1", gpus=1
-    )
-    after_all = cluster.submit(f"echo all >> {log}", after=[str(array)])
-    after_one = cluster.submit(f"echo one >> {log}", after=[f"{array}_1:ok"])
-    slurm = cluster.submit(f"echo slurm >> {log}", after=[f"afterok:{array}"])
-    for job_id in (after_all, after_one, slurm):
-        cluster.wait_state(job_id, "completed", timeout=60)
-    lines = log.read_text().splitlines()
-    assert lines.index("one") > lines.index("task 1")
-    assert lines.index("all") > lines.index("task 3")
-    assert lines.index("slurm") > lines.index("task 3")
-    failing = cluster.submit("exit $GPUQ_ARRAY_TASK_ID", array="0-2")
-    needs_ok = cluster.submit("true", after=[str(failing)])
-    on_failure = cluster.submit("true", after=[f"{failing}:notok"])
-    job = cluster.wait_state(needs_ok, "cancelled", timeout=60)
-    assert f"job {failing} failed (afterok)" in job.reason
-    assert cluster.wait_state(on_failure, "completed").state is JobState.COMPLETED
-    missing = cluster.gpuq("submit", "--wrap", "true", "--after", f"{array}_9")
-    assert missing.returncode == 2 and f"{array}_9" in missing.stderr, missing
-
-
-def test_held_array_is_one_record_that_survives_a_restart(cluster: Cluster) -> None:
+def test_a_held_array_is_one_line_and_listings_take_state_codes(lone_coordinator: Cluster) -> None:
+    cluster = lone_coordinator
     array = cluster.submit("echo $GPUQ_ARRAY_TASK_ID", array="0-999%3", hold=True)
     queue = cluster.gpuq("queue")
     assert f"{array}_[0-999%3]" in queue.stdout, queue.stdout
@@ -107,29 +44,21 @@ def test_held_array_is_one_record_that_survives_a_restart(cluster: Cluster) -> N
     cancelled = cluster.gpuq("cancel", f"{array}_5")
     assert cancelled.returncode == 0 and f"job {array}_5: cancelled" in cancelled.stdout
     assert f"{array}_[0-4,6-999%3]" in cluster.gpuq("queue").stdout
-    cluster.kill(cluster.coordinator)
-    cluster.start_coordinator()
-    assert cluster.client().array_states(array) == {"held": 999, "cancelled": 1}
-    cluster.client().release(array)
-    wait_for(
-        lambda: cluster.client().array_states(array).get("completed", 0) >= 6,
-        timeout=60,
-        what="tasks to run after the release",
-    )
-    cluster.client().cancel(array)
-    states = wait_for(
-        lambda: (s := cluster.client().array_states(array)).get("running", 0) == 0 and s,
-        what="the array to end",
-    )
-    assert states.get("pending", 0) == states.get("held", 0) == 0
-    assert sum(states.values()) == 1000
+    held = cluster.submit("true", hold=True)
+    for codes in ("PD,HD", "r,held"):
+        result = cluster.gpuq("queue", "-s", codes, "--json")
+        assert result.returncode == 0, result
+        assert {j["id"] for j in json.loads(result.stdout)} == {array, held}
+    for args in (["queue", "-s", "XX"], ["history", "-n", "-1"], ["history", "-n", "0"]):
+        result = cluster.gpuq(*args)
+        assert result.returncode == 2, result
+        assert "Traceback" not in result.stderr and len(result.stderr.splitlines()) == 1
 
 
-def test_a_stored_job_that_breaks_scheduling_is_set_aside(bare_cluster: Cluster) -> None:
-    """A job stored before today's checks (a begin time in year 33658) cannot stop the
-    queue: the pass holds it with the error as its reason and everyone else runs."""
-    cluster = bare_cluster
-    cluster.start_coordinator()
+def test_a_stored_job_that_breaks_scheduling_is_listed(lone_coordinator: Cluster) -> None:
+    """A job stored before today's checks (a begin time in year 33658): once the pass has set
+    it aside (held, the error its reason), every listing still shows it."""
+    cluster = lone_coordinator
     bad = cluster.submit("true", hold=True)
     cluster.kill(cluster.coordinator)
     with sqlite3.connect(cluster.home / "gpuq.db") as db:
@@ -140,58 +69,11 @@ def test_a_stored_job_that_breaks_scheduling_is_set_aside(bare_cluster: Cluster)
             "UPDATE jobs SET spec = ?, state = 'pending' WHERE id = ?", (json.dumps(spec), bad)
         )
     cluster.start_coordinator()
-    cluster.start_agent("a", "2xA100-80GB")
-    good = cluster.submit("true", gpus=1)
-    assert cluster.wait_state(good, "completed").state is JobState.COMPLETED
     held = cluster.wait_state(bad, "held")
     assert "scheduling failed on this job" in held.reason
     for args in (["queue"], ["status"], ["show", str(bad)], ["history"]):
         result = cluster.gpuq(*args)
         assert result.returncode == 0 and "Traceback" not in result.stderr, result
-
-
-def test_listings_take_slurm_state_codes_and_refuse_bad_values(cluster: Cluster) -> None:
-    gate = cluster.root / "gate"
-    running = cluster.submit(f"while [ ! -e {gate} ]; do sleep 0.05; done")
-    held = cluster.submit("true", hold=True)
-    cluster.wait_state(running, "running")
-    for codes, expected in (("R", {running}), ("PD,HD", {held}), ("r,held", {running, held})):
-        result = cluster.gpuq("queue", "-s", codes, "--json")
-        assert result.returncode == 0, result
-        assert {j["id"] for j in json.loads(result.stdout)} == expected
-    for args in (["queue", "-s", "XX"], ["history", "-n", "-1"], ["history", "-n", "0"]):
-        result = cluster.gpuq(*args)
-        assert result.returncode == 2, result
-        assert "Traceback" not in result.stderr and len(result.stderr.splitlines()) == 1
-    client = cluster.client()
-    with pytest.raises(gpuq.InvalidInput, match="at most 10000 in one request"):
-        client.cancel(*range(1, 10_002))
-    with pytest.raises(gpuq.InvalidInput, match="at most 10000 in one request"):
-        client.list_raw(job_ids=range(1, 10_002))
-    with pytest.raises(gpuq.InvalidInput, match="--reason"):
-        client.cancel(held, reason="x" * 5000)
-    assert cluster.job(held).state is JobState.HELD  # a refused request changes nothing
-    gate.touch()
-    cluster.wait_state(running, "completed")
-
-
-def test_cancelling_an_array_while_its_tasks_start_reaches_every_task(cluster: Cluster) -> None:
-    """Tasks are split off the array's record as they start; a cancel racing with that must
-    still end every task (none may slip back into the queue)."""
-    client = cluster.client()
-    for _ in range(4):
-        array = cluster.submit("true", array="0-999")
-        wait_for(
-            lambda a=array: client.array_states(a).get("completed", 0) >= 5,
-            what="tasks to run",
-        )
-        client.cancel(array)
-        states = wait_for(
-            lambda a=array: (s := client.array_states(a)).get("running", 0) == 0 and s,
-            what=f"array {array} to end",
-        )
-        assert set(states) <= {"cancelled", "completed"}, states
-        assert sum(states.values()) == 1000
 
 
 def test_output_files_follow_the_submitters_umask(cluster: Cluster) -> None:
@@ -214,20 +96,3 @@ def test_output_files_follow_the_submitters_umask(cluster: Cluster) -> None:
         cluster.wait_state(int(result.stdout), "completed")
         for name in (f"out-{umask}.txt", f"made-{umask}"):
             assert stat.S_IMODE((cluster.root / name).stat().st_mode) == mode, name
-
-
-def test_a_user_cannot_queue_more_tasks_than_the_limit(tmp_path: Path) -> None:
-    """Arrays are cheap, not free: `max_queued_per_user` bounds what one person keeps in the
-    coordinator's memory, counting every task of an array."""
-    cluster = Cluster(tmp_path, "max_queued_per_user = 10\n")
-    try:
-        cluster.start_coordinator()
-        first = cluster.gpuq("submit", "-H", "-a", "0-7", "--wrap", "true")
-        assert first.returncode == 0, first
-        refused = cluster.gpuq("submit", "-H", "-a", "0-2", "--wrap", "true")
-        assert refused.returncode == 2, refused
-        assert "at most 10 queued or running jobs and array tasks per user" in refused.stderr
-        assert "has 8 and this adds 3" in refused.stderr
-        assert cluster.gpuq("submit", "-H", "-a", "0-1", "--wrap", "true").returncode == 0
-    finally:
-        cluster.close()
