@@ -23,8 +23,8 @@ from gpuq.errors import GpuqError
 from gpuq.identity import create_key_file, read_key_file
 
 if TYPE_CHECKING:
-    from gpuq.agent.agent import Agent
     from gpuq.agent.jobs.fork_server import ForkServer
+    from gpuq.agent.node_agent import Agent
     from gpuq.coordinator.serving import RunningCoordinator
 
 log = logging.getLogger("gpuq")
@@ -142,9 +142,9 @@ def _make_agent(settings: Settings, fork_server: ForkServer, *, embedded: bool) 
     embedded agent of `gpuq serve` (a laptop, a CI box, a first try) falls back to fakes where
     there is no driver, and says so; `gpuq agent` then offers no GPUs and says why, so a GPU
     server whose driver is broken never schedules real jobs onto imaginary GPUs."""
-    from gpuq.agent.agent import Agent, AgentOptions
     from gpuq.agent.fake.gpu_backend import FakeGpuBackend
     from gpuq.agent.gpu.choose_backend import select_backend
+    from gpuq.agent.node_agent import Agent, AgentOptions
 
     state_dir = settings.agent_state_dir
     state_dir.mkdir(parents=True, exist_ok=True, mode=0o700)

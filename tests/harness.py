@@ -21,17 +21,19 @@ from collections.abc import Awaitable, Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
+from helpers import until
+
 from gpuq.agent.fake.gpu_backend import parse_fake_spec
 from gpuq.cli.edit import update_fields
 from gpuq.config.settings import CoordinatorSettings
 from gpuq.convert import event_from_proto, job_from_proto, spec_to_proto, unit_to_proto
 from gpuq.coordinator.changes.effects import Cause
 from gpuq.coordinator.changes.transitions import Ending
-from gpuq.coordinator.jobs.job_actions import Outcome
-from gpuq.coordinator.jobs.selection import Filters, Selection
 from gpuq.coordinator.memory.node_table import NodeEntry
 from gpuq.coordinator.nodes.agent_session import AgentSession
 from gpuq.coordinator.server import Coordinator, assemble
+from gpuq.coordinator.workload.job_actions import Outcome
+from gpuq.coordinator.workload.selection import Filters, Selection
 from gpuq.domain.dependencies import parse_job_ref
 from gpuq.domain.model import Job, JobEvent, JobResult, JobSpec, Node
 from gpuq.domain.states import JobState, parse_states
@@ -79,15 +81,6 @@ def run(
             await co.close()
 
     asyncio.run(main())
-
-
-async def until(condition: Callable[[], object], timeout: float = 10.0) -> None:
-    """Poll for a condition with a deadline (the event loop runs meanwhile)."""
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + timeout
-    while not condition():
-        assert loop.time() < deadline, "timed out"
-        await asyncio.sleep(0.01)
 
 
 async def eventually(read: Callable[[], Awaitable[T | None]], timeout: float = 10.0) -> T:

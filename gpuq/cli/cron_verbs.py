@@ -7,7 +7,7 @@ from typing import Any
 import click
 
 from gpuq.cli import render
-from gpuq.cli.jobs import build_spec_warning, submit_options
+from gpuq.cli.job_verbs import build_spec_warning, submit_options
 
 
 @click.group()

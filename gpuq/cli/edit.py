@@ -8,7 +8,7 @@ from typing import Any
 
 import click
 
-from gpuq.cli.jobs import _act, check_selection, complete_ids, report, selection_options
+from gpuq.cli.job_verbs import _act, check_selection, complete_ids, report, selection_options
 
 
 def update_fields(

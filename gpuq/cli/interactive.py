@@ -31,7 +31,7 @@ from typing import Any
 
 import click
 
-from gpuq.cli.jobs import submit_options
+from gpuq.cli.job_verbs import submit_options
 from gpuq.errors import ServerUnavailable, Unsatisfiable
 
 RUN_SCRIPT = 'exec "$@"'  # gpuq run: the command and its arguments as given

@@ -22,7 +22,7 @@ from apscheduler.triggers.cron import CronTrigger
 from gpuq.coordinator.access.permissions import check_removes_cron
 from gpuq.coordinator.changes.effects import Cause
 from gpuq.coordinator.changes.store_writer import StoreWriter
-from gpuq.coordinator.jobs.submissions import Submissions
+from gpuq.coordinator.workload.submissions import Submissions
 from gpuq.domain.model import CronEntry, JobSpec
 from gpuq.errors import InvalidInput, NotFound
 from gpuq.identity import Caller

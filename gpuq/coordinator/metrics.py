@@ -29,12 +29,12 @@ from prometheus_client.exposition import choose_encoder
 from prometheus_client.metrics_core import CounterMetricFamily, GaugeMetricFamily, Metric
 
 from gpuq.config.settings import CoordinatorSettings
-from gpuq.coordinator.jobs.array_tasks import ArrayTasks
-from gpuq.coordinator.jobs.idle_rules import IdleWatch
 from gpuq.coordinator.memory.live_jobs import LiveJobs
 from gpuq.coordinator.memory.node_table import NodeEntry, NodeTable
 from gpuq.coordinator.memory.scheduler_inputs import SchedulerInputs
 from gpuq.coordinator.notifications import Notifier
+from gpuq.coordinator.workload.array_tasks import ArrayTasks
+from gpuq.coordinator.workload.idle_rules import IdleWatch
 from gpuq.domain.model import GpuUnit, Health, Job, JobEvent, NodeState
 from gpuq.domain.states import JobState
 from gpuq.scheduler.plan import NEVER_ON_UP

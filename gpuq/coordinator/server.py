@@ -35,14 +35,6 @@ from gpuq.coordinator.cron_service import CronService
 from gpuq.coordinator.front.job_messages import JobMessages
 from gpuq.coordinator.front.queue_commands import QueueCommands
 from gpuq.coordinator.front.queue_queries import QueueQueries
-from gpuq.coordinator.jobs.array_tasks import ArrayTasks
-from gpuq.coordinator.jobs.idle_rules import IdleWatch
-from gpuq.coordinator.jobs.job_actions import JobActions
-from gpuq.coordinator.jobs.job_endings import JobEndings
-from gpuq.coordinator.jobs.job_samples import JobSamples
-from gpuq.coordinator.jobs.running_telemetry import RunningTelemetry
-from gpuq.coordinator.jobs.selection import SelectionResolver
-from gpuq.coordinator.jobs.submissions import Submissions
 from gpuq.coordinator.memory.live_jobs import LiveJobs
 from gpuq.coordinator.memory.memory_loader import MemoryLoader
 from gpuq.coordinator.memory.node_table import NodeTable
@@ -54,6 +46,14 @@ from gpuq.coordinator.notifications import Notifier
 from gpuq.coordinator.scheduling.scheduling_loop import PassRequests, SchedulingLoop
 from gpuq.coordinator.scheduling.scheduling_pass import SchedulingPass
 from gpuq.coordinator.terminal_relay import Terminals
+from gpuq.coordinator.workload.array_tasks import ArrayTasks
+from gpuq.coordinator.workload.idle_rules import IdleWatch
+from gpuq.coordinator.workload.job_actions import JobActions
+from gpuq.coordinator.workload.job_endings import JobEndings
+from gpuq.coordinator.workload.job_samples import JobSamples
+from gpuq.coordinator.workload.running_telemetry import RunningTelemetry
+from gpuq.coordinator.workload.selection import SelectionResolver
+from gpuq.coordinator.workload.submissions import Submissions
 from gpuq.domain.model import JobEvent
 from gpuq.domain.states import JobState
 from gpuq.store.api import Store

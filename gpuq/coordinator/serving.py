@@ -145,7 +145,7 @@ async def _start(
             ("grpc.max_receive_message_length", MAX_REQUEST_BYTES),
             ("grpc.max_concurrent_streams", MAX_STREAMS_PER_CONNECTION),
             ("grpc.keepalive_time_ms", 20_000),
-            # agents ping every 1 to 5 s (fence_time / 4: gpuq.agent.agent.KEEPALIVE_MIN/MAX)
+            # agents ping every 1 to 5 s (fence_time / 4: gpuq.agent.node_agent.KEEPALIVE_MIN/MAX)
             # to notice a silent cut; pings closer than this would get the connection closed
             ("grpc.http2.min_ping_interval_without_data_ms", 500),
             ("grpc.keepalive_permit_without_calls", 1),

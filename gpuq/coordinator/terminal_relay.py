@@ -31,10 +31,10 @@ from gpuq.coordinator.access.permissions import check_attaches
 from gpuq.coordinator.background_tasks import Background
 from gpuq.coordinator.changes.effects import Cause
 from gpuq.coordinator.changes.store_writer import StoreWriter
-from gpuq.coordinator.jobs.job_actions import JobActions
-from gpuq.coordinator.jobs.selection import Selection
 from gpuq.coordinator.memory.live_jobs import LiveJobs
 from gpuq.coordinator.memory.node_table import NodeTable
+from gpuq.coordinator.workload.job_actions import JobActions
+from gpuq.coordinator.workload.selection import Selection
 from gpuq.domain.limits import MAX_JOB_ID, clean_line
 from gpuq.domain.model import Job, JobEvent, JobSpec, parse_signal
 from gpuq.domain.states import JobState

@@ -196,7 +196,7 @@ Index("ix_user_tokens_user", user_tokens.c.user)
 
 # what a job's GPUs did (issue 12): the aggregates its agent measured, over the run once it
 # ended (written with the end), so far while it runs (the latest heartbeat's, every
-# gpuq.coordinator.jobs.running_telemetry.FLUSH_EVERY seconds); for the start `attempt`
+# gpuq.coordinator.workload.running_telemetry.FLUSH_EVERY seconds); for the start `attempt`
 # (jobs.start_count) only: a row of an earlier start is not the job's. NULL figures are
 # unknown, never 0.
 job_telemetry = Table(

@@ -15,8 +15,8 @@ import pytest
 from e2e_cluster import Cluster, pid_alive, wait_for
 from supervisor_helpers import alive, await_until, cleanup, make_spec, read_pid, running_hub
 
-from gpuq.agent import agent as agent_module
 from gpuq.agent import launcher as launcher_module
+from gpuq.agent import node_agent as agent_module
 from gpuq.agent.end_reports import EndReports, report_message
 from gpuq.agent.fake.gpu_backend import FakeGpuBackend
 from gpuq.agent.gpu.node_gpus import NodeGpus

@@ -206,8 +206,8 @@ def test_a_user_without_an_account_here_never_runs(state: Path, unix_user: UnixU
 
 def agent_for(tmp_path: Path, address: str, *, allow_root_jobs: bool = False) -> Any:
     """An agent (not connected) whose launches go through its real checks and supervisors."""
-    from gpuq.agent.agent import Agent, AgentOptions
     from gpuq.agent.fake.gpu_backend import FakeGpuBackend
+    from gpuq.agent.node_agent import Agent, AgentOptions
     from gpuq.config.settings import AgentSettings
 
     settings = AgentSettings(

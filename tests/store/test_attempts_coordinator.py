@@ -6,13 +6,12 @@ and its agent link, on a real store (SQLite and PostgreSQL), with a stand-in age
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Callable
 
-from harness import submit
+from harness import message_with, passes_ran, run, submit, until
 from helpers import make_spec
 
 from gpuq.config.settings import CoordinatorSettings
-from gpuq.coordinator.nodes.agent_link import NOT_RECEIVED, AgentLink
+from gpuq.coordinator.nodes.agent_link import NOT_RECEIVED
 from gpuq.coordinator.nodes.agent_session import AgentSession
 from gpuq.coordinator.server import Coordinator, assemble
 from gpuq.domain.policy import QosTier
@@ -28,56 +27,13 @@ def register(jobs: list[apb.JobReport] | None = None) -> apb.Register:
     return apb.Register(node="n1", gpus=[GPU], cpus=4, mem=1 << 34, fake=True, jobs=jobs or [])
 
 
-def run(
-    store: Store,
-    body: Callable[[Coordinator, AgentLink], Awaitable[None]],
-    settings: CoordinatorSettings | None = None,
-) -> None:
-    async def main() -> None:
-        co = assemble(store, settings or CoordinatorSettings())
-        link = co.link
-        await co.start()
-        try:
-            await body(co, link)
-        finally:
-            await co.close()
-
-    asyncio.run(main())
-
-
-async def until(condition: Callable[[], object], timeout: float = 10.0) -> None:
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + timeout
-    while not condition():
-        assert loop.time() < deadline, "timed out"
-        await asyncio.sleep(0.01)
-
-
-async def passes_ran(co: Coordinator) -> None:
-    """Until a scheduling pass has begun and ended since the call: one is asked for, and a
-    second, which begins only after the first has ended."""
-    before = co.loop.passes
-    co.wake()
-    await until(lambda: co.loop.passes > before)
-    co.wake()
-    await until(lambda: co.loop.passes > before + 1)
-
-
-async def message_with(session: AgentSession, field: str) -> apb.CoordinatorMessage:
-    """The next message to the agent that carries `field` (start, stop, ack)."""
-    while True:
-        message = await asyncio.wait_for(session.next_message(), 10)
-        assert message is not None
-        if getattr(message, field):
-            return message
-
-
 async def launched(session: AgentSession) -> list[apb.JobLaunch]:
     return list((await message_with(session, "start")).start)
 
 
 def test_starts_carry_attempts_and_unreceived_starts_go_back_to_pending(store: Store) -> None:
-    async def body(co: Coordinator, link: AgentLink) -> None:
+    async def body(co: Coordinator) -> None:
+        link = co.link
         session = AgentSession("n1")
         await link.register(register(), session)
         link.heartbeat("n1", apb.Heartbeat())  # its units' health: they may be given out
@@ -160,7 +116,8 @@ def test_a_job_lost_with_its_node_is_requeued_as_often_as_its_qos_allows(store: 
     tiers = {"normal": QosTier("normal"), "never": QosTier("never", requeue_on_node_fail=0)}
     ids: dict[str, int] = {}
 
-    async def body(co: Coordinator, link: AgentLink) -> None:
+    async def body(co: Coordinator) -> None:
+        link = co.link
         session = AgentSession("n1")
         two = apb.Register(node="n1", gpus=[GPU, pb.GpuUnit(uuid="GPU-2", index=1)], cpus=4)
         two.mem = 1 << 34

@@ -8,7 +8,7 @@ from __future__ import annotations
 import asyncio
 
 import pytest
-from harness import record_ends, submit
+from harness import Clock, record_ends, submit
 from helpers import make_spec, until
 
 from gpuq.config.settings import CoordinatorSettings
@@ -25,14 +25,6 @@ HALF_LIFE = 1000.0
 T0 = 1_000_000.0
 SETTINGS = CoordinatorSettings(scheduler=SchedulerSettings(fairshare_half_life=HALF_LIFE))
 GPU = pb.GpuUnit(uuid="GPU-1", index=0, name="fake", memory=1 << 30, pci_bus_id="0:1")
-
-
-class Clock:
-    def __init__(self, now: float) -> None:
-        self.now = now
-
-    def __call__(self) -> float:
-        return self.now
 
 
 async def run_job(co: Coordinator, clock: Clock, user: str, seconds: float) -> None:

@@ -11,16 +11,16 @@ import asyncio
 from collections.abc import Awaitable, Callable
 
 import pytest
-from harness import cancel, submit
+from harness import Clock, cancel, submit
 from helpers import make_spec, until
 
 from gpuq.config.settings import CoordinatorSettings
-from gpuq.coordinator.jobs.job_endings import TIME_LIMIT_SLACK
-from gpuq.coordinator.jobs.submissions import KEY_PURGE_EVERY, KEY_TTL
 from gpuq.coordinator.memory.live_jobs import spec_size
 from gpuq.coordinator.nodes.agent_link import AgentLink
 from gpuq.coordinator.nodes.agent_session import AgentSession
 from gpuq.coordinator.server import Coordinator, assemble
+from gpuq.coordinator.workload.job_endings import TIME_LIMIT_SLACK
+from gpuq.coordinator.workload.submissions import KEY_PURGE_EVERY, KEY_TTL
 from gpuq.domain.array_specs import ArraySpec
 from gpuq.domain.model import NodeState, Resources
 from gpuq.domain.policy import QosTier
@@ -32,14 +32,6 @@ from gpuq.v1 import types_pb2 as pb
 
 T0 = 1_000_000.0
 GPU = pb.GpuUnit(uuid="GPU-1", index=0, name="fake", memory=1 << 30, pci_bus_id="0:1")
-
-
-class Clock:
-    def __init__(self, now: float) -> None:
-        self.now = now
-
-    def __call__(self) -> float:
-        return self.now
 
 
 Body = Callable[[Coordinator, AgentLink, AgentSession], Awaitable[None]]

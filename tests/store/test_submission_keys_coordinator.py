@@ -5,30 +5,16 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Awaitable, Callable
 
 import pytest
-from harness import submit
+from harness import run, submit
 from helpers import make_spec
 
-from gpuq.config.settings import CoordinatorSettings
-from gpuq.coordinator.server import Coordinator, assemble
+from gpuq.coordinator.server import Coordinator
 from gpuq.domain.states import JobState
 from gpuq.errors import InvalidInput
 from gpuq.store.api import Store
 from gpuq.store.records import JobQuery, NewJob
-
-
-def run(store: Store, body: Callable[[Coordinator], Awaitable[None]]) -> None:
-    async def main() -> None:
-        co = assemble(store, CoordinatorSettings())
-        await co.start()
-        try:
-            await body(co)
-        finally:
-            await co.close()
-
-    asyncio.run(main())
 
 
 def test_racing_repeats_make_one_job(store: Store) -> None:

@@ -10,7 +10,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import replace
 
 import pytest
-from harness import submit
+from harness import Clock, submit
 from helpers import make_spec
 
 from gpuq.config.settings import CoordinatorSettings
@@ -25,26 +25,13 @@ from gpuq.store.api import Store
 GRACE = 60.0  # the real one; the tests move the coordinator's clock past it
 
 
-class Clock:
-    """The coordinator's clock, moved by the test (no waiting for a grace to pass)."""
-
-    def __init__(self) -> None:
-        self.now = 1_800_000_000.0
-
-    def __call__(self) -> float:
-        return self.now
-
-    def advance(self, seconds: float) -> None:
-        self.now += seconds
-
-
 def interactive(**kwargs: object) -> object:
     return replace(make_spec(gpus=1, **kwargs), terminal=Terminal())
 
 
 def run(store: Store, body: Callable[[Coordinator], Awaitable[None]]) -> None:
     async def main() -> None:
-        co = assemble(store, CoordinatorSettings(), Clock())
+        co = assemble(store, CoordinatorSettings(), Clock(1_800_000_000.0))
         co.terminals.grace = GRACE
         await co.start()
         try:

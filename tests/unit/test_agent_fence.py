@@ -19,8 +19,8 @@ import grpc
 import pytest
 
 from gpuq.agent import fencing as fencing_module
-from gpuq.agent.agent import KEEPALIVE_MAX, KEEPALIVE_MIN, Agent
 from gpuq.agent.fencing import FENCE_GRACE, Fence
+from gpuq.agent.node_agent import KEEPALIVE_MAX, KEEPALIVE_MIN, Agent
 from gpuq.config.settings import AgentSettings, CoordinatorSettings
 
 

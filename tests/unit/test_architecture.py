@@ -148,9 +148,10 @@ def test_the_checks_see_what_they_look_for() -> None:
 
 
 def test_module_names_say_one_thing_each() -> None:
-    """No base name twice in gpuq (a reader who sees `arrays` must know which one)."""
+    """No base name twice in gpuq, modules and packages alike (a reader who sees `arrays` or
+    `jobs` must know which one)."""
     seen: dict[str, list[str]] = {}
-    for name, path in modules().items():
-        if path.name != "__init__.py":
-            seen.setdefault(path.stem, []).append(name)
+    for name in modules():
+        if name != "gpuq":
+            seen.setdefault(name.rpartition(".")[2], []).append(name)
     assert {stem: names for stem, names in seen.items() if len(names) > 1} == {}

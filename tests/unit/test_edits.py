@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 from helpers import make_spec
 
-from gpuq.coordinator.jobs.selection import Filters, select_live
-from gpuq.coordinator.jobs.update_rules import (
+from gpuq.coordinator.workload.selection import Filters, select_live
+from gpuq.coordinator.workload.update_rules import (
     Update,
     check_requeue,
     dependency_cycle,

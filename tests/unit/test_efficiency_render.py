@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from gpuq.cli import render
-from gpuq.cli.jobs import telemetry_lines
+from gpuq.cli.job_verbs import telemetry_lines
 from gpuq.cli.listings import parse_since
 from gpuq.errors import InvalidInput
 from gpuq.v1 import queue_pb2

@@ -1,4 +1,4 @@
-"""Idle and hung jobs from their samples (gpuq/coordinator/jobs/idle_rules.py): plain data,
+"""Idle and hung jobs from their samples (gpuq/coordinator/workload/idle_rules.py): plain data,
 time from the samples."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ from collections.abc import Sequence
 
 from helpers import make_spec
 
-from gpuq.coordinator.jobs.idle_rules import (
+from gpuq.coordinator.workload.idle_rules import (
     Decision,
     IdleWatch,
     Sample,

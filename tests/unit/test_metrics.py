@@ -12,17 +12,17 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from harness import record_ends, save_node, submit
+from harness import Clock, record_ends, save_node, submit, until
 from helpers import Samples, make_spec, metric_samples
 from helpers import metric_value as value
 
 from gpuq.config.settings import CoordinatorSettings
-from gpuq.coordinator.jobs.idle_rules import Track
 from gpuq.coordinator.memory.node_table import NodeEntry
 from gpuq.coordinator.metrics import REASONS, Metrics, main_reason, reason_category
 from gpuq.coordinator.nodes.agent_session import AgentSession
 from gpuq.coordinator.server import assemble
 from gpuq.coordinator.serving import attach_metrics, metric_sources
+from gpuq.coordinator.workload.idle_rules import Track
 from gpuq.domain.array_specs import ArraySpec
 from gpuq.domain.model import GpuUnit, JobResult, Node, NodeState
 from gpuq.domain.states import JobState
@@ -54,22 +54,6 @@ def scrape(metrics: Metrics) -> Samples:
     return metric_samples(text)
 
 
-class Clock:
-    def __init__(self) -> None:
-        self.now = 1_000_000.0
-
-    def __call__(self) -> float:
-        return self.now
-
-
-async def _until(condition: object, timeout: float = 5.0) -> None:
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + timeout
-    while not condition():  # type: ignore[operator]
-        assert loop.time() < deadline, "timed out"
-        await asyncio.sleep(0.005)
-
-
 def test_counters_histograms_and_gauges_follow_the_coordinator(store: Store) -> None:
     clock = Clock()
 
@@ -92,7 +76,7 @@ def test_counters_histograms_and_gauges_follow_the_coordinator(store: Store) -> 
             assert value(before, "gpuq_jobs", state="pending", qos="normal") == 0
 
             [first] = await submit(co, make_spec(gpus=1), "alice")
-            await _until(lambda: co.jobs.jobs[first].state is JobState.RUNNING)
+            await until(lambda: co.jobs.jobs[first].state is JobState.RUNNING)
             clock.now += 30  # the second waits 30 s behind it (GPU 1 is dirty)
             [second] = await submit(co, make_spec(gpus=1), "bob")
             await submit(co, make_spec(begin_time=clock.now + 3600), "bob")
@@ -100,7 +84,7 @@ def test_counters_histograms_and_gauges_follow_the_coordinator(store: Store) -> 
             await submit(co, make_spec(array=ArraySpec(tuple(range(5)))), "carol")
             co.idle.tracks[first] = Track(start=1, flags={"idle": "idle since 12:00"})
             running = co.jobs.in_state(JobState.RUNNING)
-            await _until(lambda: len(running) == 6)  # the array's tasks too
+            await until(lambda: len(running) == 6)  # the array's tasks too
 
             during = scrape(metrics)
             assert value(during, "gpuq_jobs_submitted_total") == 1 + 1 + 1 + 1 + 5
@@ -131,7 +115,7 @@ def test_counters_histograms_and_gauges_follow_the_coordinator(store: Store) -> 
 
             clock.now += 60  # the first ran 90 s
             await record_ends(co, "a", [(first, JobState.COMPLETED, JobResult(exit_code=0), None)])
-            await _until(lambda: co.jobs.jobs[second].state is JobState.RUNNING)
+            await until(lambda: co.jobs.jobs[second].state is JobState.RUNNING)
             after = scrape(metrics)
             assert value(after, "gpuq_jobs_ended_total", state="completed") == 1
             assert value(after, "gpuq_jobs_ended_total", state="failed") == 0

@@ -84,7 +84,7 @@ def job_message(job: Job, flags: Sequence[str] = ()) -> pb.Job:
         array = (job.array_job_id, "%a" if task is None or job.tasks else task)
     stdout, stderr = output_paths(job.spec, job.id, job.user, job.node, array)
     message = job_to_proto(job, stdout, stderr)
-    message.flags[:] = flags  # idle, possibly hung (gpuq.coordinator.jobs.idle_rules)
+    message.flags[:] = flags  # idle, possibly hung (gpuq.coordinator.workload.idle_rules)
     return message
 
 

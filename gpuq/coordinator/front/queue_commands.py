@@ -19,12 +19,12 @@ from gpuq.coordinator.cron_service import CronService
 from gpuq.coordinator.front.job_messages import cron_message
 from gpuq.coordinator.front.queue_queries import check_count
 from gpuq.coordinator.front.rpc_calls import error_status
-from gpuq.coordinator.jobs.job_actions import JobActions, Outcome
-from gpuq.coordinator.jobs.selection import Filters, Selection
-from gpuq.coordinator.jobs.submissions import Submissions
-from gpuq.coordinator.jobs.update_rules import Update
 from gpuq.coordinator.nodes.node_admin import NodeAdmin
 from gpuq.coordinator.terminal_relay import check_interactive_spec
+from gpuq.coordinator.workload.job_actions import JobActions, Outcome
+from gpuq.coordinator.workload.selection import Filters, Selection
+from gpuq.coordinator.workload.submissions import Submissions
+from gpuq.coordinator.workload.update_rules import Update
 from gpuq.domain.dependencies import Dependency, DependencyKind
 from gpuq.domain.limits import check_reason, check_text
 from gpuq.domain.states import parse_states

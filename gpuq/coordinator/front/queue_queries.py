@@ -24,11 +24,11 @@ from gpuq.coordinator.front.job_messages import (
     unit_message,
 )
 from gpuq.coordinator.front.listing_filters import list_filters
-from gpuq.coordinator.jobs.array_tasks import ArrayTasks
-from gpuq.coordinator.jobs.running_telemetry import RunningTelemetry
 from gpuq.coordinator.memory.live_jobs import LiveJobs
 from gpuq.coordinator.memory.node_table import NodeTable, drained_text, unit_states
 from gpuq.coordinator.memory.scheduler_inputs import SchedulerInputs
+from gpuq.coordinator.workload.array_tasks import ArrayTasks
+from gpuq.coordinator.workload.running_telemetry import RunningTelemetry
 from gpuq.domain.limits import MAX_JOB_ID, check_text
 from gpuq.domain.model import Job, JobEvent, NodeState, SeriesPoint
 from gpuq.domain.states import JobState, parse_states

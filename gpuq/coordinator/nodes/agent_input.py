@@ -12,7 +12,7 @@ import math
 import re
 from collections.abc import Sequence
 
-from gpuq.coordinator.jobs.idle_rules import Sample, UnitReading
+from gpuq.coordinator.workload.idle_rules import Sample, UnitReading
 from gpuq.domain.limits import (
     CONTROL_RE,
     MAX_JOB_ID,

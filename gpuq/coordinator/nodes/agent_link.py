@@ -18,8 +18,6 @@ from gpuq.coordinator.background_tasks import Background
 from gpuq.coordinator.changes.effects import Cause, StopOrder
 from gpuq.coordinator.changes.store_writer import StoreWriter
 from gpuq.coordinator.changes.transitions import Ending
-from gpuq.coordinator.jobs.job_endings import JobEndings
-from gpuq.coordinator.jobs.job_samples import JobSamples
 from gpuq.coordinator.memory.live_jobs import LiveJobs
 from gpuq.coordinator.memory.node_table import NodeEntry, NodeTable
 from gpuq.coordinator.nodes.agent_commands import AgentCommands
@@ -32,6 +30,8 @@ from gpuq.coordinator.nodes.agent_input import (
 )
 from gpuq.coordinator.nodes.agent_session import AgentSession
 from gpuq.coordinator.terminal_relay import Terminals
+from gpuq.coordinator.workload.job_endings import JobEndings
+from gpuq.coordinator.workload.job_samples import JobSamples
 from gpuq.domain.limits import MAX_NODE_TEXT, clean_line
 from gpuq.domain.model import Node, NodeState, is_advisory
 from gpuq.domain.states import TRANSITIONS, JobState

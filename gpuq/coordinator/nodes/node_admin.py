@@ -9,9 +9,9 @@ from collections.abc import Callable, Sequence
 
 from gpuq.config.settings import CoordinatorSettings
 from gpuq.coordinator.changes.store_writer import StoreWriter
-from gpuq.coordinator.jobs.job_endings import JobEndings
 from gpuq.coordinator.memory.live_jobs import LiveJobs
 from gpuq.coordinator.memory.node_table import NodeEntry, NodeTable
+from gpuq.coordinator.workload.job_endings import JobEndings
 from gpuq.domain.limits import brief, check_text
 from gpuq.domain.model import Drain, GpuUnit, NodeState
 from gpuq.errors import InvalidInput, NotFound

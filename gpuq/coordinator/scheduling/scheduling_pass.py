@@ -15,10 +15,10 @@ from gpuq.config.settings import CoordinatorSettings
 from gpuq.coordinator.changes.effects import Cause, Effects, Move, StopOrder
 from gpuq.coordinator.changes.job_changes import JobChanges
 from gpuq.coordinator.changes.store_writer import is_storage_error
-from gpuq.coordinator.jobs.array_tasks import ArrayTasks
 from gpuq.coordinator.memory.live_jobs import LiveJobs, queue_key
 from gpuq.coordinator.memory.node_table import NodeTable
 from gpuq.coordinator.memory.scheduler_inputs import SchedulerInputs
+from gpuq.coordinator.workload.array_tasks import ArrayTasks
 from gpuq.domain.model import Job, is_advisory
 from gpuq.domain.states import JobState
 from gpuq.scheduler.array_split import tasks_to_split

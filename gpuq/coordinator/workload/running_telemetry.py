@@ -5,7 +5,7 @@ The latest `so_far` of each running job is kept here; every FLUSH_EVERY seconds 
 ones are stored with the job (so `gpuq show` of a running job has them, at most that old), and
 the series points gathered since (at most one per job per SERIES_STEP seconds) are appended,
 in one write of the coordinator's writer. A job's end report carries its final figures, which
-the end's own transaction stores (gpuq.coordinator.jobs.job_endings); the latest `so_far`
+the end's own transaction stores (gpuq.coordinator.workload.job_endings); the latest `so_far`
 stands in when an end comes without them (a node lost, an agent that does not measure).
 
 Only a job the coordinator runs on the reporting node is taken, and every figure is checked

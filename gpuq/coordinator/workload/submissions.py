@@ -10,9 +10,9 @@ from gpuq.config.settings import CoordinatorSettings
 from gpuq.coordinator.changes.effects import Cause, Created, Effects
 from gpuq.coordinator.changes.job_changes import JobChanges
 from gpuq.coordinator.changes.store_writer import StoreWriter
-from gpuq.coordinator.jobs.array_tasks import ArrayTasks
 from gpuq.coordinator.memory.live_jobs import LiveJobs, spec_size
 from gpuq.coordinator.memory.node_table import NodeTable
+from gpuq.coordinator.workload.array_tasks import ArrayTasks
 from gpuq.domain.model import Job, JobSpec
 from gpuq.domain.states import JobState
 from gpuq.domain.units import format_duration, format_size

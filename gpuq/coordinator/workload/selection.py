@@ -11,8 +11,8 @@ from dataclasses import dataclass
 
 from gpuq.coordinator.changes.effects import Cause
 from gpuq.coordinator.changes.store_writer import StoreWriter
-from gpuq.coordinator.jobs.array_tasks import ArrayTasks
 from gpuq.coordinator.memory.live_jobs import LiveJobs
+from gpuq.coordinator.workload.array_tasks import ArrayTasks
 from gpuq.domain.dependencies import parse_job_ref
 from gpuq.domain.limits import brief
 from gpuq.domain.model import Job

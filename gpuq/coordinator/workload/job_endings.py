@@ -19,9 +19,9 @@ from gpuq.coordinator.changes.transitions import (
     decide_endings,
     decide_time_limit_stops,
 )
-from gpuq.coordinator.jobs.running_telemetry import RunningTelemetry
 from gpuq.coordinator.memory.live_jobs import LiveJobs
 from gpuq.coordinator.memory.scheduler_inputs import SchedulerInputs
+from gpuq.coordinator.workload.running_telemetry import RunningTelemetry
 from gpuq.domain.states import JobState
 from gpuq.store.api import StoreTx
 

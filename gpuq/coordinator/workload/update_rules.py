@@ -1,7 +1,7 @@
 """Changing jobs after submission: the rules of `gpuq update` and `gpuq requeue`.
 
 The rules are pure functions of (job, request, who asks, policy) so they are tested without a
-server; gpuq.coordinator.jobs.job_actions resolves the jobs, calls them, and writes what
+server; gpuq.coordinator.workload.job_actions resolves the jobs, calls them, and writes what
 they decide in one store transaction per request.
 
 Who may change what (SLURM's `scontrol update`): owners may only lower what admins limit. An

@@ -1,5 +1,5 @@
 """Running jobs' samples from their agents' heartbeats: fed to the idle and hung rules
-(gpuq.coordinator.jobs.idle_rules) and to the running jobs' GPU telemetry, and acted on: a
+(gpuq.coordinator.workload.idle_rules) and to the running jobs' GPU telemetry, and acted on: a
 flag set or cleared is noted in the job's events, and a job its QOS says to cancel is
 cancelled through the normal cancel path, by the coordinator itself.
 """
@@ -15,12 +15,12 @@ from gpuq.coordinator.access.permissions import SYSTEM
 from gpuq.coordinator.background_tasks import Background
 from gpuq.coordinator.changes.effects import Cause, Effects
 from gpuq.coordinator.changes.job_changes import JobChanges
-from gpuq.coordinator.jobs.idle_rules import Decision, IdleWatch
-from gpuq.coordinator.jobs.job_actions import JobActions
-from gpuq.coordinator.jobs.running_telemetry import RunningTelemetry
-from gpuq.coordinator.jobs.selection import Selection
 from gpuq.coordinator.memory.live_jobs import LiveJobs
 from gpuq.coordinator.nodes.agent_input import MAX_JOB_SAMPLES, sample_from_proto
+from gpuq.coordinator.workload.idle_rules import Decision, IdleWatch
+from gpuq.coordinator.workload.job_actions import JobActions
+from gpuq.coordinator.workload.running_telemetry import RunningTelemetry
+from gpuq.coordinator.workload.selection import Selection
 from gpuq.domain.model import Job
 from gpuq.domain.states import JobState
 from gpuq.store.api import StoreTx

@@ -1,7 +1,7 @@
 """Users' actions on their jobs: cancel, hold, release, requeue, update (SLURM's scancel,
 scontrol hold/release/requeue/update).
 
-One request is one batch: the selected jobs are resolved first (gpuq.coordinator.jobs.
+One request is one batch: the selected jobs are resolved first (gpuq.coordinator.workload.
 selection), checked (a user may act on their own jobs only; an admin on any, logged; one job
 of another user's in the request refuses all of it, before anything changes), then changed in
 one store transaction, then one scheduling pass follows.
@@ -24,17 +24,17 @@ from gpuq.coordinator.changes.transitions import (
     decide_requeue,
     decide_state_change,
 )
-from gpuq.coordinator.jobs.array_tasks import ArrayTasks
-from gpuq.coordinator.jobs.selection import Selection, SelectionResolver
-from gpuq.coordinator.jobs.update_rules import (
+from gpuq.coordinator.memory.live_jobs import LiveJobs
+from gpuq.coordinator.memory.node_table import NodeTable
+from gpuq.coordinator.workload.array_tasks import ArrayTasks
+from gpuq.coordinator.workload.selection import Selection, SelectionResolver
+from gpuq.coordinator.workload.update_rules import (
     Edit,
     Update,
     check_requeue,
     dependency_cycle,
     plan_update,
 )
-from gpuq.coordinator.memory.live_jobs import LiveJobs
-from gpuq.coordinator.memory.node_table import NodeTable
 from gpuq.domain.model import Job
 from gpuq.domain.states import JobState
 from gpuq.errors import GpuqError, InvalidInput, PermissionDenied, StorageUnavailable, Unsatisfiable
@@ -158,7 +158,7 @@ class JobActions:
     async def update(
         self, selection: Selection, changes: Update, caller: Caller, cause: Cause
     ) -> list[Outcome]:
-        """`gpuq update`: change waiting jobs (gpuq.coordinator.jobs.update_rules has the
+        """`gpuq update`: change waiting jobs (gpuq.coordinator.workload.update_rules has the
         rules). Each job's change is decided first; one refused change (another's job, an
         owner raising a limit) refuses the request as a whole, before anything changes."""
         if not changes:
