@@ -8,7 +8,7 @@ The parts, by what each owns (docs/ARCHITECTURE.md has the map):
   without a database round trip), MemoryLoader;
 - changes: the StoreWriter (group commit), JobChanges (the one applier of every job change),
   the EventBus and its Watchers;
-- jobs: Submissions, JobActions (user verbs over a Selection), JobEndings, ArrayTasks,
+- workload: Submissions, JobActions (user verbs over a Selection), JobEndings, ArrayTasks,
   JobSamples (idle rules, GPU telemetry);
 - scheduling: SchedulingPass and SchedulingLoop;
 - nodes: AgentLink (agent streams), AgentCommands (what agents are told), NodeAdmin;
