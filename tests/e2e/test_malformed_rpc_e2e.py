@@ -11,6 +11,7 @@ from e2e_cluster import Cluster
 
 from gpuq.config.loading import load_settings
 from gpuq.domain.states import JobState
+from gpuq.errors import ERROR_KIND_KEY
 from gpuq.v1 import queue_pb2, queue_pb2_grpc
 from gpuq.v1 import types_pb2 as pb
 
@@ -43,10 +44,14 @@ def test_malformed_requests_get_one_clear_status(cluster: Cluster) -> None:
     stub = queue_pb2_grpc.QueueStub(channel)
     metadata = cluster.client().call_metadata()
 
+    kinds: list[str] = []  # the error kind each refusal said, in its trailing metadata
+
     def status(method: str, request: Any) -> grpc.StatusCode:
         try:
             getattr(stub, method)(request, metadata=metadata, timeout=30)
         except grpc.RpcError as error:
+            said = dict(error.trailing_metadata() or ())  # type: ignore[attr-defined]
+            kinds.append(said.get(ERROR_KIND_KEY, ""))
             return error.code()  # type: ignore[no-any-return]
         return grpc.StatusCode.OK
 
@@ -56,6 +61,7 @@ def test_malformed_requests_get_one_clear_status(cluster: Cluster) -> None:
                 iter([queue_pb2.SubmitRequest(spec=spec)]), metadata=metadata, timeout=30
             )
             assert result.code == grpc.StatusCode.INVALID_ARGUMENT.value[0], (spec, result)
+            assert result.error_kind == "invalid_input", result
             assert not result.job_ids and "\n" not in result.message
         assert status("GetJob", queue_pb2.GetJobRequest(job_id=2**64 - 1)) == (
             grpc.StatusCode.NOT_FOUND
@@ -76,6 +82,9 @@ def test_malformed_requests_get_one_clear_status(cluster: Cluster) -> None:
         assert status("AddCron", queue_pb2.AddCronRequest(schedule="* * * * *")) == (
             grpc.StatusCode.INVALID_ARGUMENT
         )
+        # each said which of gpuq's errors it was: a client reads that, not the words
+        assert kinds[:2] == ["not_found", "not_found"] and kinds[-1] == "invalid_input", kinds
+        assert kinds[2:6] == ["invalid_input"] * 4 and kinds[6] == "not_found", kinds
     finally:
         channel.close()
     assert cluster.client().list() == []  # nothing was created

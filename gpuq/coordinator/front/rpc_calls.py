@@ -91,9 +91,8 @@ def error_status(error: Exception) -> RpcStatus:
 async def end_call(context: grpc.aio.ServicerContext, error: Exception) -> None:
     """End the call with the error's status (raises, as abort does)."""
     status = error_status(error)
-    if status.kind:
-        context.set_trailing_metadata(((ERROR_KIND_KEY, status.kind),))
-    await context.abort(status.code, status.message)
+    kind = ((ERROR_KIND_KEY, status.kind),) if status.kind else ()
+    await context.abort(status.code, status.message, kind)
 
 
 def unary(
