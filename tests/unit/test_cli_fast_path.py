@@ -30,7 +30,9 @@ def test_the_stub_loads_only_its_own_modules() -> None:
     result = subprocess.run(
         [sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=60
     )
-    assert set(result.stdout.split()) == {
+    # __future__ (a few lines of the standard library, which `from __future__ import
+    # annotations` loads) is there already where an editable install's finder loaded it
+    assert set(result.stdout.split()) - {"__future__"} == {
         "gpuq",
         "gpuq.cli",
         "gpuq.cli.fast",
