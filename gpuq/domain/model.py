@@ -59,9 +59,20 @@ class Resources:
     gpu_share: int | None = None
     # a GPU model ("a100"; gpuq.domain.gpu_types): only GPUs of this type. None: any
     gpu_type: str | None = None
+    # ---- jobs that span nodes and tasks (SLURM's --nodes, --ntasks...). gpus, cpus and mem
+    # above are per node; for one node (the default) that is the whole job.
+    nodes: int = 1  # --nodes N: N distinct nodes, started together or not at all
+    tasks_per_node: int = 1  # tasks a step runs on each node by default (srun's size)
+    gpus_per_task: int | None = None  # --gpus-per-task: each task is bound to this many
+    exclusive: bool = False  # --exclusive: whole nodes (every unit, CPU and byte of each)
+    mem_all: bool = False  # --mem=0: all of each node's memory
+    # the user asked for tasks (--ntasks, --ntasks-per-node): SLURM sets SLURM_NTASKS (which
+    # Lightning reads as "launched by srun") only then, and so does gpuq
+    explicit_tasks: bool = False
 
     def __post_init__(self) -> None:
         check_range("--gpus", self.gpus, 0, 1024)
+        self._check_layout()
         if self.gpu_type is not None:
             check_gpu_type(self.gpu_type)
             if self.gpus == 0:
@@ -88,6 +99,46 @@ class Resources:
             check_range(
                 "--time", self.time_limit, 1, MAX_TIME_LIMIT, "must be from 1 second to 366 days"
             )
+
+    def _check_layout(self) -> None:
+        check_range("--nodes", self.nodes, 1, MAX_NODES)
+        check_range("--ntasks-per-node", self.tasks_per_node, 1, MAX_TASKS_PER_NODE)
+        if self.nodes > 1 and (self.mig is not None or self.gpu_share is not None):
+            raise InvalidInput(
+                "--nodes", self.nodes, "a MIG slice or an MPS share is of one GPU on one node"
+            )
+        if self.gpus_per_task is not None:
+            check_range("--gpus-per-task", self.gpus_per_task, 1, 1024)
+            if self.gpus_per_task * self.tasks_per_node != self.gpus:
+                raise InvalidInput(
+                    "--gpus-per-task",
+                    self.gpus_per_task,
+                    f"{self.tasks_per_node} tasks per node need "
+                    f"{self.gpus_per_task * self.tasks_per_node} GPUs per node, not {self.gpus}",
+                )
+        if self.cpus % self.tasks_per_node:
+            raise InvalidInput(
+                "--cpus-per-task",
+                f"{self.cpus} CPUs for {self.tasks_per_node} tasks",
+                "a node's CPUs are split evenly among its tasks",
+            )
+        if self.mem_all and self.mem is not None:
+            raise InvalidInput("--mem", 0, "--mem=0 (all of each node's memory) with a size")
+        if self.exclusive and (self.mig is not None or self.gpu_share is not None):
+            raise InvalidInput("--exclusive", "with --mig or --gpu-share", "whole nodes only")
+
+    @property
+    def total_gpus(self) -> int:
+        """GPUs over all the job's nodes: what QOS limits count and fair share charges."""
+        return self.gpus * self.nodes
+
+    @property
+    def ntasks(self) -> int:
+        return self.nodes * self.tasks_per_node
+
+    @property
+    def cpus_per_task(self) -> int:
+        return self.cpus // self.tasks_per_node
 
     def _check_share(self, share: int) -> None:
         check_range("--gpu-share", share, 1, 100, "must be a percentage from 1 to 100")
@@ -116,6 +167,9 @@ class Resources:
             return ENFORCEMENT_MPS
         return ENFORCEMENT_MIG if self.mig is not None else ENFORCEMENT_EXCLUSIVE
 
+
+MAX_NODES = 1024  # --nodes
+MAX_TASKS_PER_NODE = 4096  # --ntasks-per-node
 
 ENFORCEMENT_EXCLUSIVE = "exclusive"
 ENFORCEMENT_MIG = "MIG (hardware)"
@@ -308,8 +362,10 @@ class Job:
     submit_time: float
     start_time: float | None = None
     end_time: float | None = None
-    node: str | None = None
-    gpus: tuple[str, ...] = ()  # unit UUIDs of the current or last allocation
+    node: str | None = None  # where it runs (ran): the first node of a multi-node job
+    gpus: tuple[str, ...] = ()  # unit UUIDs of the current or last allocation (every node's)
+    # a multi-node job's nodes, the first (where its script runs) first; () on one node
+    nodes: tuple[str, ...] = ()
     result: JobResult | None = None
     requeue_count: int = 0
     start_count: int = 0  # starts so far: the current start's attempt number (JobLaunch.attempt)
@@ -327,6 +383,11 @@ class Job:
     @property
     def name(self) -> str:
         return self.spec.name
+
+    @property
+    def node_names(self) -> tuple[str, ...]:
+        """Every node the job runs (ran) on, the first first; () before it started."""
+        return self.nodes or ((self.node,) if self.node else ())
 
     @property
     def display_id(self) -> str:

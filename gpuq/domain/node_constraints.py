@@ -117,6 +117,52 @@ def expand_nodes(text: str, flag: str = "--nodelist") -> tuple[str, ...]:
     return tuple(names)
 
 
+def compress_nodes(names: Iterable[str]) -> str:
+    """SLURM's compressed form of a node list, in the order given: `gpu[01-02,05]`, `a,b`.
+
+    Consecutive names that differ only in a trailing number of the same width (or without
+    leading zeros) fold into one bracket; expand_nodes reads the result back to the same
+    names in the same order."""
+    groups: list[tuple[str, list[str]]] = []  # (prefix, numbers as written), in order
+    for name in names:
+        match = _TRAILING_NUMBER_RE.fullmatch(name)
+        if match is None:
+            groups.append((name, []))
+            continue
+        prefix, number = match.group(1), match.group(2)
+        if groups and groups[-1][0] == prefix and groups[-1][1]:
+            groups[-1][1].append(number)
+        else:
+            groups.append((prefix, [number]))
+    return ",".join(
+        prefix if not numbers else _bracket(prefix, numbers) for prefix, numbers in groups
+    )
+
+
+_TRAILING_NUMBER_RE = re.compile(r"(.*?[^0-9])?([0-9]{1,9})")
+
+
+def _bracket(prefix: str | None, numbers: list[str]) -> str:
+    head = prefix or ""
+    if len(numbers) == 1:
+        return f"{head}{numbers[0]}"
+    runs: list[list[str]] = []
+    for number in numbers:
+        last = runs[-1][-1] if runs else None
+        if last is not None and int(number) == int(last) + 1 and _same_width(last, number):
+            runs[-1].append(number)
+        else:
+            runs.append([number])
+    parts = [run[0] if len(run) == 1 else f"{run[0]}-{run[-1]}" for run in runs]
+    return f"{head}[{','.join(parts)}]"
+
+
+def _same_width(a: str, b: str) -> bool:
+    """`09`, `10` continue one range (zero-padded to one width); `9`, `10` too (no padding)."""
+    padded = a.startswith("0") or b.startswith("0")
+    return len(a) == len(b) if padded else True
+
+
 def _split_outside_brackets(text: str, flag: str) -> list[str]:
     items: list[str] = []
     current: list[str] = []
