@@ -285,6 +285,14 @@ class Client:
                 setattr(request, key, value)
         return list(self._call("Update", request).outcomes)
 
+    def fail_job(self, job_id: int, reason: str, attempt: int = 0) -> queue_pb2.ActionOutcome:
+        """End a running job of yours as failed, on every node, with `reason` (what srun does
+        when a task of a step fails: SLURM's KillOnBadExit). `attempt`: the start it is
+        about (GPUQ_ATTEMPT in the job; 0: the current one)."""
+        request = queue_pb2.FailJobRequest(job_id=job_id, attempt=attempt, reason=reason)
+        outcome: queue_pb2.ActionOutcome = self._call("FailJob", request).outcomes[0]
+        return outcome
+
     def _action(
         self,
         method: str,

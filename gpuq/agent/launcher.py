@@ -26,10 +26,13 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import sys
+from pathlib import Path
 
 from gpuq.agent.end_reports import EndReports
 from gpuq.agent.gpu.node_gpus import NodeGpus
 from gpuq.agent.jobs.fork_server_link import LaunchRefused
+from gpuq.agent.jobs.gang_environment import Gang
 from gpuq.agent.jobs.job_account import (
     Account,
     coordinator_socket_owner,
@@ -98,6 +101,8 @@ class Launcher:
             extra_env=extra,
             devices=dict(self.gpus.device_numbers),
             switch_user=os.geteuid() == 0,  # a job runs as its submitter (the supervisor)
+            python=sys.executable,
+            shim_dir=shim_dir() if s.slurm_shims else "",
         )
 
     def node_changed(self) -> None:
@@ -239,6 +244,12 @@ class Launcher:
         ]
 
 
+def shim_dir() -> str:
+    """The folder of gpuq's `srun` and `scontrol` shims ("" where the package has none)."""
+    folder = Path(__file__).resolve().parent.parent / "steps" / "shims"
+    return str(folder) if folder.is_dir() else ""
+
+
 def launch_order(launch: apb.JobLaunch) -> LaunchOrder:
     """The coordinator's JobLaunch, as the launch spec is built from it."""
     return LaunchOrder(
@@ -252,4 +263,13 @@ def launch_order(launch: apb.JobLaunch) -> LaunchOrder:
         array_task_id=launch.array_task_id if launch.HasField("array_task_id") else None,
         requeue_count=launch.requeue_count,
         attempt=launch.attempt,
+        gang=Gang(
+            nodes=tuple(launch.nodes),
+            addresses=tuple(launch.node_addrs),
+            index=launch.node_index,
+            master_port=launch.master_port,
+            step_key=launch.step_key,
+        )
+        if launch.nodes
+        else None,
     )

@@ -151,6 +151,12 @@ class AgentSettings:
     # labels --constraint (and --partition) match, e.g. ["nvlink", "ib", "debug"]; the
     # types of the node's GPUs (a100, h100...) match too without being listed
     features: tuple[str, ...] = ()
+    # the IP address other nodes reach this node's jobs at (MASTER_ADDR, step workers); "":
+    # the address the coordinator sees this agent's connection come from
+    address: str = ""
+    # `srun` and `scontrol` first on jobs' PATH (gpuq's shims: scripts written for SLURM run
+    # unchanged); false where gpuq runs beside a real SLURM whose commands jobs should find
+    slurm_shims: bool = True
 
 
 @dataclass(frozen=True, slots=True)

@@ -246,6 +246,16 @@ def _job_env(value: Any, source: str, key: str) -> dict[str, str]:
     return {name: text for name, text in merged.items() if text != ""}
 
 
+def _ip_address(value: Any, source: str, key: str) -> str:
+    """An IP address (v4 or v6) other machines reach this one at."""
+    import ipaddress
+
+    try:
+        return str(ipaddress.ip_address(value if isinstance(value, str) else ""))
+    except ValueError:
+        raise ConfigError(source, key, value, "expected an IP address, e.g. 10.0.0.2") from None
+
+
 def _features(value: Any, source: str, key: str) -> tuple[str, ...]:
     """A list of node features: labels of gpuq.domain.node_constraints' FEATURE_RE."""
     from gpuq.domain.node_constraints import check_node_features
@@ -405,6 +415,8 @@ RULES: dict[str, dict[str, Check]] = {
         "tls_cert": _absolute_path,
         "tls_key": _absolute_path,
         "features": _features,
+        "address": _ip_address,
+        "slurm_shims": _boolean,
     },
     "client": {
         "tls_ca": _absolute_path,

@@ -171,7 +171,9 @@ def assemble(
     queries = QueueQueries(
         settings, writer, jobs, nodes, arrays, telemetry, watchers, cron, messages, inputs
     )
-    commands = QueueCommands(settings, submissions, actions, node_admin, tokens, cron)
+    commands = QueueCommands(
+        settings, submissions, actions, node_admin, tokens, cron, jobs, endings
+    )
 
     # ---- the reactions between parts ----------------------------------------------------------
     # every job event, once memory took it: watch streams first, then interactive terminals,

@@ -366,6 +366,10 @@ class Job:
     gpus: tuple[str, ...] = ()  # unit UUIDs of the current or last allocation (every node's)
     # a multi-node job's nodes, the first (where its script runs) first; () on one node
     nodes: tuple[str, ...] = ()
+    # the current (last) start's MASTER_PORT (its step workers listen one above), and the
+    # secret its srun and step workers prove to each other: the agents' business, never shown
+    master_port: int | None = None
+    step_key: str | None = field(default=None, repr=False)
     result: JobResult | None = None
     requeue_count: int = 0
     start_count: int = 0  # starts so far: the current start's attempt number (JobLaunch.attempt)

@@ -93,6 +93,14 @@ class Start:
     node: str
     gpus: tuple[str, ...]
     shared: bool = False  # an MPS share of gpus[0], beside other shares of its user
+    # a multi-node start's other nodes and their units (node and gpus are the first node's,
+    # where the batch script runs)
+    more: tuple[tuple[str, tuple[str, ...]], ...] = ()
+
+    @property
+    def parts(self) -> tuple[tuple[str, tuple[str, ...]], ...]:
+        """(node, units) of every node the job starts on, the first first."""
+        return ((self.node, self.gpus), *self.more)
 
 
 @dataclass(frozen=True, slots=True)

@@ -109,6 +109,7 @@ class JobTransitions:
                 reason=reason,
                 requeue_count=row["requeue_count"] + 1,
                 node=None,
+                nodes=None,
                 end_time=None,
                 exit_code=None,
                 signal=None,
@@ -153,6 +154,9 @@ class JobTransitions:
                 start_count=(rows[start.job_id]["start_count"] or 0) + 1,
                 state=JobState.RUNNING.value,
                 node=start.node,
+                nodes=",".join(n for n, _ in start.parts) or None,
+                master_port=start.master_port,
+                step_key=start.step_key,
                 start_time=now,
                 end_time=None,
                 exit_code=None,
@@ -251,6 +255,9 @@ _MUTABLE = (
     "start_count",
     "node",
     "start_time",
+    "nodes",
+    "master_port",
+    "step_key",
 )
 # statements built once: building them per call costs more than running them
 INSERT_EVENT = insert(job_events)  # the event rows of every write (job_submissions' too)
@@ -293,11 +300,11 @@ def _apply_change(row: dict[str, Any], current: JobState, change: StateChange, n
     row["reason"] = change.reason
     if current in (JobState.PREEMPTED, JobState.NODE_FAIL) and change.to_state is JobState.PENDING:
         row["requeue_count"] += 1
-        row["node"] = None
+        row["node"] = row["nodes"] = None
         row["end_time"] = None
     elif current is JobState.RUNNING and change.to_state is JobState.PENDING:
         # the agent never received the start: not a requeue, the job never ran
-        row["node"] = None
+        row["node"] = row["nodes"] = None
         row["stop_state"] = None
         row["stop_reason"] = None
     elif not change.to_state.is_live:

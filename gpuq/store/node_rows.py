@@ -124,14 +124,15 @@ def allocate_units(conn: Connection, starts: Sequence[JobStart], now: float) -> 
     units = [
         {
             "job_id": s.job_id,
-            "node": s.node,
+            "node": node,
             "unit": u,
             "live": True,
             "started_at": now,
             "shared": s.shared,
         }
         for s in starts
-        for u in s.gpus
+        for node, node_units in s.node_parts
+        for u in node_units
     ]
     if units:
         try:

@@ -67,6 +67,16 @@ class JobStart:
     gpus: tuple[str, ...]
     reason: str = ""  # the start event's reason; "": "started on NODE"
     shared: bool = False  # an MPS share: its unit may hold other shares at once
+    # a multi-node start: every node and its units, `node` first (gpus is all of them);
+    # (): every unit is on `node`
+    parts: tuple[tuple[str, tuple[str, ...]], ...] = ()
+    master_port: int | None = None  # MASTER_PORT for this start (step workers: one above)
+    step_key: str | None = None  # the start's secret for srun and its step workers (hex)
+
+    @property
+    def node_parts(self) -> tuple[tuple[str, tuple[str, ...]], ...]:
+        """(node, units) for every node of the start."""
+        return self.parts or ((self.node, self.gpus),)
 
     @property
     def why(self) -> str:

@@ -81,6 +81,9 @@ def job_from_row(
         end_time=row.end_time,
         node=row.node,
         gpus=units,
+        nodes=tuple(row.nodes.split(",")) if row.nodes else (),
+        master_port=row.master_port,
+        step_key=row.step_key,
         result=(
             JobResult(row.exit_code, row.signal, row.reason)
             if ended or (not state.is_live and row.start_time is not None)

@@ -77,6 +77,13 @@ jobs = Table(
     # how many times the job was started (NULL: none, or a row from before 0005): a start's
     # attempt number, which tells its reports and stops from those of an earlier start
     Column("start_count", Integer, nullable=True),
+    # a multi-node start (0012): its nodes, comma-separated, the first (jobs.node) first;
+    # NULL on one node
+    Column("nodes", Text, nullable=True),
+    # the start's torch.distributed MASTER_PORT (and the step workers' port, one above), and the
+    # secret its srun and step workers prove to each other; NULL before the first start
+    Column("master_port", Integer, nullable=True),
+    Column("step_key", String(64), nullable=True),
     CheckConstraint(f"state IN ({_STATE_VALUES})", name="state"),
 )
 # "top N pending by priority" is an index range scan, not a sort of the queue

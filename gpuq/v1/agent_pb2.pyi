@@ -21,7 +21,7 @@ class AgentMessage(_message.Message):
     def __init__(self, register: _Optional[_Union[Register, _Mapping]] = ..., heartbeat: _Optional[_Union[Heartbeat, _Mapping]] = ..., reports: _Optional[_Iterable[_Union[JobReport, _Mapping]]] = ..., pty: _Optional[_Iterable[_Union[PtyOutput, _Mapping]]] = ...) -> None: ...
 
 class Register(_message.Message):
-    __slots__ = ("node", "gpus", "topology", "cpus", "mem", "fake", "version", "jobs", "gpu_problem", "isolation", "driver", "features")
+    __slots__ = ("node", "gpus", "topology", "cpus", "mem", "fake", "version", "jobs", "gpu_problem", "isolation", "driver", "features", "address")
     NODE_FIELD_NUMBER: _ClassVar[int]
     GPUS_FIELD_NUMBER: _ClassVar[int]
     TOPOLOGY_FIELD_NUMBER: _ClassVar[int]
@@ -34,6 +34,7 @@ class Register(_message.Message):
     ISOLATION_FIELD_NUMBER: _ClassVar[int]
     DRIVER_FIELD_NUMBER: _ClassVar[int]
     FEATURES_FIELD_NUMBER: _ClassVar[int]
+    ADDRESS_FIELD_NUMBER: _ClassVar[int]
     node: str
     gpus: _containers.RepeatedCompositeFieldContainer[_types_pb2.GpuUnit]
     topology: _containers.RepeatedCompositeFieldContainer[_types_pb2.TopologyLink]
@@ -46,7 +47,8 @@ class Register(_message.Message):
     isolation: str
     driver: str
     features: _containers.RepeatedScalarFieldContainer[str]
-    def __init__(self, node: _Optional[str] = ..., gpus: _Optional[_Iterable[_Union[_types_pb2.GpuUnit, _Mapping]]] = ..., topology: _Optional[_Iterable[_Union[_types_pb2.TopologyLink, _Mapping]]] = ..., cpus: _Optional[int] = ..., mem: _Optional[int] = ..., fake: _Optional[bool] = ..., version: _Optional[str] = ..., jobs: _Optional[_Iterable[_Union[JobReport, _Mapping]]] = ..., gpu_problem: _Optional[str] = ..., isolation: _Optional[str] = ..., driver: _Optional[str] = ..., features: _Optional[_Iterable[str]] = ...) -> None: ...
+    address: str
+    def __init__(self, node: _Optional[str] = ..., gpus: _Optional[_Iterable[_Union[_types_pb2.GpuUnit, _Mapping]]] = ..., topology: _Optional[_Iterable[_Union[_types_pb2.TopologyLink, _Mapping]]] = ..., cpus: _Optional[int] = ..., mem: _Optional[int] = ..., fake: _Optional[bool] = ..., version: _Optional[str] = ..., jobs: _Optional[_Iterable[_Union[JobReport, _Mapping]]] = ..., gpu_problem: _Optional[str] = ..., isolation: _Optional[str] = ..., driver: _Optional[str] = ..., features: _Optional[_Iterable[str]] = ..., address: _Optional[str] = ...) -> None: ...
 
 class Heartbeat(_message.Message):
     __slots__ = ("at", "usage", "not_accepting", "not_accepting_reason", "jobs")
@@ -145,7 +147,7 @@ class Registered(_message.Message):
     def __init__(self, heartbeat_interval: _Optional[float] = ..., node_timeout: _Optional[float] = ...) -> None: ...
 
 class JobLaunch(_message.Message):
-    __slots__ = ("job_id", "spec", "gpus", "user", "array_job_id", "array_task_id", "time_limit", "kill_grace", "requeue_count", "attempt")
+    __slots__ = ("job_id", "spec", "gpus", "user", "array_job_id", "array_task_id", "time_limit", "kill_grace", "requeue_count", "attempt", "nodes", "node_addrs", "node_index", "master_port", "step_key")
     JOB_ID_FIELD_NUMBER: _ClassVar[int]
     SPEC_FIELD_NUMBER: _ClassVar[int]
     GPUS_FIELD_NUMBER: _ClassVar[int]
@@ -156,6 +158,11 @@ class JobLaunch(_message.Message):
     KILL_GRACE_FIELD_NUMBER: _ClassVar[int]
     REQUEUE_COUNT_FIELD_NUMBER: _ClassVar[int]
     ATTEMPT_FIELD_NUMBER: _ClassVar[int]
+    NODES_FIELD_NUMBER: _ClassVar[int]
+    NODE_ADDRS_FIELD_NUMBER: _ClassVar[int]
+    NODE_INDEX_FIELD_NUMBER: _ClassVar[int]
+    MASTER_PORT_FIELD_NUMBER: _ClassVar[int]
+    STEP_KEY_FIELD_NUMBER: _ClassVar[int]
     job_id: int
     spec: _types_pb2.JobSpec
     gpus: _containers.RepeatedScalarFieldContainer[str]
@@ -166,7 +173,12 @@ class JobLaunch(_message.Message):
     kill_grace: float
     requeue_count: int
     attempt: int
-    def __init__(self, job_id: _Optional[int] = ..., spec: _Optional[_Union[_types_pb2.JobSpec, _Mapping]] = ..., gpus: _Optional[_Iterable[str]] = ..., user: _Optional[str] = ..., array_job_id: _Optional[int] = ..., array_task_id: _Optional[int] = ..., time_limit: _Optional[int] = ..., kill_grace: _Optional[float] = ..., requeue_count: _Optional[int] = ..., attempt: _Optional[int] = ...) -> None: ...
+    nodes: _containers.RepeatedScalarFieldContainer[str]
+    node_addrs: _containers.RepeatedScalarFieldContainer[str]
+    node_index: int
+    master_port: int
+    step_key: str
+    def __init__(self, job_id: _Optional[int] = ..., spec: _Optional[_Union[_types_pb2.JobSpec, _Mapping]] = ..., gpus: _Optional[_Iterable[str]] = ..., user: _Optional[str] = ..., array_job_id: _Optional[int] = ..., array_task_id: _Optional[int] = ..., time_limit: _Optional[int] = ..., kill_grace: _Optional[float] = ..., requeue_count: _Optional[int] = ..., attempt: _Optional[int] = ..., nodes: _Optional[_Iterable[str]] = ..., node_addrs: _Optional[_Iterable[str]] = ..., node_index: _Optional[int] = ..., master_port: _Optional[int] = ..., step_key: _Optional[str] = ...) -> None: ...
 
 class StopJob(_message.Message):
     __slots__ = ("job_id", "end_state", "reason", "grace", "signal", "attempt")

@@ -124,6 +124,11 @@ class QueueStub:
                 request_serializer=gpuq_dot_v1_dot_queue__pb2.JobSelection.SerializeToString,
                 response_deserializer=gpuq_dot_v1_dot_queue__pb2.ActionReply.FromString,
                 _registered_method=True)
+        self.FailJob = channel.unary_unary(
+                '/gpuq.v1.Queue/FailJob',
+                request_serializer=gpuq_dot_v1_dot_queue__pb2.FailJobRequest.SerializeToString,
+                response_deserializer=gpuq_dot_v1_dot_queue__pb2.ActionReply.FromString,
+                _registered_method=True)
         self.Attach = channel.stream_stream(
                 '/gpuq.v1.Queue/Attach',
                 request_serializer=gpuq_dot_v1_dot_queue__pb2.AttachRequest.SerializeToString,
@@ -268,6 +273,14 @@ class QueueServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def FailJob(self, request, context):
+        """A step of a running job failed (srun inside the job, with KillOnBadExit): the whole job
+        ends failed, with this reason, on every node. Only the job's owner (or an admin).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def Attach(self, request_iterator, context):
         """An interactive job's terminal: the first request names the job (the caller's own, with a
         Terminal in its spec); then input, window sizes and signals go one way and the job's state,
@@ -376,6 +389,11 @@ def add_QueueServicer_to_server(servicer, server):
             'Requeue': grpc.unary_unary_rpc_method_handler(
                     servicer.Requeue,
                     request_deserializer=gpuq_dot_v1_dot_queue__pb2.JobSelection.FromString,
+                    response_serializer=gpuq_dot_v1_dot_queue__pb2.ActionReply.SerializeToString,
+            ),
+            'FailJob': grpc.unary_unary_rpc_method_handler(
+                    servicer.FailJob,
+                    request_deserializer=gpuq_dot_v1_dot_queue__pb2.FailJobRequest.FromString,
                     response_serializer=gpuq_dot_v1_dot_queue__pb2.ActionReply.SerializeToString,
             ),
             'Attach': grpc.stream_stream_rpc_method_handler(
@@ -874,6 +892,33 @@ class Queue:
             target,
             '/gpuq.v1.Queue/Requeue',
             gpuq_dot_v1_dot_queue__pb2.JobSelection.SerializeToString,
+            gpuq_dot_v1_dot_queue__pb2.ActionReply.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def FailJob(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/gpuq.v1.Queue/FailJob',
+            gpuq_dot_v1_dot_queue__pb2.FailJobRequest.SerializeToString,
             gpuq_dot_v1_dot_queue__pb2.ActionReply.FromString,
             options,
             channel_credentials,

@@ -12,6 +12,12 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from gpuq.agent.jobs.gang_environment import (
+    DEFAULT_PATH,
+    Gang,
+    gang_environment,
+    step_worker_script,
+)
 from gpuq.agent.jobs.isolation import DeviceNumber, device_rules, format_cpulist
 from gpuq.agent.jobs.job_account import Account
 from gpuq.agent.jobs.mps_share import MpsShare, mps_environment
@@ -122,6 +128,9 @@ class LaunchOrder:
     array_task_id: int | None = None
     requeue_count: int = 0
     attempt: int = 0  # the job's start count: which start of the job this is
+    # where the job runs: every node (the first runs the script), each one's address, and
+    # which of them this is; MASTER_PORT and the step secret of this start (gpuq.steps)
+    gang: Gang | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -145,6 +154,10 @@ class NodePolicy:
     # the agent is root: a job runs as its submitter's account (uid, gid, groups), which the
     # supervisor switches to; False: the agent's own user (it runs only that user's jobs)
     switch_user: bool = False
+    # the interpreter step workers and the srun shim run with (the agent's own), and the
+    # folder of the srun and scontrol shims put first on jobs' PATH ("": no shims)
+    python: str = ""
+    shim_dir: str = ""
 
 
 # inherited variables that would contradict the allocation if carried over
@@ -184,12 +197,17 @@ def build_launch(
     stdout, stderr = output_paths(spec, order.job_id, order.user, policy.node, array)
     if spec.terminal is not None:
         stdout = stderr = ""  # the terminal receives both
+    script, args = spec.script, spec.args
+    if order.gang is not None and not order.gang.leads:
+        # another node of a multi-node job: a step worker, whose tasks' output goes to srun
+        script, args = step_worker_script(policy.python), ()
+        stdout = stderr = "/dev/null"
     warning = spec.signal
     run_as = account if policy.switch_user else None
     return LaunchSpec(
         job_id=order.job_id,
-        script=spec.script,
-        args=spec.args,
+        script=script,
+        args=args,
         env=job_environment(order, policy, account, mps),
         cwd=spec.workdir,
         stdout_path=stdout,
@@ -268,6 +286,10 @@ def job_environment(
     if order.array_job_id is not None:
         env["GPUQ_ARRAY_JOB_ID"] = str(order.array_job_id)
         env["GPUQ_ARRAY_TASK_ID"] = str(order.array_task_id)
+    if order.gang is not None:
+        env.update(gang_environment(order.job_id, spec, len(order.gpus), order.gang, policy.python))
+        if policy.shim_dir:
+            env["PATH"] = f"{policy.shim_dir}:{env.get('PATH') or DEFAULT_PATH}"
     if mps is not None:
         env.update(mps_environment(mps))
     if spec.terminal is not None and spec.terminal.term:

@@ -27,6 +27,7 @@ class Cause:
     `report from node a`, `scheduling pass 1234`, `heartbeat check`."""
 
     text: str
+    node: str | None = None  # an agent's report: its node (its own part of a job has ended)
 
     @classmethod
     def request(cls, verb: str, user: str, via: str = "") -> Cause:
@@ -35,7 +36,7 @@ class Cause:
 
     @classmethod
     def agent(cls, node: str) -> Cause:
-        return cls(f"report from node {node}")
+        return cls(f"report from node {node}", node)
 
     @classmethod
     def chore(cls, name: str) -> Cause:
@@ -164,7 +165,10 @@ def started(job: Job, start: JobStart, now: float) -> Job:
         start_count=job.start_count + 1,
         state=JobState.RUNNING,
         node=start.node,
+        nodes=tuple(node for node, _ in start.parts),
         gpus=start.gpus,
+        master_port=start.master_port,
+        step_key=start.step_key,
         start_time=now,
         end_time=None,
         result=None,
@@ -191,6 +195,7 @@ def brought_back(requeue: Requeue) -> Job:
         requeue.job,
         state=JobState.HELD if requeue.hold else JobState.PENDING,
         node=None,
+        nodes=(),
         end_time=None,
         result=None,
         stop=None,
@@ -207,4 +212,6 @@ def _with_state(job: Job, state: JobState, reason: str) -> Job:
 
 
 def _requeued(job: Job, reason: str, requeues: int, state: JobState = JobState.PENDING) -> Job:
-    return replace(job, state=state, node=None, stop=None, reason=reason, requeue_count=requeues)
+    return replace(
+        job, state=state, node=None, nodes=(), stop=None, reason=reason, requeue_count=requeues
+    )

@@ -23,6 +23,7 @@ from typing import TypeVar
 from gpuq.coordinator.changes.effects import (
     Cause,
     Effects,
+    StopOrder,
     brought_back,
     edited,
     evolve,
@@ -44,6 +45,9 @@ log = logging.getLogger(__name__)
 T = TypeVar("T")
 Decide = Callable[[StoreTx, float], tuple[Effects, T]]
 Told = tuple[JobEvent, Job | None]  # an event, and the version of its job it is told with
+# seconds between SIGTERM and SIGKILL for what is left of a job that ended elsewhere (a
+# rank waiting in a collective for one that died must not hold its GPUs for a full grace)
+LEFT_BEHIND_GRACE = 5.0
 
 
 class JobChanges:
@@ -90,6 +94,7 @@ class JobChanges:
         for job in (*effects.replaced, *effects.loaded):
             self.jobs.put(job)
         events = self._new_versions(effects, now)
+        left = self._left_running(effects)
         events += self._moves(effects, now)
         events += self._requeues(effects, now)
         launched = self._starts(effects, now)
@@ -102,6 +107,27 @@ class JobChanges:
             self.agents.send_starts(launched)
         if effects.stops:
             self.agents.send_stops(effects.stops)
+        if left:
+            self.agents.stop_left_behind(left, skip=cause.node)
+
+    def _left_running(self, effects: Effects) -> list[tuple[Job, StopOrder]]:
+        """Jobs this change takes out of running (as memory has them now, with every node
+        they run on), and the stop each of their nodes gets: one job, one fate. The node whose
+        report made the change is skipped by the caller; a lost node's agent is not there."""
+        left: dict[int, tuple[Job, StopOrder]] = {}
+        for move in effects.moves:
+            job = self.jobs.jobs.get(move.job_id)
+            if (
+                job is None
+                or move.before is not JobState.RUNNING
+                or move.after is JobState.RUNNING
+                or move.job_id in left
+            ):
+                continue
+            grace = min(self.agents.kill_grace, LEFT_BEHIND_GRACE)
+            order = StopOrder(job.id, move.after, move.reason, grace, attempt=job.start_count)
+            left[job.id] = (job, order)
+        return list(left.values())
 
     def _new_versions(self, effects: Effects, now: float) -> list[Told]:
         """Jobs the change made (told with their first event) and specs it changed."""

@@ -12,6 +12,7 @@ from collections.abc import AsyncIterator
 import grpc
 
 from gpuq.coordinator.front.rpc_calls import current_caller, end_call
+from gpuq.coordinator.nodes.agent_input import peer_address
 from gpuq.coordinator.nodes.agent_link import AgentLink
 from gpuq.coordinator.nodes.agent_session import AgentSession
 from gpuq.errors import GpuqError
@@ -41,7 +42,7 @@ class AgentLinkServicer(agent_pb2_grpc.AgentLinkServicer):  # type: ignore[misc]
                 "register as another node",
             )
             return
-        session = AgentSession(node)
+        session = AgentSession(node, peer_address=peer_address(context.peer()))
         try:
             await self.link.register(first.register, session)
         except BaseException as error:

@@ -123,6 +123,10 @@ class QueueServicer(queue_pb2_grpc.QueueServicer):  # type: ignore[misc]
         return await self.commands.act("Requeue", caller, request)
 
     @unary
+    async def FailJob(self, request: queue_pb2.FailJobRequest, caller: Caller) -> Any:
+        return await self.commands.fail_job(caller, request)
+
+    @unary
     async def Update(self, request: queue_pb2.UpdateRequest, caller: Caller) -> Any:
         return await self.commands.update(caller, request)
 

@@ -12,22 +12,25 @@ from typing import Any
 
 from gpuq.config.settings import CoordinatorSettings
 from gpuq.convert import spec_from_proto
-from gpuq.coordinator.access.permissions import check_admin, check_may_submit
+from gpuq.coordinator.access.permissions import check_acts_on, check_admin, check_may_submit
 from gpuq.coordinator.access.user_tokens import UserTokens
 from gpuq.coordinator.changes.effects import Cause
+from gpuq.coordinator.changes.transitions import Ending
 from gpuq.coordinator.cron_service import CronService
 from gpuq.coordinator.front.job_messages import cron_message
 from gpuq.coordinator.front.queue_queries import check_count
 from gpuq.coordinator.front.rpc_calls import error_status
+from gpuq.coordinator.memory.live_jobs import LiveJobs
 from gpuq.coordinator.nodes.node_admin import NodeAdmin
 from gpuq.coordinator.terminal_relay import check_interactive_spec
 from gpuq.coordinator.workload.job_actions import JobActions, Outcome
+from gpuq.coordinator.workload.job_endings import JobEndings
 from gpuq.coordinator.workload.selection import Filters, Selection
 from gpuq.coordinator.workload.submissions import Submissions
 from gpuq.coordinator.workload.update_rules import Update
 from gpuq.domain.dependencies import Dependency, DependencyKind
 from gpuq.domain.limits import check_reason, check_text
-from gpuq.domain.states import parse_states
+from gpuq.domain.states import JobState, parse_states
 from gpuq.errors import InvalidInput, Unsatisfiable
 from gpuq.identity import Caller
 from gpuq.v1 import queue_pb2
@@ -49,8 +52,12 @@ class QueueCommands:
         node_admin: NodeAdmin,
         tokens: UserTokens,
         cron: CronService,
+        jobs: LiveJobs,
+        endings: JobEndings,
     ) -> None:
         self.settings = settings
+        self.jobs = jobs
+        self.endings = endings
         self.submissions = submissions
         self.actions = actions
         self.node_admin = node_admin
@@ -98,6 +105,24 @@ class QueueCommands:
         else:
             raise ValueError(f"no action {verb}")
         return action_reply(outcomes)
+
+    async def fail_job(
+        self, caller: Caller, request: queue_pb2.FailJobRequest
+    ) -> queue_pb2.ActionReply:
+        """A step of a running job failed (srun's KillOnBadExit): the job ends failed with the
+        step's reason on every node at once. The owner or an admin; a job that is not running
+        (or runs another start than `attempt`) is left as it is."""
+        reason = check_reason(request.reason, "reason")
+        job = self.jobs.jobs.get(request.job_id)
+        named = str(request.job_id)
+        if job is None or job.state is not JobState.RUNNING:
+            return action_reply([Outcome(named, False, f"job {named} is not running")])
+        check_acts_on(caller, job.user, named)
+        if request.attempt and request.attempt != job.start_count:
+            return action_reply([Outcome(named, False, f"job {named} was started again since")])
+        ending = Ending(job.id, JobState.FAILED, reason or "a step failed", attempt=job.start_count)
+        await self.endings.record([ending], request_cause("FailJob", caller))
+        return action_reply([Outcome(named, True, f"job {named} ends failed")])
 
     async def update(
         self, caller: Caller, request: queue_pb2.UpdateRequest

@@ -147,7 +147,7 @@ class LiveJobs:
         return (pending[key[-1]] for key in list(self._queue))
 
     def running_on(self, node: str) -> list[Job]:
-        return [j for j in self.in_state(JobState.RUNNING) if j.node == node]
+        return [j for j in self.in_state(JobState.RUNNING) if node in j.node_names]
 
     def in_state(self, state: JobState) -> Iterable[Job]:
         return self._by_state[state].values()

@@ -36,6 +36,9 @@ class NodeEntry:
     # its agent registered since this coordinator started: its features (memory only) are
     # known; until then a --constraint may match it (a restart must not refuse submissions)
     registered: bool = False
+    # where other nodes reach its jobs (MASTER_ADDR, step workers): its [agent] address, else
+    # the address its connection came from (memory only, as it registered)
+    address: str = ""
 
     def __post_init__(self) -> None:
         self.distances = {(a, b): d for a, b, d in self.node.topology}
@@ -130,6 +133,15 @@ class NodeTable:
             return None
         return entry.session
 
+    def unit_nodes(self) -> dict[str, str]:
+        """Each known unit's node (UUIDs are unique across nodes)."""
+        return {u.uuid: name for name, entry in self.nodes.items() for u in entry.node.units}
+
+    def _whole(self, name: str, what: str) -> int:
+        """All of a node's CPUs or memory: what an --exclusive (or --mem=0) job holds there."""
+        node = self.nodes[name].node
+        return node.cpus if what == "cpus" else node.mem
+
     def views(self, running: Iterable[Job]) -> list[NodeView]:
         """Each node as the scheduler sees it, given the jobs running now."""
         nodes = self.nodes
@@ -139,15 +151,20 @@ class NodeTable:
         # live MPS shares per node and unit (such a unit is used: no whole job gets it)
         shares: dict[str, dict[str, list[ShareUse]]] = {name: {} for name in nodes}
         for job in running:
-            if job.node in used_units:
-                res = job.spec.resources
-                used_units[job.node].update(job.gpus)
-                used_cpus[job.node] += res.cpus
-                used_mem[job.node] += res.mem or 0
+            res = job.spec.resources
+            for node in job.node_names:
+                if node not in used_units:
+                    continue
+                # units are named by UUID, unique across nodes: a node's own are its part
+                used_units[node].update(job.gpus)
+                used_cpus[node] += self._whole(node, "cpus") if res.exclusive else res.cpus
+                used_mem[node] += (
+                    self._whole(node, "mem") if res.exclusive or res.mem_all else res.mem or 0
+                )
                 if res.gpu_share is not None:
                     use = ShareUse(job.id, job.user, res.gpu_share, res.gpu_mem or 0)
                     for unit in job.gpus:
-                        shares[job.node].setdefault(unit, []).append(use)
+                        shares[node].setdefault(unit, []).append(use)
         for name, entry in nodes.items():
             for units in entry.held.values():
                 used_units[name].update(units)

@@ -6,7 +6,7 @@ usage, finished jobs' states for dependencies, the fair-share factors of the las
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 
 from gpuq.config.settings import CoordinatorSettings
 from gpuq.coordinator.memory.live_jobs import LiveJobs
@@ -80,27 +80,37 @@ class SchedulerInputs:
             placement=spec.placement,
         )
 
-    def running(self, job: Job, now: float) -> RunningJob:
+    def running(
+        self, job: Job, now: float, unit_nodes: Mapping[str, str] | None = None
+    ) -> list[RunningJob]:
+        """The job as the scheduler sees it: one RunningJob per node it runs on, each with
+        that node's units (`unit_nodes`: each unit's node, needed for a multi-node job)."""
         assert job.node is not None and job.start_time is not None
         limit = self.time_limit(job)
         end = job.start_time + limit if limit else math.inf
         if job.stop is not None:
             end = min(end, now + self.policy.kill_grace)
         res = job.spec.resources
-        return RunningJob(
-            job_id=job.id,
-            user=job.user,
-            qos=job.qos,
-            node=job.node,
-            gpus=job.gpus,
-            cpus=res.cpus,
-            mem=res.mem or 0,
-            start_time=job.start_time,
-            end_estimate=end,
-            name=job.name,
-            array_job_id=job.array_job_id,
-            stopping=job.stop is not None,
-        )
+        nodes = job.node_names
+        return [
+            RunningJob(
+                job_id=job.id,
+                user=job.user,
+                qos=job.qos,
+                node=node,
+                gpus=job.gpus
+                if len(nodes) == 1
+                else tuple(u for u in job.gpus if (unit_nodes or {}).get(u) == node),
+                cpus=res.cpus,
+                mem=res.mem or 0,
+                start_time=job.start_time,
+                end_estimate=end,
+                name=job.name,
+                array_job_id=job.array_job_id,
+                stopping=job.stop is not None,
+            )
+            for node in nodes
+        ]
 
     def state_of(self, dep: DomainDependency, jobs: LiveJobs) -> JobState | None:
         """What a dependency waits on is in: a live state (not yet), an ending, or None (no

@@ -14,6 +14,7 @@ from gpuq.convert import spec_to_proto
 from gpuq.coordinator.changes.effects import StopOrder
 from gpuq.coordinator.memory.live_jobs import LiveJobs
 from gpuq.coordinator.memory.node_table import NodeTable
+from gpuq.coordinator.nodes.agent_input import LOOPBACK
 from gpuq.coordinator.nodes.agent_session import AgentSession
 from gpuq.domain.model import Job
 from gpuq.v1 import agent_pb2 as apb
@@ -35,10 +36,23 @@ class AgentCommands:
         self.kill_grace = kill_grace
 
     def send_starts(self, jobs: Sequence[Job]) -> None:
+        """A launch to every node of each job: the first runs its script, the others a step
+        worker each (gpuq.steps), all told every node and its address."""
         by_node: dict[str, list[apb.JobLaunch]] = defaultdict(list)
         for job in jobs:
             assert job.node is not None
-            by_node[job.node].append(self._launch(job))
+            nodes = job.node_names
+            addresses = [self._address(n) for n in nodes]
+            on = self.nodes.unit_nodes() if len(nodes) > 1 else {}
+            for index, node in enumerate(nodes):
+                launch = self._launch(job)
+                if len(nodes) > 1:  # each node is given its own units
+                    del launch.gpus[:]
+                    launch.gpus.extend(u for u in job.gpus if on.get(u) == node)
+                launch.nodes.extend(nodes)
+                launch.node_addrs.extend(addresses)
+                launch.node_index = index
+                by_node[node].append(launch)
         for node, launches in by_node.items():
             session = self.nodes.session(node)
             if session is None:
@@ -60,14 +74,35 @@ class AgentCommands:
             kill_grace=self.kill_grace,
             requeue_count=job.requeue_count,
             attempt=job.start_count,
+            master_port=job.master_port or 0,
+            step_key=job.step_key or "",
         )
+
+    def _address(self, node: str) -> str:
+        entry = self.nodes.get(node)
+        return entry.address if entry is not None and entry.address else LOOPBACK
 
     def send_stops(self, orders: Sequence[StopOrder]) -> None:
         by_node: dict[str, list[StopOrder]] = defaultdict(list)
         for order in orders:
             job = self.jobs.jobs.get(order.job_id)
-            if job is not None and job.node is not None:
-                by_node[job.node].append(order)
+            if job is not None:
+                for node in job.node_names:
+                    by_node[node].append(order)
+        self._send_by_node(by_node)
+
+    def stop_left_behind(self, jobs: Sequence[tuple[Job, StopOrder]], skip: str | None) -> None:
+        """Jobs that stopped running in the coordinator's eyes (ended, requeued, their node
+        lost) while other nodes of theirs may still run them: each of those nodes is told to
+        stop its part now. `skip`: the node whose report ended them (its part is gone)."""
+        by_node: dict[str, list[StopOrder]] = defaultdict(list)
+        for job, order in jobs:
+            for node in job.node_names:
+                if node != skip:
+                    by_node[node].append(order)
+        self._send_by_node(by_node)
+
+    def _send_by_node(self, by_node: dict[str, list[StopOrder]]) -> None:
         for node, node_orders in by_node.items():
             session = self.nodes.session(node)
             if session is not None:

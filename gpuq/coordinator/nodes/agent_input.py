@@ -8,6 +8,7 @@ line without control characters.
 
 from __future__ import annotations
 
+import ipaddress
 import math
 import re
 from collections.abc import Sequence
@@ -71,6 +72,8 @@ def check_registration(message: apb.Register) -> None:
             shown(message.node),
             "use 1 to 63 letters, digits, '.', '_' or '-', starting with a letter or digit",
         )
+    if message.address:
+        check_node_address(message.address)
     check_range("registration: cpus", message.cpus, 0, MAX_NODE_CPUS)
     check_range("registration: mem", message.mem, 0, MAX_NODE_BYTES)
     if len(message.gpus) > MAX_NODE_UNITS:
@@ -150,3 +153,27 @@ def clean_usage(usage: Sequence[pb.GpuUsage]) -> tuple[pb.GpuUsage, ...]:
             unit = clean
         kept.append(unit)
     return tuple(kept)
+
+
+def check_node_address(address: str) -> str:
+    """An [agent] address: an IP address (jobs' MASTER_ADDR and the step workers' address)."""
+    try:
+        return str(ipaddress.ip_address(address))
+    except ValueError:
+        raise InvalidInput(
+            "registration: address", shown(address), "expected an IP address, e.g. 10.0.0.2"
+        ) from None
+
+
+def peer_address(peer: str) -> str:
+    """The IP address in a gRPC peer ("ipv4:10.0.0.2:5000", "ipv6:[fe80::1]:5000"); for a
+    Unix socket (an agent on the coordinator's machine) the loopback address."""
+    kind, _, rest = peer.partition(":")
+    if kind == "ipv4":
+        return rest.rpartition(":")[0] or LOOPBACK
+    if kind == "ipv6":
+        return rest.rpartition(":")[0].strip("[]") or LOOPBACK
+    return LOOPBACK
+
+
+LOOPBACK = "127.0.0.1"

@@ -22,6 +22,7 @@ from gpuq.coordinator.memory.live_jobs import LiveJobs
 from gpuq.coordinator.memory.node_table import NodeEntry, NodeTable
 from gpuq.coordinator.nodes.agent_commands import AgentCommands
 from gpuq.coordinator.nodes.agent_input import (
+    LOOPBACK,
     MAX_END_REASON,
     check_registration,
     clean_usage,
@@ -92,8 +93,9 @@ class AgentLink:
         held = await self.writer.read(lambda s: s.units_used_on(name, strays)) if strays else {}
         await self.writer.write(lambda tx: tx.save_node(node))
         session.registered(self.settings.heartbeat_interval, self.settings.heartbeat_timeout)
+        address = message.address or session.peer_address or LOOPBACK
         self.nodes.nodes[name] = NodeEntry(
-            node, last_seen=now, session=session, held=held, registered=True
+            node, last_seen=now, session=session, held=held, registered=True, address=address
         )
         if held:
             log.warning(
@@ -203,7 +205,7 @@ class AgentLink:
         requeued after its node was given up) is normal after a reconnection; one running on
         another node is not, and is logged (at most once a minute per node)."""
         job = self.jobs.jobs.get(report.job_id)
-        if job is not None and job.state is JobState.RUNNING and job.node == node:
+        if job is not None and job.state is JobState.RUNNING and node in job.node_names:
             return True
         if job is not None and job.state is JobState.RUNNING:
             now = self.clock()

@@ -26,8 +26,12 @@ class AgentSession:
     wait up to ACK_DELAY for the next command instead of costing a message of their own: a
     job's end is then acknowledged by the message that starts the job after it."""
 
-    def __init__(self, node: str, max_bytes: int = MAX_AGENT_MESSAGE_BYTES) -> None:
+    def __init__(
+        self, node: str, max_bytes: int = MAX_AGENT_MESSAGE_BYTES, peer_address: str = ""
+    ) -> None:
         self.node = node
+        # the IP address the agent's connection comes from ("": unknown, e.g. in process)
+        self.peer_address = peer_address
         self.closed = False
         self.max_bytes = max_bytes
         self._full: deque[agent_pb2.CoordinatorMessage] = deque()  # filled, to leave first

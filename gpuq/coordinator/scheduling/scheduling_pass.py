@@ -18,15 +18,17 @@ from gpuq.coordinator.changes.store_writer import is_storage_error
 from gpuq.coordinator.memory.live_jobs import LiveJobs, queue_key
 from gpuq.coordinator.memory.node_table import NodeTable
 from gpuq.coordinator.memory.scheduler_inputs import SchedulerInputs
+from gpuq.coordinator.scheduling.job_ports import choose_master_port, new_step_key
 from gpuq.coordinator.workload.array_tasks import ArrayTasks
 from gpuq.domain.model import Job, is_advisory
+from gpuq.domain.node_constraints import compress_nodes
 from gpuq.domain.states import JobState
 from gpuq.scheduler.array_split import tasks_to_split
 from gpuq.scheduler.eligibility import dependency_status
 from gpuq.scheduler.fitting import NodeView
 from gpuq.scheduler.plan import plan
 from gpuq.scheduler.priority import Factors
-from gpuq.scheduler.snapshot import Decisions, PendingJob, RunningJob, Waiting
+from gpuq.scheduler.snapshot import Decisions, PendingJob, RunningJob, Start, Waiting
 from gpuq.store.api import StoreTx
 from gpuq.store.records import JobStart
 
@@ -71,7 +73,12 @@ class SchedulingPass:
 
     def _running(self) -> list[RunningJob]:
         now = self.clock()
-        return [self.inputs.running(j, now) for j in self.jobs.in_state(JobState.RUNNING)]
+        units = self.nodes.unit_nodes()
+        return [
+            part
+            for job in self.jobs.in_state(JobState.RUNNING)
+            for part in self.inputs.running(job, now, units)
+        ]
 
     def _queue(self) -> Iterator[PendingJob]:
         return (self.inputs.pending(j, self.jobs) for j in self.jobs.queue())
@@ -178,8 +185,9 @@ class SchedulingPass:
         states = tx.job_states(ids)
         effects = Effects()
         memory = self.jobs.jobs
+        taken = self._ports_by_node()
         for s in decided.starts:
-            start = JobStart(s.job_id, s.node, s.gpus, self._start_reason(s.node), s.shared)
+            start = self._start(s, taken)
             if states.get(s.job_id) is JobState.PENDING:
                 effects.starts.append(start)
             # a start an earlier try of this write committed although its answer was lost
@@ -207,6 +215,42 @@ class SchedulingPass:
             if states.get(victim) is JobState.RUNNING:
                 effects.stops.append(self._preempt_order(victim, preemption.preemptor))
         return effects, [o.job_id for o in effects.stops]
+
+    def _start(self, start: Start, taken: dict[str, set[int]]) -> JobStart:
+        """A start as the store keeps it: every node's units, a MASTER_PORT no job on its
+        nodes holds (taken grows with it), and a fresh step secret."""
+        parts = start.parts if start.more else ()
+        all_units = tuple(u for _, units in start.parts for u in units)
+        job = self.jobs.jobs.get(start.job_id)
+        attempt = job.start_count + 1 if job is not None else 1
+        nodes = [node for node, _ in start.parts]
+        port = choose_master_port(
+            start.job_id, attempt, (p for n in nodes for p in taken.get(n, ()))
+        )
+        for node in nodes:
+            taken.setdefault(node, set()).add(port)
+        reason = self._start_reason(start.node)
+        if start.more:
+            reason = reason.replace(start.node, compress_nodes(nodes), 1)
+        return JobStart(
+            start.job_id,
+            start.node,
+            all_units,
+            reason,
+            start.shared,
+            parts=parts,
+            master_port=port,
+            step_key=new_step_key(),
+        )
+
+    def _ports_by_node(self) -> dict[str, set[int]]:
+        """The MASTER_PORTs running jobs hold, by node."""
+        taken: dict[str, set[int]] = {}
+        for job in self.jobs.in_state(JobState.RUNNING):
+            if job.master_port is not None:
+                for node in job.node_names:
+                    taken.setdefault(node, set()).add(job.master_port)
+        return taken
 
     def _records_of(self, job_ids: list[int]) -> dict[int, str]:
         """The live records of these jobs' arrays, with the reason the first job went."""
