@@ -437,6 +437,13 @@ class InProcessClient:
         )
         return list((await self.co.commands.act(verb, self.caller, request)).outcomes)
 
+    async def fail_job(self, job_id: int, reason: str, attempt: int = 0) -> queue_pb2.ActionOutcome:
+        """As Client.fail_job (srun's KillOnBadExit)."""
+        request = queue_pb2.FailJobRequest(job_id=job_id, attempt=attempt, reason=reason)
+        reply = await self.co.commands.fail_job(self.caller, request)
+        outcome: queue_pb2.ActionOutcome = reply.outcomes[0]
+        return outcome
+
     async def update(self, *job_ids: int | str, **changes: Any) -> Outcomes:
         """As Client.update: UpdateRequest's fields; `dependencies`, `begin_time`,
         `nodelist` and `exclude` replace (None or [] clears)."""
