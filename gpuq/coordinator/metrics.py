@@ -372,12 +372,12 @@ class StateCollector:
         running: dict[str, set[str]] = {}
         idle_units: dict[str, set[str]] = {}
         for job in co.jobs.in_state(JobState.RUNNING):
-            if job.node is None:
-                continue
-            running.setdefault(job.node, set()).update(job.gpus)
             track = co.idle.tracks.get(job.id)
-            if track is not None and track.start == job.start_count and "idle" in track.flags:
-                idle_units.setdefault(job.node, set()).update(job.gpus)
+            is_idle = track is not None and track.start == job.start_count and "idle" in track.flags
+            for node in job.node_names:  # units are UUIDs: each node counts its own
+                running.setdefault(node, set()).update(job.gpus)
+                if is_idle:
+                    idle_units.setdefault(node, set()).update(job.gpus)
         for name, entry in sorted(nodes_table.nodes.items()):
             whole = nodes_table.drains.get((name, ""))
             states[node_state(entry, whole is not None)] += 1

@@ -9,7 +9,18 @@ import json
 from collections.abc import Iterable, Sequence
 from typing import Any
 
-from sqlalchemy import Engine, Row, and_, bindparam, false, func, or_, select
+from sqlalchemy import (
+    ColumnElement,
+    Engine,
+    Row,
+    and_,
+    bindparam,
+    false,
+    func,
+    literal,
+    or_,
+    select,
+)
 from sqlalchemy.engine import Connection
 
 from gpuq.domain.array_specs import parse_indices
@@ -44,7 +55,7 @@ class JobReads:
         if query.array_job_id is not None:
             stmt = stmt.where(jobs.c.array_job_id == query.array_job_id)
         if query.node is not None:
-            stmt = stmt.where(jobs.c.node == query.node)
+            stmt = stmt.where(ran_on([query.node]))
         stmt = self._listing_filters(stmt, query)
         if query.array_job_id is not None:  # an array's tasks by index (its record first)
             stmt = stmt.order_by(func.coalesce(jobs.c.array_task_id, -1), jobs.c.id)
@@ -70,7 +81,7 @@ class JobReads:
         if query.users is not None:
             stmt = stmt.where(jobs.c.user.in_(sorted(set(query.users))))
         if query.nodes is not None:
-            stmt = stmt.where(jobs.c.node.in_(sorted(set(query.nodes))))
+            stmt = stmt.where(ran_on(sorted(set(query.nodes))))
         when = jobs.c.end_time if query.by_end else jobs.c.submit_time
         if query.since is not None:
             stmt = stmt.where(when >= query.since)
@@ -225,3 +236,16 @@ def _telemetry_of(conn: Connection, rows: Sequence[Row[Any]]) -> dict[int, JobTe
                 units=tuple(UnitTelemetry(**u) for u in json.loads(t.units)),
             )
     return found
+
+
+def ran_on(names: Sequence[str]) -> ColumnElement[bool]:
+    """Jobs that run (ran) on any of these nodes: the first node, or one of a multi-node
+    job's others (jobs.nodes, comma-separated)."""
+    listed = literal(",") + jobs.c.nodes + literal(",")
+    others = [listed.like(f"%,{_escaped(n)},%", escape="\\") for n in names]
+    return or_(jobs.c.node.in_(list(names)), *others)
+
+
+def _escaped(name: str) -> str:
+    """A node name as a LIKE pattern matches it literally (`_` is a wildcard there)."""
+    return name.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_")

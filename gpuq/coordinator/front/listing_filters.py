@@ -39,7 +39,7 @@ class ListFilters:
         """For a live job (in memory): submitted in [since, until)."""
         if self.users is not None and job.user not in self.users:
             return False
-        if self.nodes is not None and job.node not in self.nodes:
+        if self.nodes is not None and not any(n in self.nodes for n in job.node_names):
             return False
         if self.since is not None and job.submit_time < self.since:
             return False
