@@ -146,7 +146,7 @@ def test_exclusive() -> None:
         ({"nodes": "-1"}, "--nodes"),
         ({"nodes": "1025"}, "--nodes"),
         ({"nodes": "9" * 40}, "--nodes"),
-        ({"nodes": "２"}, "--nodes"),  # a full-width digit
+        ({"nodes": "\uff12"}, "--nodes"),  # a full-width digit 2
         ({"nodes": "2.0"}, "--nodes"),
         ({"nodes": 0}, "--nodes"),
         ({"nodes": True}, "--nodes"),
