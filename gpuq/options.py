@@ -69,13 +69,13 @@ OPTIONS: tuple[Option, ...] = (
     Option(
         "gpus_per_node",
         ("--gpus-per-node",),
-        "GPUs on each node of the job, [TYPE:]N; for one node the same as --gpus",
+        "GPUs on each node of the job; for one node the same as --gpus",
         "[TYPE:]N",
     ),
     Option(
         "gpus_per_task",
         ("--gpus-per-task",),
-        "GPUs for each task, [TYPE:]N: each node gets N x its tasks, each task its own",
+        "GPUs for each task: each node gets N x its tasks, each task its own N",
         "[TYPE:]N",
     ),
     Option(
