@@ -118,6 +118,8 @@ def _tasks(values: dict[str, Any]) -> tuple[int, int, bool]:
             )
         return nodes, ntasks // nodes, explicit
     if per_node is not None:
+        if ntasks < per_node:  # sbatch: --ntasks wins, --ntasks-per-node is then a maximum
+            return 1, ntasks, explicit
         if ntasks % per_node:
             raise InvalidInput(
                 "--ntasks",

@@ -107,6 +107,8 @@ def test_ntasks_nodes_and_ntasks_per_node() -> None:
     assert "1 over --nodes 2" in refused("--ntasks", nodes=2, ntasks=1)
     assert "give two of them" in refused("--ntasks", nodes=2, ntasks=8, ntasks_per_node=2)
     refused("--ntasks", ntasks=6, ntasks_per_node=4)
+    # as sbatch: --ntasks wins, and --ntasks-per-node is a maximum
+    assert shape(res(ntasks=2, ntasks_per_node=8)) == (1, 2, 0, 2, None, True)
 
 
 def test_cpus_are_per_task() -> None:
