@@ -93,7 +93,10 @@ class Client:
         """Submit a script (or `wrap="CMD"`) with sbatch-like options; the job (or array) id.
 
         Options are those of `gpuq submit`: gpus, gpu_mem, gpu_share, cpus, mem, time, name,
-        qos, env, output, error, array, after, hold, nice... (see gpuq.submission.build_spec).
+        qos, env, output, error, array, after, hold, nice... (see gpuq.submission.build_spec);
+        for a job on several nodes nodes, ntasks, ntasks_per_node, gpus_per_node,
+        gpus_per_task, cpus_per_task, mem_per_gpu, mem_per_cpu, exclusive (mem=0: all of each
+        node's memory), as sbatch reads them.
         `request_key`: see submit_spec.
         """
         from gpuq.submission import build_spec

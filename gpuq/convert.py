@@ -11,8 +11,9 @@ from typing import Any
 
 from gpuq.domain.array_specs import format_indices, parse_indices
 from gpuq.domain.codec import spec_from_dict
-from gpuq.domain.limits import MAX_NODE_UNITS, MAX_UNIT_ID, clean_line
+from gpuq.domain.limits import MAX_NODE_NAME, MAX_NODE_UNITS, MAX_UNIT_ID, clean_line
 from gpuq.domain.model import (
+    MAX_NODES,
     GpuUnit,
     Job,
     JobEvent,
@@ -42,6 +43,12 @@ def spec_to_proto(spec: JobSpec) -> pb.JobSpec:
             mig=res.mig or "",
             gpu_share=res.gpu_share or 0,
             gpu_type=res.gpu_type or "",
+            nodes=res.nodes,
+            tasks_per_node=res.tasks_per_node,
+            gpus_per_task=res.gpus_per_task or 0,
+            exclusive=res.exclusive,
+            mem_all=res.mem_all,
+            explicit_tasks=res.explicit_tasks,
         ),
         qos=spec.qos or "",
         nice=spec.nice,
@@ -111,6 +118,12 @@ def _spec_dict(message: pb.JobSpec) -> dict[str, Any]:
             "mig": res.mig or None,
             "gpu_share": res.gpu_share or None,
             "gpu_type": res.gpu_type or None,
+            "nodes": res.nodes or 1,
+            "tasks_per_node": res.tasks_per_node or 1,
+            "gpus_per_task": res.gpus_per_task or None,
+            "exclusive": res.exclusive,
+            "mem_all": res.mem_all,
+            "explicit_tasks": res.explicit_tasks,
         },
         "qos": message.qos or None,
         "nice": message.nice,
@@ -197,6 +210,7 @@ def job_to_proto(job: Job, stdout_path: str = "", stderr_path: str = "") -> pb.J
         array_tasks=format_indices(job.tasks),
         start_count=job.start_count,
         gpu_enforcement=job.spec.resources.enforcement,
+        nodes=list(job.nodes),
     )
     if job.result is not None:
         message.result.CopyFrom(result_to_proto(job.result))
@@ -223,6 +237,7 @@ def job_from_proto(message: pb.Job) -> Job:
         end_time=message.end_time if message.HasField("end_time") else None,
         node=message.node or None,
         gpus=tuple(message.gpus),
+        nodes=tuple(clean_line(name, MAX_NODE_NAME) for name in message.nodes[:MAX_NODES]),
         result=result_from_proto(message.result) if message.HasField("result") else None,
         requeue_count=message.requeue_count,
         array_job_id=message.array_job_id if message.HasField("array_job_id") else None,

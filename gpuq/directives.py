@@ -2,7 +2,8 @@
 
 Like sbatch: directives come from the comment block at the top of the script (up to the first
 command), and a flag on the command line overrides the same directive (gpuq.submission merges
-them). `#SBATCH` lines are read too, for the options gpuq shares with sbatch; `#GPUQ` lines win
+them). `#SBATCH` lines are read too, for the options gpuq shares with sbatch (with sbatch's meaning:
+`--gres=gpu:8` and `--mem` are per node); `#GPUQ` lines win
 over them, and every `#SBATCH` option gpuq does not use is a warning, never silence and never
 an error. `#GPUQ` lines take gpuq's own flags, from the one table in gpuq.options.
 """
@@ -124,11 +125,20 @@ def parse_tokens(tokens: list[str], where: str) -> list[tuple[str, Any]]:
 _SBATCH_OPTIONS = {
     "--gpus": "gpus",
     "-G": "gpus",
-    "--gpus-per-node": "gpus",  # a gpuq job runs on one node
-    "--gres": "gpus",
+    "--gpus-per-node": "gpus_per_node",
+    "--gres": "gpus_per_node",  # sbatch's --gres is per node
+    "--gpus-per-task": "gpus_per_task",
+    "--nodes": "nodes",
+    "-N": "nodes",
+    "--ntasks": "ntasks",
+    "-n": "ntasks",
+    "--ntasks-per-node": "ntasks_per_node",
     "--cpus-per-task": "cpus",
     "-c": "cpus",
-    "--mem": "mem",
+    "--mem": "mem",  # per node; 0: all of each node's memory
+    "--mem-per-gpu": "mem_per_gpu",
+    "--mem-per-cpu": "mem_per_cpu",
+    "--exclusive": "exclusive",
     "--time": "time",
     "-t": "time",
     "--job-name": "name",
@@ -174,8 +184,9 @@ _SBATCH_NO_VALUE = frozenset(
         *("--get-user-env", "--reboot"),
     }
 )
-# one node, one task: what every gpuq job is, so saying so needs no warning
-_SBATCH_ONE = frozenset({"--nodes", "-N", "--ntasks", "-n", "--ntasks-per-node"})
+# sbatch's --exclusive=user|mcs|topo: nodes shared only with the user's own jobs (or ...);
+# gpuq takes each as --exclusive, the stricter whole nodes
+_EXCLUSIVE_KINDS = frozenset({"user", "mcs", "topo"})
 _SBATCH_DEFAULTS = frozenset({"--requeue"})  # what gpuq does anyway
 
 
@@ -217,8 +228,18 @@ def _sbatch_line(line: str, number: int, notes: list[str]) -> list[tuple[str, An
                 raise InvalidInput(f"{SBATCH} {at}", brief(flag), "needs a value")
         shown = brief(shown)
         if name is None:
-            if flag not in _SBATCH_DEFAULTS and not (flag in _SBATCH_ONE and value.strip() == "1"):
+            if flag not in _SBATCH_DEFAULTS:
                 notes.append(f"{SBATCH} {shown} {at} is not used by gpuq")
+            continue
+        if flag == "--exclusive" and has_value:
+            if value.strip().lower() not in _EXCLUSIVE_KINDS:
+                notes.append(f"{SBATCH} {shown} {at} is not used by gpuq: expected user or mcs")
+                continue
+            notes.append(
+                f"{SBATCH} {shown} {at}: gpuq takes it as --exclusive (whole nodes, shared "
+                "with no other job)"
+            )
+            pairs.append((name, True))
             continue
         if BY_NAME[name].is_flag:
             if has_value:
@@ -242,11 +263,8 @@ def _sbatch_value(flag: str, value: str, shown: str, at: str, notes: list[str]) 
                 continue
             gpus = _typed_count(rest or "1", gres=True)
         return gpus
-    if flag in ("--gpus", "-G", "--gpus-per-node"):
+    if flag in ("--gpus", "-G", "--gpus-per-node", "--gpus-per-task"):
         return _typed_count(value, gres=False)
-    if flag == "--mem" and re.fullmatch(r"0+[KMGT]?", value.strip(), re.IGNORECASE):
-        notes.append(f"{SBATCH} {shown} {at} (all of a node's memory) is not used by gpuq")
-        return None
     if flag in ("--time", "-t") and value.strip().lower() in ("unlimited", "infinite"):
         notes.append(f"{SBATCH} {shown} {at} is not used by gpuq: the QOS default applies")
         return None

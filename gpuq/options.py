@@ -24,7 +24,8 @@ OPTIONS: tuple[Option, ...] = (
     Option(
         "gpus",
         ("--gpus", "-G"),
-        "whole GPUs for the job; TYPE:N only of that model, e.g. a100:2 (see gpuq nodes)",
+        "whole GPUs for the job (with --nodes: in all, spread evenly); TYPE:N only of that "
+        "model, e.g. a100:2 (see gpuq nodes)",
         "[TYPE:]N",
     ),
     Option(
@@ -65,8 +66,47 @@ OPTIONS: tuple[Option, ...] = (
         "a node with this feature (partitions are node features here); P,Q: any of them",
         "P",
     ),
-    Option("cpus", ("--cpus", "-c"), "CPU cores (sets OMP_NUM_THREADS)", "N"),
-    Option("mem", ("--mem",), "host memory for the whole job, e.g. 40G (bare number: MB)", "SIZE"),
+    Option(
+        "gpus_per_node",
+        ("--gpus-per-node",),
+        "GPUs on each node of the job; for one node the same as --gpus",
+        "[TYPE:]N",
+    ),
+    Option(
+        "gpus_per_task",
+        ("--gpus-per-task",),
+        "GPUs for each task: each node gets N x its tasks, each task its own N",
+        "[TYPE:]N",
+    ),
+    Option(
+        "nodes",
+        ("--nodes", "-N"),
+        "run on N distinct nodes at once (all start together); GPUs, CPUs and --mem are per node",
+        "N",
+    ),
+    Option(
+        "ntasks",
+        ("--ntasks", "-n"),
+        "tasks a step (srun) runs, spread evenly over the nodes (default: one per node)",
+        "N",
+    ),
+    Option("ntasks_per_node", ("--ntasks-per-node",), "tasks a step (srun) runs on each node", "N"),
+    Option("cpus", ("--cpus", "-c"), "CPU cores per task (sets OMP_NUM_THREADS)", "N"),
+    Option("cpus_per_task", ("--cpus-per-task",), "the same as --cpus", "N"),
+    Option(
+        "mem",
+        ("--mem",),
+        "host memory per node, e.g. 40G (bare number: MB); 0: all of each node's memory",
+        "SIZE",
+    ),
+    Option("mem_per_gpu", ("--mem-per-gpu",), "host memory per GPU (instead of --mem)", "SIZE"),
+    Option("mem_per_cpu", ("--mem-per-cpu",), "host memory per CPU (instead of --mem)", "SIZE"),
+    Option(
+        "exclusive",
+        ("--exclusive",),
+        "whole nodes: every GPU, CPU and byte of each node, shared with no other job",
+        is_flag=True,
+    ),
     Option("time", ("--time", "-t"), "time limit: MM, HH:MM:SS, D-HH[:MM[:SS]]", "TIME"),
     Option("name", ("--name", "-J"), "job name (default: the script's file name)", "NAME"),
     Option(
@@ -108,6 +148,16 @@ OPTIONS: tuple[Option, ...] = (
     Option("mail_user", ("--mail-user",), "who gets the mail (default: you)", "USER"),
     Option("notify", ("--notify",), "POST each state change as JSON to this http(s) URL", "URL"),
 )
+# options that say one thing in different units: a layer (the command line, `#GPUQ` lines,
+# `#SBATCH` lines) gives at most one of each group (two only when they agree), and a later
+# layer's choice replaces an earlier one's (`--gpus 2` on the command line overrides the
+# script's `#SBATCH --gpus-per-node=8`)
+GROUPS: tuple[tuple[str, ...], ...] = (
+    ("gpus", "gpus_per_node", "gpus_per_task"),
+    ("cpus", "cpus_per_task"),
+    ("mem", "mem_per_gpu", "mem_per_cpu"),
+)
+GROUP_OF = {name: group for group in GROUPS for name in group}
 BY_FLAG = {flag: option for option in OPTIONS for flag in option.flags}
 BY_NAME = {option.name: option for option in OPTIONS}
 # the long flags of `gpuq submit`: after the script they are the script's arguments (warned)

@@ -19,7 +19,6 @@ from typing import Any
 from gpuq.directives import Header
 from gpuq.domain.array_specs import ArraySpec
 from gpuq.domain.dependencies import Dependency
-from gpuq.domain.gpu_types import parse_gpu_request
 from gpuq.domain.limits import MAX_SCRIPT_BYTES, brief, check_name
 from gpuq.domain.model import JobSpec, Resources, WarningSignal
 from gpuq.domain.node_constraints import (
@@ -30,9 +29,12 @@ from gpuq.domain.node_constraints import (
 )
 from gpuq.domain.notify import parse_mail_types
 from gpuq.domain.parsing import collect_dependencies, parse_begin, submit_environment
-from gpuq.domain.units import parse_duration, parse_size
+from gpuq.domain.units import parse_duration
 from gpuq.errors import InvalidInput
-from gpuq.options import BY_FLAG, BY_NAME, SUBMIT_LONG_FLAGS
+from gpuq.options import BY_FLAG, BY_NAME, GROUP_OF, SUBMIT_LONG_FLAGS
+from gpuq.resource_layout import layout as _layout
+from gpuq.resource_layout import size_option as _size
+from gpuq.resource_layout import whole_number as _int
 
 
 class SubmitWarning(UserWarning):
@@ -128,7 +130,6 @@ def _spec(
         dict(os.environ if environ is None else environ) if carry_all else {},
         [*exported, *merged.get("env", ())],
     )
-    gpu_type, gpus = _gpus(merged, notes)
     return JobSpec(
         name=check_name(_text(merged, "name") or _safe_name(default_name)),
         script=text,
@@ -136,14 +137,11 @@ def _spec(
         args=tuple(args),
         env=env,
         resources=Resources(
-            gpus=gpus,
             gpu_mem=_size(merged, "gpu_mem", "--gpu-mem"),
-            cpus=_int(merged, "cpus", "--cpus", 1),
-            mem=_size(merged, "mem", "--mem"),
             time_limit=_duration(merged, "time", "--time"),
             mig=_text(merged, "mig"),
             gpu_share=_share(merged),
-            gpu_type=gpu_type,
+            **_layout(merged, notes),
         ),
         qos=_text(merged, "qos"),
         nice=_int(merged, "nice", "--nice", 0),
@@ -199,10 +197,17 @@ def _script_path(script: str) -> str:
 
 def merge(directives: dict[str, Any], options: dict[str, Any]) -> dict[str, Any]:
     """Later options override earlier ones (the command line directives, `#GPUQ` lines
-    `#SBATCH` ones); repeatable ones add up."""
+    `#SBATCH` ones); repeatable ones add up. Of a group of options that say one thing in
+    different units (gpuq.options.GROUPS: --gpus and --gpus-per-node), the later layer's
+    choice replaces the earlier one's."""
     merged = dict(directives)
+    given = {name for name, value in options.items() if not _unset(value)}
+    for name in given:
+        for other in GROUP_OF.get(name, ()):
+            if other not in given:
+                merged.pop(other, None)
     for name, value in options.items():
-        if value is None or value is False or value == ():
+        if _unset(value):
             continue
         option = BY_NAME[name]
         if option.multiple:
@@ -211,6 +216,10 @@ def merge(directives: dict[str, Any], options: dict[str, Any]) -> dict[str, Any]
         else:
             merged[name] = value
     return merged
+
+
+def _unset(value: Any) -> bool:
+    return value is None or value is False or value == ()
 
 
 def options_after_script(args: Sequence[str]) -> list[str]:
@@ -283,41 +292,6 @@ def _text(values: dict[str, Any], key: str) -> str | None:
     return str(value)
 
 
-def _int(values: dict[str, Any], key: str, flag: str, default: int) -> int:
-    value = values.get(key)
-    if value is None or value == "":
-        return default
-    if isinstance(value, int) and not isinstance(value, bool):
-        return value
-    text = str(value).strip()
-    if not re.fullmatch(r"[+-]?[0-9]+", text):
-        raise InvalidInput(flag, str(value)[:60], "expected a whole number")
-    if len(text.lstrip("+-").lstrip("0")) > 18:
-        raise InvalidInput(flag, text[:60], "is far out of range")
-    return int(text)
-
-
-def _gpus(values: dict[str, Any], notes: list[str]) -> tuple[str | None, int]:
-    """--gpus N or TYPE:N: (type, count). A type typed with more than the model (a100-80gb)
-    is noted: the model is what is matched; memory is --gpu-mem."""
-    value = values.get("gpus")
-    if value is None or value == "":
-        return None, 0
-    if isinstance(value, int) and not isinstance(value, bool):
-        return None, value
-    text = str(value)
-    if ":" not in text and not re.match(r"\s*[A-Za-z]", text):
-        return None, _int(values, "gpus", "--gpus", 0)
-    gpu_type, count = parse_gpu_request(text)
-    typed = text.rpartition(":")[0].strip().lower()
-    if gpu_type is not None and typed != gpu_type:
-        notes.append(
-            f"--gpus {brief(text)}: the GPU type is {gpu_type} (any {gpu_type}, whatever its "
-            "board or memory; ask for memory with --gpu-mem)"
-        )
-    return gpu_type, count
-
-
 def _placement(values: dict[str, Any]) -> Placement:
     """--nodelist, --exclude, --constraint and --partition (a node feature, with the
     constraint: `-C a|b -p p` is `a&p|b&p`). Node ranges (n[1-4]) are expanded here."""
@@ -344,15 +318,6 @@ def _share(values: dict[str, Any]) -> int | None:
     if isinstance(value, str):
         value = value.strip().removesuffix("%")
     return _int({"gpu_share": value}, "gpu_share", "--gpu-share", 0)
-
-
-def _size(values: dict[str, Any], key: str, flag: str) -> int | None:
-    value = values.get(key)
-    if value is None or value == "":
-        return None
-    if isinstance(value, int) and not isinstance(value, bool):
-        return value
-    return parse_size(str(value), flag)
 
 
 def _duration(values: dict[str, Any], key: str, flag: str) -> int | None:

@@ -296,7 +296,8 @@ def _capacity(client: Any, job: Any) -> int | None:
     if not job.HasField("telemetry") or not job.gpus:
         return None
     try:
-        memory = {g.uuid: g.memory for n in client.nodes() if n.name == job.node for g in n.gpus}
+        where = set(job.nodes) or {job.node}
+        memory = {g.uuid: g.memory for n in client.nodes() if n.name in where for g in n.gpus}
     except GpuqError:
         return None
     if not all(memory.get(u) for u in job.gpus):
@@ -338,14 +339,15 @@ def telemetry_lines(job: Any, capacity: int | None = None) -> list[tuple[str, st
 
 def _resources(res: Any) -> str:
     gpu_mem = f" with >= {render.size(res.gpu_mem)}" if res.HasField("gpu_mem") else ""
-    mem = render.size(res.mem) if res.HasField("mem") else "-"
+    mem = "all" if res.mem_all else render.size(res.mem) if res.HasField("mem") else "-"
     limit = format_duration(res.time_limit) if res.HasField("time_limit") else "qos default"
     gpus = f"1 MIG {res.mig} slice" if res.mig else f"{res.gpus} GPUs"
     if res.gpu_type:
         gpus = f"{res.gpu_type}: {gpus}"
     if res.gpu_share:
         gpus, gpu_mem = f"a {res.gpu_share}% share of 1 GPU", f" with {render.size(res.gpu_mem)}"
-    return f"{gpus}{gpu_mem}, {res.cpus} CPUs, mem {mem}, time {limit}"
+    each = "per node: " if render.node_count(res) > 1 else ""
+    return f"{each}{gpus}{gpu_mem}, {res.cpus} CPUs, mem {mem}, time {limit}"
 
 
 def _describe(
@@ -360,8 +362,9 @@ def _describe(
         ("Script", job.spec.source + (" " + " ".join(job.spec.args) if job.spec.args else "")),
         ("Folder", job.spec.workdir),
         ("Resources", _resources(res)),
+        *render.layout_lines(job),
         ("Placement", render.placement_text(job.spec.placement)),
-        ("Node", job.node or "-"),
+        ("Node", render.node_text(job) or "-"),
         (
             "GPUs",
             (", ".join(job.gpus) or "-")

@@ -188,9 +188,10 @@ def queue(
 
 
 def _gpus(job: Any) -> str:
-    """`2`, or `a100:2` for a GPU model."""
+    """`2`, or `a100:2` for a GPU model: over all the job's nodes."""
     res = job.spec.resources
-    return f"{res.gpu_type}:{res.gpus}" if res.gpu_type else str(res.gpus)
+    count = render.total_gpus(res)
+    return f"{res.gpu_type}:{count}" if res.gpu_type else str(count)
 
 
 HISTORY_COLUMNS = (
@@ -291,7 +292,7 @@ def history(
                 code,
                 render.elapsed(j, now),
                 *render.telemetry_cells(j),
-                j.node or "-",
+                render.node_text(j) or "-",
                 ended[5:16] if ended != "-" else ended,  # MM-DD HH:MM
                 j.reason,
             )

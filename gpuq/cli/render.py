@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from gpuq.domain.limits import CONTROL_RE
+from gpuq.domain.node_constraints import compress_nodes
 from gpuq.domain.states import SHORT_STATE as STATE_CODES
 from gpuq.domain.units import format_duration, format_size
 
@@ -68,8 +69,68 @@ def job_reason(job: Any) -> str:
     if job.state == "running":
         if job.stop_reason:
             return f"stopping: {job.stop_reason}"
-        return str(job.node)
+        return node_text(job)
     return str(job.reason)
+
+
+def node_text(job: Any) -> str:
+    """Where a job runs (ran): its node, or a multi-node job's nodes in SLURM's compressed
+    form (`gpu[01-02]`, the first where its script runs); "" before it started."""
+    return compress_nodes(job.nodes) if job.nodes else str(job.node)
+
+
+def node_count(res: Any) -> int:
+    """Nodes a job asks for (0 on the wire, from an older gpuq, is one)."""
+    return int(res.nodes) or 1
+
+
+def total_gpus(res: Any) -> int:
+    """GPUs over all of a job's nodes (its Resources say them per node)."""
+    return int(res.gpus) * node_count(res)
+
+
+def is_spread(res: Any) -> bool:
+    """A job of several nodes or several tasks (or that asked for tasks): `gpuq show` says
+    its layout; a one-node, one-task job prints as it always did."""
+    return node_count(res) > 1 or (res.tasks_per_node or 1) > 1 or bool(res.explicit_tasks)
+
+
+def layout_lines(job: Any) -> list[tuple[str, str]]:
+    """`gpuq show`'s lines on a multi-node (or multi-task) job: its nodes, how many, and what
+    each node gives it; [] for a one-node, one-task job."""
+    res = job.spec.resources
+    if not is_spread(res) and not res.exclusive and not res.mem_all:
+        return []
+    nodes, tasks = node_count(res), int(res.tasks_per_node) or 1
+    lines: list[tuple[str, str]] = []
+    if nodes > 1:
+        where = f"{node_text(job)}, " if job.nodes else ""
+        first = f"; the script runs on {job.nodes[0]}" if job.nodes else ""
+        lines.append(("Nodes", f"{where}{nodes} nodes{first}"))
+    per_task = f" ({res.gpus_per_task} per task)" if res.gpus_per_task else ""
+    kind = f"{res.gpu_type} " if res.gpu_type else ""
+    gpus = f"{res.gpus} {kind}GPUs{per_task}" + (
+        f", {total_gpus(res)} in all" if nodes > 1 and res.gpus else ""
+    )
+    mem = (
+        "all of its memory"
+        if res.mem_all
+        else f"mem {size(res.mem)}"
+        if res.HasField("mem")
+        else "mem -"
+    )
+    each = [
+        f"{tasks} task"
+        + ("s" if tasks != 1 else "")
+        + (f" ({tasks * nodes} in all)" if nodes > 1 else ""),
+        gpus,
+        f"{res.cpus // tasks} CPUs per task ({res.cpus} in all)",
+        mem,
+    ]
+    if res.exclusive:
+        each.append("the whole node (exclusive)")
+    lines.append(("Per node" if nodes > 1 else "Layout", ", ".join(each)))
+    return lines
 
 
 def job_dict(job: Any) -> dict[str, Any]:
@@ -83,7 +144,7 @@ def job_dict(job: Any) -> dict[str, Any]:
         "state": job.state,
         "qos": job.qos,
         "priority": job.priority,
-        "gpus": job.spec.resources.gpus,
+        "gpus": total_gpus(job.spec.resources),  # over all its nodes
         "mig": job.spec.resources.mig or None,
         "gpu_type": job.spec.resources.gpu_type or None,
         "placement": placement_dict(job.spec.placement),
@@ -93,6 +154,14 @@ def job_dict(job: Any) -> dict[str, Any]:
         if job.spec.resources.HasField("time_limit")
         else None,
         "node": job.node or None,
+        "nodes": list(job.nodes) or ([job.node] if job.node else []),
+        "num_nodes": node_count(job.spec.resources),
+        "tasks_per_node": job.spec.resources.tasks_per_node or 1,
+        "gpus_per_node": job.spec.resources.gpus,
+        "gpus_per_task": job.spec.resources.gpus_per_task or None,
+        "cpus_per_task": job.spec.resources.cpus // (job.spec.resources.tasks_per_node or 1),
+        "exclusive": job.spec.resources.exclusive,
+        "mem_all": job.spec.resources.mem_all,
         "gpu_uuids": list(job.gpus),
         "submit_time": job.submit_time,
         "start_time": job.start_time if job.HasField("start_time") else None,
@@ -240,7 +309,7 @@ def efficiency_line(job: Any, capacity: int | None = None) -> str | None:
     for a job that never started; unknown parts say so."""
     if not job.HasField("start_time") or job.state in ("pending", "held"):
         return None
-    count = len(job.gpus) or job.spec.resources.gpus
+    count = len(job.gpus) or total_gpus(job.spec.resources)
     if not count:
         return None
     on = (
@@ -535,8 +604,8 @@ def field_value(job: Any, code: str, now: float) -> str:
         "T": lambda: job.state.upper(),
         "M": lambda: "0:00" if elapsed(job, now) == "-" else elapsed(job, now),
         "l": lambda: format_duration(res.time_limit) if res.HasField("time_limit") else "UNLIMITED",
-        "D": lambda: "1",
-        "N": lambda: "" if pending else job.node,
+        "D": lambda: str(node_count(res)),
+        "N": lambda: "" if pending else node_text(job),
         "b": lambda: gres(job),
         "r": lambda: job_reason(job) if pending else (job.reason or "None"),
         "R": lambda: f"({job_reason(job)})" if pending else job_reason(job),
@@ -549,7 +618,7 @@ def field_value(job: Any, code: str, now: float) -> str:
         "e": lambda: _stamp(job, "end_time"),
         "Q": lambda: priority(job) if job.HasField("pending") else str(job.priority),
         "q": lambda: job.qos,
-        "C": lambda: str(res.cpus),
+        "C": lambda: str(res.cpus * node_count(res)),
         "m": lambda: size(res.mem if res.HasField("mem") else None),
     }
     return str(values[code]())

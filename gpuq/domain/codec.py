@@ -35,6 +35,7 @@ def spec_to_dict(spec: JobSpec) -> dict[str, Any]:
             **({"mig": res.mig} if res.mig is not None else {}),
             **({"gpu_share": res.gpu_share} if res.gpu_share is not None else {}),
             **({"gpu_type": res.gpu_type} if res.gpu_type is not None else {}),
+            **_layout_dict(res),
         },
         "qos": spec.qos,
         "nice": spec.nice,
@@ -61,6 +62,19 @@ def spec_to_dict(spec: JobSpec) -> dict[str, Any]:
         **({"mail_types": list(spec.mail_types)} if spec.mail_types else {}),
         **({"mail_user": spec.mail_user} if spec.mail_user is not None else {}),
         **({"notify_url": spec.notify_url} if spec.notify_url is not None else {}),
+    }
+
+
+def _layout_dict(res: Resources) -> dict[str, Any]:
+    """A multi-node or multi-task job's layout: each key only when not its default, so a
+    one-node spec is stored as before and an older gpuq's rows read back as one node."""
+    return {
+        **({"nodes": res.nodes} if res.nodes != 1 else {}),
+        **({"tasks_per_node": res.tasks_per_node} if res.tasks_per_node != 1 else {}),
+        **({"gpus_per_task": res.gpus_per_task} if res.gpus_per_task is not None else {}),
+        **({"exclusive": True} if res.exclusive else {}),
+        **({"mem_all": True} if res.mem_all else {}),
+        **({"explicit_tasks": True} if res.explicit_tasks else {}),
     }
 
 
@@ -102,6 +116,12 @@ def spec_from_dict(data: dict[str, Any], *, checked: bool = False) -> JobSpec:
             mig=res.get("mig"),
             gpu_share=res.get("gpu_share"),
             gpu_type=res.get("gpu_type"),
+            nodes=res.get("nodes", 1),
+            tasks_per_node=res.get("tasks_per_node", 1),
+            gpus_per_task=res.get("gpus_per_task"),
+            exclusive=res.get("exclusive", False),
+            mem_all=res.get("mem_all", False),
+            explicit_tasks=res.get("explicit_tasks", False),
         ),
         qos=data.get("qos"),
         nice=data.get("nice", 0),

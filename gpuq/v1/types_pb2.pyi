@@ -7,7 +7,7 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 DESCRIPTOR: _descriptor.FileDescriptor
 
 class Resources(_message.Message):
-    __slots__ = ("gpus", "gpu_mem", "cpus", "mem", "time_limit", "mig", "gpu_share", "gpu_type")
+    __slots__ = ("gpus", "gpu_mem", "cpus", "mem", "time_limit", "mig", "gpu_share", "gpu_type", "nodes", "tasks_per_node", "gpus_per_task", "exclusive", "mem_all", "explicit_tasks")
     GPUS_FIELD_NUMBER: _ClassVar[int]
     GPU_MEM_FIELD_NUMBER: _ClassVar[int]
     CPUS_FIELD_NUMBER: _ClassVar[int]
@@ -16,6 +16,12 @@ class Resources(_message.Message):
     MIG_FIELD_NUMBER: _ClassVar[int]
     GPU_SHARE_FIELD_NUMBER: _ClassVar[int]
     GPU_TYPE_FIELD_NUMBER: _ClassVar[int]
+    NODES_FIELD_NUMBER: _ClassVar[int]
+    TASKS_PER_NODE_FIELD_NUMBER: _ClassVar[int]
+    GPUS_PER_TASK_FIELD_NUMBER: _ClassVar[int]
+    EXCLUSIVE_FIELD_NUMBER: _ClassVar[int]
+    MEM_ALL_FIELD_NUMBER: _ClassVar[int]
+    EXPLICIT_TASKS_FIELD_NUMBER: _ClassVar[int]
     gpus: int
     gpu_mem: int
     cpus: int
@@ -24,7 +30,13 @@ class Resources(_message.Message):
     mig: str
     gpu_share: int
     gpu_type: str
-    def __init__(self, gpus: _Optional[int] = ..., gpu_mem: _Optional[int] = ..., cpus: _Optional[int] = ..., mem: _Optional[int] = ..., time_limit: _Optional[int] = ..., mig: _Optional[str] = ..., gpu_share: _Optional[int] = ..., gpu_type: _Optional[str] = ...) -> None: ...
+    nodes: int
+    tasks_per_node: int
+    gpus_per_task: int
+    exclusive: bool
+    mem_all: bool
+    explicit_tasks: bool
+    def __init__(self, gpus: _Optional[int] = ..., gpu_mem: _Optional[int] = ..., cpus: _Optional[int] = ..., mem: _Optional[int] = ..., time_limit: _Optional[int] = ..., mig: _Optional[str] = ..., gpu_share: _Optional[int] = ..., gpu_type: _Optional[str] = ..., nodes: _Optional[int] = ..., tasks_per_node: _Optional[int] = ..., gpus_per_task: _Optional[int] = ..., exclusive: _Optional[bool] = ..., mem_all: _Optional[bool] = ..., explicit_tasks: _Optional[bool] = ...) -> None: ...
 
 class Placement(_message.Message):
     __slots__ = ("nodelist", "exclude", "constraint")
@@ -166,7 +178,7 @@ class PendingInfo(_message.Message):
     def __init__(self, reasons: _Optional[_Iterable[str]] = ..., estimated_start: _Optional[float] = ..., priority: _Optional[float] = ..., factors: _Optional[_Iterable[_Union[PriorityFactor, _Mapping]]] = ...) -> None: ...
 
 class Job(_message.Message):
-    __slots__ = ("id", "spec", "user", "state", "submit_time", "start_time", "end_time", "node", "gpus", "result", "requeue_count", "array_job_id", "array_task_id", "reason", "pending", "stdout_path", "stderr_path", "priority", "qos", "stop_reason", "stop_state", "array_tasks", "start_count", "telemetry", "gpu_enforcement", "flags")
+    __slots__ = ("id", "spec", "user", "state", "submit_time", "start_time", "end_time", "node", "gpus", "result", "requeue_count", "array_job_id", "array_task_id", "reason", "pending", "stdout_path", "stderr_path", "priority", "qos", "stop_reason", "stop_state", "array_tasks", "start_count", "telemetry", "gpu_enforcement", "flags", "nodes")
     ID_FIELD_NUMBER: _ClassVar[int]
     SPEC_FIELD_NUMBER: _ClassVar[int]
     USER_FIELD_NUMBER: _ClassVar[int]
@@ -193,6 +205,7 @@ class Job(_message.Message):
     TELEMETRY_FIELD_NUMBER: _ClassVar[int]
     GPU_ENFORCEMENT_FIELD_NUMBER: _ClassVar[int]
     FLAGS_FIELD_NUMBER: _ClassVar[int]
+    NODES_FIELD_NUMBER: _ClassVar[int]
     id: int
     spec: JobSpec
     user: str
@@ -219,7 +232,8 @@ class Job(_message.Message):
     telemetry: GpuTelemetry
     gpu_enforcement: str
     flags: _containers.RepeatedScalarFieldContainer[str]
-    def __init__(self, id: _Optional[int] = ..., spec: _Optional[_Union[JobSpec, _Mapping]] = ..., user: _Optional[str] = ..., state: _Optional[str] = ..., submit_time: _Optional[float] = ..., start_time: _Optional[float] = ..., end_time: _Optional[float] = ..., node: _Optional[str] = ..., gpus: _Optional[_Iterable[str]] = ..., result: _Optional[_Union[JobResult, _Mapping]] = ..., requeue_count: _Optional[int] = ..., array_job_id: _Optional[int] = ..., array_task_id: _Optional[int] = ..., reason: _Optional[str] = ..., pending: _Optional[_Union[PendingInfo, _Mapping]] = ..., stdout_path: _Optional[str] = ..., stderr_path: _Optional[str] = ..., priority: _Optional[int] = ..., qos: _Optional[str] = ..., stop_reason: _Optional[str] = ..., stop_state: _Optional[str] = ..., array_tasks: _Optional[str] = ..., start_count: _Optional[int] = ..., telemetry: _Optional[_Union[GpuTelemetry, _Mapping]] = ..., gpu_enforcement: _Optional[str] = ..., flags: _Optional[_Iterable[str]] = ...) -> None: ...
+    nodes: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, id: _Optional[int] = ..., spec: _Optional[_Union[JobSpec, _Mapping]] = ..., user: _Optional[str] = ..., state: _Optional[str] = ..., submit_time: _Optional[float] = ..., start_time: _Optional[float] = ..., end_time: _Optional[float] = ..., node: _Optional[str] = ..., gpus: _Optional[_Iterable[str]] = ..., result: _Optional[_Union[JobResult, _Mapping]] = ..., requeue_count: _Optional[int] = ..., array_job_id: _Optional[int] = ..., array_task_id: _Optional[int] = ..., reason: _Optional[str] = ..., pending: _Optional[_Union[PendingInfo, _Mapping]] = ..., stdout_path: _Optional[str] = ..., stderr_path: _Optional[str] = ..., priority: _Optional[int] = ..., qos: _Optional[str] = ..., stop_reason: _Optional[str] = ..., stop_state: _Optional[str] = ..., array_tasks: _Optional[str] = ..., start_count: _Optional[int] = ..., telemetry: _Optional[_Union[GpuTelemetry, _Mapping]] = ..., gpu_enforcement: _Optional[str] = ..., flags: _Optional[_Iterable[str]] = ..., nodes: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class JobEvent(_message.Message):
     __slots__ = ("job_id", "at", "from_state", "to_state", "reason", "cause")

@@ -667,7 +667,10 @@ def test_sbatch_lines_are_read(tmp_path: Path) -> None:
     notes: list[str] = []
     built = spec(script=script, warnings=notes, chdir=None)
     assert notes == []
-    assert built.resources == Resources(gpus=2, cpus=4, mem=40 << 30, time_limit=3600)
+    # `-n 1` asks for tasks: SLURM_NTASKS is set, as sbatch does
+    assert built.resources == Resources(
+        gpus=2, cpus=4, mem=40 << 30, time_limit=3600, explicit_tasks=True
+    )
     assert (built.name, built.output, built.error, built.qos) == (
         "sb",
         "o-%j.txt",
@@ -702,8 +705,8 @@ def test_sbatch_options_gpuq_does_not_use_are_warnings(tmp_path: Path) -> None:
         script=write(
             tmp_path,
             "#SBATCH --account=x\n"
-            "#SBATCH -A lab --exclusive -N 2\n"
-            "#SBATCH --mem=0 --time=UNLIMITED --export=HOME\n"
+            "#SBATCH -A lab --exclusive=other\n"
+            "#SBATCH --mem-bind=local --time=UNLIMITED --export=HOME\n"
             '#SBATCH --comment="unbalanced\n'
             "#SBATCH --gres=gpu:1,shard:2\n",
         ),
@@ -713,9 +716,8 @@ def test_sbatch_options_gpuq_does_not_use_are_warnings(tmp_path: Path) -> None:
     assert notes == [
         "#SBATCH --account=x (line 2) is not used by gpuq",
         "#SBATCH -A lab (line 3) is not used by gpuq",
-        "#SBATCH --exclusive (line 3) is not used by gpuq",
-        "#SBATCH -N 2 (line 3) is not used by gpuq",
-        "#SBATCH --mem=0 (line 4) (all of a node's memory) is not used by gpuq",
+        "#SBATCH --exclusive=other (line 3) is not used by gpuq: expected user or mcs",
+        "#SBATCH --mem-bind=local (line 4) is not used by gpuq",
         "#SBATCH --time=UNLIMITED (line 4) is not used by gpuq: the QOS default applies",
         "#SBATCH --export=HOME (line 4) is not used by gpuq: only ALL or NONE (then K=V items) "
         "are; your whole environment is carried",
