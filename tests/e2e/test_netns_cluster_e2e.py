@@ -84,7 +84,8 @@ def test_ranks_in_two_namespaces_rendezvous_at_distinct_real_addresses(tmp_path:
 
         # a process left running inside is killed when the network is removed
         left = network[1].popen(["sleep", "600"])
-        assert network[1].pids() == [left.pid]
+        # `ip netns exec` enters the namespace a moment after it starts
+        wait_for(lambda: network[1].pids() == [left.pid], 10, "sleep to be in the namespace")
     assert left.wait(5) == -9
     assert network.leftovers() == []
     names = subprocess.run(["ip", "-o", "link"], capture_output=True, text=True).stdout
@@ -174,3 +175,39 @@ def test_a_killed_agent_and_its_supervisors_leave_its_job_orphaned_and_the_node_
     assert cluster.node_namespaces["n1"].pids() == []
     assert cluster.agents["n0"].pid in cluster.node_namespaces["n0"].pids()
     cluster.wait_node("n0", "up")  # the other node lives on
+
+
+def test_ranks_read_slurm_variables_and_several_share_a_namespace(
+    netns_network: TestNetwork,
+) -> None:
+    """Without RANK and WORLD_SIZE, SLURM_PROCID and SLURM_NTASKS say them (as srun sets):
+    three ranks, two on the second node, all-reduce 1+2+3 at the first node's address."""
+    master = netns_network[0].address
+    ranks = []
+    for rank, namespace in enumerate([netns_network[0], netns_network[1], netns_network[1]]):
+        env = {"MASTER_ADDR": master, "MASTER_PORT": "29502"}
+        env |= {"SLURM_PROCID": str(rank), "SLURM_NTASKS": "3"}
+        ranks.append(
+            namespace.popen(
+                [sys.executable, str(ALLREDUCE), "--timeout", "20"],
+                env=env,
+                stdout=subprocess.PIPE,
+                text=True,
+            )
+        )
+    outputs = [rank.communicate(timeout=40)[0] for rank in ranks]
+    assert [rank.returncode for rank in ranks] == [0, 0, 0]
+    hosts = [netns_network[0].address, netns_network[1].address, netns_network[1].address]
+    assert outputs == [
+        f"rank={i} world=3 sum=6 addr={master}:29502 host={host}\n" for i, host in enumerate(hosts)
+    ]
+
+
+def test_a_cut_node_goes_down_and_comes_back_when_mended(netns_cluster: NetnsCluster) -> None:
+    """cut: n1's packets are dropped (its connection hangs, nothing closes it): the
+    coordinator hears nothing and marks it down; mend: its agent is heard again."""
+    netns_cluster.cut("n1")
+    netns_cluster.wait_node("n1", "down", timeout=20)
+    netns_cluster.wait_node("n0", "up")
+    netns_cluster.mend("n1")
+    netns_cluster.wait_node("n1", "up", timeout=60)
