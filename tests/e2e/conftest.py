@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 from e2e_cluster import Cluster
+from netns import NetnsCluster, TestNetwork, require_netns, start_netns_cluster
 
 
 @pytest.fixture
@@ -42,3 +43,20 @@ def bare_cluster(tmp_path: Path) -> Iterator[Cluster]:
         yield running
     finally:
         running.close()
+
+
+@pytest.fixture
+def netns_network() -> Iterator[TestNetwork]:
+    """Two network namespaces on a bridge, each with its own address (tests/netns.py)."""
+    require_netns()
+    with TestNetwork(2) as network:
+        yield network
+
+
+@pytest.fixture
+def netns_cluster(tmp_path: Path) -> Iterator[NetnsCluster]:
+    """A coordinator on a test bridge and two agents, n0 and n1 (2 fake GPUs each), each in a
+    network namespace of its own with its own address (tests/netns.py's NetnsCluster)."""
+    require_netns()
+    with start_netns_cluster(tmp_path) as running:
+        yield running
