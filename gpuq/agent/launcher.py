@@ -103,6 +103,7 @@ class Launcher:
             switch_user=os.geteuid() == 0,  # a job runs as its submitter (the supervisor)
             python=sys.executable,
             shim_dir=shim_dir() if s.slurm_shims else "",
+            coordinator=self.address,
         )
 
     def node_changed(self) -> None:

@@ -158,6 +158,8 @@ class NodePolicy:
     # folder of the srun and scontrol shims put first on jobs' PATH ("": no shims)
     python: str = ""
     shim_dir: str = ""
+    # the coordinator this agent reaches: a job's `gpuq` commands (srun's FailJob) go there too
+    coordinator: str = ""
 
 
 # inherited variables that would contradict the allocation if carried over
@@ -288,6 +290,8 @@ def job_environment(
         env["GPUQ_ARRAY_TASK_ID"] = str(order.array_task_id)
     if order.gang is not None:
         env.update(gang_environment(order.job_id, spec, len(order.gpus), order.gang, policy.python))
+        if policy.coordinator:
+            env["GPUQ_COORDINATOR"] = policy.coordinator
         if policy.shim_dir:
             env["PATH"] = f"{policy.shim_dir}:{env.get('PATH') or DEFAULT_PATH}"
     if mps is not None:
