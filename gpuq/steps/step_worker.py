@@ -61,6 +61,9 @@ NODE_LOCAL = frozenset(
         "SLURM_TMPDIR",
     }
 )
+GPU_LOCAL = frozenset(
+    {"CUDA_VISIBLE_DEVICES", "NVIDIA_VISIBLE_DEVICES", "GPU_DEVICE_ORDINAL", "ROCR_VISIBLE_DEVICES"}
+)
 MAX_TASKS = 4096
 END_WAIT = STOP_GRACE + 3.0  # seconds a closing session waits for its stopped tasks
 
@@ -146,9 +149,10 @@ class StepSession:
             if not isinstance(rank, int) or not isinstance(local_id, int) or local_id < 0:
                 raise ProtocolError("a task needs a rank and a local_id")
             env = dict(base)
-            env.update(
-                {k: v for k, v in checked_env(spec.get("env")).items() if k not in NODE_LOCAL}
-            )
+            # the task's own variables (rank, node name...) as srun computed them; its GPUs
+            # are this node's to give
+            per_task = checked_env(spec.get("env"))
+            env.update({k: v for k, v in per_task.items() if k not in GPU_LOCAL})
             bound = bind_gpus(visible, local_id, gpus_per_task)
             if bound is not None:
                 env["CUDA_VISIBLE_DEVICES"] = bound
