@@ -145,7 +145,8 @@ class Step:
                 ) from None
         self.cwd = options.chdir or os.getcwd()
         self.step_id = next_step_id(environ)
-        self.events: queue.Queue[StepEvent] = queue.Queue()
+        # SimpleQueue: its put is safe from a signal handler (Queue.put could deadlock there)
+        self.events: queue.SimpleQueue[StepEvent] = queue.SimpleQueue()
         self.local: list[TaskProcess] = []
         self.remotes: list[RemoteNode] = []
         self.exits: dict[int, int] = {}  # rank -> exit status

@@ -39,7 +39,7 @@ class StepEvent:
 
 class RemoteNode:
     def __init__(
-        self, node_id: int, name: str, addr: str, port: int, events: queue.Queue[StepEvent]
+        self, node_id: int, name: str, addr: str, port: int, events: queue.SimpleQueue[StepEvent]
     ) -> None:
         self.node_id = node_id
         self.name = name
@@ -99,12 +99,14 @@ class RemoteNode:
             else:
                 return
         except (OSError, ProtocolError, ValueError, TypeError, KeyError) as exc:
-            why = f"the connection to its step worker failed: {exc}"
+            why = f"its step worker: {exc}"
         if not self.closing:
             self.events.put(StepEvent("lost", node_id=self.node_id, text=f"{self.name}: {why}"))
 
     def _handle(self, message: dict[str, Any]) -> None:
         kind = message["type"]
+        if kind == "error":
+            raise ProtocolError(f"it refused the step: {message.get('message')}")
         rank = message.get("rank")
         if not isinstance(rank, int) or rank not in self.ranks:
             if kind == "started":

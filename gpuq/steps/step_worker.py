@@ -78,20 +78,24 @@ class StepSession:
         self.tasks: list[TaskProcess] = []
         self.send_lock = threading.Lock()
         self.broken = False
+        self.welcomed = False
         self.done = threading.Event()  # the connection is over and its tasks ended
 
     def serve(self) -> None:
         try:
             self.conn.settimeout(HANDSHAKE_TIMEOUT)
             challenge(self.conn, self.key)
+            self.welcomed = True
             self.conn.settimeout(None)
             while True:
                 message = recv(self.conn)
                 if message is None:
                     break
                 self.handle(message)
-        except (ProtocolError, InvalidInput, OSError, ValueError, TypeError) as exc:
+        except Exception as exc:  # a client's mistake ends its connection, never the worker
             _log(f"step connection ended: {exc}")
+            if self.welcomed and not isinstance(exc, OSError):
+                self._send({"type": "error", "message": str(exc)})
         finally:
             self.stop_all()
             deadline = time.monotonic() + END_WAIT

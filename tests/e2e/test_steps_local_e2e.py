@@ -305,3 +305,27 @@ def test_a_dropped_connection_stops_the_workers_tasks(job: Job) -> None:
     # and the worker serves the next step
     srun = job.srun("true")
     assert srun.wait(timeout=30) == 0
+
+
+def test_a_malformed_step_is_refused_and_the_worker_serves_on(job: Job) -> None:
+    with socket.create_connection((ADDRS[1], job.port), timeout=5) as sock:
+        answer_challenge(sock, bytes.fromhex(job.key))
+        send(
+            sock,
+            {
+                "type": "start",
+                "argv": ["true"],
+                "env": {"NOT-A-NAME": "x"},
+                "tasks": [{"rank": 0, "local_id": 0, "env": {}}],
+            },
+        )
+        refusal = recv(sock)
+        assert refusal is not None and refusal["type"] == "error"
+        assert "not a variable name: 'NOT-A-NAME'" in refusal["message"]
+        assert recv(sock) is None
+    with socket.create_connection((ADDRS[1], job.port), timeout=5) as sock:
+        assert (recv(sock) or {}).get("type") == "challenge"
+        sock.sendall(b"\xff" * 64)  # a frame far over the size limit
+        assert recv(sock) is None
+    srun = job.srun("true")
+    assert srun.wait(timeout=30) == 0
