@@ -326,6 +326,7 @@ def test_a_malformed_step_is_refused_and_the_worker_serves_on(job: Job) -> None:
     with socket.create_connection((ADDRS[1], job.port), timeout=5) as sock:
         assert (recv(sock) or {}).get("type") == "challenge"
         sock.sendall(b"\xff" * 64)  # a frame far over the size limit
-        assert recv(sock) is None
+        with contextlib.suppress(ConnectionResetError):  # closed with our bytes unread
+            assert recv(sock) is None
     srun = job.srun("true")
     assert srun.wait(timeout=30) == 0
