@@ -68,9 +68,15 @@ class StepOrJob(click.Command):
             return super().invoke(ctx)
         from gpuq.steps.srun_main import run_gpuq
 
-        # in a CLI helper's child, this process group is the helper's: never end it
-        in_helper = "gpuq.cli.fast.become_caller" in sys.modules
-        return run_gpuq(ctx.meta[STEP_ARGS], fallback_pgid=None if in_helper else -1)
+        if "gpuq.cli.fast.become_caller" in sys.modules:
+            # a CLI helper's child is not in the job's process tree, cgroup or device rules:
+            # tasks started from here would escape them
+            _say(
+                "gpuq run: error: inside a job a step must start from the job itself: "
+                "set GPUQ_CLI_HELPER=off in the job (or use srun)"
+            )
+            return 2
+        return run_gpuq(ctx.meta[STEP_ARGS])
 
 
 STEP_ARGS = "gpuq.step_args"
