@@ -50,7 +50,39 @@ def interactive_options(command: Callable[..., Any]) -> Callable[..., Any]:
     return submit_options(command, skip=NOT_INTERACTIVE)
 
 
-@click.command(context_settings={"allow_interspersed_args": False})
+class StepOrJob(click.Command):
+    """`gpuq run` inside a job (gpuq.steps.inside_job) is a job step, as srun is there: its
+    arguments go unparsed to gpuq.steps.srun_main (srun's options, not submit's); elsewhere it
+    is the interactive job below."""
+
+    def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
+        from gpuq.steps import inside_job
+
+        if inside_job(os.environ):
+            ctx.meta[STEP_ARGS] = list(args)
+            return []
+        return super().parse_args(ctx, args)
+
+    def invoke(self, ctx: click.Context) -> Any:
+        if STEP_ARGS not in ctx.meta:
+            return super().invoke(ctx)
+        from gpuq.steps.srun_main import run_gpuq
+
+        if "gpuq.cli.fast.become_caller" in sys.modules:
+            # a CLI helper's child is not in the job's process tree, cgroup or device rules:
+            # tasks started from here would escape them
+            _say(
+                "gpuq run: error: inside a job a step must start from the job itself: "
+                "set GPUQ_CLI_HELPER=off in the job (or use srun)"
+            )
+            return 2
+        return run_gpuq(ctx.meta[STEP_ARGS])
+
+
+STEP_ARGS = "gpuq.step_args"
+
+
+@click.command(cls=StepOrJob, context_settings={"allow_interspersed_args": False})
 @click.argument("command", nargs=-1, required=True, metavar="[--] CMD [ARGS]...")
 @click.option("--quiet", "-Q", is_flag=True, help="no messages about the job's state")
 @interactive_options
@@ -58,7 +90,9 @@ def interactive_options(command: Callable[..., Any]) -> Callable[..., Any]:
 def run(obj: Any, /, command: tuple[str, ...], quiet: bool, **options: Any) -> int:
     """Run CMD as a job with this terminal attached (srun --pty): it waits in the queue (the
     reason is shown), then runs on a pty on its node with its GPUs; keys, window size and
-    Ctrl-C reach it; the exit code is CMD's. Ctrl-C while it waits cancels it."""
+    Ctrl-C reach it; the exit code is CMD's. Ctrl-C while it waits cancels it. Inside a job,
+    a step over the job's nodes instead, as srun: gpuq run [-n N] [-N N] [--ntasks-per-node N]
+    [--gpus-per-task G] [--output PAT] [--label] [--kill-on-bad-exit 0|1] -- CMD."""
     name = options.pop("name", None) or _job_name(command[0])
     spec = interactive_spec(RUN_SCRIPT, command, "--run", name, options)
     return attach_session(obj.client(), spec, quiet)
