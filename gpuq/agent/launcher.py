@@ -27,7 +27,6 @@ import asyncio
 import logging
 import os
 import sys
-from pathlib import Path
 
 from gpuq.agent.end_reports import EndReports
 from gpuq.agent.gpu.node_gpus import NodeGpus
@@ -47,6 +46,7 @@ from gpuq.agent.jobs.supervisors import Supervisors
 from gpuq.config.settings import AgentSettings, split_addresses
 from gpuq.convert import spec_from_proto
 from gpuq.domain.states import JobState
+from gpuq.steps import shim_dir
 from gpuq.v1 import agent_pb2 as apb
 from gpuq.v1 import types_pb2 as pb
 
@@ -243,12 +243,6 @@ class Launcher:
             )
             for job_id in self.held
         ]
-
-
-def shim_dir() -> str:
-    """The folder of gpuq's `srun` and `scontrol` shims ("" where the package has none)."""
-    folder = Path(__file__).resolve().parent.parent / "steps" / "shims"
-    return str(folder) if folder.is_dir() else ""
 
 
 def launch_order(launch: apb.JobLaunch) -> LaunchOrder:

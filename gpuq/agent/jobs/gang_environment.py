@@ -75,6 +75,9 @@ def gang_environment(
         "GPUQ_GPUS_PER_TASK": str(res.gpus_per_task or ""),
         "GPUQ_CPUS_PER_TASK": str(res.cpus_per_task),
         "GPUQ_PYTHON": python,
+        # `gpuq` in a job runs in process: a per-user CLI helper started outside the job
+        # would run `gpuq run`'s tasks outside its cgroup and device rules
+        "GPUQ_CLI_HELPER": "off",
         "MASTER_ADDR": gang.addresses[0],
         "SLURM_JOB_ID": str(job_id),
         "SLURM_JOBID": str(job_id),
