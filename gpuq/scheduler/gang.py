@@ -32,7 +32,7 @@ from dataclasses import replace
 from functools import lru_cache
 
 from gpuq.domain.gpu_types import gpu_type
-from gpuq.domain.model import Resources
+from gpuq.domain.model import GpuUnit, Resources
 from gpuq.domain.node_constraints import Placement
 from gpuq.scheduler.fitting import (
     MAX_NAMED,
@@ -89,9 +89,17 @@ def kinds(need: Resources, sized: Resources, view: NodeView) -> list[tuple[str, 
     have one way ("")."""
     if need.nodes == 1 or need.gpu_type is not None or sized.gpus == 0:
         return [("", sized)]
+    return _kinds(need, sized, view.units)
+
+
+@lru_cache(maxsize=4096)
+def _kinds(
+    need: Resources, sized: Resources, units: tuple[GpuUnit, ...]
+) -> list[tuple[str, Resources]]:
+    # a pass asks this of every node for every kind of gang job: nodes alike share an answer
     if need.exclusive:  # every unit: the node's types are the key
-        return [("+".join(sorted({gpu_type(u.name) for u in view.units})), sized)]
-    types = sorted({gpu_type(u.name) for u in kind_fits(view.units, sized)})
+        return [("+".join(sorted({gpu_type(u.name) for u in units})), sized)]
+    types = sorted({gpu_type(u.name) for u in kind_fits(units, sized)})
     return [(t, replace(sized, gpu_type=t)) for t in types]
 
 
@@ -270,10 +278,12 @@ def capable(
     return key, groups[key]
 
 
-def never_reason(views: Sequence[NodeView], need: Resources, placement: Placement) -> str | None:
-    """Why a gang job can never run (None: enough nodes could hold it some day, or it is an
-    ordinary one-node job and gpuq.scheduler.fitting says why)."""
-    key, fit = capable(views, need, placement)
+def never_reason(
+    need: Resources, placement: Placement, found: tuple[str, list[NodeView]]
+) -> str | None:
+    """Why a gang job can never run, given what `capable` found (None: enough nodes could
+    hold it some day)."""
+    key, fit = found
     if len(fit) >= need.nodes:
         return None
     names = ",".join(v.name for v in fit[:MAX_NAMED]) + (
@@ -297,15 +307,14 @@ def _clock(moment: float) -> str:
 
 def waiting_reason(
     nodes: Mapping[str, FreeNode],
-    views: Sequence[NodeView],
     need: Resources,
-    placement: Placement,
     user: str,
     running_on: Mapping[str, Sequence[RunningJob]],
+    found: tuple[str, list[NodeView]],
 ) -> str:
-    """What a waiting gang job lacks, node by node: "needs 2 nodes with 4 free a100 GPUs
-    each: gpu01 has 4, gpu02 has 1 (job 812 until ~14:20)"."""
-    key, fit = capable(views, need, placement)
+    """What a waiting gang job lacks, node by node (of those `capable` found): "needs 2 nodes
+    with 4 free a100 GPUs each: gpu01 has 4, gpu02 has 1 (job 812 until ~14:20)"."""
+    key, fit = found
     down = [f"{v.name} {v.down_reason}" for v in fit if not v.up]
     rows = []
     for view in fit:

@@ -339,7 +339,8 @@ class _Pass:
         ruled_out = placement_reason(self.views, job.placement) if self.views else None
         if ruled_out is not None:
             return ruled_out
-        never = gang.never_reason(self.views, job.need, job.placement)
+        found = gang.capable(self.views, job.need, job.placement)
+        never = gang.never_reason(job.need, job.placement, found)
         if never is not None:
             return never
         if self.top is not None:
@@ -348,9 +349,7 @@ class _Pass:
             if ignoring is not None:
                 when = _clock(self.top.start)
                 return f"resources reserved for job {self.top.job_id} (it starts by {when})"
-        return gang.waiting_reason(
-            self.nodes, self.views, job.need, job.placement, job.user, self.running_on
-        )
+        return gang.waiting_reason(self.nodes, job.need, job.user, self.running_on, found)
 
     def _settle_hopeless(self) -> None:
         """Settle, without waiting to meet one, every kind of queued job that no node has room
