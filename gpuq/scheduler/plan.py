@@ -526,8 +526,9 @@ class _Pass:
                 self.waiting[reservation.job_id] = Waiting(found.reasons, reservation.start)
         limit = self.policy.settings.explain_limit
         todo = [b for b in self.blocked_order if b[0] not in {r.job_id for r in self.reservations}]
+        held = {b[0]: b[2] for b in self.blocked_order}  # a reserved job's time limit
         estimates = estimate_starts(
-            list(self.nodes.values()), todo[:limit], self.reservations, self.now
+            list(self.nodes.values()), todo[:limit], self.reservations, self.now, held
         )
         for job_id, moment in estimates.items():
             self.waiting[job_id] = Waiting(self.waiting[job_id].reasons, moment)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import math
 from collections import Counter
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from gpuq.domain.model import Resources
@@ -108,12 +109,14 @@ def estimate_starts(
     jobs: list[tuple[int, Resources, float | None, frozenset[str] | None]],
     reservations: list[Reservation],
     now: float,
+    held_for: Mapping[int, float | None] | None = None,
 ) -> dict[int, float]:
     """List scheduling of blocked jobs in queue order over the GPU units' free times: an
     estimate of when each starts (CPUs and memory are not modelled; GPU-less jobs not either),
     each on the nodes its placement allows (None: any). A job of N nodes starts when N nodes
     have its units free (GPU types are not matched across them: an estimate); an --exclusive
-    one needs every unit of each node."""
+    one needs every unit of each node. A reservation's units are taken from its start for
+    `held_for[job]` seconds (the reserved job's time limit; unknown: for good)."""
     free_at: dict[str, dict[str, float]] = {}
     for node in nodes:
         times = dict.fromkeys(node.units, now)
@@ -122,8 +125,10 @@ def estimate_starts(
                 times[unit] = max(times.get(unit, now), end)  # shares: the last one's end
         for reservation in reservations:
             if reservation.node == node.view.name:
+                held = (held_for or {}).get(reservation.job_id)
+                until = math.inf if held is None else reservation.start + held
                 for unit in reservation.units:
-                    times[unit] = math.inf
+                    times[unit] = until
         free_at[node.view.name] = times
     estimates: dict[int, float] = {}
     for job_id, need, limit, only in jobs:

@@ -222,3 +222,21 @@ def test_one_node_jobs_start_as_before_beside_gang_jobs() -> None:
     placed = {s.job_id: s for s in decided.starts}
     assert sorted(n for n, _ in placed[10].parts) == ["a", "b"]
     assert placed[11] == Start(11, "c", tuple(f"GPU-c-{i}" for i in range(4)))
+
+
+def test_explain_estimates_every_waiting_multi_node_job() -> None:
+    live = [
+        running(1, "a", range(8), limit=100.0),
+        running(2, "b", range(8), limit=200.0),
+        running(3, "c", range(8), limit=400.0),
+    ]
+    nodes = views({"a": 8, "b": 8, "c": 8}, live)
+    queue = [
+        gang(10, nodes=2, gpus=8, limit=1000.0),  # a and b: reserved from 200
+        gang(11, nodes=2, gpus=4, limit=50.0),  # c at 400, and a or b after job 10 (1200)
+        gang(12, nodes=3, gpus=1, exclusive=True),
+    ]
+    decided = decide(nodes, live, queue)
+    assert decided.waiting[10].estimated_start == 200.0
+    assert decided.waiting[11].estimated_start == 1200.0
+    assert decided.waiting[12].estimated_start == 1250.0
