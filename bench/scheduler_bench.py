@@ -10,6 +10,8 @@ For each queue length:
   a pass on three clusters: full (nothing can start: reserve for the top job, stop early),
   mixed (some starts, and high-tier jobs preempting low ones), idle (about 1,000 GPUs fill);
   and the next pass after that one's decisions took effect (nothing changed meanwhile).
+Then the same three clusters with a queue of mixed one-node and multi-node jobs (80% one node
+with 1-8 GPUs, 20% 2-8 nodes x 8 GPUs; gpuq.scheduler.gang), at 10,000 and 100,000 pending.
 Targets (issue 4, 2-core machine): < 100 ms at 10,000 pending, < 1 s at 100,000.
 """
 
@@ -78,6 +80,27 @@ def queue(rng: random.Random, count: int) -> list[PendingJob]:
     ]
 
 
+def gang_queue(rng: random.Random, count: int) -> list[PendingJob]:
+    """80% one-node jobs of 1-8 GPUs, 20% jobs of 2-8 whole nodes' GPUs (8 each)."""
+    jobs = []
+    for i in range(count):
+        if rng.random() < 0.8:
+            need = Resources(gpus=rng.choice([1, 1, 1, 2, 4, 8]))
+        else:
+            need = Resources(gpus=8, nodes=rng.choice([2, 2, 4, 8]))
+        jobs.append(
+            PendingJob(
+                10_000 + i,
+                f"user{rng.randrange(20)}",
+                rng.choice(["high", "normal", "normal", "low"]),
+                need,
+                NOW - rng.uniform(0, 86400),
+                time_limit=rng.choice([3600.0, 14400.0, 86400.0]),
+            )
+        )
+    return jobs
+
+
 def timed(fn: Callable[[], object], repeat: int = 5) -> tuple[float, object]:
     times, result = [], None
     for _ in range(repeat):
@@ -99,19 +122,21 @@ def applied(
     ]
     for start in decided.starts:
         job = by_id[start.job_id]
-        after.append(
-            RunningJob(
-                job.job_id,
-                job.user,
-                job.qos,
-                start.node,
-                start.gpus,
-                1,
-                0,
-                NOW,
-                NOW + (job.time_limit or 0),
+        for node, units in start.parts:  # one per node of a multi-node job
+            after.append(
+                RunningJob(
+                    job.job_id,
+                    job.user,
+                    job.qos,
+                    node,
+                    units,
+                    1,
+                    0,
+                    NOW,
+                    NOW + (job.time_limit or 0),
+                    nodes=len(start.parts),
+                )
             )
-        )
     return after
 
 
@@ -155,6 +180,17 @@ def main() -> None:
             repeat=3,
         )
         print(f"{count:>7} pending: rank {rank_ms:6.1f} ms; explain (mixed) {explain_ms:7.1f} ms")
+        for label, running in (("full ", full), ("mixed", mixed), ("idle ", [])):
+            print("         " + scenario(label, running, ordered, shapes), flush=True)
+    print("mixed one-node and multi-node queue (80% 1 node x 1-8 GPUs, 20% 2-8 nodes x 8 GPUs)")
+    for count in (10_000, 100_000):
+        ordered = rank(gang_queue(rng, count), usage, POLICY.tiers, POLICY.settings, NOW)
+        shapes = Counter(fit_key(j.need, j.time_limit, j.qos) for j in ordered)
+        explain_ms, _ = timed(
+            lambda o=ordered: plan(views(NODES, mixed), mixed, o, POLICY, NOW, explain=True),
+            repeat=3,
+        )
+        print(f"{count:>7} pending: explain (mixed) {explain_ms:7.1f} ms")
         for label, running in (("full ", full), ("mixed", mixed), ("idle ", [])):
             print("         " + scenario(label, running, ordered, shapes), flush=True)
 

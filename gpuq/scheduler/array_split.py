@@ -15,7 +15,8 @@ MAX_SPLIT = 1000  # tasks split off one array in one pass: the next pass splits 
 
 def room_for(need: Resources, views: Iterable[NodeView], placement: Placement = ANYWHERE) -> int:
     """How many jobs of this size fit in what is free now, node by node, on the nodes the
-    tasks' placement allows (an upper bound: GPU topology and reservations may leave fewer)."""
+    tasks' placement allows (an upper bound: GPU topology, reservations, GPU types across a
+    multi-node task's nodes and --exclusive may leave fewer)."""
     total = 0
     for view in views:
         if not view.up or allowed(view, placement) is not None:
@@ -28,9 +29,9 @@ def room_for(need: Resources, views: Iterable[NodeView], placement: Placement = 
         elif need.gpus:
             fits.append(len(view.usable_units(need)) // need.gpus)
         total += max(0, min(fits))
-        if total >= MAX_SPLIT:
+        if total >= MAX_SPLIT * need.nodes:
             return MAX_SPLIT
-    return total
+    return total // need.nodes  # a task of N nodes takes room on N of them
 
 
 def tasks_to_split(

@@ -34,8 +34,15 @@ class Usage:
 
     @classmethod
     def of(cls, running: list[RunningJob]) -> Usage:
+        """A job on several nodes (one RunningJob per node) counts once, with the GPUs of
+        all its nodes."""
         usage = cls()
+        seen: set[int] = set()
         for job in running:
+            if job.job_id in seen:
+                usage.gpus[(job.user, job.qos)] += len(job.gpus)
+                continue
+            seen.add(job.job_id)
             usage.add(job.job_id, job.user, job.qos, len(job.gpus), job.name, job.array_job_id)
         return usage
 
@@ -102,7 +109,7 @@ def _limit_reasons(job: PendingJob, usage: Usage, tier: QosTier) -> list[str]:
         )
     if (
         tier.max_running_gpus is not None
-        and usage.gpus[key] + job.need.gpus > tier.max_running_gpus
+        and usage.gpus[key] + job.need.total_gpus > tier.max_running_gpus
     ):
         reasons.append(
             f"qos {tier.name} limit: at most {tier.max_running_gpus} running GPUs per user "

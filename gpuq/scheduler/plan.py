@@ -9,7 +9,8 @@ preemptible, lower tier is preempted instead when that lets it start sooner than
 
 A job's placement (--nodelist, --exclude, --constraint) limits every step to the nodes it
 allows: placing, reserving, preempting and estimating; its GPU type limits the units (see
-gpuq.scheduler.fitting).
+gpuq.scheduler.fitting). Jobs of several nodes, and whole-node (--exclusive, --mem=0) jobs,
+are placed, reserved and preempt the gang way (gpuq.scheduler.gang): all nodes or none.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from dataclasses import dataclass, field, replace
 
 from gpuq.domain.model import Resources
 from gpuq.domain.node_constraints import Placement
+from gpuq.scheduler import gang
 from gpuq.scheduler.eligibility import Usage, blockers, never_met
 from gpuq.scheduler.fitting import (
     ANYWHERE,
@@ -60,6 +62,9 @@ FitKey = tuple[
     str,
     str | None,
     Placement,
+    int,
+    bool,
+    bool,
 ]
 
 
@@ -72,7 +77,7 @@ def fit_key(
 ) -> FitKey:
     """Jobs with the same key fit, or preempt, the same way during a pass (a share's fit
     depends on its user too: one user's shares at a time on a unit; a GPU type and a
-    placement narrow where a job fits)."""
+    placement narrow where a job fits; so do the number of nodes and whole-node requests)."""
     return (
         need.gpus,
         need.gpu_mem,
@@ -85,6 +90,9 @@ def fit_key(
         user if need.gpu_share is not None else "",
         need.gpu_type,
         placement,
+        need.nodes,
+        need.exclusive,
+        need.mem_all,
     )
 
 
@@ -116,6 +124,7 @@ class _Pass:
     nodes: dict[str, FreeNode] = field(init=False)
     usage: Usage = field(init=False)
     running_on: dict[str, list[RunningJob]] = field(init=False)
+    parts_of: dict[int, list[RunningJob]] = field(init=False)  # a running job's nodes, first first
     reservations: list[Reservation] = field(default_factory=list)
     top: Reservation | None = None
     starts: list[Start] = field(default_factory=list)
@@ -157,8 +166,10 @@ class _Pass:
                 self.victims.add(job.job_id)
         self.usage = Usage.of(self.running)
         self.running_on = {}
+        self.parts_of = {}
         for job in self.running:
             self.running_on.setdefault(job.node, []).append(job)
+            self.parts_of.setdefault(job.job_id, []).append(job)
 
     def run(self, queue: Iterable[PendingJob]) -> Decisions:
         early = self.shapes is not None and not self.explain
@@ -214,7 +225,7 @@ class _Pass:
             return False
         placed = None if key in self.unfit else self._place(job)
         if placed is not None and not eligibility:
-            self._start(job, *placed)
+            self._start(job, placed)
             return False
         reasons = list(eligibility)
         if placed is None:
@@ -231,12 +242,14 @@ class _Pass:
         self._wait(job, reasons)
         return not eligibility
 
-    def _place(self, job: PendingJob) -> tuple[str, tuple[str, ...]] | None:
+    def _place(self, job: PendingJob) -> list[gang.Part] | None:
         """Best fit among the nodes where the job fits now without delaying a reservation."""
         need = job.need
         end = self.now + job.time_limit if job.time_limit else math.inf
-        best: tuple[tuple[int, int, int, str], str, list[str]] | None = None
         only = self._allowed(job.placement)
+        if gang.is_gang(need):
+            return gang.place(self.nodes, self.reservations, only, need, end, job.user)
+        best: tuple[tuple[int, int, int, str], str, list[str]] | None = None
         for name, node in self.nodes.items():
             if only is not None and name not in only:
                 continue
@@ -261,28 +274,33 @@ class _Pass:
             return None
         _, name, usable = best
         if need.gpu_share is not None:
-            return name, (usable[0],)  # usable puts units with the user's shares first
-        return name, choose_units(_restricted(self.nodes[name], usable), need)
+            return [(name, (usable[0],), need)]  # usable puts units with the user's shares first
+        return [(name, choose_units(_restricted(self.nodes[name], usable), need), need)]
 
-    def _start(self, job: PendingJob, name: str, units: tuple[str, ...]) -> None:
-        node = self.nodes[name]
+    def _start(self, job: PendingJob, parts: list[gang.Part]) -> None:
         end = self.now + job.time_limit if job.time_limit else math.inf
-        node.units.difference_update(units)
-        node.cpus -= job.need.cpus
-        node.mem -= job.need.mem or 0
-        node.releases.append((end, units, job.need.cpus, job.need.mem or 0))
         share = job.need.gpu_share
-        if share is not None:
-            use = ShareUse(job.job_id, job.user, share, job.need.gpu_mem or 0)
-            for unit in units:
-                node.shares.setdefault(unit, []).append(use)
-        for reservation in self.reservations:
-            reservation.take(name, end, job.need)
-        self.usage.add(job.job_id, job.user, job.qos, job.need.gpus, job.name, job.array_job_id)
-        self.starts.append(Start(job.job_id, name, units, shared=share is not None))
+        for name, units, need in parts:
+            node = self.nodes[name]
+            node.units.difference_update(units)
+            node.cpus -= need.cpus
+            node.mem -= need.mem or 0
+            node.releases.append((end, units, need.cpus, need.mem or 0))
+            if share is not None:
+                use = ShareUse(job.job_id, job.user, share, need.gpu_mem or 0)
+                for unit in units:
+                    node.shares.setdefault(unit, []).append(use)
+            for reservation in self.reservations:
+                reservation.take(name, end, need)
+        gpus = sum(len(units) for _, units, _ in parts)
+        self.usage.add(job.job_id, job.user, job.qos, gpus, job.name, job.array_job_id)
+        (first, units, _), more = parts[0], tuple((n, u) for n, u, _ in parts[1:])
+        self.starts.append(Start(job.job_id, first, units, shared=share is not None, more=more))
         self.changed = True
 
     def _why_not(self, job: PendingJob, key: FitKey) -> str:
+        if key not in self.unfit and gang.is_gang(job.need):
+            self.unfit[key] = self._why_not_gang(job)
         if key not in self.unfit:
             only = self._allowed(job.placement)
             ruled_out = placement_reason(self.views, job.placement) if self.views else None
@@ -317,6 +335,22 @@ class _Pass:
             self.unfit[key] = reason
         return self.unfit[key]
 
+    def _why_not_gang(self, job: PendingJob) -> str:
+        ruled_out = placement_reason(self.views, job.placement) if self.views else None
+        if ruled_out is not None:
+            return ruled_out
+        found = gang.capable(self.views, job.need, job.placement)
+        never = gang.never_reason(job.need, job.placement, found)
+        if never is not None:
+            return never
+        if self.top is not None:
+            only = self._allowed(job.placement)
+            ignoring = gang.place(self.nodes, [], only, job.need, 0, job.user)
+            if ignoring is not None:
+                when = _clock(self.top.start)
+                return f"resources reserved for job {self.top.job_id} (it starts by {when})"
+        return gang.waiting_reason(self.nodes, job.need, job.user, self.running_on, found)
+
     def _settle_hopeless(self) -> None:
         """Settle, without waiting to meet one, every kind of queued job that no node has room
         for now and that has nobody to preempt (free resources and victims only shrink)."""
@@ -349,11 +383,13 @@ class _Pass:
         if not self.looked_ahead:
             self.looked_ahead = True
             if not preempted and soonest is not None:
-                start, name, units, spare_cpus, spare_mem = soonest
-                self.top = Reservation(
-                    job.job_id, name, start, frozenset(units), spare_cpus, spare_mem
-                )
-                self._reserve(self.top)
+                start, held = soonest
+                for name, units, spare_cpus, spare_mem in held:
+                    part = Reservation(
+                        job.job_id, name, start, frozenset(units), spare_cpus, spare_mem
+                    )
+                    self.top = self.top or part
+                    self._reserve(part)
 
     def _preemptible(self, node: str, qos: str) -> list[RunningJob]:
         """Running jobs on `node` that a job of `qos` may preempt (victims included)."""
@@ -370,18 +406,82 @@ class _Pass:
 
     def _soonest(
         self, job: PendingJob, reserved: frozenset[str]
-    ) -> tuple[float, str, tuple[str, ...], int, int] | None:
-        best = None
+    ) -> tuple[float, list[gang.Held]] | None:
+        """When the job can start at the earliest, and what to reserve on each node."""
         only = self._allowed(job.placement)
+        if gang.is_gang(job.need):
+            return gang.soonest(self.nodes, only, job.need, self.now, reserved, job.user)
+        best = None
         for name, node in self.nodes.items():
             if only is not None and name not in only:
                 continue
             found = earliest(node, job.need, self.now, reserved, job.user)
             if found is not None and (best is None or (found[0], name) < (best[0], best[1])):
                 best = (found[0], name, found[1], found[2], found[3])
-        return best
+        if best is None:
+            return None
+        return best[0], [(best[1], best[2], best[3], best[4])]
+
+    def _preempt_gang(self, job: PendingJob, reserved: frozenset[str]) -> bool:
+        """Preempt across nodes: each of the job's nodes freed by victims on it."""
+
+        def candidates(name: str) -> list[RunningJob]:
+            return [
+                r
+                for r in self._preemptible(name, job.qos)
+                if r.job_id not in self.victims and not reserved.intersection(r.gpus)
+            ]
+
+        only = self._allowed(job.placement)
+        found = gang.victims_across(
+            self.nodes, only, job.need, self.now, reserved, job.user, candidates
+        )
+        if found is None:
+            return False
+        for name, need, chosen in found:
+            self._claim(job, name, need, chosen, reserved)
+        return True
+
+    def _claim(
+        self,
+        job: PendingJob,
+        name: str,
+        need: Resources,
+        chosen: list[RunningJob],
+        reserved: frozenset[str],
+    ) -> None:
+        """Hold the units `chosen` free on `name` for `job` from the end of their kill grace,
+        and stop each victim (every node of it) once."""
+        node = self.nodes[name]
+        eligible = {u.uuid for u in node.view.eligible(need)}
+        freed = {u for v in chosen for u in v.gpus if u in eligible}
+        units = tuple(u for u in node.usable(need, user=job.user) if u not in reserved)
+        units = (units + tuple(u for u in _ordered(node, freed) if u not in units))[: need.gpus]
+        grace = self.now + self.policy.kill_grace
+        self._reserve(Reservation(job.job_id, name, grace, frozenset(units), 0, 0))
+        self.changed = True
+        for victim in chosen:
+            if victim.job_id in self.victims:
+                continue
+            self.victims.add(victim.job_id)
+            parts = self.parts_of.get(victim.job_id, [victim])
+            self.preemptions.append(Preemption(victim.job_id, job.job_id, parts[0].node))
+            if len(parts) > 1:  # its other nodes free up when it stops, too
+                for part in parts:
+                    self._releasing(part, grace)
+
+    def _releasing(self, part: RunningJob, moment: float) -> None:
+        node = self.nodes.get(part.node)
+        if node is None:
+            return
+        for i, (end, units, cpus, mem) in enumerate(node.releases):
+            if units == part.gpus and end == part.end_estimate:
+                node.releases[i] = (min(end, moment), units, cpus, mem)
+                return
 
     def _preempt_for(self, job: PendingJob, reserved: frozenset[str]) -> bool:
+        if gang.is_gang(job.need):
+            return self._preempt_gang(job, reserved)
         options = []
         only = self._allowed(job.placement)
         for name, node in self.nodes.items():
@@ -408,19 +508,7 @@ class _Pass:
         if best is None:
             return False
         _, _, name, chosen = best
-        node = self.nodes[name]
-        eligible = {u.uuid for u in node.view.eligible(job.need)}
-        freed = {u for v in chosen for u in v.gpus if u in eligible}
-        units = tuple(u for u in node.usable(job.need, user=job.user) if u not in reserved)
-        units = (units + tuple(u for u in _ordered(node, freed) if u not in units))[: job.need.gpus]
-        claim = Reservation(
-            job.job_id, name, self.now + self.policy.kill_grace, frozenset(units), 0, 0
-        )
-        self._reserve(claim)
-        self.changed = True
-        for victim in chosen:
-            self.victims.add(victim.job_id)
-            self.preemptions.append(Preemption(victim.job_id, job.job_id, name))
+        self._claim(job, name, job.need, chosen, reserved)
         return True
 
     # ---- explaining ----------------------------------------------------------------------------
@@ -438,8 +526,9 @@ class _Pass:
                 self.waiting[reservation.job_id] = Waiting(found.reasons, reservation.start)
         limit = self.policy.settings.explain_limit
         todo = [b for b in self.blocked_order if b[0] not in {r.job_id for r in self.reservations}]
+        held = {b[0]: b[2] for b in self.blocked_order}  # a reserved job's time limit
         estimates = estimate_starts(
-            list(self.nodes.values()), todo[:limit], self.reservations, self.now
+            list(self.nodes.values()), todo[:limit], self.reservations, self.now, held
         )
         for job_id, moment in estimates.items():
             self.waiting[job_id] = Waiting(self.waiting[job_id].reasons, moment)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import math
 from collections import Counter
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from gpuq.domain.model import Resources
@@ -108,10 +109,14 @@ def estimate_starts(
     jobs: list[tuple[int, Resources, float | None, frozenset[str] | None]],
     reservations: list[Reservation],
     now: float,
+    held_for: Mapping[int, float | None] | None = None,
 ) -> dict[int, float]:
     """List scheduling of blocked jobs in queue order over the GPU units' free times: an
     estimate of when each starts (CPUs and memory are not modelled; GPU-less jobs not either),
-    each on the nodes its placement allows (None: any)."""
+    each on the nodes its placement allows (None: any). A job of N nodes starts when N nodes
+    have its units free (GPU types are not matched across them: an estimate); an --exclusive
+    one needs every unit of each node. A reservation's units are taken from its start for
+    `held_for[job]` seconds (the reserved job's time limit; unknown: for good)."""
     free_at: dict[str, dict[str, float]] = {}
     for node in nodes:
         times = dict.fromkeys(node.units, now)
@@ -120,30 +125,34 @@ def estimate_starts(
                 times[unit] = max(times.get(unit, now), end)  # shares: the last one's end
         for reservation in reservations:
             if reservation.node == node.view.name:
+                held = (held_for or {}).get(reservation.job_id)
+                until = math.inf if held is None else reservation.start + held
                 for unit in reservation.units:
-                    times[unit] = math.inf
+                    times[unit] = until
         free_at[node.view.name] = times
     estimates: dict[int, float] = {}
     for job_id, need, limit, only in jobs:
-        best: tuple[float, str, list[str]] | None = None
+        found: list[tuple[float, str, list[str]]] = []
         for node in nodes:
             if not node.view.up or need.gpus == 0:
                 continue
             if only is not None and node.view.name not in only:
                 continue
             times = free_at[node.view.name]
-            eligible = sorted(
-                (times.get(u.uuid, math.inf), u.uuid) for u in node.view.eligible(need)
-            )
-            if len(eligible) < need.gpus:
+            kinds = node.view.units if need.exclusive else node.view.eligible(need)
+            eligible = sorted((times.get(u.uuid, math.inf), u.uuid) for u in kinds)
+            count = len(eligible) if need.exclusive else need.gpus
+            if len(eligible) < need.gpus or count == 0:
                 continue
-            moment = eligible[need.gpus - 1][0]
-            if best is None or moment < best[0]:
-                best = (moment, node.view.name, [u for _, u in eligible[: need.gpus]])
-        if best is None or math.isinf(best[0]):
+            moment = eligible[count - 1][0]
+            found.append((moment, node.view.name, [u for _, u in eligible[:count]]))
+        if len(found) < need.nodes:
             continue
-        moment, name, chosen = best
-        estimates[job_id] = max(moment, now)
-        for unit in chosen:
-            free_at[name][unit] = math.inf if limit is None else estimates[job_id] + limit
+        chosen = sorted(found, key=lambda f: f[0])[: need.nodes]  # stable: node order on ties
+        if math.isinf(chosen[-1][0]):
+            continue
+        estimates[job_id] = max(chosen[-1][0], now)
+        for _, name, taken in chosen:
+            for unit in taken:
+                free_at[name][unit] = math.inf if limit is None else estimates[job_id] + limit
     return estimates

@@ -40,6 +40,10 @@ class Policy:
 
 @dataclass(frozen=True, slots=True)
 class RunningJob:
+    """A running job on one node. A job that spans nodes is given as one RunningJob per node
+    (same job_id; that node's units, CPUs and memory; its first node first): releases and
+    per-node views stay per node, and whatever counts jobs counts it once."""
+
     job_id: int
     user: str
     qos: str
@@ -52,6 +56,7 @@ class RunningJob:
     name: str = ""
     array_job_id: int | None = None
     stopping: bool = False  # a stop (cancel, preemption, timeout) was requested
+    nodes: int = 1  # how many nodes (parts) the whole job has
 
 
 @dataclass(frozen=True, slots=True)
@@ -89,22 +94,28 @@ class PendingJob:
 
 @dataclass(frozen=True, slots=True)
 class Start:
+    """Start a job: on `node` with units `gpus`, and for a job of several nodes also on each
+    of `more` (node, units), all at once. The first node runs the batch script.
+
+    Per node the job gets its need's cpus and mem, except: --exclusive takes every CPU and
+    byte of the node (and every unit: they are in `gpus`), --mem=0 every byte."""
+
     job_id: int
     node: str
     gpus: tuple[str, ...]
     shared: bool = False  # an MPS share of gpus[0], beside other shares of its user
-    # a multi-node start's other nodes and their units (node and gpus are the first node's,
-    # where the batch script runs)
-    more: tuple[tuple[str, tuple[str, ...]], ...] = ()
+    more: tuple[tuple[str, tuple[str, ...]], ...] = ()  # the other nodes and their units
 
     @property
     def parts(self) -> tuple[tuple[str, tuple[str, ...]], ...]:
-        """(node, units) of every node the job starts on, the first first."""
+        """(node, units) of every node, the first node first."""
         return ((self.node, self.gpus), *self.more)
 
 
 @dataclass(frozen=True, slots=True)
 class Preemption:
+    """Stop job `victim` (all its nodes; `node` is its first) for job `preemptor`."""
+
     victim: int
     preemptor: int
     node: str
