@@ -287,6 +287,11 @@ class NetnsCluster(Cluster):
             flags=re.MULTILINE,
         )
         assert found == 1, "Cluster's config.toml has no listen line to move to the bridge"
+        # jobs' own gpuq commands (srun's FailJob) reach the coordinator by its Unix socket,
+        # which a network namespace does not hide (a real node's users have TLS and a token)
+        socket = f'job_coordinator = "unix:{self.home / "gpuq.sock"}"\n'
+        assert "[agent]\n" in text, "Cluster's config.toml has no [agent] section"
+        text = text.replace("[agent]\n", "[agent]\n" + socket, 1)
         config_file.write_text(text)
 
     def start_agent(self, name: str, fake_gpus: str, tcp: bool = True) -> None:

@@ -103,7 +103,7 @@ class Launcher:
             switch_user=os.geteuid() == 0,  # a job runs as its submitter (the supervisor)
             python=sys.executable,
             shim_dir=shim_dir() if s.slurm_shims else "",
-            coordinator=self.address,
+            coordinator=s.job_coordinator or unix_only(self.address),
         )
 
     def node_changed(self) -> None:
@@ -243,6 +243,13 @@ class Launcher:
             )
             for job_id in self.held
         ]
+
+
+def unix_only(address: str) -> str:
+    """The agent's coordinator address for jobs, when it is Unix sockets only (which users
+    on this machine may use as well); "" for TCP (a user needs a token: their own config)."""
+    parts = split_addresses(address)
+    return address if parts and all(p.startswith("unix:") for p in parts) else ""
 
 
 def launch_order(launch: apb.JobLaunch) -> LaunchOrder:

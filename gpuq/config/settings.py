@@ -157,6 +157,10 @@ class AgentSettings:
     # `srun` and `scontrol` first on jobs' PATH (gpuq's shims: scripts written for SLURM run
     # unchanged); false where gpuq runs beside a real SLURM whose commands jobs should find
     slurm_shims: bool = True
+    # where jobs' own `gpuq` commands reach the coordinator (GPUQ_COORDINATOR in every job; srun
+    # ends a job whose task failed through it); "": this agent's coordinator address when that
+    # is a Unix socket (users may use it too), else none (users' own configuration applies)
+    job_coordinator: str = ""
 
 
 @dataclass(frozen=True, slots=True)

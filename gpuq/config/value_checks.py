@@ -417,6 +417,7 @@ RULES: dict[str, dict[str, Check]] = {
         "features": _features,
         "address": _ip_address,
         "slurm_shims": _boolean,
+        "job_coordinator": _coordinator_address,
     },
     "client": {
         "tls_ca": _absolute_path,

@@ -10,6 +10,7 @@ import contextlib
 import queue
 import socket
 import threading
+import time
 from dataclasses import dataclass
 from typing import Any
 
@@ -21,6 +22,9 @@ from gpuq.steps.step_wire import (
     send,
     unpack_bytes,
 )
+
+# seconds a step waits for a step worker that is not listening yet (it starts with the job)
+WORKER_START_PATIENCE = 60.0
 
 
 @dataclass
@@ -52,8 +56,19 @@ class RemoteNode:
         self.lock = threading.Lock()
         self.closing = False
 
-    def connect(self, key: bytes) -> None:
-        sock = socket.create_connection((self.addr, self.port), timeout=HANDSHAKE_TIMEOUT)
+    def connect(self, key: bytes, patience: float = WORKER_START_PATIENCE) -> None:
+        """Connect and prove the key. The job's step workers start at the same moment as
+        its script, so a worker not listening yet (connection refused) is tried again for up
+        to `patience` seconds; any other failure is at once."""
+        deadline = time.monotonic() + patience
+        while True:
+            try:
+                sock = socket.create_connection((self.addr, self.port), timeout=HANDSHAKE_TIMEOUT)
+                break
+            except ConnectionRefusedError:
+                if time.monotonic() >= deadline:
+                    raise
+                time.sleep(0.1)
         try:
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             answer_challenge(sock, key)
