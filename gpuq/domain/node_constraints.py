@@ -222,8 +222,8 @@ def _check_nodes(field_name: str, names: tuple[str, ...]) -> None:
 class Placement:
     """sbatch's --nodelist, --exclude and --constraint; empty: anywhere.
 
-    A gpuq job runs on one node, so `nodelist` is the nodes it may run on (any one of them),
-    not sbatch's "all of these". `constraint` matches a node's features: its `[agent]
+    `nodelist` is the nodes a job may run on (any one of them, or any `--nodes N` of them),
+    not sbatch's "all of these must be in the allocation". `constraint` matches a node's features: its `[agent]
     features` and the types of its GPUs (a node with an A100 has the feature a100)."""
 
     nodelist: tuple[str, ...] = ()
