@@ -51,6 +51,7 @@ from gpuq.v1 import agent_pb2 as apb
 from gpuq.v1 import types_pb2 as pb
 
 log = logging.getLogger(__name__)
+MAX_CPUS = 1 << 16  # more than any node has: "every CPU"
 # a launch this node cannot start (its fork server is down) is reported this much later, so that
 # a coordinator that sends it straight back here does not spin
 REFUSE_HOLD = 5.0
@@ -131,7 +132,9 @@ class Launcher:
                 self._fail(job_id, refusal, attempt)
                 return
             mps = await self._share(order, launch.spec.resources, account)
-            cpus = self.gpus.place(job_id, order.gpus, order.spec.resources.cpus)
+            res = order.spec.resources
+            # an --exclusive job has the whole node: every CPU, so it is bound to none
+            cpus = self.gpus.place(job_id, order.gpus, MAX_CPUS if res.exclusive else res.cpus)
             spec = build_launch(order, self.policy, cpus=cpus, account=account, mps=mps)
             if mps is not None:
                 self.gpus.holders.set_share(job_id, mps.mem_limit)

@@ -223,8 +223,9 @@ class Placement:
     """sbatch's --nodelist, --exclude and --constraint; empty: anywhere.
 
     `nodelist` is the nodes a job may run on (any one of them, or any `--nodes N` of them),
-    not sbatch's "all of these must be in the allocation". `constraint` matches a node's features: its `[agent]
-    features` and the types of its GPUs (a node with an A100 has the feature a100)."""
+    not sbatch's "all of these must be in the allocation". `constraint` matches a node's
+    features: its `[agent] features` and the types of its GPUs (a node with an A100 has the
+    feature a100)."""
 
     nodelist: tuple[str, ...] = ()
     exclude: tuple[str, ...] = ()

@@ -204,3 +204,28 @@ def test_a_job_is_charged_for_every_gpu_on_every_node(store: Store) -> None:
         assert used == pytest.approx(400, rel=0.01)  # 4 GPUs x 100 s
 
     run(store, body, clock=clock)
+
+
+def test_a_restarted_coordinator_knows_where_a_multi_node_job_runs(store: Store) -> None:
+    """The nodes, MASTER_PORT and step secret of a start are kept with the job: a
+    coordinator that restarts sends the same launch again to an agent that asks."""
+    kept: dict[str, object] = {}
+
+    async def first(co: Coordinator) -> None:
+        agents = await two_nodes(co)
+        alice = InProcessClient(co, "alice")
+        [job_id] = await alice.submit_spec(gang_spec())
+        sent = await launches(agents, job_id)
+        job = co.jobs.jobs[job_id]
+        kept.update(
+            id=job_id, nodes=job.nodes, port=sent["n0"].master_port, key=sent["n0"].step_key
+        )
+
+    async def second(co: Coordinator) -> None:
+        job = co.jobs.jobs[int(kept["id"])]  # type: ignore[call-overload]
+        assert job.nodes == kept["nodes"]
+        assert (job.master_port, job.step_key) == (kept["port"], kept["key"])
+        assert [j.id for j in co.jobs.running_on("n1")] == [job.id]
+
+    run(store, first)
+    run(store, second)

@@ -6,12 +6,16 @@ refused with. The coordinator's side of an agent's address (agent_input.peer_add
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
 from gpuq.agent.jobs.gang_environment import Gang
 from gpuq.agent.jobs.launch_spec import LaunchOrder, NodePolicy, build_launch
+from gpuq.coordinator.nodes.agent_commands import distinct_loopbacks
 from gpuq.coordinator.nodes.agent_input import check_node_address, peer_address
 from gpuq.coordinator.scheduling.job_ports import FIRST_PORT, LAST_PORT, choose_master_port
+from gpuq.domain.interactive_jobs import Terminal
 from gpuq.domain.model import GpuUnit, JobSpec, Resources
 from gpuq.errors import InvalidInput
 
@@ -147,3 +151,23 @@ def test_a_registered_address_must_be_an_ip_address() -> None:
     assert check_node_address("10.0.0.2") == "10.0.0.2"
     with pytest.raises(InvalidInput):
         check_node_address("gpu02.lab")
+
+
+def test_nodes_on_one_machine_get_distinct_loopback_addresses() -> None:
+    """Agents on the coordinator's machine (its Unix socket) are all at 127.0.0.1: each node
+    of a job gets its own loopback address, so each step worker binds its own."""
+    assert distinct_loopbacks(["127.0.0.1", "127.0.0.1", "127.0.0.1"]) == [
+        "127.0.0.1",
+        "127.0.0.2",
+        "127.0.0.3",
+    ]
+    assert distinct_loopbacks(["10.0.0.2", "10.0.0.3"]) == ["10.0.0.2", "10.0.0.3"]
+
+
+def test_an_interactive_jobs_terminal_is_on_its_first_node_only() -> None:
+    base = order(1)
+    spec = replace(base.spec, terminal=Terminal(rows=24, cols=80, term="xterm"))
+    follower = build_launch(replace(base, spec=spec), policy("gpu02"))
+    assert follower.terminal is None and follower.stdout_path == "/dev/null"
+    leader = build_launch(replace(order(0), spec=spec), policy("gpu01"))
+    assert leader.terminal is not None

@@ -199,10 +199,11 @@ def build_launch(
     stdout, stderr = output_paths(spec, order.job_id, order.user, policy.node, array)
     if spec.terminal is not None:
         stdout = stderr = ""  # the terminal receives both
-    script, args = spec.script, spec.args
+    script, args, terminal = spec.script, spec.args, spec.terminal
     if order.gang is not None and not order.gang.leads:
         # another node of a multi-node job: a step worker, whose tasks' output goes to srun
-        script, args = step_worker_script(policy.python), ()
+        # (an interactive job's terminal is on its first node)
+        script, args, terminal = step_worker_script(policy.python), (), None
         stdout = stderr = "/dev/null"
     warning = spec.signal
     run_as = account if policy.switch_user else None
@@ -231,7 +232,7 @@ def build_launch(
         device_deny=device_rules(policy.devices, order.gpus),
         cpuset=format_cpulist(cpus) or None,
         mems=format_cpulist(mems) or None,
-        terminal=terminal_fields(spec.terminal),
+        terminal=terminal_fields(terminal),
         gpus=order.gpus,
         share_mem=mps.mem_limit if mps is not None else None,
     )

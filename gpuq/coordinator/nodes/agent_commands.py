@@ -42,7 +42,7 @@ class AgentCommands:
         for job in jobs:
             assert job.node is not None
             nodes = job.node_names
-            addresses = [self._address(n) for n in nodes]
+            addresses = distinct_loopbacks([self._address(n) for n in nodes])
             on = self.nodes.unit_nodes() if len(nodes) > 1 else {}
             for index, node in enumerate(nodes):
                 launch = self._launch(job)
@@ -125,3 +125,17 @@ class AgentCommands:
     def _attempt(self, job_id: int) -> int:
         job = self.jobs.jobs.get(job_id)
         return job.start_count if job is not None else 0
+
+
+def distinct_loopbacks(addresses: list[str]) -> list[str]:
+    """Nodes of one job that share a loopback address (agents on one machine, over its Unix
+    socket) get one each, 127.0.0.<i+1>: every step worker binds its own address at the
+    job's one step port. Linux routes all of 127/8 to the loopback device."""
+    seen: set[str] = set()
+    distinct = []
+    for index, address in enumerate(addresses):
+        if address in seen and address.startswith("127.") and index < 254:
+            address = f"127.0.0.{index + 1}"
+        seen.add(address)
+        distinct.append(address)
+    return distinct
