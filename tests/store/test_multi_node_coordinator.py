@@ -18,6 +18,7 @@ from gpuq.domain.model import JobSpec, Resources
 from gpuq.errors import PermissionDenied
 from gpuq.store.api import Store
 from gpuq.v1 import agent_pb2 as apb
+from gpuq.v1 import types_pb2 as pb
 
 
 def gang_spec(nodes: int = 2, gpus: int = 2, **resources: object) -> JobSpec:
@@ -229,3 +230,45 @@ def test_a_restarted_coordinator_knows_where_a_multi_node_job_runs(store: Store)
 
     run(store, first)
     run(store, second)
+
+
+def so_far(agent: FakeAgent, job_id: int, peak: int, util: float) -> apb.JobSample:
+    return apb.JobSample(
+        job_id=job_id,
+        at=agent.co.clock(),
+        gpu_mem=peak,
+        so_far=pb.GpuTelemetry(
+            peak_gpu_mem=peak,
+            util_mean=util,
+            util_p95=util,
+            energy=100.0,
+            samples=5,
+            seconds=10.0,
+            units=[pb.UnitTelemetry(uuid=u, peak_mem=peak // 2) for u in agent.uuids],
+        ),
+    )
+
+
+def test_a_jobs_telemetry_covers_every_nodes_gpus(store: Store) -> None:
+    """Each node's agent measures its own units; the job keeps their sum (memory, energy)
+    and their mean (utilisation), units from both nodes."""
+
+    async def body(co: Coordinator) -> None:
+        agents = await two_nodes(co)
+        alice = InProcessClient(co, "alice")
+        [job_id] = await alice.submit_spec(gang_spec())
+        await launches(agents, job_id)
+        job = await alice.wait_state(job_id, "running")
+        leader = next(a for a in agents if a.node == job.nodes[0])
+        follower = next(a for a in agents if a.node == job.nodes[1])
+        leader.beat([so_far(leader, job_id, 4 << 30, 80.0)])
+        follower.beat([so_far(follower, job_id, 2 << 30, 40.0)])
+        leader.end(job_id)
+        ended = await alice.wait_state(job_id, "completed")
+        figures = ended.telemetry
+        assert figures is not None
+        assert figures.peak_gpu_mem == 6 << 30 and figures.energy == 200.0
+        assert figures.util_mean == pytest.approx(60.0)
+        assert {u.uuid for u in figures.units} == set(leader.uuids + follower.uuids)
+
+    run(store, body)

@@ -289,7 +289,14 @@ class AgentLink:
                     self.jobs.jobs[report.job_id].start_count,
                 )
                 continue  # an earlier start's end: acknowledged below, and forgotten
-            ends.append(ending_from_report(report))
+            ending = ending_from_report(report)
+            job = self.jobs.jobs[report.job_id]
+            if len(job.node_names) > 1:  # the job's figures: every node's GPUs
+                figures = self.samples.telemetry.with_final(
+                    job.id, job.start_count, node, ending.telemetry
+                )
+                ending = replace(ending, telemetry=figures)
+            ends.append(ending)
         if ends:
             await self.endings.record(ends, Cause.agent(node))
         session = self.nodes.session(node)

@@ -25,6 +25,7 @@ from gpuq.coordinator.changes.store_writer import StoreWriter
 from gpuq.coordinator.memory.live_jobs import LiveJobs
 from gpuq.domain.limits import MAX_NODE_UNITS
 from gpuq.domain.model import JobTelemetry, SeriesPoint
+from gpuq.domain.node_telemetry import combined
 from gpuq.domain.states import JobState
 from gpuq.store.api import StoreTx
 from gpuq.v1 import agent_pb2 as apb
@@ -45,6 +46,8 @@ class RunningTelemetry:
         self.jobs = jobs
         self.clock = clock
         self._so_far: dict[int, tuple[int, JobTelemetry]] = {}  # job -> (attempt, figures)
+        # a multi-node job's figures so far from each node, combined into _so_far
+        self._by_node: dict[int, dict[str, tuple[int, JobTelemetry]]] = {}
         self._changed: set[int] = set()
         self._last_point: dict[int, float] = {}
         self._points: list[SeriesPoint] = []
@@ -57,11 +60,12 @@ class RunningTelemetry:
         now = self.clock()
         for sample in samples[:MAX_NODE_UNITS]:
             job = self.jobs.jobs.get(sample.job_id)
-            if job is None or job.state is not JobState.RUNNING or job.node != node:
+            if job is None or job.state is not JobState.RUNNING or node not in job.node_names:
                 continue
             if sample.HasField("so_far"):
-                self._so_far[job.id] = (job.start_count, telemetry_from_proto(sample.so_far))
-                self._changed.add(job.id)
+                self._keep(job.id, job.start_count, node, telemetry_from_proto(sample.so_far))
+            if node != job.node:
+                continue  # the series (a line per job) follows the first node's GPUs
             at = sample.at if math.isfinite(sample.at) and 0 < sample.at <= now + 60 else now
             point = SeriesPoint(job.id, at, min(sample.gpu_mem, 2**62), _mean_util(sample))
             recent = self._recent.setdefault(job.id, deque(maxlen=RECENT_POINTS))
@@ -74,6 +78,23 @@ class RunningTelemetry:
         if (self._changed or self._points) and now >= self._flush_at and self._flushing is None:
             self._flush_at = now + FLUSH_EVERY
             self._flushing = asyncio.get_running_loop().create_task(self._flush())
+
+    def _keep(self, job_id: int, attempt: int, node: str, figures: JobTelemetry) -> None:
+        nodes = self._by_node.setdefault(job_id, {})
+        nodes[node] = (attempt, figures)
+        parts = [f for a, f in nodes.values() if a == attempt]
+        self._so_far[job_id] = (attempt, combined(parts) or figures)
+        self._changed.add(job_id)
+
+    def with_final(
+        self, job_id: int, attempt: int, node: str, final: JobTelemetry | None
+    ) -> JobTelemetry | None:
+        """A multi-node job's figures once `node` reported its end with `final`: that node's
+        final figures with the other nodes' latest (None: no node measured anything)."""
+        parts = {n: f for n, (a, f) in self._by_node.get(job_id, {}).items() if a == attempt}
+        if final is not None:
+            parts[node] = final  # else that node's latest stands in, as for one node
+        return combined(list(parts.values()))
 
     def latest(self, job_id: int, attempt: int) -> JobTelemetry | None:
         """The latest figures of start `attempt` of a job (0: whichever start)."""
@@ -88,6 +109,7 @@ class RunningTelemetry:
         chart keeps its detail (at most RECENT_POINTS more points per job)."""
         for job_id in job_ids:
             self._so_far.pop(job_id, None)
+            self._by_node.pop(job_id, None)
             self._changed.discard(job_id)
             last = self._last_point.pop(job_id, None)
             recent = self._recent.pop(job_id, None) or ()
