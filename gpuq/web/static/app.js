@@ -23,6 +23,37 @@ class ApiError extends Error {
 
 // ---- helpers ---------------------------------------------------------------------------
 
+// A job's nodes as SLURM compresses them (gpu[01-02]): gpuq.domain.node_constraints.compress_nodes
+function nodeText(job) {
+  const names = job.nodes && job.nodes.length ? job.nodes : job.node ? [job.node] : [];
+  const groups = [];
+  for (const name of names) {
+    const m = /^(.*?[^0-9])?([0-9]{1,9})$/.exec(name);
+    const last = groups[groups.length - 1];
+    if (!m) groups.push([name, []]);
+    else if (last && last[0] === (m[1] || "") && last[1].length) last[1].push(m[2]);
+    else groups.push([m[1] || "", [m[2]]]);
+  }
+  return groups
+    .map(([prefix, numbers]) => {
+      if (numbers.length < 2) return prefix + (numbers[0] || "");
+      const runs = [];
+      for (const n of numbers) {
+        const run = runs[runs.length - 1];
+        const prev = run && run[run.length - 1];
+        const padded = prev !== undefined && (prev.startsWith("0") || n.startsWith("0"));
+        if (prev !== undefined && Number(n) === Number(prev) + 1 && (!padded || prev.length === n.length)) run.push(n);
+        else runs.push([n]);
+      }
+      return `${prefix}[${runs.map((r) => (r.length === 1 ? r[0] : `${r[0]}-${r[r.length - 1]}`)).join(",")}]`;
+    })
+    .join(",");
+}
+
+function totalGpus(res) {
+  return (res.gpus || 0) * (res.nodes || 1);
+}
+
 function h(tag, props = {}, ...children) {
   const node = document.createElement(tag);
   for (const [key, value] of Object.entries(props)) {
@@ -207,9 +238,9 @@ function queueRow(job) {
     h("td", {}, userLink(job.user)),
     h("td", { class: "name" }, (job.spec && job.spec.name) || ""),
     h("td", {}, stateBadge(job.state)),
-    h("td", { class: "num" }, String(resources.gpus || 0)),
+    h("td", { class: "num" }, String(totalGpus(resources))),
     h("td", { class: "num" }, time),
-    h("td", { class: "reason" }, running ? job.node || "" : pendingText(job)),
+    h("td", { class: "reason" }, running ? nodeText(job) : pendingText(job)),
   );
 }
 
@@ -392,12 +423,13 @@ async function jobView(id) {
     ]),
     h("h2", {}, "Resources"),
     facts([
-      ["GPUs", String(res.gpus || 0) + (res.gpu_type ? ` × ${res.gpu_type}` : "") + (res.mig ? ` (MIG ${res.mig})` : "") + (res.gpu_share ? ` (${res.gpu_share} % share)` : "")],
+      ["GPUs", String(totalGpus(res)) + ((res.nodes || 1) > 1 ? ` (${res.gpus || 0} per node)` : "") + (res.gpu_type ? ` × ${res.gpu_type}` : "") + (res.mig ? ` (MIG ${res.mig})` : "") + (res.gpu_share ? ` (${res.gpu_share} % share)` : "")],
       ["GPU memory", res.gpu_mem ? `≥ ${gib(res.gpu_mem)} GiB per GPU` : ""],
       ["CPUs", String(res.cpus || 0)],
       ["Memory", res.mem ? `${gib(res.mem)} GiB` : ""],
       ["Time limit", res.time_limit ? span(num(res.time_limit)) : "QOS default"],
-      ["Node", job.node],
+      [(job.nodes || []).length > 1 ? "Nodes" : "Node", nodeText(job)],
+      ["Tasks", (res.nodes || 1) > 1 || (res.tasks_per_node || 1) > 1 ? `${(res.nodes || 1) * (res.tasks_per_node || 1)} (${res.tasks_per_node || 1} per node)` : ""],
       ["GPUs held", (job.gpus || []).join(", ")],
       ["Enforcement", job.gpu_enforcement],
     ]),
