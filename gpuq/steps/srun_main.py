@@ -162,6 +162,7 @@ class Step:
             self.step_id,
             environ,
             self.cwd,
+            unbuffered=options.unbuffered,
         )
 
     # ---- start -------------------------------------------------------------------------

@@ -26,6 +26,7 @@ class SrunOptions:
     output: str | None = None
     error: str | None = None
     label: bool = False
+    unbuffered: bool = False  # -u: each task's output passed on as it comes, not by lines
     kill_on_bad_exit: bool | None = None  # None: the default (SLURM's KillOnBadExit=1)
     export: str | None = None
     chdir: str | None = None
@@ -53,7 +54,7 @@ OPTIONS: dict[str, tuple[str | None, str]] = {
     "overcommit": ("O", "flag"),
     "jobid": (None, "str"),
     "help": ("h", "flag"),
-    "unbuffered": ("u", "quiet-flag"),
+    "unbuffered": ("u", "flag"),
     "job-name": ("J", "quiet-str"),
     "mpi": (None, "mpi"),
     "cpu-bind": (None, "ignore-str"),

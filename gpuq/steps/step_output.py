@@ -51,6 +51,9 @@ def expand_pattern(
     return PATTERN_RE.sub(one, pattern)
 
 
+MAX_PARTIAL_LINE = 64 * 1024  # bytes of a line kept back waiting for its newline
+
+
 class OutputRouter:
     """Writes each task's bytes where they belong; called from srun's main loop only."""
 
@@ -64,9 +67,12 @@ class OutputRouter:
         step_id: int,
         environ: Mapping[str, str],
         cwd: str,
+        unbuffered: bool = False,
     ) -> None:
         self.layout = layout
         self.label = label
+        # srun's default: whole lines, so two tasks' lines never interleave mid-line
+        self.by_lines = label or not unbuffered
         self.patterns = {1: output, 2: error if error is not None else output}
         self.job_id = job_id
         self.step_id = step_id
@@ -76,15 +82,23 @@ class OutputRouter:
         self.partial: dict[tuple[int, int], bytes] = {}
 
     def write(self, rank: int, fd: int, data: bytes) -> None:
-        if not self.label:
+        if not self.by_lines:
             self._put(rank, fd, data)
             return
         pending = self.partial.pop((rank, fd), b"") + data
         lines = pending.split(b"\n")
         rest = lines.pop()
+        if len(rest) > MAX_PARTIAL_LINE:  # no newline for that long: passed on as it is
+            lines.append(rest)
+            rest = b""
+            ends = [b"\n"] * (len(lines) - 1) + [b""]
+        else:
+            ends = [b"\n"] * len(lines)
         if lines:
-            prefix = f"{rank}: ".encode()
-            self._put(rank, fd, b"".join(prefix + line + b"\n" for line in lines))
+            prefix = self._prefix(rank)
+            self._put(
+                rank, fd, b"".join(prefix + ln + end for ln, end in zip(lines, ends, strict=True))
+            )
         if rest:
             self.partial[(rank, fd)] = rest
 
@@ -93,7 +107,10 @@ class OutputRouter:
         for fd in (1, 2):
             rest = self.partial.pop((rank, fd), b"")
             if rest:
-                self._put(rank, fd, f"{rank}: ".encode() + rest)
+                self._put(rank, fd, self._prefix(rank) + rest)
+
+    def _prefix(self, rank: int) -> bytes:
+        return f"{rank}: ".encode() if self.label else b""
 
     def _put(self, rank: int, fd: int, data: bytes) -> None:
         pattern = self.patterns[fd]
