@@ -17,6 +17,7 @@ import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
+from gpuq.domain.model import MAX_TASKS_PER_NODE
 from gpuq.domain.node_constraints import compress_nodes
 from gpuq.errors import InvalidInput
 
@@ -97,6 +98,12 @@ def plan(job: JobShape, step: StepRequest) -> Layout:
         ntasks = step.ntasks_per_node * used
     else:
         ntasks = job.tasks_per_node * used
+    if ntasks > used * MAX_TASKS_PER_NODE or (step.ntasks_per_node or 0) > MAX_TASKS_PER_NODE:
+        raise InvalidInput(
+            "--ntasks",
+            ntasks,
+            f"at most {MAX_TASKS_PER_NODE} tasks per node, even with --overcommit",
+        )
     # a node's task slots: the job's tasks there, or as many as its CPUs hold (SLURM's limit)
     capacity = max(job.tasks_per_node, job.cpus_on_node // (step.cpus_per_task or 1))
     limit = step.ntasks_per_node if step.ntasks_per_node is not None else capacity

@@ -125,3 +125,13 @@ def test_job_shape_from_the_agents_environment() -> None:
     assert job.gpus_per_task is None
     with pytest.raises(InvalidInput, match="one address per node"):
         job_shape({"GPUQ_JOB_NODES": "a,b", "GPUQ_NODE_ADDRS": "10.0.0.2"})
+
+
+def test_overcommit_still_has_a_ceiling() -> None:
+    """--overcommit lifts the job's slots, not every bound: a step of a billion tasks is one
+    refusal, not a billion processes."""
+    with pytest.raises(InvalidInput, match="tasks per node"):
+        plan(shape(2), StepRequest(ntasks=10**9, overcommit=True))
+    with pytest.raises(InvalidInput, match="tasks per node"):
+        plan(shape(2), StepRequest(ntasks_per_node=10**6, overcommit=True))
+    assert sum(plan(shape(2), StepRequest(ntasks=64, overcommit=True)).counts) == 64
