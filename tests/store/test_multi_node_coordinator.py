@@ -8,6 +8,7 @@ themselves (the script on the first node, step workers on the others) are tests/
 from __future__ import annotations
 
 import re
+from dataclasses import replace
 
 import pytest
 from harness import Clock, FakeAgent, InProcessClient, eventually, passes_ran, run
@@ -15,7 +16,8 @@ from harness import Clock, FakeAgent, InProcessClient, eventually, passes_ran, r
 from gpuq.config.settings import CoordinatorSettings
 from gpuq.coordinator.server import Coordinator
 from gpuq.domain.model import JobSpec, Resources
-from gpuq.errors import PermissionDenied
+from gpuq.domain.states import JobState
+from gpuq.errors import PermissionDenied, Unsatisfiable
 from gpuq.store.api import Store
 from gpuq.v1 import agent_pb2 as apb
 from gpuq.v1 import types_pb2 as pb
@@ -270,5 +272,56 @@ def test_a_jobs_telemetry_covers_every_nodes_gpus(store: Store) -> None:
         assert figures.peak_gpu_mem == 6 << 30 and figures.energy == 200.0
         assert figures.util_mean == pytest.approx(60.0)
         assert {u.uuid for u in figures.units} == set(leader.uuids + follower.uuids)
+
+    run(store, body)
+
+
+def test_more_nodes_than_the_cluster_can_ever_give_is_refused_at_submission(
+    store: Store,
+) -> None:
+    async def body(co: Coordinator) -> None:
+        await two_nodes(co)
+        alice = InProcessClient(co, "alice")
+        with pytest.raises(Unsatisfiable, match="needs 3 nodes"):
+            await alice.submit_spec(gang_spec(nodes=3))
+        with pytest.raises(Unsatisfiable, match="only 2 nodes"):
+            await alice.submit_spec(gang_spec(nodes=3))
+        assert await alice.list_raw() == []  # nothing was created
+
+    run(store, body)
+
+
+def test_a_higher_tier_preempts_a_multi_node_job_on_every_node_and_requeues_it_once(
+    store: Store,
+) -> None:
+    async def body(co: Coordinator) -> None:
+        agents = await two_nodes(co)
+        alice = InProcessClient(co, "alice")
+        [low] = await alice.submit_spec(replace(gang_spec(), qos="low"))
+        await launches(agents, low)
+        [high] = await alice.submit_spec(replace(gang_spec(), qos="high"))
+        for agent in agents:  # both parts of the victim are stopped, as preempted
+            await eventually(lambda agent=agent: _true(stops_of(agent, low)))
+            assert stops_of(agent, low)[0].end_state == "preempted"
+        await launches(agents, high)
+        again = await alice.wait_state(low, "pending")
+        assert again.requeue_count == 1
+
+    run(store, body)
+
+
+def test_a_time_limit_on_one_node_ends_the_job_everywhere(store: Store) -> None:
+    async def body(co: Coordinator) -> None:
+        agents = await two_nodes(co)
+        alice = InProcessClient(co, "alice")
+        [job_id] = await alice.submit_spec(gang_spec(time_limit=60))
+        sent = await launches(agents, job_id)
+        assert {s.time_limit for s in sent.values()} == {60}  # each node's supervisor knows
+        job = await alice.wait_state(job_id, "running")
+        leader = next(a for a in agents if a.node == job.nodes[0])
+        follower = next(a for a in agents if a.node == job.nodes[1])
+        leader.end(job_id, signal=15, state=JobState.TIMEOUT)
+        await alice.wait_state(job_id, "timeout")
+        await eventually(lambda: _true(stops_of(follower, job_id)))
 
     run(store, body)

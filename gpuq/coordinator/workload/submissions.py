@@ -18,6 +18,7 @@ from gpuq.domain.states import JobState
 from gpuq.domain.units import format_duration, format_size
 from gpuq.errors import GpuqError, InvalidInput, Unsatisfiable
 from gpuq.scheduler.fitting import never_fits, never_fits_reason
+from gpuq.scheduler.gang import capable, is_gang, never_reason
 from gpuq.store.api import StoreTx
 from gpuq.store.records import NewJob
 
@@ -69,6 +70,11 @@ class Submissions:
         views = self.nodes.views(self.jobs.in_state(JobState.RUNNING))
         if views and all(never_fits(v, spec.resources, spec.placement) for v in views):
             raise Unsatisfiable(never_fits_reason(views, spec.resources, spec.placement))
+        if views and is_gang(spec.resources):  # N nodes, each able to hold its part
+            found = capable(views, spec.resources, spec.placement)
+            never = never_reason(spec.resources, spec.placement, found)
+            if never is not None:
+                raise Unsatisfiable(never)
         if tier.max_submitted_jobs is not None:
             mine = sum(
                 len(j.tasks) or 1
