@@ -152,8 +152,8 @@ def test_the_user_cannot_read_the_job_folder(state: Path, unix_user: UnixUser) -
 def test_a_planted_link_does_not_write_through_as_root(
     state: Path, unix_user: UnixUser, tmp_path: Path
 ) -> None:
-    """The user links gpuq-<id>.out to a root file: the job opens it as the user, who may not
-    write it, so the job fails and the root file is unchanged."""
+    """The user links gpuq-<id>.out to a root file: the job never follows a final symlink
+    (and opens as the user, who may not write it), so it fails and the root file is unchanged."""
     victim_dir = Path(tempfile.mkdtemp(prefix="gpuqt-victim-"))
     victim_dir.chmod(0o755)
     victim = victim_dir / "root-file"
@@ -165,7 +165,10 @@ def test_a_planted_link_does_not_write_through_as_root(
         assert run_as(unix_user, ["-c", plant]).returncode == 0
         end = launch_all(state, job_spec(unix_user, 1, "echo pwned\n", work))[1]
         assert end.end_state == "failed"
-        assert end.reason == f"launch failed: cannot open {work}/gpuq-1.out: Permission denied"
+        assert end.reason == (
+            f"launch failed: output file {work}/gpuq-1.out is a symbolic link; "
+            "refusing to write through it"
+        )
         assert victim.read_text() == "root's\n"
         assert victim.stat().st_uid == 0
     finally:

@@ -51,6 +51,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <grp.h>
+#include <limits.h>
 #include <math.h>
 #include <poll.h>
 #include <pwd.h>
@@ -63,6 +64,7 @@
 #include <sys/prctl.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
+#include <sys/sysmacros.h>
 #include <sys/un.h>
 #include <sys/wait.h>
 #include <termios.h>
@@ -510,12 +512,24 @@ static int read_spec(supervisor *s, const char *text, size_t len, const char **p
 
 /* ---- starting the job ---- */
 
+/* why an output file was refused (beyond an errno): its kind, its owner, its mode */
+enum { REFUSED_NONE, REFUSED_LINK, REFUSED_KIND, REFUSED_OWNER, REFUSED_LINKS, REFUSED_MODE };
+
 typedef struct {
     int step, err;
+    int refused;    /* REFUSED_*: an output file the job must not write into */
+    unsigned owner; /* with REFUSED_OWNER: the file's uid */
+    unsigned mode;  /* with REFUSED_KIND/REFUSED_MODE: its st_mode */
 } launch_failure;
 
 static void __attribute__((noreturn)) child_fail(int fd, int step) {
-    launch_failure failure = {step, errno};
+    launch_failure failure = {step, errno, REFUSED_NONE, 0, 0};
+    (void)!write(fd, &failure, sizeof failure);
+    _exit(127);
+}
+
+static void __attribute__((noreturn)) output_refused(int fd, int step, int refused, const struct stat *st) {
+    launch_failure failure = {step, 0, refused, st ? (unsigned)st->st_uid : 0, st ? (unsigned)st->st_mode : 0};
     (void)!write(fd, &failure, sizeof failure);
     _exit(127);
 }
@@ -533,12 +547,90 @@ typedef struct {
 
 static void __attribute__((noreturn)) exec_job(const child_args *a, int target);
 
+static int is_dev_null(const struct stat *st) {
+    struct stat null;
+    if (!S_ISCHR(st->st_mode)) return 0;
+    if (stat("/dev/null", &null) == 0 && S_ISCHR(null.st_mode)) return st->st_rdev == null.st_rdev;
+    return st->st_rdev == makedev(1, 3);
+}
+
+/* Whether users other than the job's may write in the folder holding `path`: a group- or
+ * world-writable folder (sticky or not), or one another user owns (root is trusted). */
+static int folder_shared(const char *path, uid_t uid) {
+    char folder[PATH_MAX];
+    const char *slash = strrchr(path, '/');
+    size_t n = slash == NULL ? 0 : (slash == path ? 1 : (size_t)(slash - path));
+    if (n >= sizeof folder) return 1;
+    if (n == 0) strcpy(folder, ".");
+    else {
+        memcpy(folder, path, n);
+        folder[n] = '\0';
+    }
+    struct stat st;
+    if (stat(folder, &st) != 0) return 1;
+    return (st.st_mode & (S_IWGRP | S_IWOTH)) != 0 || (st.st_uid != uid && st.st_uid != 0);
+}
+
+/* An output file, opened as the job's user (in the vfork child: system calls only) so that
+ * another user cannot plant it: never through a final symlink (O_NOFOLLOW), never blocking
+ * on a FIFO (O_NONBLOCK for the open), a regular file or /dev/null only. A file that already
+ * exists in a folder others can write to must be the user's, have no other hard link, and be
+ * writable by group or others only as far as the user's own umask would have made it; it is
+ * truncated (unless appending) only once it has passed. */
+static int open_output(const launch_spec *spec, const char *path, mode_t mode, int err_fd, int step) {
+    int base = O_WRONLY | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK | (spec->append ? O_APPEND : 0);
+    uid_t uid = spec->has_uid ? spec->uid : getuid();
+    struct stat st;
+    int fd = -1, created = 0;
+    for (int tries = 0; fd < 0 && tries < 8; tries++) {
+        fd = open(path, base | O_CREAT | O_EXCL, mode);
+        if (fd >= 0) {
+            created = 1;
+            break;
+        }
+        if (errno != EEXIST) child_fail(err_fd, step);
+        /* it exists: look before opening (a device's open may act) */
+        if (lstat(path, &st) != 0) {
+            if (errno == ENOENT) continue; /* gone meanwhile: create it again */
+            child_fail(err_fd, step);
+        }
+        if (S_ISLNK(st.st_mode)) output_refused(err_fd, step, REFUSED_LINK, &st);
+        if (!S_ISREG(st.st_mode) && !is_dev_null(&st)) output_refused(err_fd, step, REFUSED_KIND, &st);
+        fd = open(path, base, 0);
+        if (fd >= 0) break;
+        if (errno == ENOENT) continue;
+        if (errno == ELOOP) output_refused(err_fd, step, REFUSED_LINK, NULL);
+        if (errno == ENXIO) { /* a FIFO without a reader, or a socket, put there meanwhile */
+            st.st_mode = S_IFIFO;
+            output_refused(err_fd, step, REFUSED_KIND, &st);
+        }
+        child_fail(err_fd, step);
+    }
+    if (fd < 0) {
+        errno = ENOENT;
+        child_fail(err_fd, step);
+    }
+    if (fstat(fd, &st) != 0) child_fail(err_fd, step);
+    if (!S_ISREG(st.st_mode) && !is_dev_null(&st)) output_refused(err_fd, step, REFUSED_KIND, &st);
+    if (S_ISREG(st.st_mode) && !created) {
+        if (folder_shared(path, uid)) {
+            mode_t own = spec->has_umask ? 0666 & ~spec->umask : 0600; /* what the user's jobs create */
+            if (st.st_uid != uid) output_refused(err_fd, step, REFUSED_OWNER, &st);
+            if (st.st_nlink != 1) output_refused(err_fd, step, REFUSED_LINKS, &st);
+            if (st.st_mode & (S_IWGRP | S_IWOTH) & ~own) output_refused(err_fd, step, REFUSED_MODE, &st);
+        }
+        if (!spec->append && ftruncate(fd, 0) != 0) child_fail(err_fd, step);
+    }
+    int flags = fcntl(fd, F_GETFL);
+    if (flags < 0 || fcntl(fd, F_SETFL, flags & ~O_NONBLOCK) != 0) child_fail(err_fd, step);
+    return fd;
+}
+
 static void __attribute__((noreturn)) child(const child_args *a) {
     const launch_spec *spec = a->spec;
     const char *script = a->script;
     int ngroups = a->ngroups, err_fd = a->err_fd;
     gid_t *groups = a->groups;
-    int flags = O_WRONLY | O_CREAT | O_CLOEXEC | (spec->append ? O_APPEND : O_TRUNC);
     int target = -1;
     /* an interactive job leads a session of its own whose controlling terminal is its pty (so
      * that ^C, ^Z and SIGWINCH reach it, as on a login); a batch job only leads a group */
@@ -583,11 +675,9 @@ static void __attribute__((noreturn)) child(const child_args *a) {
         umask(spec->umask);
         mode = 0666;
     }
-    int out = open(spec->stdout_path, flags, mode);
-    if (out < 0) child_fail(err_fd, STEP_STDOUT);
+    int out = open_output(spec, spec->stdout_path, mode, err_fd, STEP_STDOUT);
     int err = out;
-    if (strcmp(spec->stderr_path, spec->stdout_path) != 0 && (err = open(spec->stderr_path, flags, mode)) < 0)
-        child_fail(err_fd, STEP_STDERR);
+    if (strcmp(spec->stderr_path, spec->stdout_path) != 0) err = open_output(spec, spec->stderr_path, mode, err_fd, STEP_STDERR);
     if (dup2(out, 1) < 0 || dup2(err, 2) < 0) child_fail(err_fd, STEP_STDOUT);
     exec_job(a, target);
 }
@@ -618,6 +708,34 @@ static pid_t __attribute__((noinline)) vfork_child(const child_args *args) {
     pid_t pid = vfork();
     if (pid == 0) child(args);
     return pid;
+}
+
+static const char *file_kind(unsigned mode) {
+    if (S_ISFIFO(mode)) return "a FIFO";
+    if (S_ISSOCK(mode)) return "a socket";
+    if (S_ISCHR(mode)) return "a character device";
+    if (S_ISBLK(mode)) return "a block device";
+    if (S_ISDIR(mode)) return "a folder";
+    return "not a regular file";
+}
+
+/* The one line that names a refused output file and why (in the supervisor, not the child:
+ * the owner's name needs the passwd database). */
+static void output_refusal(char *out, size_t size, const char *path, const launch_failure *f) {
+    char owner[300];
+    struct passwd *entry = f->refused == REFUSED_OWNER ? getpwuid((uid_t)f->owner) : NULL;
+    if (entry != NULL) snprintf(owner, sizeof owner, "%.200s", entry->pw_name);
+    else snprintf(owner, sizeof owner, "uid %u", f->owner);
+    if (f->refused == REFUSED_LINK)
+        snprintf(out, size, "launch failed: output file %s is a symbolic link; refusing to write through it", path);
+    else if (f->refused == REFUSED_KIND)
+        snprintf(out, size, "launch failed: output file %s is %s, not a regular file; refusing to write into it", path, file_kind(f->mode));
+    else if (f->refused == REFUSED_OWNER)
+        snprintf(out, size, "launch failed: output file %s belongs to %s; refusing to write into a file another user planted", path, owner);
+    else if (f->refused == REFUSED_LINKS)
+        snprintf(out, size, "launch failed: output file %s has another hard link, in a folder other users can write to; refusing to write into it", path);
+    else
+        snprintf(out, size, "launch failed: output file %s is writable by other users (mode %04o), in a folder other users can write to; refusing to write into it", path, f->mode & 07777);
 }
 
 static void spawn_job(supervisor *s, const char *script, const child_args *joins) {
@@ -659,7 +777,9 @@ static void spawn_job(supervisor *s, const char *script, const child_args *joins
     else if (failure.step == STEP_STDERR) detail = spec->stderr_path;
     else if (failure.step == STEP_EXEC) detail = script;
     const char *step = failure.step >= 0 && failure.step < STEP_COUNT ? steps[failure.step] : "start";
-    snprintf(s->launch_error, sizeof s->launch_error, "launch failed: cannot %s%s: %s", step, detail, strerror(failure.err));
+    if (failure.refused != REFUSED_NONE && (failure.step == STEP_STDOUT || failure.step == STEP_STDERR))
+        output_refusal(s->launch_error, sizeof s->launch_error, detail, &failure);
+    else snprintf(s->launch_error, sizeof s->launch_error, "launch failed: cannot %s%s: %s", step, detail, strerror(failure.err));
 }
 
 /* ---- the agent link ---- */
