@@ -51,6 +51,10 @@ class CoordinatorSettings:
     # is of this order: an agent restart or a short network cut costs no job)
     heartbeat_timeout: float = 300.0
     kill_grace: float = 30.0
+    # the longest a user's write (submit, update, cancel, hold, release, requeue) waits for
+    # the job store: one it cannot take (disk full, database down) answers "storage
+    # unavailable" within this many seconds instead of waiting for it to come back
+    store_write_timeout: float = 5.0
     # a user's queued and running jobs, an array counting every task not yet ended: what
     # one person may keep in the coordinator's memory (about 76 bytes a waiting array task)
     max_queued_per_user: int = 200_000

@@ -344,6 +344,7 @@ RULES: dict[str, dict[str, Check]] = {
         "heartbeat_interval": _seconds(0.05, 3600),
         "heartbeat_timeout": _seconds(0.1, DAY),
         "kill_grace": _seconds(0, DAY),
+        "store_write_timeout": _seconds(0.1, 3600),
         "max_queued_per_user": _integer(1, 100_000_000),
         "max_queued_bytes_per_user": _integer(1 << 20, 1 << 50, "bytes"),
         "default_qos": _pattern(TIER_NAME, "the name of a [qos.NAME] tier"),

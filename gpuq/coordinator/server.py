@@ -139,7 +139,7 @@ def assemble(
     runs periodic chores and cron entries (gpuq.coordinator.serving starts it)."""
     chores = chores if chores is not None else AsyncIOScheduler()
     bus = EventBus()
-    writer = StoreWriter(store, on_commit=bus.committed)
+    writer = StoreWriter(store, bus.committed, settings.store_write_timeout)
     inputs = SchedulerInputs(settings)
     jobs = LiveJobs(inputs.key, lambda job: inputs.priority(job, inputs.ranked_at))
     nodes = NodeTable()

@@ -42,12 +42,18 @@ class BlinkingStore(Store):
         self.down = False
         self.lose_answers = 0  # commits that land but whose answer is lost (raise after)
         self.tries = 0
+        self.slow = 0.0  # seconds each commit hangs first (a database that does not answer)
+        self.failure: Exception | None = None  # what each commit raises instead (disk full)
 
     @contextmanager
     def transaction(self) -> Iterator[StoreTx]:
         self.tries += 1
         if self.down:
             raise _lost()
+        if self.slow:
+            time.sleep(self.slow)
+        if self.failure is not None:
+            raise OperationalError("COMMIT", {}, self.failure)
         with super().transaction() as tx:
             yield tx
         if self.lose_answers:
@@ -210,3 +216,132 @@ def test_writes_whose_commit_landed_but_answer_was_lost(store: BlinkingStore) ->
 
     asyncio.run(main())
     assert store.get_job(job_id).state is JobState.COMPLETED
+
+
+def test_storage_errors_are_named_by_their_cause() -> None:
+    import sqlite3
+
+    from gpuq.store.failures import is_storage_error, storage_cause, storage_unavailable
+
+    full = OperationalError("COMMIT", {}, sqlite3.OperationalError("database or disk is full"))
+    assert is_storage_error(full) and storage_cause(full) == "disk full"
+    assert str(storage_unavailable(full)) == (
+        "storage unavailable: disk full (database or disk is full)"
+    )
+    raw = sqlite3.OperationalError("database or disk is full")  # not wrapped by SQLAlchemy
+    assert is_storage_error(raw) and storage_cause(raw) == "disk full"
+    pg_full = OperationalError(
+        "INSERT", {}, Exception('could not extend file "base/16384/16385": No space left on device')
+    )
+    assert storage_cause(pg_full) == "disk full"
+    refused = OperationalError(
+        "connect",
+        {},
+        Exception(
+            'connection failed: connection to server at "127.0.0.1", port 5432 failed: '
+            "Connection refused\n\tIs the server running on that host?"
+        ),
+    )
+    assert is_storage_error(refused) and storage_cause(refused) == "database unreachable"
+    assert storage_cause(_lost()) == "database unreachable"
+    assert storage_cause(OperationalError("x", {}, Exception("database is locked"))) == (
+        "database busy"
+    )
+    assert not is_storage_error(IntegrityError("x", {}, Exception("UNIQUE constraint failed")))
+
+
+def test_a_fail_fast_write_the_store_does_not_answer_fails_in_bounded_time(
+    store: BlinkingStore,
+) -> None:
+    """A commit that hangs (a database that does not answer): the user's write is answered
+    StorageUnavailable after write_timeout, and what landed after all reaches on_late; a write
+    that waited its turn behind it all that time is dropped and never lands."""
+    store.slow = 1.0
+    late: list[int] = []
+    ran: list[str] = []
+
+    async def main() -> None:
+        writer = StoreWriter(store, write_timeout=0.3)
+        writer.commits_on_loop = False  # a hanging commit must not hold the event loop
+        writer.start()
+        try:
+            began = time.monotonic()
+            first = writer.write(
+                lambda tx: ran.append("hung") or 1, fail_fast=True, on_late=late.append
+            )
+            hung = asyncio.ensure_future(first)
+            await asyncio.sleep(0.05)  # its commit is under way
+            queued = asyncio.ensure_future(
+                writer.write(lambda tx: ran.append("queued") or 2, fail_fast=True)
+            )
+            for task in (hung, queued):
+                with pytest.raises(StorageUnavailable, match=r"storage unavailable: .*0\.3 s"):
+                    await task
+            assert time.monotonic() - began < 0.9  # about write_timeout, not the commit's 1 s
+            await _until(lambda: late == [1])  # the hung commit landed: its follow-up ran
+            store.slow = 0.0
+            assert await writer.write(lambda tx: 3, fail_fast=True) == 3
+            assert ran == ["hung"]  # the queued one was dropped
+        finally:
+            await writer.close()
+
+    asyncio.run(main())
+
+
+def test_a_fail_fast_write_names_a_full_disk_and_writes_resume(store: BlinkingStore) -> None:
+    import sqlite3
+
+    async def main() -> None:
+        writer = StoreWriter(store)
+        writer.start()
+        try:
+            store.failure = sqlite3.OperationalError("database or disk is full")
+            began = time.monotonic()
+            with pytest.raises(StorageUnavailable, match="storage unavailable: disk full"):
+                await writer.write(lambda tx: 1, fail_fast=True)
+            assert time.monotonic() - began < 1.0
+            waiting = asyncio.ensure_future(writer.write(lambda tx: 2))  # waits it out
+            await _until(lambda: writer.down_since is not None)
+            assert writer.down_cause == "disk full"
+            with pytest.raises(StorageUnavailable, match="storage unavailable: disk full"):
+                await writer.write(lambda tx: 3, fail_fast=True)  # known down: no try
+            store.failure = None
+            assert await asyncio.wait_for(waiting, 5) == 2
+            assert await writer.write(lambda tx: 4, fail_fast=True) == 4
+            assert writer.down_since is None and writer.down_cause == ""
+        finally:
+            await writer.close()
+
+    asyncio.run(main())
+
+
+def test_a_fail_fast_write_whose_caller_went_away(store: BlinkingStore) -> None:
+    """Not started yet: dropped. Its commit under way: what lands still reaches on_late."""
+    store.slow = 0.3
+    late: list[int] = []
+    ran: list[str] = []
+
+    async def main() -> None:
+        writer = StoreWriter(store, write_timeout=5.0)
+        writer.commits_on_loop = False
+        writer.start()
+        try:
+            first = writer.write(
+                lambda tx: ran.append("under way") or 1, fail_fast=True, on_late=late.append
+            )
+            under_way = asyncio.ensure_future(first)
+            await asyncio.sleep(0.05)
+            queued = asyncio.ensure_future(
+                writer.write(lambda tx: ran.append("queued") or 2, fail_fast=True)
+            )
+            await asyncio.sleep(0.01)
+            under_way.cancel()
+            queued.cancel()
+            await _until(lambda: late == [1])
+            store.slow = 0.0
+            assert await writer.write(lambda tx: 3, fail_fast=True) == 3
+            assert ran == ["under way"]
+        finally:
+            await writer.close()
+
+    asyncio.run(main())

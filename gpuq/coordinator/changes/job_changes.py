@@ -71,7 +71,8 @@ class JobChanges:
 
     async def commit(self, decide: Decide[T], cause: Cause, *, fail_fast: bool = False) -> T:
         """Decide and write in one transaction, then apply to memory and tell; `decide`'s
-        answer. `fail_fast`: a user's call, who may retry (StorageUnavailable at once)."""
+        answer. `fail_fast`: a user's call, who may retry (StorageUnavailable at once, or after
+        the writer's write_timeout at most)."""
         now = self.clock()
 
         def write(tx: StoreTx) -> tuple[Effects, T]:
@@ -79,7 +80,10 @@ class JobChanges:
             write_effects(tx, effects, now, cause.text)
             return effects, answer
 
-        effects, answer = await self.writer.write(write, fail_fast=fail_fast)
+        def late(result: tuple[Effects, T]) -> None:  # landed after the caller was answered
+            self.apply(result[0], now, cause)
+
+        effects, answer = await self.writer.write(write, fail_fast=fail_fast, on_late=late)
         self.apply(effects, now, cause)
         return answer
 

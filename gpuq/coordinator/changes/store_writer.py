@@ -11,7 +11,13 @@ The store may blink (PostgreSQL restarted, the network broke): a write lost to a
 (RETRY_FIRST doubling to RETRY_MOST seconds) until it lands; the outage is logged once when it
 starts and once when it ends. A write is a function that decides inside its transaction, so
 trying it again is safe. A write made with fail_fast=True (a user's call, who can retry) is not
-tried again: it raises StorageUnavailable at once, and is refused while the store is known down.
+tried again: it raises StorageUnavailable at once, naming the store's problem ("storage
+unavailable: disk full"), and is refused while the store is known down. It also waits at most
+`write_timeout` seconds (`[coordinator] store_write_timeout`) for its turn and its commit, so a
+user's call answers in bounded time whatever the store does: a write that had not started when
+its time ran out is dropped (it never lands); one whose commit was under way when it did (a
+PostgreSQL server that does not answer) is answered StorageUnavailable, and if it lands after
+all, `on_late` is given its result (memory takes the change: the store is the truth).
 A write whose caller went away (its future cancelled) is dropped instead of tried again.
 
 SQLite commits run on the event loop itself (a local commit is shorter than the hand-off to a
@@ -28,30 +34,23 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
-from sqlalchemy.exc import DBAPIError, InterfaceError, OperationalError
-
 from gpuq.errors import StorageUnavailable
 from gpuq.store.api import Store, StoreTx
+from gpuq.store.failures import (
+    is_storage_error,
+    storage_cause,
+    storage_error_line,
+    storage_unavailable,
+)
+
+__all__ = ["StoreWriter", "is_storage_error", "storage_error_line"]
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
 MAX_BATCH = 2000
 RETRY_FIRST = 0.1  # seconds before a write lost to a storage error is tried again...
 RETRY_MOST = 5.0  # ...doubling up to this
-
-
-def is_storage_error(error: BaseException) -> bool:
-    """The database went away or could not be used (not the write's fault): trying the same
-    write again later may succeed. Integrity errors and gpuq's own errors are not."""
-    if isinstance(error, OperationalError | InterfaceError):
-        return True
-    return isinstance(error, DBAPIError) and error.connection_invalidated
-
-
-def storage_error_line(error: BaseException) -> str:
-    orig = getattr(error, "orig", None) or error
-    lines = [line.strip() for line in str(orig).splitlines() if line.strip()]
-    return lines[0] if lines else type(orig).__name__
+WRITE_TIMEOUT = 5.0  # seconds a fail-fast write waits at most (CoordinatorSettings' default)
 
 
 @dataclass(slots=True)
@@ -59,17 +58,29 @@ class _Item:
     fn: Callable[[StoreTx], Any]
     future: asyncio.Future[Any]
     fail_fast: bool
+    started: bool = False  # its commit has begun (it may land)
 
 
 class StoreWriter:
-    def __init__(self, store: Store, on_commit: Callable[[float], None] = lambda s: None) -> None:
+    def __init__(
+        self,
+        store: Store,
+        on_commit: Callable[[float], None] = lambda s: None,
+        write_timeout: float = WRITE_TIMEOUT,
+    ) -> None:
         self.store = store
+        self.write_timeout = write_timeout  # a fail-fast write's longest wait
+        # SQLite's commits run on the event loop, others in the writer thread (a test may send
+        # SQLite's there too, to stand for a database that does not answer)
+        self.commits_on_loop = store.engine.dialect.name == "sqlite"
         # told how long each commit took, as the writer waited for it (the event bus)
         self.on_commit = on_commit
         self._queue: asyncio.Queue[_Item] = asyncio.Queue()
         self._executor = ThreadPoolExecutor(1, thread_name_prefix="gpuq-store-writer")
         self._task: asyncio.Task[None] | None = None
         self.down_since: float | None = None  # monotonic time the current outage began
+        self.down_cause = ""  # what the store's problem is, in a few words ("disk full")
+        self._fast_cause = ""  # the last one a fail-fast write met (logged once)
         self.outages = 0  # outages seen since the start (tests and diagnostics)
 
     def start(self) -> None:
@@ -81,24 +92,63 @@ class StoreWriter:
             await asyncio.gather(self._task, return_exceptions=True)
         self._executor.shutdown(wait=True)
 
-    async def write(self, fn: Callable[[StoreTx], T], fail_fast: bool = False) -> T:
+    async def write(
+        self,
+        fn: Callable[[StoreTx], T],
+        fail_fast: bool = False,
+        on_late: Callable[[T], None] | None = None,
+    ) -> T:
         """Run fn in a transaction (shared with other writes); its result once committed.
 
         A storage error is waited out (the write lands once the store is back), unless
-        fail_fast: then it raises StorageUnavailable (at once while the store is known down)."""
+        fail_fast: then it raises StorageUnavailable, at once while the store is known down,
+        and after write_timeout seconds at most (see the module docstring for `on_late`)."""
         if fail_fast and self.down_since is not None:
             raise self._unavailable(None)
         future: asyncio.Future[T] = asyncio.get_running_loop().create_future()
-        self._queue.put_nowait(_Item(fn, future, fail_fast))
-        return await future
+        item = _Item(fn, future, fail_fast)
+        self._queue.put_nowait(item)
+        if not fail_fast:
+            return await future
+        try:
+            return await asyncio.wait_for(asyncio.shield(future), self.write_timeout)
+        except TimeoutError:
+            pass
+        except asyncio.CancelledError:  # the caller went away
+            _abandon(item, on_late)
+            raise
+        if future.done():  # answered as the time ran out
+            return future.result()
+        _abandon(item, on_late)
+        log.warning(
+            "a write waited %g s for the job store (%s); its caller is told it failed",
+            self.write_timeout,
+            "its commit is under way" if item.started else "it had not started",
+        )
+        cause = self.down_cause or "the job store did not answer"
+        raise StorageUnavailable(
+            f"storage unavailable: {cause} (no answer in {self.write_timeout:g} s)"
+        )
 
     async def read(self, fn: Callable[[Store], T]) -> T:
         """Run a read off the event loop (reads do not queue behind writes)."""
         return await asyncio.to_thread(fn, self.store)
 
     def _unavailable(self, error: BaseException | None) -> StorageUnavailable:
-        why = storage_error_line(error) if error is not None else "it is reconnecting"
-        return StorageUnavailable(f"the job store cannot be written now ({why})")
+        if error is not None:
+            return storage_unavailable(error)
+        down = time.monotonic() - (self.down_since or time.monotonic())
+        cause = self.down_cause or "the job store is reconnecting"
+        return StorageUnavailable(f"storage unavailable: {cause} (for {down:.0f} s now)")
+
+    def _fast_failed(self, error: BaseException) -> None:
+        """A user's write failed on the store: logged when the problem is new."""
+        cause = storage_cause(error)
+        if cause != self._fast_cause:
+            self._fast_cause = cause
+            log.error(
+                "a write failed: the job store is unavailable (%s)", storage_error_line(error)
+            )
 
     def _take(self, batch: list[_Item]) -> None:
         while len(batch) < MAX_BATCH and not self._queue.empty():
@@ -123,10 +173,13 @@ class StoreWriter:
             batch[:] = [item for item in batch if not item.future.done()]  # callers gone
             if not batch:  # nothing waits any more: the next write tries the store afresh
                 self.down_since = None
+                self.down_cause = ""
                 delay = RETRY_FIRST
                 continue
             started = time.perf_counter()
-            if self.store.engine.dialect.name == "sqlite":
+            for item in batch:
+                item.started = True
+            if self.commits_on_loop:
                 outcomes = self._commit(batch)
             else:
                 outcomes = await loop.run_in_executor(self._executor, self._commit, batch)
@@ -142,19 +195,24 @@ class StoreWriter:
                     item.future.set_exception(value)
                 elif item.fail_fast:
                     item.future.set_exception(self._unavailable(value))
+                    self._fast_failed(value)
                 else:
                     again.append(item)
                     lost = value
             batch[:] = again
             if lost is None:
+                if any(ok for ok, _ in outcomes):
+                    self._fast_cause = ""
                 if self.down_since is not None and not batch:
                     log.warning(
                         "the job store is back after %.1f s; the writes that waited have landed",
                         time.monotonic() - self.down_since,
                     )
                     self.down_since = None
+                    self.down_cause = ""
                 delay = RETRY_FIRST
                 continue
+            self.down_cause = storage_cause(lost)
             if self.down_since is None:
                 self.down_since = time.monotonic()
                 self.outages += 1
@@ -179,3 +237,32 @@ class StoreWriter:
                 return [(False, exc)] * len(batch)  # the store, not a write: all of them wait
             log.debug("a batch of %d writes failed (%s); retrying one by one", len(batch), exc)
             return [self._commit([item])[0] for item in batch]
+
+
+def _abandon(item: _Item, on_late: Callable[[Any], None] | None) -> None:
+    """Its caller no longer waits: dropped if its commit has not begun, else what lands is
+    given to on_late."""
+    future = item.future
+    if future.done():
+        return
+    if not item.started:
+        future.cancel()  # dropped: it never lands
+    elif on_late is not None:
+        future.add_done_callback(lambda f: _late(f, on_late))
+    else:
+        future.add_done_callback(_quiet)
+
+
+def _late(future: asyncio.Future[Any], on_late: Callable[[Any], None]) -> None:
+    """A timed-out write's commit ended after all: if it landed, its caller's follow-up."""
+    if future.cancelled() or future.exception() is not None:
+        return
+    try:
+        on_late(future.result())
+    except Exception:
+        log.exception("applying a write that landed after its caller was told it failed")
+
+
+def _quiet(future: asyncio.Future[Any]) -> None:
+    if not future.cancelled():
+        future.exception()  # retrieved: no "exception was never retrieved" at exit

@@ -77,7 +77,7 @@ class QueueCommands:
             spec = spec_from_proto(request.spec)
             check_interactive_spec(spec)
             cause = request_cause("Submit", caller)
-            ids = await self.submissions.submit(spec, caller.user, cause, key)
+            ids = await self.submissions.submit(spec, caller.user, cause, key, fail_fast=True)
         except Exception as error:
             status = error_status(error)
             return queue_pb2.SubmitResult(

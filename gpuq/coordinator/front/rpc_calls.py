@@ -23,7 +23,6 @@ from dataclasses import dataclass
 from typing import Any, TypeVar
 
 import grpc
-from sqlalchemy.exc import InterfaceError, OperationalError
 
 from gpuq.coordinator.access.authority import Authority
 from gpuq.errors import (
@@ -40,6 +39,7 @@ from gpuq.errors import (
     error_kind,
 )
 from gpuq.identity import METADATA_KEY, Caller, Unauthenticated
+from gpuq.store.failures import is_storage_error, storage_unavailable
 
 log = logging.getLogger(__name__)
 R = TypeVar("R")
@@ -78,10 +78,9 @@ def status_for(error: GpuqError) -> grpc.StatusCode:
 
 def error_status(error: Exception) -> RpcStatus:
     """The status an error ends an RPC (or one submission of a stream) with."""
-    if isinstance(error, OperationalError | InterfaceError):  # the database, not the call
+    if is_storage_error(error):  # the database, not the call
         log.error("the job store failed: %s", error)
-        lines = str(getattr(error, "orig", None) or error).strip().splitlines()
-        error = StorageUnavailable(f"the job store failed: {lines[0] if lines else error}")
+        error = storage_unavailable(error)
     if isinstance(error, GpuqError):
         return RpcStatus(status_for(error), str(error), error_kind(error))
     log.exception("internal error in an RPC", exc_info=error)

@@ -82,9 +82,13 @@ class NodeAdmin:
             for drain in drains:
                 tx.set_drain(drain)
 
-        await self.writer.write(write, fail_fast=True)  # the admin may retry
-        for drain in drains:
-            self.nodes.drains[(drain.node, drain.unit)] = drain
+        def remember(_: None = None) -> None:
+            for drain in drains:
+                self.nodes.drains[(drain.node, drain.unit)] = drain
+
+        # the admin may retry; memory follows a write that lands after the answer, too
+        await self.writer.write(write, fail_fast=True, on_late=remember)
+        remember()
         what = _target_text(node, units)
         running = [
             j.id
@@ -108,9 +112,12 @@ class NodeAdmin:
         def write(tx: StoreTx) -> list[bool]:
             return [tx.clear_drain(n, u) for n, u in keys]
 
-        cleared = await self.writer.write(write, fail_fast=True)
-        for key in keys:
-            self.nodes.drains.pop(key, None)
+        def forget(_: object = None) -> None:
+            for key in keys:
+                self.nodes.drains.pop(key, None)
+
+        cleared = await self.writer.write(write, fail_fast=True, on_late=forget)
+        forget()
         what = _target_text(node, units)
         if any(cleared):
             log.warning("%s resumed by %s", what, user)

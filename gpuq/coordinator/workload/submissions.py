@@ -110,10 +110,18 @@ class Submissions:
             )
 
     async def submit(
-        self, spec: JobSpec, user: str, cause: Cause, key: str | None = None
+        self,
+        spec: JobSpec,
+        user: str,
+        cause: Cause,
+        key: str | None = None,
+        *,
+        fail_fast: bool = False,
     ) -> list[int]:
         """The new job's ids; with a request key `key` that `user` gave before (within
-        KEY_TTL), the first submission's ids, and nothing is created.
+        KEY_TTL), the first submission's ids, and nothing is created. `fail_fast`: a user's
+        call, answered StorageUnavailable in bounded time when the store cannot take it (the
+        user's retry with the same key is then no second job).
 
         A repeat is found in memory, or else by the store when the job is inserted (the key's
         primary key decides, also between two racing repeats): a new key costs no extra read."""
@@ -144,7 +152,7 @@ class Submissions:
                 return Effects(), (ids, created)
             return Effects(created=[Created(new_job(new, ids[0], now), "submitted")]), (ids, True)
 
-        ids, created = await self.changes.commit(decide, cause)
+        ids, created = await self.changes.commit(decide, cause, fail_fast=fail_fast)
         if key is not None:
             self._remember(user, key, ids)
         if not created:
