@@ -105,6 +105,7 @@ class Launcher:
             python=sys.executable,
             shim_dir=shim_dir() if s.slurm_shims else "",
             coordinator=s.job_coordinator or unix_only(self.address),
+            max_output=s.max_output,
         )
 
     def node_changed(self) -> None:
@@ -268,6 +269,7 @@ def launch_order(launch: apb.JobLaunch) -> LaunchOrder:
         array_task_id=launch.array_task_id if launch.HasField("array_task_id") else None,
         requeue_count=launch.requeue_count,
         attempt=launch.attempt,
+        max_output=launch.max_output or None,
         gang=Gang(
             nodes=tuple(launch.nodes),
             addresses=tuple(launch.node_addrs),

@@ -35,6 +35,7 @@ from gpuq.agent.jobs.mps_node_scan import NodeWideMpsScan
 from gpuq.agent.jobs.supervisor_reports import ReportKind, SupervisorReport, job_state
 from gpuq.agent.jobs.supervisors import Supervisors
 from gpuq.agent.launcher import Launcher
+from gpuq.agent.output_watch import Findings, OutputWatch
 from gpuq.agent.pty_outbox import PtyOutbox
 from gpuq.config.settings import AgentSettings, split_addresses
 from gpuq.convert import unit_to_proto
@@ -101,6 +102,7 @@ class Agent:
         self._beat_due = False  # a heartbeat goes with the next message, due or not
         self.reports = EndReports(self.gpus, self.mps, self._send_soon)
         self.pty = PtyOutbox(self.supervisors.terminals, self._flush.set)
+        self.outputs = OutputWatch(self.supervisors.launch_spec_of, s.max_output)
         self.launcher = Launcher(
             self.supervisors,
             self.gpus,
@@ -342,6 +344,8 @@ class Agent:
             self._report_gone(stop.job_id, stop.end_state, stop.attempt)
             return
         state = job_state(stop.end_state, JobState.CANCELLED)
+        if state is JobState.FAILED:  # the coordinator's "failed" is cancelled here
+            state = JobState.CANCELLED  # (only the agent's own checks end a job failed)
         known = await self.supervisors.stop(
             stop.job_id, state, stop.reason, stop.signal, stop.grace
         )
@@ -407,6 +411,8 @@ class Agent:
                     if usage is None:
                         usage = self._last_usage
                     message.heartbeat.CopyFrom(self._heartbeat(usage))
+                    outputs = await self._check_outputs()
+                    message.heartbeat.output_gone.extend(outputs.gone)
                     beat.cancel()
                     next_beat = loop.time() + interval
                     beat = loop.call_at(next_beat, self._flush.set)
@@ -422,6 +428,17 @@ class Agent:
                     self.pty.sent()
         finally:
             beat.cancel()
+
+    async def _check_outputs(self) -> Findings:
+        """The running jobs' output files (gpuq.agent.output_watch): a job over its
+        max_output is stopped, failed "output limit: ..."; vanished files go to the
+        coordinator with the heartbeat."""
+        started = self.supervisors.started_jobs()
+        findings = await asyncio.to_thread(self.outputs.check, started)
+        for job_id, reason, grace in findings.over:
+            log.warning("job %d: %s", job_id, reason)
+            await self.supervisors.stop(job_id, JobState.FAILED, reason, 0, grace)
+        return findings
 
     def _beat_now(self) -> None:
         """Whether this node can start jobs may have changed: tell the coordinator at once."""

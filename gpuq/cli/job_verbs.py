@@ -85,7 +85,13 @@ def submit(
         click.echo(f"Submitted job {job_id}")
     if not wait:
         return 0
-    job = client.wait(job_id)
+    return ended_exit(client.wait(job_id), job_id)
+
+
+def ended_exit(job: Any, job_id: object) -> int:
+    """`submit --wait`'s and `logs -f`'s exit code for an ended job: 0 when it completed,
+    else (with a line on stderr saying how it ended) its exit code, 128 + the signal that
+    killed it, or 1."""
     if job.state.value == "completed":
         return 0
     click.echo(f"job {job_id} {job.state.value}: {render.printable(job.reason)}", err=True)
@@ -418,25 +424,38 @@ def _describe(
 
 @click.command()
 @click.argument("job_id", shell_complete=complete_ids)
-@click.option("--follow", "-f", is_flag=True, help="keep printing until the job ends")
+@click.option(
+    "--follow", "-f", is_flag=True, help="keep printing until the job ends; exit as --wait"
+)
 @click.option("--stderr", "-e", "errors", is_flag=True, help="the error file, if separate")
 @click.pass_obj
 def logs(obj: Any, /, job_id: str, follow: bool, errors: bool) -> int:
-    """Print what a job (JOB or ARRAY_TASK, e.g. 40_3) wrote (its output file)."""
+    """Print what a job (JOB or ARRAY_TASK, e.g. 40_3) wrote (its output file). With -f, exit
+    with the job's end as `submit --wait` does. A started job's file that is gone: a line
+    saying so, exit 1."""
     from gpuq.domain.dependencies import parse_job_ref
 
     parse_job_ref(job_id)
     client = obj.client()
-    path = Path(client.output_path(job_id, "stderr" if errors else "stdout"))
-    offset = _copy_from(path, 0)
-    while follow:
-        if client.get(job_id).state.is_live:
-            time.sleep(0.25)
-            offset = _copy_from(path, offset)
-            continue
-        _copy_from(path, offset)
-        break
-    return 0
+    named = client.output_path(job_id, "stderr" if errors else "stdout")
+    path = Path(named)
+    offset = _copy_from(path, 0) if named else 0
+    job = client.get(job_id)
+    while follow and job.state.is_live:
+        time.sleep(0.25)
+        offset = _copy_from(path, offset) if named else offset
+        job = client.get(job_id)
+    if follow and named:
+        offset = _copy_from(path, offset)
+    code = ended_exit(job, job_id) if follow else 0
+    if named and job.start_count and not path.exists() and not path.is_symlink():
+        click.echo(
+            f"gpuq logs: job {job_id}'s output file {render.printable(named)} is gone "
+            "(removed after the job started)",
+            err=True,
+        )
+        return code or 1
+    return code
 
 
 def _copy_from(path: Path, offset: int) -> int:

@@ -165,6 +165,10 @@ class AgentSettings:
     # ends a job whose task failed through it); "": this agent's coordinator address when that
     # is a Unix socket (users may use it too), else none (users' own configuration applies)
     job_coordinator: str = ""
+    # the most bytes a job's output files (stdout and stderr) may hold, from a size such as
+    # "10G": over it, the agent ends the job failed, "output limit: ..." (checked at each
+    # sample); a job's QOS max_output overrides it; None: no limit
+    max_output: int | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -205,6 +205,20 @@ def _size(value: Any, source: str, key: str) -> str:
     return value
 
 
+def _output_limit(value: Any, source: str, key: str) -> int:
+    """A job's output files' most bytes (max_output): a size such as "10G", in bytes."""
+    from gpuq.domain.units import parse_size
+
+    if not isinstance(value, str):
+        raise ConfigError(
+            source, key, value, f'expected a size such as "10G" (quoted), not {_kind(value)}'
+        )
+    try:
+        return parse_size(value, key)
+    except InvalidInput as exc:
+        raise ConfigError(source, key, value, exc.problem) from None
+
+
 def _cgroup_parent(value: Any, source: str, key: str) -> str:
     text = _string(value, source, key)
     parts = text.strip("/").split("/")
@@ -390,6 +404,7 @@ RULES: dict[str, dict[str, Check]] = {
         "idle_window": _integer(1, MAX_TIME_LIMIT, "seconds"),
         "idle_action": _choice("flag", "cancel"),
         "hung_window": _integer(0, MAX_TIME_LIMIT, "seconds"),
+        "max_output": _output_limit,
     },
     "agent": {
         "node_name": _pattern(
@@ -419,6 +434,7 @@ RULES: dict[str, dict[str, Check]] = {
         "address": _ip_address,
         "slurm_shims": _boolean,
         "job_coordinator": _coordinator_address,
+        "max_output": _output_limit,
     },
     "client": {
         "tls_ca": _absolute_path,

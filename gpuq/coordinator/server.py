@@ -22,6 +22,7 @@ import asyncio
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from functools import partial
 
 from apscheduler.schedulers.asyncio import AsyncIOScheduler
 
@@ -54,7 +55,7 @@ from gpuq.coordinator.workload.job_samples import JobSamples
 from gpuq.coordinator.workload.running_telemetry import RunningTelemetry
 from gpuq.coordinator.workload.selection import SelectionResolver
 from gpuq.coordinator.workload.submissions import Submissions
-from gpuq.domain.model import JobEvent
+from gpuq.domain.model import Job, JobEvent
 from gpuq.domain.states import JobState
 from gpuq.store.api import Store
 
@@ -123,6 +124,12 @@ class Coordinator:
         await self.writer.close()
 
 
+def _max_output(settings: CoordinatorSettings, job: Job) -> int | None:
+    """The job's QOS's max_output, sent with its launch (None: the node's own applies)."""
+    tier = settings.qos.get(job.qos)
+    return tier.max_output if tier is not None else None
+
+
 def stopped_running(event: JobEvent, idle: IdleWatch, telemetry: RunningTelemetry) -> None:
     if event.from_state is JobState.RUNNING and event.to_state is not JobState.RUNNING:
         idle.forget(event.job_id)
@@ -146,7 +153,9 @@ def assemble(
     loader = MemoryLoader(writer, jobs, nodes, inputs, clock)
     requests = PassRequests()
     wake = requests.wake
-    agents = AgentCommands(jobs, nodes, inputs.time_limit_seconds, settings.kill_grace)
+    agents = AgentCommands(
+        jobs, nodes, inputs.time_limit_seconds, settings.kill_grace, partial(_max_output, settings)
+    )
     changes = JobChanges(writer, jobs, nodes, inputs, bus, agents, clock)
     arrays = ArrayTasks(writer, jobs, inputs, changes, loader)
     submissions = Submissions(settings, writer, jobs, nodes, arrays, changes, wake, clock)

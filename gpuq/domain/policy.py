@@ -33,6 +33,9 @@ class QosTier:
     # a job on 2+ GPUs whose GPUs all keep one utilisation and one memory figure, and that
     # writes no output, for hung_window seconds is flagged "possibly hung (NCCL?)"; 0: never
     hung_window: int = 1800
+    # the most bytes a job's output files (stdout and stderr) may hold; over it the agent ends
+    # the job failed, "output limit: ..."; None: the node's [agent] max_output (if any)
+    max_output: int | None = None
 
 
 def default_qos_tiers() -> dict[str, QosTier]:

@@ -51,18 +51,34 @@ class Register(_message.Message):
     def __init__(self, node: _Optional[str] = ..., gpus: _Optional[_Iterable[_Union[_types_pb2.GpuUnit, _Mapping]]] = ..., topology: _Optional[_Iterable[_Union[_types_pb2.TopologyLink, _Mapping]]] = ..., cpus: _Optional[int] = ..., mem: _Optional[int] = ..., fake: _Optional[bool] = ..., version: _Optional[str] = ..., jobs: _Optional[_Iterable[_Union[JobReport, _Mapping]]] = ..., gpu_problem: _Optional[str] = ..., isolation: _Optional[str] = ..., driver: _Optional[str] = ..., features: _Optional[_Iterable[str]] = ..., address: _Optional[str] = ...) -> None: ...
 
 class Heartbeat(_message.Message):
-    __slots__ = ("at", "usage", "not_accepting", "not_accepting_reason", "jobs")
+    __slots__ = ("at", "usage", "not_accepting", "not_accepting_reason", "jobs", "output_gone")
     AT_FIELD_NUMBER: _ClassVar[int]
     USAGE_FIELD_NUMBER: _ClassVar[int]
     NOT_ACCEPTING_FIELD_NUMBER: _ClassVar[int]
     NOT_ACCEPTING_REASON_FIELD_NUMBER: _ClassVar[int]
     JOBS_FIELD_NUMBER: _ClassVar[int]
+    OUTPUT_GONE_FIELD_NUMBER: _ClassVar[int]
     at: float
     usage: _containers.RepeatedCompositeFieldContainer[_types_pb2.GpuUsage]
     not_accepting: bool
     not_accepting_reason: str
     jobs: _containers.RepeatedCompositeFieldContainer[JobSample]
-    def __init__(self, at: _Optional[float] = ..., usage: _Optional[_Iterable[_Union[_types_pb2.GpuUsage, _Mapping]]] = ..., not_accepting: _Optional[bool] = ..., not_accepting_reason: _Optional[str] = ..., jobs: _Optional[_Iterable[_Union[JobSample, _Mapping]]] = ...) -> None: ...
+    output_gone: _containers.RepeatedCompositeFieldContainer[OutputGone]
+    def __init__(self, at: _Optional[float] = ..., usage: _Optional[_Iterable[_Union[_types_pb2.GpuUsage, _Mapping]]] = ..., not_accepting: _Optional[bool] = ..., not_accepting_reason: _Optional[str] = ..., jobs: _Optional[_Iterable[_Union[JobSample, _Mapping]]] = ..., output_gone: _Optional[_Iterable[_Union[OutputGone, _Mapping]]] = ...) -> None: ...
+
+class OutputGone(_message.Message):
+    __slots__ = ("job_id", "attempt", "path", "folder", "replaced")
+    JOB_ID_FIELD_NUMBER: _ClassVar[int]
+    ATTEMPT_FIELD_NUMBER: _ClassVar[int]
+    PATH_FIELD_NUMBER: _ClassVar[int]
+    FOLDER_FIELD_NUMBER: _ClassVar[int]
+    REPLACED_FIELD_NUMBER: _ClassVar[int]
+    job_id: int
+    attempt: int
+    path: str
+    folder: bool
+    replaced: bool
+    def __init__(self, job_id: _Optional[int] = ..., attempt: _Optional[int] = ..., path: _Optional[str] = ..., folder: _Optional[bool] = ..., replaced: _Optional[bool] = ...) -> None: ...
 
 class JobSample(_message.Message):
     __slots__ = ("job_id", "at", "gpu_mem", "units", "output_bytes", "so_far")
@@ -147,7 +163,7 @@ class Registered(_message.Message):
     def __init__(self, heartbeat_interval: _Optional[float] = ..., node_timeout: _Optional[float] = ...) -> None: ...
 
 class JobLaunch(_message.Message):
-    __slots__ = ("job_id", "spec", "gpus", "user", "array_job_id", "array_task_id", "time_limit", "kill_grace", "requeue_count", "attempt", "nodes", "node_addrs", "node_index", "master_port", "step_key")
+    __slots__ = ("job_id", "spec", "gpus", "user", "array_job_id", "array_task_id", "time_limit", "kill_grace", "requeue_count", "attempt", "nodes", "node_addrs", "node_index", "master_port", "step_key", "max_output")
     JOB_ID_FIELD_NUMBER: _ClassVar[int]
     SPEC_FIELD_NUMBER: _ClassVar[int]
     GPUS_FIELD_NUMBER: _ClassVar[int]
@@ -163,6 +179,7 @@ class JobLaunch(_message.Message):
     NODE_INDEX_FIELD_NUMBER: _ClassVar[int]
     MASTER_PORT_FIELD_NUMBER: _ClassVar[int]
     STEP_KEY_FIELD_NUMBER: _ClassVar[int]
+    MAX_OUTPUT_FIELD_NUMBER: _ClassVar[int]
     job_id: int
     spec: _types_pb2.JobSpec
     gpus: _containers.RepeatedScalarFieldContainer[str]
@@ -178,7 +195,8 @@ class JobLaunch(_message.Message):
     node_index: int
     master_port: int
     step_key: str
-    def __init__(self, job_id: _Optional[int] = ..., spec: _Optional[_Union[_types_pb2.JobSpec, _Mapping]] = ..., gpus: _Optional[_Iterable[str]] = ..., user: _Optional[str] = ..., array_job_id: _Optional[int] = ..., array_task_id: _Optional[int] = ..., time_limit: _Optional[int] = ..., kill_grace: _Optional[float] = ..., requeue_count: _Optional[int] = ..., attempt: _Optional[int] = ..., nodes: _Optional[_Iterable[str]] = ..., node_addrs: _Optional[_Iterable[str]] = ..., node_index: _Optional[int] = ..., master_port: _Optional[int] = ..., step_key: _Optional[str] = ...) -> None: ...
+    max_output: int
+    def __init__(self, job_id: _Optional[int] = ..., spec: _Optional[_Union[_types_pb2.JobSpec, _Mapping]] = ..., gpus: _Optional[_Iterable[str]] = ..., user: _Optional[str] = ..., array_job_id: _Optional[int] = ..., array_task_id: _Optional[int] = ..., time_limit: _Optional[int] = ..., kill_grace: _Optional[float] = ..., requeue_count: _Optional[int] = ..., attempt: _Optional[int] = ..., nodes: _Optional[_Iterable[str]] = ..., node_addrs: _Optional[_Iterable[str]] = ..., node_index: _Optional[int] = ..., master_port: _Optional[int] = ..., step_key: _Optional[str] = ..., max_output: _Optional[int] = ...) -> None: ...
 
 class StopJob(_message.Message):
     __slots__ = ("job_id", "end_state", "reason", "grace", "signal", "attempt")

@@ -87,6 +87,9 @@ class LaunchSpec:
     # agent version has written them.
     gpus: tuple[str, ...] = ()
     share_mem: int | None = None
+    # the most bytes its output files may hold (its QOS's, else the node's max_output); None:
+    # no limit (gpuq.agent.output_watch)
+    max_output: int | None = None
 
     def to_dict(self) -> dict[str, Any]:
         """spec.json's object: the supervisor's fields, and the agent's own under "extra"."""
@@ -94,6 +97,8 @@ class LaunchSpec:
         extra: dict[str, Any] = {"gpus": list(self.gpus)}
         if self.share_mem is not None:
             extra["share_mem"] = self.share_mem
+        if self.max_output is not None:
+            extra["max_output"] = self.max_output
         data["extra"] = extra
         return data
 
@@ -107,11 +112,13 @@ class LaunchSpec:
         values["gpus"] = tuple(str(unit) for unit in extra.get("gpus") or ())
         share_mem = extra.get("share_mem")
         values["share_mem"] = share_mem if isinstance(share_mem, int) and share_mem > 0 else None
+        limit = extra.get("max_output")
+        values["max_output"] = limit if isinstance(limit, int) and limit > 0 else None
         return cls(**values)
 
 
 # the LaunchSpec fields spec.json holds in its "extra" object
-EXTRA_FIELDS = ("gpus", "share_mem")
+EXTRA_FIELDS = ("gpus", "share_mem", "max_output")
 
 
 @dataclass(frozen=True, slots=True)
@@ -128,6 +135,7 @@ class LaunchOrder:
     array_task_id: int | None = None
     requeue_count: int = 0
     attempt: int = 0  # the job's start count: which start of the job this is
+    max_output: int | None = None  # its QOS's max_output (None: the node's applies)
     # where the job runs: every node (the first runs the script), each one's address, and
     # which of them this is; MASTER_PORT and the step secret of this start (gpuq.steps)
     gang: Gang | None = None
@@ -160,6 +168,7 @@ class NodePolicy:
     shim_dir: str = ""
     # the coordinator this agent reaches: a job's `gpuq` commands (srun's FailJob) go there too
     coordinator: str = ""
+    max_output: int | None = None  # [agent] max_output: a job's QOS may say otherwise
 
 
 # inherited variables that would contradict the allocation if carried over
@@ -235,6 +244,7 @@ def build_launch(
         terminal=terminal_fields(terminal),
         gpus=order.gpus,
         share_mem=mps.mem_limit if mps is not None else None,
+        max_output=order.max_output or policy.max_output,
     )
 
 

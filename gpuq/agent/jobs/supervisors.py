@@ -271,8 +271,9 @@ class Supervisors:
         grace: float = 30.0,
     ) -> bool:
         """Stop the job: `signal` (0: SIGTERM) to its whole tree, SIGKILL after `grace`; it
-        ends `end_state` (the supervisor keeps cancelled, preempted, timeout, node_fail and
-        out_of_memory, and makes anything else cancelled). False when no such job runs."""
+        ends `end_state` (the supervisor keeps cancelled, preempted, timeout, node_fail,
+        out_of_memory and failed, and makes anything else cancelled). False when no such job
+        runs."""
         message: Message = {"type": "stop", "end_state": end_state, "reason": reason}
         message.update(signal=signal, grace=grace)
         return self._command(job_id, message)
@@ -295,6 +296,12 @@ class Supervisors:
     def running_jobs(self) -> list[int]:
         """Jobs launched or adopted whose end has not been reported."""
         return sorted(job_id for job_id, job in self.jobs.items() if not job.ended)
+
+    def started_jobs(self) -> list[int]:
+        """Running jobs whose supervisor said they started (their output files are open)."""
+        return sorted(
+            job_id for job_id, job in self.jobs.items() if job.running_reported and not job.ended
+        )
 
     def attempt_of(self, job_id: int) -> int:
         """Which start of the job this node runs (its launch spec's attempt; 0: unknown)."""

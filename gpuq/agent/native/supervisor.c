@@ -907,9 +907,11 @@ static void on_stop(supervisor *s, const jval *message) {
     if (s->result != NULL) return;
     const char *state = json_str(message, "end_state", "");
     /* node_fail: the agent fenced the job (it lost the coordinator for too long);
-     * out_of_memory: the agent measured it over its GPU share (MPS) */
+     * out_of_memory: the agent measured it over its GPU share (MPS);
+     * failed: the agent ended it for its output (over max_output) */
     if (strcmp(state, "cancelled") != 0 && strcmp(state, "preempted") != 0 && strcmp(state, "timeout") != 0
-        && strcmp(state, "node_fail") != 0 && strcmp(state, "out_of_memory") != 0)
+        && strcmp(state, "node_fail") != 0 && strcmp(state, "out_of_memory") != 0
+        && strcmp(state, "failed") != 0)
         state = "cancelled";
     const char *reason = json_str(message, "reason", "");
     char fallback[64];

@@ -29,11 +29,13 @@ class AgentCommands:
         nodes: NodeTable,
         time_limit: Callable[[Job], int | None],
         kill_grace: float,
+        max_output: Callable[[Job], int | None] = lambda job: None,
     ) -> None:
         self.jobs = jobs
         self.nodes = nodes
         self.time_limit = time_limit  # a job's effective limit (its QOS's may be lower)
         self.kill_grace = kill_grace
+        self.max_output = max_output  # its QOS's max_output (None: the agent's own applies)
 
     def send_starts(self, jobs: Sequence[Job]) -> None:
         """A launch to every node of each job: the first runs its script, the others a step
@@ -76,6 +78,7 @@ class AgentCommands:
             attempt=job.start_count,
             master_port=job.master_port or 0,
             step_key=job.step_key or "",
+            max_output=self.max_output(job) or 0,
         )
 
     def _address(self, node: str) -> str:

@@ -150,6 +150,8 @@ class AgentLink:
             self.wake()  # a unit that is ok again may start a job
         self._accepting(node, entry, message)
         self.samples.heard(node, message.jobs)
+        if message.output_gone:
+            self.samples.outputs_gone(node, message.output_gone)
 
     def _accepting(self, node: str, entry: NodeEntry, message: apb.Heartbeat) -> None:
         """An agent that cannot start jobs (its fork server cannot be restarted, launches

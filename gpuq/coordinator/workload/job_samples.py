@@ -21,12 +21,14 @@ from gpuq.coordinator.workload.idle_rules import Decision, IdleWatch
 from gpuq.coordinator.workload.job_actions import JobActions
 from gpuq.coordinator.workload.running_telemetry import RunningTelemetry
 from gpuq.coordinator.workload.selection import Selection
+from gpuq.domain.limits import clean_line
 from gpuq.domain.model import Job
 from gpuq.domain.states import JobState
 from gpuq.store.api import StoreTx
 from gpuq.v1 import agent_pb2 as apb
 
 log = logging.getLogger(__name__)
+MAX_OUTPUT_PATH_TEXT = 1000  # characters of an output file's path in a note
 
 
 class JobSamples:
@@ -48,6 +50,8 @@ class JobSamples:
         self.changes = changes
         self.clock = clock
         self._background = Background("acting on a job's idle or hung flag")
+        # output files noted as gone, by job: (its start, the path), each noted once
+        self._gone: dict[int, set[tuple[int, str]]] = {}
 
     def heard(self, node: str, samples: Sequence[apb.JobSample]) -> None:
         """A heartbeat's samples of the jobs running on `node`."""
@@ -73,6 +77,36 @@ class JobSamples:
             jobs = self.jobs.jobs
             self.idle.prune(lambda i: i in jobs and jobs[i].state is JobState.RUNNING)
 
+    def outputs_gone(self, node: str, gone: Sequence[apb.OutputGone]) -> None:
+        """Output files of jobs running on `node` that vanished while they ran: each is noted
+        once in its job's events (the agent says so in every heartbeat while it is so)."""
+        notes: list[tuple[int, float, str]] = []
+        now = self.clock()
+        for message in gone[:MAX_JOB_SAMPLES]:
+            job = self.jobs.jobs.get(message.job_id)
+            if job is None or job.state is not JobState.RUNNING or node not in job.node_names:
+                continue
+            if message.attempt and job.start_count and message.attempt != job.start_count:
+                continue  # about an earlier start
+            key = (job.start_count, clean_line(message.path, MAX_OUTPUT_PATH_TEXT))
+            seen = self._gone.setdefault(job.id, set())
+            if key in seen or len(seen) >= 2:  # stdout and stderr at most
+                continue
+            seen.add(key)
+            text = output_gone_note(key[1], message.folder, message.replaced)
+            log.warning("job %d on node %s: %s", job.id, node, text)
+            notes.append((job.id, now, text))
+        jobs = self.jobs.jobs
+        for job_id in [i for i in self._gone if i not in jobs or not jobs[i].state.is_live]:
+            del self._gone[job_id]
+        if notes:
+            self._background.spawn(
+                self._note(Effects(notes=notes), Cause.chore(f"report from node {node}"))
+            )
+
+    async def _note(self, noted: Effects, cause: Cause) -> None:
+        await self.changes.commit(partial(_as_decided, noted), cause)
+
     async def _act_on(self, job: Job, decisions: Sequence[Decision]) -> None:
         """Log a flag set or cleared and note it in the job's events; cancel the job where its
         QOS says so (the normal cancel path, as the admin "gpuq")."""
@@ -92,6 +126,15 @@ class JobSamples:
 
     async def close(self) -> None:
         await self._background.cancel()
+
+
+def output_gone_note(path: str, folder: bool, replaced: bool) -> str:
+    """The job's event for an output file that vanished while it ran."""
+    if folder:
+        return f"output file {path} was removed while the job ran (its folder is gone)"
+    if replaced:
+        return f"output file {path} was removed while the job ran (another file is there now)"
+    return f"output file {path} was removed while the job ran"
 
 
 def _as_decided(effects: Effects, tx: StoreTx, now: float) -> tuple[Effects, None]:
