@@ -317,7 +317,9 @@ async def _start_http(
     if cfg.web_listen:
         access = QueueAccess(running.coordinator, streams, authority)
         dashboard = Dashboard(access, cfg.web_url)
-        endpoint = await serve_http(cfg.web_listen, dashboard.handle, context, name="web")
+        endpoint = await serve_http(
+            cfg.web_listen, dashboard.handle, context, name="web", owner_of=dashboard.session_user
+        )
         running.http.append(endpoint)
         dashboard.address, dashboard.secure = endpoint.address, context is not None
         running.coordinator.commands.web_login = dashboard.login_link

@@ -30,10 +30,18 @@ from typing import Any
 
 from gpuq.identity import Caller, Unauthenticated
 from gpuq.web import dashboard_api as api
+from gpuq.web.connection_guard import client_address
 from gpuq.web.event_feed import EventFeed
 from gpuq.web.http_types import EventStream, Request, Response
 from gpuq.web.queue_access import QueueAccess
-from gpuq.web.sessions import RateLimit, Sessions, cookie_header, cookie_of, peer_host
+from gpuq.web.sessions import (
+    Sessions,
+    SignInLimits,
+    cookie_header,
+    cookie_of,
+    peer_host,
+    sign_in_subject,
+)
 from gpuq.web.static_files import STATIC, StaticFiles
 
 log = logging.getLogger(__name__)
@@ -73,7 +81,7 @@ class Dashboard:
         self.static = StaticFiles(static_dir)
         self.clock = clock
         self.sessions = Sessions(access.signing_key)
-        self.login_limit = RateLimit()
+        self.login_limit = SignInLimits()
         self.feed = EventFeed(access, self.sessions, clock)
         self.address = ""  # HOST:PORT as bound (set once it listens)
         self.secure = False  # served over TLS
@@ -196,11 +204,22 @@ class Dashboard:
         """Whether the cookie is marked Secure: TLS here, or an https web_url (a proxy)."""
         return request.secure or (self.web_url or "").startswith("https://")
 
+    def session_user(self, headers: dict[str, str]) -> str | None:
+        """The user of a request's valid session cookie (signature, expiry and sign-out
+        checked), for the connection caps (gpuq.web.connection_guard); None: none."""
+        value = cookie_of(headers.get("cookie"))
+        if value is None:
+            return None
+        try:
+            return self.sessions.check(value, self.clock()).user
+        except Unauthenticated:
+            return None
+
     async def _login(self, request: Request) -> Response:
+        """Sign in with a ticket or a token, within the limits of sessions.SignInLimits (per
+        credential and address; one user's failures never refuse another's valid one)."""
         now = self.clock()
-        peer = peer_host(request.peer)
-        if self.login_limit.blocked(peer, now):
-            raise HttpError(429, "too many failed sign-ins; wait a minute")
+        address = client_address(peer_host(request.peer))
         try:
             body = json.loads(request.body or b"{}")
         except (ValueError, RecursionError):  # RecursionError: "[[[[..." nested past Python's
@@ -208,6 +227,9 @@ class Dashboard:
         if not isinstance(body, dict):
             raise HttpError(400, "expected a JSON object")
         ticket, token = body.get("ticket"), body.get("token")
+        subject = sign_in_subject(self.sessions, ticket, token)
+        if self.login_limit.blocked(address, subject, now):
+            raise HttpError(429, "too many failed sign-ins with this; wait a minute")
         try:
             if isinstance(ticket, str) and ticket:
                 session = self.sessions.redeem(ticket, now)
@@ -218,7 +240,8 @@ class Dashboard:
                 raise HttpError(400, 'expected {"ticket": ...} or {"token": "gpuqt_..."}')
             caller = self.access.caller(session)
         except Unauthenticated as exc:
-            self.login_limit.failed(peer, now)
+            if self.login_limit.failed(address, subject, now):
+                raise HttpError(429, f"too many failed sign-ins; wait a minute ({exc})") from None
             raise HttpError(401, str(exc)) from None
         value = self.sessions.cookie_value(session)
         log.info("dashboard: %s signed in by %s from %s", caller.user, session.how, request.peer)

@@ -5,10 +5,11 @@ requests and responses, keeps connections alive and speaks TLS; handlers run on 
 coordinator's own event loop, so they read its memory without locks. This module turns each
 request into a plain Request (gpuq.web.http_types), its body read whole and bounded, and the
 handler's Response or EventStream back into aiohttp's. gpuq.web.connection_guard adds the limits
-aiohttp lacks (connections per client, the first request's deadline, the head's size, blocked
-writes). Here: a body of 64 KiB, read within 10 s of its head, and 30 s of keep-alive between
-requests (aiohttp's own timer). Text is gzipped here, not by aiohttp, whose choice of encoding
-does not honour `q=0`.
+aiohttp lacks (connections per person, the first request's deadline, the head's size, blocked
+writes); `owner_of` (the dashboard's) names the signed-in user of a request from its headers,
+so its connection counts against that user's budget, not its address's. Here: a body of
+64 KiB, read within 10 s of its head, and 30 s of keep-alive between requests (aiohttp's own
+timer). Text is gzipped here, not by aiohttp, whose choice of encoding does not honour `q=0`.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ import gzip
 import logging
 import ssl
 import urllib.parse
+from collections.abc import Callable
 from typing import Any
 
 from aiohttp import web
@@ -51,15 +53,24 @@ COMPRESSIBLE = frozenset(
     {"application/json", "application/javascript", "image/svg+xml", "application/openmetrics-text"}
 )
 SERVER_NAME = "gpuq"  # instead of aiohttp's name and version
+OwnerOf = Callable[[dict[str, str]], str | None]  # a request's signed-in user, from its headers
 
 
 class HttpEndpoint:
     """One listening HTTP port and its connections."""
 
-    def __init__(self, name: str, address: str, handler: Handler, secure: bool) -> None:
+    def __init__(
+        self,
+        name: str,
+        address: str,
+        handler: Handler,
+        secure: bool,
+        owner_of: OwnerOf | None = None,
+    ) -> None:
         self.name = name  # "metrics" or "web": its key in GPUQ_HOME/coordinator.json
         self.address = address  # HOST:PORT as bound
         self.handler = handler
+        self.owner_of = owner_of  # a request's signed-in user, from its headers; None: none
         self.secure = secure  # served over TLS
         self.server: asyncio.Server | None = None
         self.connections = Connections()
@@ -93,10 +104,16 @@ class HttpEndpoint:
         guard = self.connections.guard_of(request.transport)
         if guard is None:  # gone already
             raise ConnectionResetError("the client went away")
-        guard.request_started()
+        headers = _headers(request)
+        user = self.owner_of(headers) if self.owner_of is not None else None
+        admitted = guard.request_started(user)
         try:
+            if not admitted:  # the user's connections are all taken
+                full = _response(Response(429, b"too many connections open\n"))
+                full.force_close()
+                return full
             try:
-                plain = await self._read(request)
+                plain = await self._read(request, headers)
             except _BadRequest as bad:
                 answer = _response(Response(bad.status, bad.text.encode()))
                 answer.force_close()
@@ -104,6 +121,7 @@ class HttpEndpoint:
             except TimeoutError:
                 guard.abort()  # its body never came whole: closed unanswered
                 raise ConnectionResetError("the request's body was too slow") from None
+            guard.answering()
             try:
                 result = await self.handler(plain)
             except Exception:
@@ -115,12 +133,8 @@ class HttpEndpoint:
         finally:
             guard.request_finished()
 
-    async def _read(self, request: web.BaseRequest) -> Request:
+    async def _read(self, request: web.BaseRequest, headers: dict[str, str]) -> Request:
         """The request as plain data, its body read whole within REQUEST_TIMEOUT."""
-        headers: dict[str, str] = {}
-        for raw_name, raw_value in request.raw_headers:
-            key, value = raw_name.decode("ascii", "replace").lower(), raw_value.decode("latin-1")
-            headers[key] = f"{headers[key]}, {value}" if key in headers else value
         target = request.raw_path
         if len(target) + sum(len(k) + len(v) + 4 for k, v in request.raw_headers) > MAX_HEADER:
             # a head the guard did not count (it came pipelined behind another request)
@@ -200,6 +214,15 @@ class HttpEndpoint:
         return response
 
 
+def _headers(request: web.BaseRequest) -> dict[str, str]:
+    """A request's headers: lower-case names, repeated ones joined with ", "."""
+    headers: dict[str, str] = {}
+    for raw_name, raw_value in request.raw_headers:
+        key, value = raw_name.decode("ascii", "replace").lower(), raw_value.decode("latin-1")
+        headers[key] = f"{headers[key]}, {value}" if key in headers else value
+    return headers
+
+
 class _BadRequest(Exception):
     def __init__(self, status: int, text: str) -> None:
         super().__init__(text)
@@ -237,10 +260,14 @@ async def serve_http(
     ssl_context: ssl.SSLContext | None = None,
     *,
     name: str,
+    owner_of: OwnerOf | None = None,
 ) -> HttpEndpoint:
-    """Listen on HOST:PORT (port 0: any free one) and serve `handler`."""
+    """Listen on HOST:PORT (port 0: any free one) and serve `handler`. `owner_of`: the
+    signed-in user a request's headers name (its connection counts against that user's
+    budget: gpuq.web.connection_guard.Connections); without it every connection counts
+    against its client address's."""
     host, _, port = listen.rpartition(":")
-    endpoint = HttpEndpoint(name, listen, handler, ssl_context is not None)
+    endpoint = HttpEndpoint(name, listen, handler, ssl_context is not None, owner_of)
     loop = asyncio.get_running_loop()
     try:
         server = await loop.create_server(

@@ -39,9 +39,11 @@ DIGEST_PART = 16  # hex digits of a token's digest a session names
 MAX_SIGNED = 1024  # characters of a ticket or cookie value; longer is refused unread
 MAX_REMEMBERED = 100_000  # used tickets and ended sessions remembered at once
 COOKIE = "gpuq_session"
-LOGIN_ATTEMPTS = 10  # failed sign-ins per peer per LOGIN_WINDOW
+LOGIN_ATTEMPTS = 10  # failed sign-ins per (client address, subject) per LOGIN_WINDOW
+ADDRESS_ATTEMPTS = 100  # failed sign-ins per client address per LOGIN_WINDOW: then 429s
 LOGIN_WINDOW = 60.0
-MAX_PEERS = 10_000  # peers whose attempts are counted at once
+MAX_PEERS = 10_000  # keys whose attempts are counted at once (per kind)
+TOKEN_SUBJECT = len(TOKEN_PREFIX) + 8  # characters of a token that name it for the limits
 
 
 @dataclass(frozen=True, slots=True)
@@ -160,6 +162,15 @@ class Sessions:
         self.used_tickets.add(nonce, expires, now)
         return self.session(user, uid, "ticket", digest, now)
 
+    def ticket_nonce(self, ticket: str) -> str | None:
+        """The nonce of a ticket this key signed (expired, used or not); None for anything
+        else. It names the ticket for the sign-in limits: nobody else can make one."""
+        try:
+            fields = _open(self.key, TICKET_LABEL, ticket, "sign-in link")
+            return _user_fields(fields, "sign-in link")[4]
+        except Unauthenticated:
+            return None
+
     # ---- sessions ----------------------------------------------------------------------------
 
     def session(self, user: str, uid: int | None, how: str, digest: str, now: float) -> Session:
@@ -243,8 +254,10 @@ def cookie_of(header: str | None) -> str | None:
 
 
 class RateLimit:
-    """At most `limit` failed sign-ins per key (a client's host) within `window` seconds (a
-    sliding window): enough to stop guessing, while signing in again and again still works."""
+    """At most `limit` failed sign-ins per key within `window` seconds (a sliding window):
+    enough to stop guessing, while signing in again and again still works. At most `peers`
+    keys are counted at once; past that a new key is neither counted nor blocked (a full table
+    must not lock anyone out)."""
 
     def __init__(
         self, limit: int = LOGIN_ATTEMPTS, window: float = LOGIN_WINDOW, peers: int = MAX_PEERS
@@ -255,11 +268,10 @@ class RateLimit:
         self._seen: dict[str, deque[float]] = {}
 
     def blocked(self, key: str, now: float) -> bool:
-        """`key` failed `limit` times within the window (or too many other peers are being
-        counted to count it: memory stays bounded)."""
+        """`key` failed `limit` times within the window."""
         times = self._seen.get(key)
         if times is None:
-            return not self._room(now)
+            return False
         while times and times[0] <= now - self.window:
             times.popleft()
         return len(times) >= self.limit
@@ -274,6 +286,61 @@ class RateLimit:
         if len(self._seen) >= self.peers:
             self._seen = {k: t for k, t in self._seen.items() if t and t[-1] > now - self.window}
         return len(self._seen) < self.peers
+
+
+class SignInLimits:
+    """Failed dashboard sign-ins, counted per (client address, subject) and per client address
+    (gpuq.web.connection_guard.client_address: all of loopback is one address).
+
+    The rule. A sign-in's subject is the credential it presents: a ticket this coordinator
+    signed is "ticket NONCE" (that one link); any other ticket is "ticket ?"; a token is "token"
+    and its first TOKEN_SUBJECT characters.
+
+    - A sign-in is refused unchecked (429) when its own (address, subject) failed LOGIN_ATTEMPTS
+      times within LOGIN_WINDOW. Only that same credential fills that count: a signed ticket
+      cannot be made without auth.key and a valid one has never failed (a failure means it
+      expired or was used), and nobody knows another user's token's first characters. So one
+      user's failures never refuse another's valid ticket or token, on any address.
+    - Past ADDRESS_ATTEMPTS failures from an address within the window, a failing sign-in from it
+      is answered 429 rather than 401 (the client is told to stop), but a valid ticket or token
+      is still taken: on a shared address (loopback, a proxy) a refusal of everything would let
+      one user lock everyone else out.
+
+    Why that is enough: a ticket is signed (HMAC-SHA256) and a token is 256 random bits, so no
+    number of guesses finds one; what the limits stop is one client trying the same credential
+    again and again (a used link, a token with a wrong tail), and the noise. Memory is bounded
+    (MAX_PEERS keys of each kind; RateLimit).
+    """
+
+    def __init__(
+        self,
+        attempts: int = LOGIN_ATTEMPTS,
+        address_attempts: int = ADDRESS_ATTEMPTS,
+        window: float = LOGIN_WINDOW,
+        peers: int = MAX_PEERS,
+    ) -> None:
+        self.per_subject = RateLimit(attempts, window, peers)
+        self.per_address = RateLimit(address_attempts, window, peers)
+
+    def blocked(self, address: str, subject: str, now: float) -> bool:
+        """This credential failed too often from this address: refuse it unchecked."""
+        return self.per_subject.blocked(f"{address} {subject}", now)
+
+    def failed(self, address: str, subject: str, now: float) -> bool:
+        """Count a failure; True when the address is past its own limit (answer 429)."""
+        self.per_subject.failed(f"{address} {subject}", now)
+        self.per_address.failed(address, now)
+        return self.per_address.blocked(address, now)
+
+
+def sign_in_subject(sessions: Sessions, ticket: object, token: object) -> str:
+    """The subject a sign-in's credential is counted under (SignInLimits)."""
+    if isinstance(ticket, str) and ticket:
+        nonce = sessions.ticket_nonce(ticket)
+        return f"ticket {nonce}" if nonce is not None else "ticket ?"
+    if isinstance(token, str) and token:
+        return f"token {token.strip()[:TOKEN_SUBJECT]}"
+    return "?"
 
 
 def peer_host(peer: str) -> str:

@@ -27,7 +27,13 @@ from gpuq.web.dashboard_api import job_request, listing_request
 from gpuq.web.http_types import EventStream, Request, Response
 from gpuq.web.log_tail import LOG_TAIL, read_tail
 from gpuq.web.queue_access import QueueAccess
-from gpuq.web.sessions import LOGIN_ATTEMPTS, LOGIN_WINDOW, SESSION_TTL, Session
+from gpuq.web.sessions import (
+    ADDRESS_ATTEMPTS,
+    LOGIN_ATTEMPTS,
+    LOGIN_WINDOW,
+    SESSION_TTL,
+    Session,
+)
 
 
 def test_tail_of_a_long_file(tmp_path: Path) -> None:
@@ -266,10 +272,12 @@ def test_the_session_cookie_is_httponly_strict_and_secure_over_tls() -> None:
         assert ("Secure" in flags) == marked, (web_url, secure)
 
 
-def test_failed_sign_ins_are_limited_per_client_address() -> None:
+def test_failed_sign_ins_are_limited_per_credential_and_address() -> None:
+    """A credential that failed LOGIN_ATTEMPTS times from an address is refused there unchecked
+    (a token is named by its first characters: a wrong tail counts against it)."""
     now = [1_700_000_000.0]
     dashboard = Dashboard(StubAccess(), clock=lambda: now[0])
-    wrong = json.dumps({"token": "gpuqt_wrong"}).encode()
+    wrong = json.dumps({"token": TOKEN[:-4] + "bbbb"}).encode()
     right = json.dumps({"token": TOKEN}).encode()
     for _ in range(LOGIN_ATTEMPTS):
         assert answer(dashboard, request("POST", "/api/login", CHANGE, wrong)).status == 401
@@ -279,6 +287,46 @@ def test_failed_sign_ins_are_limited_per_client_address() -> None:
     assert answer(dashboard, other).status == 200
     now[0] += LOGIN_WINDOW + 1
     assert answer(dashboard, request("POST", "/api/login", CHANGE, right)).status == 200
+
+
+def test_another_users_failed_sign_ins_never_refuse_a_valid_ticket_or_token() -> None:
+    """Issue 23: ten bad sign-ins by one local user gave another's valid ticket a 429. Now bob's
+    failures from 127.0.0.2 (forged and used tickets, wrong tokens, past the address's own
+    limit) leave alice's ticket and token from 127.0.0.9 (the same address) good; bob's own
+    used ticket and his further failures are refused."""
+    now = [1_700_000_000.0]
+    dashboard = Dashboard(StubAccess(), clock=lambda: now[0])
+    bob = "127.0.0.2:4000"
+    used, _ = dashboard.sessions.ticket("bob", 1002, now[0])
+    assert answer(dashboard, login({"ticket": used}, bob)).status == 200
+    attempts = [{"ticket": used}, {"ticket": "gw1t.e30.00"}, {"token": "gpuqt_guess"}]
+    attempts += [{"token": f"gpuqt_{i:08d}x"} for i in range(ADDRESS_ATTEMPTS)]
+    statuses = [answer(dashboard, login(body, bob)).status for body in attempts]
+    assert set(statuses[:LOGIN_ATTEMPTS]) == {401} and statuses[-1] == 429
+    for _ in range(LOGIN_ATTEMPTS):
+        answer(dashboard, login({"ticket": used}, bob))
+    replay = answer(dashboard, login({"ticket": used}, bob))
+    assert replay.status == 429 and b"with this" in replay.body  # refused unchecked
+    for peer in ("127.0.0.9:5000", "[::1]:5000", "[::ffff:127.0.0.5]:5000", bob):
+        ticket, _ = dashboard.sessions.ticket("alice", 1001, now[0])
+        assert answer(dashboard, login({"ticket": ticket}, peer)).status == 200, peer
+        assert answer(dashboard, login({"token": TOKEN}, peer)).status == 200, peer
+
+
+def test_a_connection_counts_against_its_valid_sessions_user() -> None:
+    """Dashboard.session_user names the user whose budget a request's connection counts
+    against (gpuq.web.connection_guard): a valid session's, else nobody (the address's)."""
+    dashboard = Dashboard(StubAccess())
+    cookie, _ = signed_in(dashboard)
+    assert dashboard.session_user({"cookie": cookie}) == "alice"
+    assert dashboard.session_user({"cookie": "gpuq_session=gw1s.forged.00"}) is None
+    assert dashboard.session_user({}) is None
+    answer(dashboard, request("POST", "/api/logout", {**CHANGE, "cookie": cookie}))
+    assert dashboard.session_user({"cookie": cookie}) is None  # signed out
+
+
+def login(body: dict[str, str], peer: str) -> Request:
+    return request("POST", "/api/login", CHANGE, json.dumps(body).encode(), peer=peer)
 
 
 def test_an_event_stream_counts_against_the_users_streams_and_ends_when_signed_out(

@@ -15,9 +15,11 @@ from gpuq.web.sessions import (
     RateLimit,
     Remembered,
     Sessions,
+    SignInLimits,
     cookie_header,
     cookie_of,
     peer_host,
+    sign_in_subject,
     token_part,
     token_stands,
     token_user,
@@ -150,7 +152,29 @@ def test_failed_sign_ins_are_limited_per_peer() -> None:
     limit.failed("10.0.0.2", NOW + 3)
     assert not limit.blocked("10.0.0.1", NOW + 61)  # the window moved
     limit.failed("10.0.0.1", NOW + 61)
-    assert limit.blocked("10.0.0.3", NOW + 62)  # too many peers counted at once
-    assert not limit.blocked("10.0.0.3", NOW + 200)  # the old ones are forgotten
+    for _ in range(5):  # too many keys counted at once: a new one is neither counted nor blocked
+        limit.failed("10.0.0.3", NOW + 62)
+    assert not limit.blocked("10.0.0.3", NOW + 62)
+    for _ in range(3):  # the old ones are forgotten
+        limit.failed("10.0.0.3", NOW + 200)
+    assert limit.blocked("10.0.0.3", NOW + 200)
     assert peer_host("127.0.0.1:5555") == "127.0.0.1"
     assert peer_host("::1:5555") == "::1" and peer_host("?") == "?"
+
+
+def test_sign_in_failures_count_per_credential_and_per_address() -> None:
+    sessions = Sessions(KEY)
+    limits = SignInLimits(attempts=2, address_attempts=4, window=60.0)
+    ticket, _ = sessions.ticket("bob", 1002, NOW)
+    bob = sign_in_subject(sessions, ticket, None)
+    assert bob.startswith("ticket ") and bob != "ticket ?"
+    assert sign_in_subject(sessions, "gw1t.e30.00", None) == "ticket ?"  # not signed here
+    assert sign_in_subject(sessions, None, "gpuqt_abcdefgh-tail") == "token gpuqt_abcdefgh"
+    assert not limits.failed("loopback", bob, NOW) and not limits.failed("loopback", bob, NOW)
+    assert limits.blocked("loopback", bob, NOW)  # that ticket, from that address
+    assert not limits.blocked("10.0.0.1", bob, NOW)
+    assert not limits.blocked("loopback", "ticket ?", NOW)
+    assert not limits.failed("loopback", "ticket ?", NOW)
+    assert limits.failed("loopback", "token gpuqt_x", NOW)  # the address's 4th: answered 429
+    assert not limits.blocked("loopback", "token gpuqt_alice", NOW)  # another is still checked
+    assert not limits.blocked("loopback", bob, NOW + 61)
