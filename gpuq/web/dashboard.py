@@ -249,7 +249,7 @@ class Dashboard:
         if self.access.streams_open(caller.user) >= limit:
             raise HttpError(429, f"{caller.user} has {limit} streams open already (the most)")
         value = cookie_of(request.headers.get("cookie")) or ""
-        return EventStream(self.feed.stream(caller.user, value))
+        return EventStream(self.feed.stream(caller, value))
 
 
 def _method(method: str, *allowed: str) -> None:

@@ -141,9 +141,10 @@ class QueueAccess:
         """Counts an open stream of `user` while entered; yields '' or why it is refused."""
         return self._streams.opened(user)
 
-    def job_events(self) -> AsyncIterator[list[JobEvent]]:
-        """Every job's events as they commit, in batches; ends when the coordinator stops."""
-        return self._queries.watchers.watch(())
+    def job_events(self, caller: Caller) -> AsyncIterator[list[JobEvent]]:
+        """Every job's events as they commit, in batches, as `caller` may see them (names
+        hidden where the admin hides them); ends when the coordinator stops."""
+        return self._queries.job_events(caller)
 
     # ---- errors --------------------------------------------------------------------------
 

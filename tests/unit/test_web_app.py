@@ -102,6 +102,7 @@ class StubAccess:
         self.changes: list[tuple[str, str, str]] = []
         self.events: asyncio.Queue[list[JobEvent]] = asyncio.Queue()
         self.streams = StreamCount(self.stream_limit)
+        self.feed_callers: list[Caller] = []  # whom job_events served (what each may see)
 
     def token_owner(self, token: str) -> tuple[str, int | None, str]:
         if token != TOKEN or self.revoked:
@@ -137,7 +138,8 @@ class StubAccess:
     def nodes_state(self) -> tuple[Any, ...]:
         return ()
 
-    async def job_events(self) -> AsyncIterator[list[JobEvent]]:
+    async def job_events(self, caller: Caller) -> AsyncIterator[list[JobEvent]]:
+        self.feed_callers.append(caller)
         while True:
             yield await self.events.get()
 
@@ -303,6 +305,8 @@ def test_an_event_stream_counts_against_the_users_streams_and_ends_when_signed_o
         access.events.put_nowait([JobEvent(7, 1.0, JobState.PENDING, JobState.RUNNING, "")])
         message = await anext(first)
         assert message.startswith(b"event: jobs\ndata: ") and b'"job_id":"7"' in message
+        # the feed's events are those its signed-in caller may see (hide_job_names)
+        assert {c.user for c in access.feed_callers} == {"alice"}
         assert await anext(first) == b": ping\n\n"  # the session still stands
         await streams[1].events.aclose()  # a client that went away frees its slot
         assert access.streams_open("alice") == 1
