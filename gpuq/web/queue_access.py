@@ -59,6 +59,16 @@ class QueueAccess:
         user, digest = token_user(self._authority.tokens, token)
         return user, user_uid(user), digest
 
+    async def revoked_web_credentials(self, now: float) -> dict[str, float]:
+        """The used tickets and ended sessions the store keeps (digest -> expiry)."""
+        return await self._queries.writer.read(lambda s: s.revoked_web_credentials(now))
+
+    async def keep_revoked(self, revoked: dict[str, float], now: float) -> None:
+        """Keep used tickets and ended sessions in the store (and prune the expired); fails
+        fast (StorageUnavailable) when the store cannot take it."""
+        write = self._queries.writer.write
+        await write(lambda tx: tx.revoke_web_credentials(revoked, now), fail_fast=True)
+
     def caller(self, session: Session) -> Caller:
         """The session's Caller, as the coordinator serves it now (admin decided now)."""
         authority = self._authority
