@@ -580,9 +580,11 @@ def output_paths(
     user: str,
     node: str | None = None,
     array: tuple[int, int | str] | None = None,
+    name: str | None = None,
 ) -> tuple[str, str]:
     """The job's stdout and stderr files, with sbatch's `%` patterns filled in (for an array's
-    record of tasks not yet started, `array` is (id, "%a"): each task's files differ).
+    record of tasks not yet started, `array` is (id, "%a"): each task's files differ; `name`:
+    what `%x` shows instead of the job's name, for a caller from whom names are hidden).
 
     `%j` job id, `%A`/`%a` array job id and task index, `%x` name, `%u` user, `%N` node,
     `%%` a percent sign; relative paths are relative to the submit folder. Without --error,
@@ -593,7 +595,7 @@ def output_paths(
         "j": str(job_id),
         "A": str(array[0]) if array else str(job_id),
         "a": str(array[1]) if array else "0",
-        "x": spec.name,
+        "x": spec.name if name is None else name,
         "u": user,
         "N": node or "unknown",
         "%": "%",

@@ -201,6 +201,16 @@ user_tokens = Table(
 )
 Index("ix_user_tokens_user", user_tokens.c.user)
 
+# dashboard credentials refused across restarts (used sign-in tickets, signed-out sessions):
+# the SHA-256 of each one's kind and nonce, until it would have expired anyway
+revoked_web_credentials = Table(
+    "revoked_web_credentials",
+    metadata,
+    Column("digest", String(64), primary_key=True),
+    Column("expires_at", Float, nullable=False),
+)
+Index("ix_revoked_web_credentials_expires_at", revoked_web_credentials.c.expires_at)
+
 # what a job's GPUs did (issue 12): the aggregates its agent measured, over the run once it
 # ended (written with the end), so far while it runs (the latest heartbeat's, every
 # gpuq.coordinator.workload.running_telemetry.FLUSH_EVERY seconds); for the start `attempt`

@@ -83,6 +83,7 @@ class Dashboard:
         self.sessions = Sessions(access.signing_key)
         self.login_limit = SignInLimits()
         self.feed = EventFeed(access, self.sessions, clock)
+        self._revoked_loaded = False  # what the store kept is in self.sessions
         self.address = ""  # HOST:PORT as bound (set once it listens)
         self.secure = False  # served over TLS
 
@@ -144,12 +145,13 @@ class Dashboard:
         method = request.method
         if method == "POST":
             self._check_csrf(request)
+        await self._load_revoked()
         if parts == ["login"]:
             _method(method, "POST")
             return await self._login(request)
         if parts == ["logout"]:
             _method(method, "POST")
-            return self._logout(request)
+            return await self._logout(request)
         caller = self._caller(request)
         access = self.access
         if parts == ["me"]:
@@ -243,20 +245,38 @@ class Dashboard:
             if self.login_limit.failed(address, subject, now):
                 raise HttpError(429, f"too many failed sign-ins; wait a minute ({exc})") from None
             raise HttpError(401, str(exc)) from None
+        await self._keep_revoked()  # the ticket stays used, restart or not
         value = self.sessions.cookie_value(session)
         log.info("dashboard: %s signed in by %s from %s", caller.user, session.how, request.peer)
         response = _json(200, {"user": caller.user, "admin": caller.admin})
         response.headers.append(("set-cookie", cookie_header(value, self._secure(request))))
         return response
 
-    def _logout(self, request: Request) -> Response:
+    async def _logout(self, request: Request) -> Response:
         value = cookie_of(request.headers.get("cookie"))
         if value is not None:
             with contextlib.suppress(Unauthenticated):
                 self.sessions.end(self.sessions.check(value, self.clock()), self.clock())
+            try:
+                await self._keep_revoked()  # the session stays ended, restart or not
+            except Exception as error:  # refused here; the store takes it with the next one
+                log.warning("dashboard: a sign-out is not kept in the job store yet: %s", error)
         response = _json(200, {})
         response.headers.append(("set-cookie", cookie_header("", self._secure(request), 0)))
         return response
+
+    async def _load_revoked(self) -> None:
+        """Before the first check: the tickets used and sessions ended before a restart."""
+        if not self._revoked_loaded:
+            self.sessions.load_revoked(await self.access.revoked_web_credentials(self.clock()))
+            self._revoked_loaded = True
+
+    async def _keep_revoked(self) -> None:
+        """The store keeps what was revoked (a failure leaves it for the next write)."""
+        revoked = self.sessions.unkept()
+        if revoked:
+            await self.access.keep_revoked(revoked, self.clock())
+            self.sessions.kept(revoked)
 
     def _caller(self, request: Request) -> Caller:
         value = cookie_of(request.headers.get("cookie"))
@@ -272,7 +292,7 @@ class Dashboard:
         if self.access.streams_open(caller.user) >= limit:
             raise HttpError(429, f"{caller.user} has {limit} streams open already (the most)")
         value = cookie_of(request.headers.get("cookie")) or ""
-        return EventStream(self.feed.stream(caller.user, value))
+        return EventStream(self.feed.stream(caller, value))
 
 
 def _method(method: str, *allowed: str) -> None:

@@ -19,7 +19,7 @@ from typing import Any
 from google.protobuf.json_format import MessageToDict
 
 from gpuq.convert import event_to_proto
-from gpuq.identity import Unauthenticated
+from gpuq.identity import Caller, Unauthenticated
 from gpuq.web.queue_access import QueueAccess
 from gpuq.web.sessions import Sessions
 
@@ -38,9 +38,10 @@ class EventFeed:
         self.clock = clock
         self._nodes_memo: tuple[float, tuple[Any, ...]] | None = None  # (loop time, state)
 
-    async def stream(self, user: str, cookie: str) -> AsyncIterator[bytes]:
-        """One open page's stream, for `user` signed in with the session cookie `cookie`."""
-        with self.access.stream_slot(user) as refused:
+    async def stream(self, caller: Caller, cookie: str) -> AsyncIterator[bytes]:
+        """One open page's stream, for `caller` signed in with the session cookie `cookie`:
+        the events it may see (other users' job names hidden where the admin hides them)."""
+        with self.access.stream_slot(caller.user) as refused:
             if refused:
                 yield f"event: refused\ndata: {json.dumps({'error': refused})}\n\n".encode()
                 return
@@ -48,7 +49,7 @@ class EventFeed:
             queue: asyncio.Queue[list[Any]] = asyncio.Queue()
 
             async def follow() -> None:
-                async for batch in self.access.job_events():
+                async for batch in self.access.job_events(caller):
                     queue.put_nowait(batch)
 
             loop = asyncio.get_running_loop()

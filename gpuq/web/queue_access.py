@@ -59,6 +59,16 @@ class QueueAccess:
         user, digest = token_user(self._authority.tokens, token)
         return user, user_uid(user), digest
 
+    async def revoked_web_credentials(self, now: float) -> dict[str, float]:
+        """The used tickets and ended sessions the store keeps (digest -> expiry)."""
+        return await self._queries.writer.read(lambda s: s.revoked_web_credentials(now))
+
+    async def keep_revoked(self, revoked: dict[str, float], now: float) -> None:
+        """Keep used tickets and ended sessions in the store (and prune the expired); fails
+        fast (StorageUnavailable) when the store cannot take it."""
+        write = self._queries.writer.write
+        await write(lambda tx: tx.revoke_web_credentials(revoked, now), fail_fast=True)
+
     def caller(self, session: Session) -> Caller:
         """The session's Caller, as the coordinator serves it now (admin decided now)."""
         authority = self._authority
@@ -141,9 +151,10 @@ class QueueAccess:
         """Counts an open stream of `user` while entered; yields '' or why it is refused."""
         return self._streams.opened(user)
 
-    def job_events(self) -> AsyncIterator[list[JobEvent]]:
-        """Every job's events as they commit, in batches; ends when the coordinator stops."""
-        return self._queries.watchers.watch(())
+    def job_events(self, caller: Caller) -> AsyncIterator[list[JobEvent]]:
+        """Every job's events as they commit, in batches, as `caller` may see them (names
+        hidden where the admin hides them); ends when the coordinator stops."""
+        return self._queries.job_events(caller)
 
     # ---- errors --------------------------------------------------------------------------
 

@@ -13,7 +13,10 @@ d: the first 16 hex digits of the token's digest when a token stands behind the 
 session ends when that token is revoked), e: expiry (Unix seconds), n: a random nonce. A
 ticket is good for TICKET_TTL seconds and once: its nonce is remembered until it expires. A
 session ends at its expiry, at logout (its nonce is remembered until then), or when its
-token is revoked. Nothing here does I/O; time comes from the caller.
+token is revoked. Nothing here does I/O; time comes from the caller. What is remembered is
+also kept in the job store, so that a restart forgets none of it: the dashboard takes each
+revocation (`unkept`, a digest of the kind and nonce and its expiry) to the store, and
+gives a new Sessions what the store kept (`load_revoked`) before it checks anything.
 """
 
 from __future__ import annotations
@@ -26,6 +29,7 @@ import hmac
 import json
 import secrets
 from collections import deque
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -83,6 +87,12 @@ def _open(key: bytes, label: str, text: str, what: str) -> dict[str, Any]:
     return fields
 
 
+def credential_digest(label: str, nonce: str) -> str:
+    """What is remembered of a used ticket or an ended session: no credential, and no nonce
+    that could be replayed."""
+    return hashlib.sha256(f"{label}.{nonce}".encode()).hexdigest()
+
+
 def _user_fields(fields: dict[str, Any], what: str) -> tuple[str, int | None, str, float, str]:
     user, uid, digest = fields.get("u"), fields.get("i"), fields.get("d", "")
     expires, nonce = fields.get("e"), fields.get("n")
@@ -117,6 +127,12 @@ class Remembered:
         self._nonces.add(nonce)
         heapq.heappush(self._expiries, (until, nonce))
 
+    def keep(self, nonce: str, until: float) -> None:
+        """Remember what the store kept (never refused: a used ticket must stay used)."""
+        if nonce not in self._nonces:
+            self._nonces.add(nonce)
+            heapq.heappush(self._expiries, (until, nonce))
+
     def purge(self, now: float) -> None:
         while self._expiries and self._expiries[0][0] < now:
             _, nonce = heapq.heappop(self._expiries)
@@ -130,6 +146,24 @@ class Sessions:
         self.key = key
         self.used_tickets = Remembered()
         self.ended_sessions = Remembered()
+        self._to_keep: dict[str, float] = {}  # revoked since take_revoked: digest -> expiry
+
+    # ---- what the store keeps ------------------------------------------------------------
+
+    def load_revoked(self, kept: Mapping[str, float]) -> None:
+        """What the store kept (digest -> expiry): tickets used and sessions ended before."""
+        for digest, until in kept.items():
+            self.used_tickets.keep(digest, until)
+            self.ended_sessions.keep(digest, until)
+
+    def unkept(self) -> dict[str, float]:
+        """The revocations the store does not keep yet (digest -> expiry)."""
+        return dict(self._to_keep)
+
+    def kept(self, revoked: Mapping[str, float]) -> None:
+        """The store keeps `revoked` now."""
+        for digest in revoked:
+            self._to_keep.pop(digest, None)
 
     # ---- tickets -----------------------------------------------------------------------------
 
@@ -157,9 +191,11 @@ class Sessions:
         if expires < now:
             raise Unauthenticated("the sign-in link expired; run gpuq web again")
         self.used_tickets.purge(now)
-        if nonce in self.used_tickets:
+        used = credential_digest(TICKET_LABEL, nonce)
+        if used in self.used_tickets:
             raise Unauthenticated("the sign-in link was used already; run gpuq web again")
-        self.used_tickets.add(nonce, expires, now)
+        self.used_tickets.add(used, expires, now)
+        self._to_keep[used] = expires
         return self.session(user, uid, "ticket", digest, now)
 
     def ticket_nonce(self, ticket: str) -> str | None:
@@ -197,14 +233,16 @@ class Sessions:
             raise Unauthenticated("a malformed session")
         if expires < now:
             raise Unauthenticated("the session expired; sign in again")
-        if nonce in self.ended_sessions:
+        if credential_digest(SESSION_LABEL, nonce) in self.ended_sessions:
             raise Unauthenticated("signed out")
         return Session(user, uid, how, digest, expires, nonce)
 
     def end(self, session: Session, now: float) -> None:
         """Logout: the cookie is refused from now on, whoever still holds it."""
-        if session.nonce not in self.ended_sessions:
-            self.ended_sessions.add(session.nonce, session.expires, now)
+        ended = credential_digest(SESSION_LABEL, session.nonce)
+        if ended not in self.ended_sessions:
+            self.ended_sessions.add(ended, session.expires, now)
+            self._to_keep[ended] = session.expires
 
 
 def token_part(authorization: str | None) -> str:

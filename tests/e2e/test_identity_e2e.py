@@ -380,15 +380,24 @@ def test_the_admin_may_hide_other_users_job_names(
             "--parsable",
             "--name",
             "thesis-v2",
+            "--output",
+            "/tmp/%x-%j.out",
             "--wrap",
             "true",
         )
         assert code == 0, err
+        code, out, err = gpuq_as(alice, cluster.home, "update", "1", "--name", "thesis-v3")
+        assert code == 0, err
         code, out, err = gpuq_as(alice, cluster.home, "queue")
-        assert "thesis-v2" in out, out
-        for args in (("queue",), ("queue", "--json"), ("show", "1")):
+        assert "thesis-v3" in out, out
+        code, out, err = gpuq_as(alice, cluster.home, "show", "1")
+        assert "thesis-v2 -> thesis-v3" in out and "/tmp/thesis-v3-1.out" in out, out
+        # the history ("name X -> Y") and %x in the output paths hide it too
+        for args in (("queue",), ("queue", "--json"), ("show", "1"), ("show", "1", "--json")):
             code, shown, err = gpuq_as(bob, cluster.home, *args)
-            assert code == 0 and "thesis-v2" not in shown and "(hidden)" in shown, (args, shown)
-        assert "thesis-v2" in cluster.gpuq("queue").stdout  # root is an admin
+            assert code == 0 and "thesis" not in shown and "(hidden)" in shown, (args, shown)
+        code, shown, err = gpuq_as(bob, cluster.home, "show", "1")
+        assert "name (hidden) -> (hidden)" in shown and "/tmp/(hidden)-1.out" in shown, shown
+        assert "thesis-v3" in cluster.gpuq("queue").stdout  # root is an admin
     finally:
         cluster.close()

@@ -117,3 +117,41 @@ def test_a_call_without_a_credential_is_refused(
                 timeout=10,
             )
     assert caught.value.code() == grpc.StatusCode.UNAUTHENTICATED
+
+
+@pytest.mark.parametrize(
+    ("method", "kind"),
+    [
+        ("GetJob", "unary_unary"),
+        ("Watch", "unary_stream"),
+        ("Submit", "stream_stream"),
+    ],
+)
+def test_an_undecodable_request_logs_one_line(
+    lone_coordinator: Cluster, method: str, kind: str
+) -> None:
+    """An authenticated call whose body is not the method's message: INVALID_ARGUMENT, and
+    one line in the coordinator's log, not a traceback."""
+    cluster = lone_coordinator
+    settings = load_settings(home=cluster.home)
+    metadata = cluster.client().call_metadata()
+    log_file = cluster.root / "coordinator.log"
+    before = len(log_file.read_bytes())
+    garbage = b"\xff\xff\xff\xff\x0f"  # a field tag past protobuf's largest
+    with grpc.insecure_channel(settings.coordinator_address) as channel:
+        call = getattr(channel, kind)(f"/gpuq.v1.Queue/{method}")
+        with pytest.raises(grpc.RpcError) as caught:
+            if kind == "unary_unary":
+                call(garbage, metadata=metadata, timeout=10)
+            elif kind == "unary_stream":
+                list(call(garbage, metadata=metadata, timeout=10))
+            else:
+                list(call(iter([garbage]), metadata=metadata, timeout=10))
+    assert caught.value.code() == grpc.StatusCode.INVALID_ARGUMENT, caught.value
+    assert "could not be decoded" in (caught.value.details() or "")
+    assert cluster.client().nodes() is not None  # the coordinator goes on
+    text = log_file.read_bytes()[before:].decode(errors="replace")
+    assert "Traceback" not in text, text
+    said = [line for line in text.splitlines() if "could not be decoded" in line]
+    assert len(said) == 1, text
+    assert method in said[0], said

@@ -375,3 +375,41 @@ def test_dashboard_over_https(tmp_path: Path) -> None:
             plain.call("GET", "/api/me")
     finally:
         cluster.close()
+
+
+@pytest.mark.parametrize("stop", ["terminate", "kill"])
+def test_sign_outs_and_used_tickets_outlive_a_coordinator_restart(
+    tmp_path: Path, stop: str
+) -> None:
+    """The job store keeps used tickets and ended sessions: a restarted coordinator (the same
+    auth.key) refuses a signed-out cookie and a used ticket within its 60 s, and takes a
+    session that still stands."""
+    cluster = Cluster(tmp_path, f'web_listen = "127.0.0.1:{free_port()}"\n')
+    try:
+        cluster.start_coordinator()
+        used = ticket_of(cluster.client().web_login().url)
+        web = Web(web_address(cluster))
+        web.login(ticket=used)
+        signed_out = web.cookie
+        assert web.call("POST", "/api/logout", None, CSRF)[0] == 200
+        standing = Web(web_address(cluster))
+        standing.login(ticket=ticket_of(cluster.client().web_login().url))
+        assert cluster.coordinator is not None
+        if stop == "kill":
+            cluster.kill(cluster.coordinator)
+        else:
+            cluster.coordinator.terminate()
+            cluster.coordinator.wait(10)
+        cluster.start_coordinator()
+        address = web_address(cluster)
+        stale = Web(address)
+        stale.cookie = signed_out
+        status, _, answer = stale.call("GET", "/api/me")
+        assert status == 401 and "signed out" in answer["error"], answer
+        status, _, answer = Web(address).call("POST", "/api/login", {"ticket": used}, CSRF)
+        assert status == 401 and "used already" in answer["error"], answer
+        again = Web(address)
+        again.cookie = standing.cookie
+        assert again.call("GET", "/api/me")[0] == 200
+    finally:
+        cluster.close()

@@ -108,6 +108,14 @@ class StubAccess:
         self.changes: list[tuple[str, str, str]] = []
         self.events: asyncio.Queue[list[JobEvent]] = asyncio.Queue()
         self.streams = StreamCount(self.stream_limit)
+        self.kept: dict[str, float] = {}  # the store's revoked web credentials
+        self.feed_callers: list[Caller] = []  # whom job_events served (what each may see)
+
+    async def revoked_web_credentials(self, now: float) -> dict[str, float]:
+        return {d: at for d, at in self.kept.items() if at >= now}
+
+    async def keep_revoked(self, revoked: dict[str, float], now: float) -> None:
+        self.kept.update(revoked)
 
     def token_owner(self, token: str) -> tuple[str, int | None, str]:
         if token != TOKEN or self.revoked:
@@ -143,7 +151,8 @@ class StubAccess:
     def nodes_state(self) -> tuple[Any, ...]:
         return ()
 
-    async def job_events(self) -> AsyncIterator[list[JobEvent]]:
+    async def job_events(self, caller: Caller) -> AsyncIterator[list[JobEvent]]:
+        self.feed_callers.append(caller)
         while True:
             yield await self.events.get()
 
@@ -351,6 +360,8 @@ def test_an_event_stream_counts_against_the_users_streams_and_ends_when_signed_o
         access.events.put_nowait([JobEvent(7, 1.0, JobState.PENDING, JobState.RUNNING, "")])
         message = await anext(first)
         assert message.startswith(b"event: jobs\ndata: ") and b'"job_id":"7"' in message
+        # the feed's events are those its signed-in caller may see (hide_job_names)
+        assert {c.user for c in access.feed_callers} == {"alice"}
         assert await anext(first) == b": ping\n\n"  # the session still stands
         await streams[1].events.aclose()  # a client that went away frees its slot
         assert access.streams_open("alice") == 1
@@ -375,3 +386,26 @@ def test_only_queue_access_reaches_into_the_coordinator() -> None:
         names |= {a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
         reached = {name for name in names if name.startswith("gpuq.coordinator")}
         assert not reached or path.name == "queue_access.py", (path.name, reached)
+
+
+def test_sign_outs_and_used_tickets_outlive_a_restart() -> None:
+    """What the store keeps (StubAccess.kept stands for it) a restarted dashboard refuses: a
+    signed-out cookie, a used ticket. Without it the same key would take them again."""
+    access = StubAccess()
+    first = Dashboard(access)
+    cookie, _ = signed_in(first)
+    link, _ = first.login_link(Caller("alice", 1001, admin=False), None)
+    body = json.dumps({"ticket": link.split("#ticket=")[1]}).encode()
+    assert answer(first, request("POST", "/api/login", CHANGE, body)).status == 200
+    out = answer(first, request("POST", "/api/logout", {"cookie": cookie, **CHANGE}))
+    assert out.status == 200
+    assert len(access.kept) == 2  # digests only: neither the cookie nor the ticket
+    assert not any(part in cookie or part in link for part in access.kept)
+    restarted = Dashboard(access)  # the same key (GPUQ_HOME/auth.key), its memory gone
+    me = answer(restarted, request("GET", "/api/me", {"cookie": cookie}))
+    assert me.status == 401 and b"signed out" in me.body, me.body
+    again = answer(restarted, request("POST", "/api/login", CHANGE, body))
+    assert again.status == 401 and b"used already" in again.body, again.body
+    forgetful = Dashboard(StubAccess())  # a store that kept nothing: both would work again
+    assert answer(forgetful, request("GET", "/api/me", {"cookie": cookie})).status == 200
+    assert answer(forgetful, request("POST", "/api/login", CHANGE, body)).status == 200

@@ -58,7 +58,7 @@ class QueueServicer(queue_pb2_grpc.QueueServicer):  # type: ignore[misc]
             if refused:
                 await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, refused)
             try:
-                async for events in self.queries.watch(request.job_ids):
+                async for events in self.queries.watch(caller, request.job_ids):
                     yield events
             except Exception as error:
                 await end_call(context, error)

@@ -2,19 +2,25 @@
 script, arguments, environment, webhook or mail address; no name where the admin hides names),
 what a listing carries (nothing private, for anyone), why a pending job waits, and an array's
 waiting tasks collapsed into one entry as squeue shows them.
+
+Where the admin hides job names (`[coordinator] hide_job_names`), a caller who is neither the
+owner nor an admin sees `(hidden)` wherever another user's job name would show: the spec's
+name, `%x` in its output paths, its pending reasons ("named X"), and its events' reasons (an
+update's "name X -> Y"), in GetJob, listings, Watch streams and the dashboard's feed.
 """
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable, Sequence
 from dataclasses import replace
 
-from gpuq.convert import job_to_proto, spec_to_proto, unit_to_proto
+from gpuq.convert import event_to_proto, job_to_proto, spec_to_proto, unit_to_proto
 from gpuq.coordinator.access.permissions import hides_name, is_owner_or_admin
 from gpuq.coordinator.cron_service import next_fire
 from gpuq.coordinator.memory.node_table import UnitState
 from gpuq.coordinator.scheduling.scheduling_pass import PendingDetail
-from gpuq.domain.model import CronEntry, GpuUnit, Job, output_paths
+from gpuq.domain.model import CronEntry, GpuUnit, Job, JobEvent, output_paths
 from gpuq.domain.states import JobState
 from gpuq.identity import Caller
 from gpuq.v1 import queue_pb2
@@ -23,6 +29,18 @@ from gpuq.v1 import types_pb2 as pb
 # the parts of a job's spec only its owner and admins see: they hold secrets (a token in a
 # webhook's URL, an environment's keys)
 PRIVATE = ("script", "args", "env", "notify_url", "mail_user")
+HIDDEN = "(hidden)"  # a job name shown to a caller from whom names are hidden
+_NAME = r"[A-Za-z0-9_.+@=:,-]+"  # what a job name may hold (gpuq.domain.limits.check_name)
+_NAMED = re.compile(rf"\b(?:name {_NAME} -> {_NAME}|named {_NAME})")
+
+
+def hide_names(text: str) -> str:
+    """A reason with the job names it names hidden: an update's "name X -> Y", a singleton's
+    "job 4 named X is running"."""
+    return _NAMED.sub(
+        lambda m: "named " + HIDDEN if m[0].startswith("named ") else f"name {HIDDEN} -> {HIDDEN}",
+        text,
+    )
 
 
 class JobMessages:
@@ -38,13 +56,12 @@ class JobMessages:
 
     def full(self, job: Job, caller: Caller, explained: Job | None = None) -> pb.Job:
         """GetJob's: everything `caller` may see of the job."""
-        message = self.with_pending(job, explained)
+        hidden = hides_name(caller, job.user, self.hide_job_names)
+        message = self.with_pending(job, explained, hidden)
         if is_owner_or_admin(caller, job.user):
             return message
         for part in PRIVATE:
             message.spec.ClearField(part)
-        if self.hide_job_names:
-            message.spec.name = "(hidden)"
         return message
 
     def brief(self, job: Job, caller: Caller, explained: Job | None = None) -> pb.Job:
@@ -52,24 +69,39 @@ class JobMessages:
         (anyone's: they are most of a job's size, and a queue of thousands must fit in a
         reply), and of the array's task list the tasks the entry stands for (GetJob has them
         all). A collapsed array's entry waits for the reasons of its first waiting task."""
-        message = self.with_pending(job, explained)
+        message = self.with_pending(
+            job, explained, hides_name(caller, job.user, self.hide_job_names)
+        )
         for part in PRIVATE:
             message.spec.ClearField(part)
-        if hides_name(caller, job.user, self.hide_job_names):
-            message.spec.name = "(hidden)"
         if job.array_job_id is not None:  # an entry carries the tasks it stands for
             message.spec.array.indices[:] = job.tasks or (job.array_task_id or 0,)
         return message
 
-    def with_pending(self, job: Job, explained: Job | None = None) -> pb.Job:
-        """The job with why it waits (an array's record: why its first waiting task does)."""
+    def with_pending(self, job: Job, explained: Job | None = None, hidden: bool = False) -> pb.Job:
+        """The job with why it waits (an array's record: why its first waiting task does);
+        `hidden`: with its name hidden (its spec's, `%x` in its paths, its reasons')."""
         running = job.state is JobState.RUNNING
-        message = job_message(job, self.flags(job.id, job.start_count) if running else ())
+        flags = self.flags(job.id, job.start_count) if running else ()
+        message = job_message(job, flags, HIDDEN if hidden else None)
         first = explained or job
         detail = self.pending_detail(first) if first.state is JobState.PENDING else None
         if detail is not None:
             message.pending.CopyFrom(pending_info(detail))
+        if hidden:
+            message.spec.name = HIDDEN
+            message.pending.reasons[:] = [hide_names(r) for r in message.pending.reasons]
         return message
+
+    def event(self, event: JobEvent, owner: str, caller: Caller) -> JobEvent:
+        """An event of a job of `owner` as `caller` may see it (its reason's names hidden)."""
+        if hides_name(caller, owner, self.hide_job_names):
+            return replace(event, reason=hide_names(event.reason))
+        return event
+
+    def events(self, job: Job, events: Sequence[JobEvent], caller: Caller) -> list[pb.JobEvent]:
+        """A job's history as `caller` may see it."""
+        return [event_to_proto(self.event(e, job.user, caller)) for e in events]
 
     def waits(self, job: Job) -> str:
         """Why a pending job waits, as one line (every reason)."""
@@ -77,12 +109,13 @@ class JobMessages:
         return "; ".join(detail.waiting.reasons) if detail is not None else ""
 
 
-def job_message(job: Job, flags: Sequence[str] = ()) -> pb.Job:
+def job_message(job: Job, flags: Sequence[str] = (), name: str | None = None) -> pb.Job:
+    """The job on the wire; `name`: what `%x` in its output paths shows instead of its name."""
     array: tuple[int, int | str] | None = None
     if job.array_job_id is not None:
         task = job.array_task_id
         array = (job.array_job_id, "%a" if task is None or job.tasks else task)
-    stdout, stderr = output_paths(job.spec, job.id, job.user, job.node, array)
+    stdout, stderr = output_paths(job.spec, job.id, job.user, job.node, array, name)
     message = job_to_proto(job, stdout, stderr)
     message.flags[:] = flags  # idle, possibly hung (gpuq.coordinator.workload.idle_rules)
     return message

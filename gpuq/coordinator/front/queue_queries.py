@@ -75,7 +75,7 @@ class QueueQueries:
         job, events, counts = await self.job_detail(request.job_id, task)
         return queue_pb2.JobDetail(
             job=self.messages.full(job, caller, self.arrays.first_waiting(job)),
-            events=[event_to_proto(e) for e in events],
+            events=self.messages.events(job, events, caller),
             array_states={state.value: n for state, n in counts.items()},
         )
 
@@ -255,11 +255,24 @@ class QueueQueries:
         ]
         return (*nodes, len(self.nodes.drains))
 
-    async def watch(self, job_ids: Sequence[int]) -> AsyncIterator[queue_pb2.JobEvents]:
-        """Events as they commit (gpuq.coordinator.changes.watchers), as the wire has them."""
+    async def watch(
+        self, caller: Caller, job_ids: Sequence[int]
+    ) -> AsyncIterator[queue_pb2.JobEvents]:
+        """Events as they commit (gpuq.coordinator.changes.watchers), as the wire has them and
+        as `caller` may see them."""
         check_count("job ids", len(job_ids))
-        async for batch in self.watchers.watch(job_ids):
+        async for batch in self.job_events(caller, job_ids):
             yield queue_pb2.JobEvents(events=[event_to_proto(e) for e in batch])
+
+    def job_events(
+        self, caller: Caller, job_ids: Sequence[int] = ()
+    ) -> AsyncIterator[list[JobEvent]]:
+        """Events as they commit, in batches, as `caller` may see them (no job: every job's)."""
+
+        def view(event: JobEvent, owner: str) -> JobEvent:
+            return self.messages.event(event, owner, caller)
+
+        return self.watchers.watch(job_ids, view)
 
 
 def check_count(what: str, count: int) -> None:

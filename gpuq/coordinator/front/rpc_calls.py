@@ -89,6 +89,8 @@ def error_status(error: Exception) -> RpcStatus:
 
 async def end_call(context: grpc.aio.ServicerContext, error: Exception) -> None:
     """End the call with the error's status (raises, as abort does)."""
+    if isinstance(error, grpc.aio.AbortError):  # ended already (an undecodable request)
+        raise error
     status = error_status(error)
     kind = ((ERROR_KIND_KEY, status.kind),) if status.kind else ()
     await context.abort(status.code, status.message, kind)
@@ -157,35 +159,81 @@ class AuthInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[misc]
         except PermissionDenied as exc:
             return _refusal(grpc.StatusCode.PERMISSION_DENIED, str(exc))
         handler = await continuation(details)
-        return _bound(handler, caller) if handler is not None else None
+        return _bound(handler, caller, details.method) if handler is not None else None
 
 
-def _bound(handler: grpc.RpcMethodHandler, caller: Caller) -> grpc.RpcMethodHandler:
-    """The same handler, with `caller` as the call's current_caller()."""
+class _Undecodable:
+    """What a request that is not its method's message decodes to: the call is refused
+    INVALID_ARGUMENT with one line in the log (grpc would log a traceback)."""
 
-    def call(behavior: Any) -> Any:
+    __slots__ = ("error",)
+
+    def __init__(self, error: Exception) -> None:
+        self.error = " ".join(str(error).split())[:200]  # one line
+
+
+def _decoding(deserializer: Callable[[bytes], Any] | None) -> Callable[[bytes], Any] | None:
+    if deserializer is None:
+        return None
+
+    def decode(raw: bytes) -> Any:
+        try:
+            return deserializer(raw)
+        except Exception as error:  # DecodeError, or whatever a deserializer raises
+            return _Undecodable(error)
+
+    return decode
+
+
+def _bound(handler: grpc.RpcMethodHandler, caller: Caller, method: str) -> grpc.RpcMethodHandler:
+    """The same handler, with `caller` as the call's current_caller(), and a request that
+    cannot be decoded refused in one line."""
+
+    async def refuse(undecodable: _Undecodable, context: grpc.aio.ServicerContext) -> None:
+        log.warning(
+            "a request to %s from %s could not be decoded: %s",
+            method,
+            caller.user,
+            undecodable.error,
+        )
+        await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "the request could not be decoded")
+
+    async def checked(requests: AsyncIterator[Any], context: grpc.aio.ServicerContext) -> Any:
+        async for request in requests:
+            if isinstance(request, _Undecodable):
+                await refuse(request, context)
+            yield request
+
+    def read(request: Any, context: grpc.aio.ServicerContext, streaming: bool) -> Any:
+        return checked(request, context) if streaming else request
+
+    def call(behavior: Any, streaming: bool = False) -> Any:
         async def run(request: Any, context: grpc.aio.ServicerContext) -> Any:
             _CALLER.set(caller)
-            return await behavior(request, context)
+            if isinstance(request, _Undecodable):
+                await refuse(request, context)
+            return await behavior(read(request, context, streaming), context)
 
         return run
 
-    def stream(behavior: Any) -> Any:
+    def stream(behavior: Any, streaming: bool = False) -> Any:
         async def run(request: Any, context: grpc.aio.ServicerContext) -> AsyncIterator[Any]:
             _CALLER.set(caller)
-            async for reply in behavior(request, context):
+            if isinstance(request, _Undecodable):
+                await refuse(request, context)
+            async for reply in behavior(read(request, context, streaming), context):
                 yield reply
 
         return run
 
-    kinds = (handler.request_deserializer, handler.response_serializer)
+    kinds = (_decoding(handler.request_deserializer), handler.response_serializer)
     if handler.unary_unary is not None:
         return grpc.unary_unary_rpc_method_handler(call(handler.unary_unary), *kinds)
     if handler.stream_unary is not None:
-        return grpc.stream_unary_rpc_method_handler(call(handler.stream_unary), *kinds)
+        return grpc.stream_unary_rpc_method_handler(call(handler.stream_unary, True), *kinds)
     if handler.unary_stream is not None:
         return grpc.unary_stream_rpc_method_handler(stream(handler.unary_stream), *kinds)
-    return grpc.stream_stream_rpc_method_handler(stream(handler.stream_stream), *kinds)
+    return grpc.stream_stream_rpc_method_handler(stream(handler.stream_stream, True), *kinds)
 
 
 def _refusal(code: grpc.StatusCode, message: str) -> grpc.RpcMethodHandler:
