@@ -8,6 +8,7 @@ gpuq.domain.model because the notation has its own rules and bounds.
 from __future__ import annotations
 
 import re
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 from gpuq.domain.limits import (
@@ -126,6 +127,21 @@ def format_indices(indices: tuple[int, ...] | list[int]) -> str:
         else:
             parts.append(str(start))
             i += 1
+    return ",".join(parts)
+
+
+def format_runs(numbers: Iterable[int]) -> str:
+    """(0, 1, 2, 3, 8) -> "0-3,8": consecutive numbers folded, as cpulists and SLURM's task
+    lists write them ("" for none); unlike format_indices, no `:step`."""
+    ordered = sorted(set(numbers))
+    parts: list[str] = []
+    i = 0
+    while i < len(ordered):
+        j = i
+        while j + 1 < len(ordered) and ordered[j + 1] == ordered[j] + 1:
+            j += 1
+        parts.append(str(ordered[i]) if i == j else f"{ordered[i]}-{ordered[j]}")
+        i = j + 1
     return ",".join(parts)
 
 

@@ -17,6 +17,7 @@ import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
+from gpuq.domain.array_specs import format_runs
 from gpuq.domain.model import MAX_TASKS_PER_NODE
 from gpuq.domain.node_constraints import compress_nodes
 from gpuq.errors import InvalidInput
@@ -176,16 +177,7 @@ def tasks_per_node_text(counts: Sequence[int]) -> str:
 
 def compact_ranks(ranks: Sequence[int]) -> str:
     """`0,2-3`: a list of task ids as SLURM and the end report write it."""
-    parts: list[str] = []
-    ordered = sorted(set(ranks))
-    i = 0
-    while i < len(ordered):
-        j = i
-        while j + 1 < len(ordered) and ordered[j + 1] == ordered[j] + 1:
-            j += 1
-        parts.append(str(ordered[i]) if i == j else f"{ordered[i]}-{ordered[j]}")
-        i = j + 1
-    return ",".join(parts)
+    return format_runs(ranks)
 
 
 def task_env(job: JobShape, layout: Layout, task: Task, step_id: int) -> dict[str, str]:

@@ -18,6 +18,8 @@ import os
 import stat
 from collections.abc import Collection, Iterable, Mapping, Sequence
 
+from gpuq.domain.array_specs import format_runs
+
 log = logging.getLogger(__name__)
 
 DeviceNumber = tuple[str, int, int]  # ("c" or "b", major, minor)
@@ -95,16 +97,7 @@ def parse_cpulist(text: str) -> tuple[int, ...]:
 
 def format_cpulist(cpus: Iterable[int]) -> str:
     """(0, 1, 2, 3, 8) -> "0-3,8"; "" for none."""
-    ordered = sorted(set(cpus))
-    parts: list[str] = []
-    i = 0
-    while i < len(ordered):
-        j = i
-        while j + 1 < len(ordered) and ordered[j + 1] == ordered[j] + 1:
-            j += 1
-        parts.append(str(ordered[i]) if i == j else f"{ordered[i]}-{ordered[j]}")
-        i = j + 1
-    return ",".join(parts)
+    return format_runs(cpus)
 
 
 def choose_cpus(
