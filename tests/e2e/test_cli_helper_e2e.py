@@ -264,7 +264,14 @@ def test_a_command_outlives_a_killed_helper(cluster: Cluster, runtime: Path) -> 
     wait_for(lambda: not pid_alive(helper), what="the helper to die")
     assert pid_alive(child)
     cluster.client().cancel(job_id)
-    assert process.wait(30) == 0  # logs -f ends when the job does, as without a helper
+    code = process.wait(30)
+    # logs -f ends when the job does, with its ending's code, as without a helper (and as
+    # submit --wait): a cancelled job killed by SIGTERM is 128 + 15
+    job = cluster.wait_state(job_id, "cancelled")
+    assert job.result is not None
+    assert code == (128 + job.result.signal if job.result.signal else job.result.exit_code or 1)
+    assert process.stderr is not None
+    assert f"job {job_id} cancelled" in process.stderr.read()
     assert not pid_alive(child)
 
 
