@@ -11,7 +11,6 @@ import sys
 import time
 from pathlib import Path
 
-import pytest
 from e2e_cluster import wait_for
 from netns import NetnsCluster
 
@@ -172,15 +171,8 @@ def test_a_lost_node_ends_the_job_everywhere_and_requeues_it(
     cluster.kill_agent(lost)
     again = cluster.wait_state(job_id, "pending", timeout=30)
     assert again.requeue_count == 1
-    events = cluster.client().events(job_id) if hasattr(cluster.client(), "events") else []
-    del events
     wait_for(
         lambda: not job_processes(cluster, alive, "sleep\x00300"),
         10,
         f"nothing of the job left on {alive}",
     )
-
-
-@pytest.fixture(autouse=True)
-def _no_slow_tail(netns_cluster: NetnsCluster) -> None:
-    """Every test here needs the two-node cluster up (the fixture starts it)."""

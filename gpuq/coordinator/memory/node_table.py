@@ -137,11 +137,6 @@ class NodeTable:
         """Each known unit's node (UUIDs are unique across nodes)."""
         return {u.uuid: name for name, entry in self.nodes.items() for u in entry.node.units}
 
-    def _whole(self, name: str, what: str) -> int:
-        """All of a node's CPUs or memory: what an --exclusive (or --mem=0) job holds there."""
-        node = self.nodes[name].node
-        return node.cpus if what == "cpus" else node.mem
-
     def views(self, running: Iterable[Job]) -> list[NodeView]:
         """Each node as the scheduler sees it, given the jobs running now."""
         nodes = self.nodes
@@ -157,10 +152,10 @@ class NodeTable:
                     continue
                 # units are named by UUID, unique across nodes: a node's own are its part
                 used_units[node].update(job.gpus)
-                used_cpus[node] += self._whole(node, "cpus") if res.exclusive else res.cpus
-                used_mem[node] += (
-                    self._whole(node, "mem") if res.exclusive or res.mem_all else res.mem or 0
-                )
+                # an --exclusive job holds all of the node's CPUs and memory, --mem=0 its memory
+                whole = nodes[node].node
+                used_cpus[node] += whole.cpus if res.exclusive else res.cpus
+                used_mem[node] += whole.mem if res.exclusive or res.mem_all else res.mem or 0
                 if res.gpu_share is not None:
                     use = ShareUse(job.id, job.user, res.gpu_share, res.gpu_mem or 0)
                     for unit in job.gpus:

@@ -41,16 +41,16 @@ class AgentCommands:
         """A launch to every node of each job: the first runs its script, the others a step
         worker each (gpuq.steps), all told every node and its address."""
         by_node: dict[str, list[apb.JobLaunch]] = defaultdict(list)
+        # which node each unit is on: only a multi-node job's units need splitting
+        on = self.nodes.unit_nodes() if any(j.nodes for j in jobs) else {}
         for job in jobs:
             assert job.node is not None
             nodes = job.node_names
             addresses = distinct_loopbacks([self._address(n) for n in nodes])
-            on = self.nodes.unit_nodes() if len(nodes) > 1 else {}
             for index, node in enumerate(nodes):
-                launch = self._launch(job)
-                if len(nodes) > 1:  # each node is given its own units
-                    del launch.gpus[:]
-                    launch.gpus.extend(u for u in job.gpus if on.get(u) == node)
+                # each node is given its own units
+                units = [u for u in job.gpus if on.get(u) == node] if job.nodes else job.gpus
+                launch = self._launch(job, units)
                 launch.nodes.extend(nodes)
                 launch.node_addrs.extend(addresses)
                 launch.node_index = index
@@ -64,11 +64,11 @@ class AgentCommands:
                 continue
             session.start(launches)
 
-    def _launch(self, job: Job) -> apb.JobLaunch:
+    def _launch(self, job: Job, units: Sequence[str]) -> apb.JobLaunch:
         return apb.JobLaunch(
             job_id=job.id,
             spec=spec_to_proto(job.spec),
-            gpus=list(job.gpus),
+            gpus=list(units),
             user=job.user,
             array_job_id=job.array_job_id,
             array_task_id=job.array_task_id,

@@ -73,12 +73,10 @@ class SchedulingPass:
 
     def _running(self) -> list[RunningJob]:
         now = self.clock()
-        units = self.nodes.unit_nodes()
-        return [
-            part
-            for job in self.jobs.in_state(JobState.RUNNING)
-            for part in self.inputs.running(job, now, units)
-        ]
+        running = list(self.jobs.in_state(JobState.RUNNING))
+        # which node each unit is on: needed only to split a multi-node job's units
+        units = self.nodes.unit_nodes() if any(j.nodes for j in running) else None
+        return [part for job in running for part in self.inputs.running(job, now, units)]
 
     def _queue(self) -> Iterator[PendingJob]:
         return (self.inputs.pending(j, self.jobs) for j in self.jobs.queue())
@@ -229,14 +227,11 @@ class SchedulingPass:
         )
         for node in nodes:
             taken.setdefault(node, set()).add(port)
-        reason = self._start_reason(start.node)
-        if start.more:
-            reason = reason.replace(start.node, compress_nodes(nodes), 1)
         return JobStart(
             start.job_id,
             start.node,
             all_units,
-            reason,
+            self._start_reason(start.node, compress_nodes(nodes)),
             start.shared,
             parts=parts,
             master_port=port,
@@ -262,12 +257,12 @@ class SchedulingPass:
                 records.setdefault(array, self.jobs.jobs[job_id].reason)
         return records
 
-    def _start_reason(self, node: str) -> str:
-        """`started on a`, and where the node cannot enforce a job's GPUs, says so:
-        `started on a (GPU isolation advisory: not root)`."""
+    def _start_reason(self, node: str, where: str) -> str:
+        """`started on a` (`started on gpu[01-02]`: `where`), and where the first node cannot
+        enforce a job's GPUs, says so: `started on a (GPU isolation advisory: not root)`."""
         entry = self.nodes.get(node)
         isolation = entry.node.isolation if entry is not None else ""
-        return started_reason(node, isolation)
+        return started_reason(where, isolation)
 
     def _preempt_order(self, victim: int, preemptor: int) -> StopOrder:
         """The victim's own warning signal (--signal), then SIGKILL after the grace period."""
