@@ -63,10 +63,10 @@ def test_a_start_the_agent_never_knew_goes_back_to_the_queue(cluster: Cluster) -
 
 
 def test_an_agent_cut_off_from_its_coordinator_fences_its_jobs(tmp_path: Path) -> None:
-    """No coordinator for longer than fence_time: the agent stops its jobs itself (they end
-    node_fail), so a job the coordinator requeues never runs in two places; when a coordinator
-    is back, the end is reported and the job is requeued once (its QOS's default)."""
-    cluster = Cluster(tmp_path, "\n[agent]\nfence_time = 1.5\n")
+    """No coordinator for longer than fence_time: the job's supervisor stops it (node_fail),
+    so a job the coordinator requeues never runs in two places; when a coordinator is back,
+    the end is reported and the job is requeued once (its QOS's default)."""
+    cluster = Cluster(tmp_path, fence_time=1.5, node_timeout=4.5)
     try:
         cluster.start_coordinator()
         cluster.start_agent("a", "4xA100-80GB")
