@@ -51,8 +51,9 @@ log = logging.getLogger(__name__)
 RECONNECT_MAX = 2.0  # seconds between attempts, at most
 SEND_GAP = 0.005  # seconds between two messages to the coordinator, at least
 BEAT_SLACK = 0.01  # seconds early a heartbeat may go (timers can fire a little early)
-# gRPC keepalive on the agent's channel: the coordinator sends nothing on its own, so a silent
-# cut (packets dropped, no reset) is noticed only by pings left unanswered. An agent pings
+# gRPC keepalive on the agent's channel: the coordinator sends nothing on its own (an echo of
+# a heartbeat only follows a heartbeat), so a silent cut (packets dropped, no reset) is noticed
+# by pings left unanswered; the job leases do not depend on it (gpuq.agent.fencing). An agent pings
 # every fence_time / 4 (1 to 5 s) and gives the connection up after as long without an answer;
 # the coordinator lets agents ping every KEEPALIVE_MIN / 2 (server.py).
 KEEPALIVE_MIN = 1.0

@@ -40,10 +40,12 @@ def ended(
     )
 
 
-async def back(co: Coordinator, node: str, reports: list[apb.JobReport]) -> None:
+async def back(co: Coordinator, node: str, reports: list[apb.JobReport]) -> AgentSession:
     """The node's agent registers again, with the ends it kept (as after a cut or a freeze)."""
     register = apb.Register(node=node, cpus=16, mem=64 << 30, fake=True, jobs=reports)
-    await co.link.register(register, AgentSession(node))
+    session = AgentSession(node)
+    await co.link.register(register, session)
+    return session
 
 
 def history(events: list[JobEvent]) -> list[tuple[str, str]]:
@@ -138,3 +140,32 @@ def test_a_late_report_from_a_node_that_did_not_run_the_start_changes_nothing(
         assert (await alice.get(job_id)).state.value == "pending"
 
     given_up_on_b(store, scenario)
+
+
+def test_a_late_report_after_a_coordinator_restart_still_counts(store: Store) -> None:
+    """The given-up start is kept in the store: a coordinator that restarted while node b was
+    away still takes b's late report as that start's end (here: the requeue is withdrawn),
+    and only once."""
+    clock = Clock()
+    ids: list[int] = []
+
+    async def lost(co: Coordinator, alice: InProcessClient, clock: Clock, job_id: int) -> None:
+        ids.append(job_id)
+
+    given_up_on_b(store, lost)
+    [job_id] = ids
+
+    async def after_restart(co: Coordinator) -> None:
+        alice = InProcessClient(co, "alice")
+        report = ended(job_id, 1, "completed", 0, "", clock.now - 5)
+        session = await back(co, "b", [report])
+        job = await alice.wait_state(job_id, "completed")
+        assert job.result is not None and job.result.exit_code == 0
+        co.link.disconnected("b", session)
+        await back(co, "b", [report])  # said again (an agent that missed the ack): nothing
+        _, events = await alice.detail(job_id)
+        assert [e.to_state.value for e in events].count("completed") == 1
+        assert not [e for e in events if "reported late by its node" in e.reason]
+
+    run(store, after_restart, SETTINGS, clock)
+    assert store.given_up_starts() == []

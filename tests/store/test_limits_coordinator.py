@@ -141,6 +141,38 @@ def test_a_silent_nodes_jobs_are_given_up_only_once_its_fence_has_stopped_them(
     assert store.get_job(ids[0]).reason.startswith("requeued after node_fail")
 
 
+def test_a_nodes_fence_time_outlives_a_coordinator_restart(store: Store) -> None:
+    """The coordinator keeps each node's fence_time: restarted, it still waits for the fence
+    of a node that has not registered again (from its own start, the node's last sign of life
+    it can vouch for)."""
+    clock = Clock(T0)
+    settings = CoordinatorSettings(heartbeat_timeout=20.0, kill_grace=5.0)
+
+    async def first(co: Coordinator, link: AgentLink, session: AgentSession) -> None:
+        await started(co, requeue=True)
+
+    run(store, clock, settings, first, fence_time=100.0)
+    ids: list[int] = []
+
+    async def main() -> None:
+        clock.now = T0 + 50  # the coordinator restarts; n1 never comes back
+        co = assemble(store, settings, clock)
+        await co.start()
+        try:
+            [ids[:]] = [[j.id for j in co.jobs.running_on("n1")]]
+            clock.now = T0 + 50 + 106  # 100 + 5 + 1 after the restart: not yet
+            await co.node_admin.check_heartbeats()
+            assert co.nodes.nodes["n1"].node.state is NodeState.UP
+            clock.now = T0 + 50 + 106.5
+            await co.node_admin.check_heartbeats()
+            assert co.nodes.nodes["n1"].node.state is NodeState.DOWN
+        finally:
+            await co.close()
+
+    asyncio.run(main())
+    assert len(ids) == 1 and store.get_job(ids[0]).state is JobState.PENDING
+
+
 def test_the_coordinator_echoes_what_counts_as_a_sign_of_life(store: Store) -> None:
     """The agent extends its jobs' leases only to a mark the coordinator echoed after taking
     the message as the node's last sign of life: its registration's, then each heartbeat's.

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field, replace
 
 from gpuq.domain.model import Job, JobResult, JobTelemetry
 from gpuq.domain.states import JobState
-from gpuq.store.records import JobEdit, JobStart
+from gpuq.store.records import GivenUp, JobEdit, JobStart
 
 
 @dataclass(frozen=True, slots=True)
@@ -134,6 +134,9 @@ class Effects:
     telemetry: list[Telemetry] = field(default_factory=list)
     usage: dict[str, float] = field(default_factory=dict)  # user -> fair-share usage now
     notes: list[Note] = field(default_factory=list)
+    # starts given up with their node, or what is left of them once a node reported (none
+    # left: forgotten); see JobEndings
+    given_up: list[GivenUp] = field(default_factory=list)
     node_down: tuple[str, str] | None = None  # (node, reason): marked down with the change
 
     def __bool__(self) -> bool:
@@ -152,6 +155,7 @@ class Effects:
                 self.telemetry,
                 self.usage,
                 self.notes,
+                self.given_up,
                 self.node_down,
             )
         )

@@ -247,3 +247,4 @@ def write_effects(tx: StoreTx, effects: Effects, now: float, cause: str) -> None
         tx.set_usage(user, value, now)
     for note in effects.notes:
         tx.add_event(note.job_id, note.at, note.state, note.text, cause=cause)
+    tx.save_given_up(effects.given_up, now)

@@ -39,9 +39,6 @@ class NodeEntry:
     # where other nodes reach its jobs (MASTER_ADDR, step workers): its [agent] address, else
     # the address its connection came from (memory only, as it registered)
     address: str = ""
-    # its agent's [agent] fence_time as it registered (0: not said, or not since this
-    # coordinator started): its jobs are given up no sooner than the fence has acted
-    fence_time: float = 0.0
 
     def __post_init__(self) -> None:
         self.distances = {(a, b): d for a, b, d in self.node.topology}

@@ -95,19 +95,12 @@ class AgentLink:
         await self.writer.write(lambda tx: tx.save_node(node))
         session.registered(self.settings.heartbeat_interval, self.settings.heartbeat_timeout)
         address = message.address or session.peer_address or LOOPBACK
-        fence_time = message.fence_time if _is_mark(message.fence_time) else 0.0
         self.nodes.nodes[name] = NodeEntry(
-            node,
-            last_seen=now,
-            session=session,
-            held=held,
-            registered=True,
-            address=address,
-            fence_time=min(fence_time, MAX_FENCE_TIME),
+            node, last_seen=now, session=session, held=held, registered=True, address=address
         )
         if _is_mark(message.sent):
             session.seen(message.sent)
-        self._check_fence(name, fence_time)
+        self._check_fence(name, node.fence_time)
         if held:
             log.warning(
                 "node %s still runs jobs %s the coordinator gave up on: stopping them; their "
@@ -380,4 +373,5 @@ def node_from_registration(message: apb.Register, now: float) -> Node:
         driver=one_line(message.driver),
         gpu_problem=one_line(message.gpu_problem),
         features=tuple(dict.fromkeys(message.features)),
+        fence_time=min(message.fence_time, MAX_FENCE_TIME) if _is_mark(message.fence_time) else 0,
     )

@@ -164,8 +164,8 @@ class NodeAdmin:
         """How long a node may be silent before its jobs are given up: heartbeat_timeout, or
         longer where its agent's fence_time needs it."""
         timeout = self.settings.heartbeat_timeout
-        if entry.fence_time:
-            timeout = max(timeout, fence_wait(entry.fence_time, self.settings.kill_grace))
+        if entry.node.fence_time:
+            timeout = max(timeout, fence_wait(entry.node.fence_time, self.settings.kill_grace))
         return timeout
 
 

@@ -7,7 +7,8 @@ applier.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import replace
 
 from gpuq.config.settings import CoordinatorSettings
 from gpuq.coordinator.changes.effects import Cause, Effects
@@ -26,6 +27,7 @@ from gpuq.coordinator.memory.scheduler_inputs import SchedulerInputs
 from gpuq.coordinator.workload.running_telemetry import RunningTelemetry
 from gpuq.domain.states import JobState
 from gpuq.store.api import StoreTx
+from gpuq.store.records import GivenUp
 
 log = logging.getLogger(__name__)
 TIME_LIMIT_SLACK = 10.0  # seconds past limit + grace before the coordinator steps in
@@ -49,16 +51,23 @@ class JobEndings:
         self.telemetry = telemetry
         self.changes = changes
         self.wake = wake
-        # starts given up with their node, whose ends may still be reported when it is back:
-        # job -> (attempt, its nodes not yet heard from, the first node); memory only (after
-        # a coordinator restart a late report is logged and dropped, as before)
-        self._given_up: dict[int, tuple[int, set[str], str]] = {}
+        # starts given up with their node, whose ends may still be reported when it is back
+        # (kept in the store too: `load` brings them back after a restart), oldest first
+        self._given_up: dict[tuple[int, int], GivenUp] = {}  # by (job, attempt)
+
+    def load(self, given_up: Sequence[GivenUp]) -> None:
+        """At start: the given-up starts the store kept."""
+        self._given_up = {(item.job_id, item.attempt): item for item in given_up}
 
     async def record(
-        self, endings: Sequence[Ending], cause: Cause, node_down: tuple[str, str] | None = None
+        self,
+        endings: Sequence[Ending],
+        cause: Cause,
+        node_down: tuple[str, str] | None = None,
+        given_up: Sequence[GivenUp] = (),
     ) -> None:
         """Running jobs ended (see decide_endings), in one transaction; with the node marked
-        down, when that is why."""
+        down, when that is why, and the starts given up with it."""
         ids = [e.job_id for e in endings]
         lost = [e.job_id for e in endings if e.state is JobState.NODE_FAIL]
 
@@ -75,50 +84,55 @@ class JobEndings:
                 charge=self.inputs.charge,
                 latest=self.telemetry.latest,
             )
-            return decide_endings(endings, facts, rules, now, node_down), None
+            effects = decide_endings(endings, facts, rules, now, node_down)
+            effects.given_up.extend(given_up)
+            return effects, None
 
         await self.changes.commit(decide, cause)
+        self._remember(given_up)
         self.wake()
 
     async def node_lost(self, node: str, reason: str) -> None:
         """The node is gone: mark it down and its running jobs node_fail (requeued as their
-        QOS allows), in one transaction."""
+        QOS allows), in one transaction; their starts are remembered for the node's late
+        reports (record_late)."""
         running = self.jobs.running_on(node)
         lost = [Ending(j.id, JobState.NODE_FAIL, reason, attempt=j.start_count) for j in running]
-        await self.record(lost, Cause.chore("heartbeat check"), node_down=(node, reason))
-        for job in running:
-            names = job.node_names
-            self._given_up.pop(job.id, None)  # the newest last, for the bound
-            self._given_up[job.id] = (job.start_count, set(names), names[0] if names else node)
-        while len(self._given_up) > MAX_GIVEN_UP:
-            del self._given_up[next(iter(self._given_up))]
+        now = self.changes.clock()
+        given_up = [
+            GivenUp(j.id, j.start_count, j.node_names or (node,), (j.node_names or (node,))[0], now)
+            for j in running
+        ]
+        await self.record(lost, Cause.chore("heartbeat check"), (node, reason), given_up)
         log.warning("node %s is down: %s", node, reason)
 
     async def record_late(self, node: str, endings: Sequence[Ending]) -> list[int]:
         """Ends of starts given up with their node, reported by that node once back
         (decide_late_endings); the jobs whose reports were not that (not this node's to
-        report, or given up before this coordinator started)."""
+        report, or given up more than GIVEN_UP_KEEP ago)."""
         late: list[LateEnd] = []
+        heard: dict[tuple[int, int], GivenUp] = {}
         other: list[int] = []
         for ending in endings:
-            given = self._given_up.get(ending.job_id)
-            if given is None or given[0] != ending.attempt or node not in given[1]:
+            key = (ending.job_id, ending.attempt)
+            given = heard.get(key) or self._given_up.get(key)
+            if given is None or node not in given.nodes:
                 other.append(ending.job_id)
                 continue
-            _, waiting, first = given
-            waiting.discard(node)
-            if not waiting:
-                del self._given_up[ending.job_id]
-            late.append(LateEnd(ending, node, leads=node == first))
+            heard[key] = replace(given, nodes=tuple(n for n in given.nodes if n != node))
+            late.append(LateEnd(ending, node, leads=node == given.first))
         if not late:
             return other
         ids = [end.ending.job_id for end in late]
 
         def decide(tx: StoreTx, now: float) -> tuple[Effects, None]:
             facts = EndingFacts(tx.job_states(ids), tx.start_counts(ids), {})
-            return decide_late_endings(late, facts, now), None
+            effects = decide_late_endings(late, facts, now)
+            effects.given_up.extend(heard.values())
+            return effects, None
 
         await self.changes.commit(decide, Cause.agent(node))
+        self._remember(heard.values())
         for end in late:
             log.info(
                 "node %s reported late that job %d's start %d ended %s",
@@ -129,6 +143,16 @@ class JobEndings:
             )
         self.wake()
         return other
+
+    def _remember(self, items: Iterable[GivenUp]) -> None:
+        """Memory follows what the store now keeps (an item with no node left is gone)."""
+        for item in items:
+            key = (item.job_id, item.attempt)
+            self._given_up.pop(key, None)  # the newest last, for the bound
+            if item.nodes:
+                self._given_up[key] = item
+        while len(self._given_up) > MAX_GIVEN_UP:
+            del self._given_up[next(iter(self._given_up))]
 
     async def check_time_limits(self) -> None:
         """A chore, and a backstop: supervisors enforce time limits; this catches one that
