@@ -14,7 +14,7 @@ from gpuq.coordinator.memory.node_table import NodeEntry, NodeTable
 from gpuq.coordinator.workload.job_endings import JobEndings
 from gpuq.domain.limits import brief, check_text
 from gpuq.domain.model import Drain, GpuUnit, NodeState
-from gpuq.domain.policy import fence_wait
+from gpuq.domain.policy import FENCE_MARGIN, fence_wait
 from gpuq.errors import InvalidInput, NotFound
 from gpuq.store.api import StoreTx
 
@@ -159,6 +159,22 @@ class NodeAdmin:
                 entry.session.close()
                 entry.session = None
             await self.endings.node_lost(name, f"no word from its agent for {timeout:g} s")
+
+    def out_of_touch(self, names: Sequence[str]) -> list[str]:
+        """Those of `names` whose jobs their own supervisors may be fencing now: down, or
+        silent for about their agent's fence_time (a part of a multi-node job that failed
+        there failed because of that, not by itself)."""
+        now = self.clock()
+        lost = []
+        for name in names:
+            entry = self.nodes.get(name)
+            if entry is None:
+                continue
+            fence = entry.node.fence_time
+            silent = bool(fence) and now - entry.last_seen >= fence - FENCE_MARGIN
+            if silent or entry.node.state is NodeState.DOWN:
+                lost.append(name)
+        return lost
 
     def silence_allowed(self, entry: NodeEntry) -> float:
         """How long a node may be silent before its jobs are given up: heartbeat_timeout, or

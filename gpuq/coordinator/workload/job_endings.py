@@ -25,6 +25,7 @@ from gpuq.coordinator.changes.transitions import (
 from gpuq.coordinator.memory.live_jobs import LiveJobs
 from gpuq.coordinator.memory.scheduler_inputs import SchedulerInputs
 from gpuq.coordinator.workload.running_telemetry import RunningTelemetry
+from gpuq.domain.model import Job
 from gpuq.domain.states import JobState
 from gpuq.store.api import StoreTx
 from gpuq.store.records import GivenUp
@@ -105,6 +106,17 @@ class JobEndings:
         ]
         await self.record(lost, Cause.chore("heartbeat check"), (node, reason), given_up)
         log.warning("node %s is down: %s", node, reason)
+
+    async def parts_lost(self, job: Job, nodes: Sequence[str], why: str, cause: Cause) -> None:
+        """A multi-node job's step failed because some of its nodes went silent (their parts
+        are being fenced): it ends node_fail, requeued as its QOS allows, as when the
+        coordinator gives those nodes up; their late reports are its history."""
+        names = ", ".join(nodes)
+        reason = f"node {names} stopped answering (its part of the job was fenced): {why}"
+        ending = Ending(job.id, JobState.NODE_FAIL, reason, attempt=job.start_count)
+        first = (job.node_names or tuple(nodes))[0]
+        given = GivenUp(job.id, job.start_count, tuple(nodes), first, self.changes.clock())
+        await self.record([ending], cause, given_up=[given])
 
     async def record_late(self, node: str, endings: Sequence[Ending]) -> list[int]:
         """Ends of starts given up with their node, reported by that node once back
