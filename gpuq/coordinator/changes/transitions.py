@@ -16,6 +16,7 @@ from gpuq.coordinator.changes.effects import Effects, Move, Note, Requeue, StopO
 from gpuq.domain.model import Job, JobResult, JobTelemetry
 from gpuq.domain.policy import QosTier
 from gpuq.domain.states import RAN_TO_AN_END, JobState, check_transition
+from gpuq.domain.units import format_size
 from gpuq.errors import IllegalTransition, NotFound, Unsatisfiable
 from gpuq.store.records import REQUEUABLE
 
@@ -144,7 +145,8 @@ def decide_late_endings(late: Sequence[LateEnd], facts: EndingFacts, now: float)
 
 
 def _late_text(end: LateEnd, at: float) -> str:
-    """`start 1 on node b ended completed at 12:03:04 (exit 0), reported late`."""
+    """`start 1 on node b ended completed at 12:03:04 (exit 0; peak GPU memory 3.1G),
+    reported late by its node`."""
     ending = end.ending
     text = f"start {ending.attempt} on node {end.node} ended {ending.state.value} at "
     text += time.strftime("%H:%M:%S", time.localtime(at))
@@ -156,6 +158,11 @@ def _late_text(end: LateEnd, at: float) -> str:
         figures.append(f"signal {result.signal}")
     if ending.reason and ending.reason != ending.state.value:
         figures.append(ending.reason)
+    measured = ending.telemetry
+    if measured is not None and measured.samples:
+        figures.append(f"peak GPU memory {format_size(measured.peak_gpu_mem)}")
+        if measured.util_mean is not None:
+            figures.append(f"mean GPU utilisation {measured.util_mean:.0f} %")
     if figures:
         text += f" ({'; '.join(figures)})"
     return text + ", reported late by its node"
