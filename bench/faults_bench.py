@@ -49,7 +49,7 @@ from typing import Any, TypeVar
 
 # the private PostgreSQL cluster is the store-blink test's (one definition)
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests" / "e2e"))
-from e2e_cluster import free_port
+from e2e_cluster import free_port, root_jobs_allowed
 from private_postgres import PrivatePostgres, pg_bin
 
 from gpuq.client import Client
@@ -119,7 +119,7 @@ class Cluster:
         self.env.pop("GPUQ_DATABASE_URL", None)
         self.env.pop("GPUQ_COORDINATOR", None)
         (self.home / "config.toml").write_text(
-            f'[coordinator]\nlisten = "127.0.0.1:{free_port()}"\n' + config
+            f'[coordinator]\nlisten = "127.0.0.1:{free_port()}"\n' + root_jobs_allowed(config)
         )
         self.coordinator: subprocess.Popen[bytes] | None = None
         self.agent: subprocess.Popen[bytes] | None = None
