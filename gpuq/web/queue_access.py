@@ -101,6 +101,10 @@ class QueueAccess:
     ) -> queue_pb2.ListJobsReply:
         return await self._queries.list_jobs(caller, request)
 
+    def job_counts(self) -> dict[str, int]:
+        """Live jobs in each state (an array's waiting tasks one each), every one counted."""
+        return self._queries.job_counts()
+
     async def job(self, caller: Caller, request: queue_pb2.GetJobRequest) -> queue_pb2.JobDetail:
         return await self._queries.get_job(caller, request)
 
