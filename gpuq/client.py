@@ -195,6 +195,8 @@ class Client:
             states = [states]
         if not 0 <= limit <= 1_000_000:
             raise InvalidInput("limit", limit, "must be from 0 (no limit) to 1000000")
+        if not 0 <= page_size < 2**32:
+            raise InvalidInput("page_size", page_size, "must be from 0 (the largest) up")
         job_ids = [parse_job_ref(str(i))[0] for i in job_ids]
         request = queue_pb2.ListJobsRequest(
             states=sorted(s.value for s in parse_states(str(s) for s in states)),

@@ -79,9 +79,9 @@ class JobPages:
         else:
             page = await self._live(wanted, cursor.after[0], size, not request.expand_arrays)
         reply = await self._reply(caller, page.entries)
-        if page.last is not None:
-            given = Cursor(page.last, cursor.given + len(page.entries))
-            reply.next_page_token = encode(given, listing)
+        given = cursor.given + len(page.entries)
+        if page.last is not None and not 0 < request.limit <= given:
+            reply.next_page_token = encode(Cursor(page.last, given), listing)
         return reply
 
     async def _live(
