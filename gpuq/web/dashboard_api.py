@@ -8,6 +8,7 @@ Query parameters are checked here, with the CLI's limits: a bad one is InvalidIn
 from __future__ import annotations
 
 import asyncio
+import json
 import re
 from typing import Any, TypeVar
 
@@ -26,15 +27,18 @@ FINISHED_LIMIT, FINISHED_MAX = 50, 500
 JOB_ID = re.compile(r"([0-9]{1,19})(?:_([0-9]{1,9}))?")  # 12, or an array's task: 12_3
 
 
-async def jobs(access: QueueAccess, caller: Caller, query: dict[str, str]) -> dict[str, Any]:
-    """A page of jobs (`next_page_token` when more follow) and, of live jobs, how many
-    there are in each state (every one, not only this page's: the cluster view's summary)."""
+async def jobs(access: QueueAccess, caller: Caller, query: dict[str, str]) -> bytes:
+    """The JSON body of a page of jobs (`next_page_token` when more follow) and, of live
+    jobs, how many there are in each state (every one, not only this page's: the cluster
+    view's summary). Its entries come as texts the coordinator keeps, joined here: printing
+    them afresh took 50 ms of the event loop a page of 1,000."""
     request = listing_request(query)
-    listing = await access.jobs(caller, request)
-    answer = proto_json(lean(listing, *listing.jobs))
+    texts, token = await access.jobs_json(caller, request)
+    extra: dict[str, Any] = {"next_page_token": token} if token else {}
     if not request.finished:
-        answer["counts"] = access.job_counts()
-    return answer
+        extra["counts"] = access.job_counts()
+    tail = "," + json.dumps(extra, separators=(",", ":"))[1:] if extra else "}"
+    return ('{"jobs":[' + ",".join(texts) + "]" + tail).encode()
 
 
 async def job(access: QueueAccess, caller: Caller, job_text: str) -> dict[str, Any]:
@@ -75,7 +79,7 @@ async def user(access: QueueAccess, caller: Caller, name: str, now: float) -> di
     report = await access.report(caller, name)
     row = next((r for r in report.rows if r.user == name), None)
     usage, factor = access.fair_share(name, now)
-    listing = await access.jobs(
+    texts, token = await access.jobs_json(
         caller, queue_pb2.ListJobsRequest(user=name, with_pending_info=True)
     )
     return {
@@ -83,8 +87,8 @@ async def user(access: QueueAccess, caller: Caller, name: str, now: float) -> di
         "report": proto_json(row) if row is not None else None,
         "fairshare": {"usage": usage, "factor": factor},
         "running_gpus": access.running_gpus(name),
-        "jobs": proto_json(lean(listing, *listing.jobs)).get("jobs", []),
-        "more": bool(listing.next_page_token),  # a page: `gpuq queue -u NAME` lists them all
+        "jobs": [json.loads(text) for text in texts],
+        "more": bool(token),  # a page: `gpuq queue -u NAME` lists them all
     }
 
 

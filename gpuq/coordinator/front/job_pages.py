@@ -21,8 +21,12 @@ Order and tokens: gpuq.coordinator.front.page_tokens.
 from __future__ import annotations
 
 import asyncio
+import json
 from collections.abc import Callable
 from dataclasses import dataclass, replace
+
+from google.protobuf.json_format import MessageToDict
+from google.protobuf.message import Message
 
 from gpuq.coordinator.access.permissions import hides_name
 from gpuq.coordinator.changes.store_writer import StoreWriter
@@ -40,6 +44,17 @@ SCAN = 2_000  # live ids looked at between two turns of the event loop
 BUILD = 200  # entries built between two turns (a cold entry costs ~40 us)
 WAITING = (JobState.PENDING, JobState.HELD)
 Entry = tuple[Job, Job | None]  # a listed job, and for a collapsed array the task explained
+Wanted = Callable[[Job], bool] | JobQuery  # which live jobs; or the store's query
+
+
+@dataclass(slots=True)
+class Kept:
+    """A live job's entry as last built: for as long as memory holds this same Job."""
+
+    job: Job
+    flags: tuple[str, ...]
+    body: bytes  # the entry on the wire, but why it waits
+    json: str | None = None  # the same as the dashboard's JSON, once it asked
 
 
 @dataclass(frozen=True, slots=True)
@@ -56,33 +71,70 @@ class JobPages:
         self.jobs = jobs
         self.writer = writer
         self.messages = messages
-        # (job id, name hidden) -> (the Job it was built from, its flags, its entry's bytes)
-        self._kept: dict[tuple[int, bool], tuple[Job, tuple[str, ...], bytes]] = {}
+        self._kept: dict[tuple[int, bool], Kept] = {}  # by (job id, name hidden)
 
     async def page(
-        self,
-        caller: Caller,
-        request: queue_pb2.ListJobsRequest,
-        wanted: Callable[[Job], bool] | JobQuery,
+        self, caller: Caller, request: queue_pb2.ListJobsRequest, wanted: Wanted
     ) -> queue_pb2.ListJobsReply:
         """One page of a listing: of live jobs from memory (`wanted` says which), or of the
         store's (`wanted` is the query, less its paging)."""
+        page, token = await self._select(request, wanted)
+        parts: list[bytes] = []
+        for index, (job, explained) in enumerate(page.entries):
+            if index and not index % BUILD:
+                await asyncio.sleep(0)
+            hidden = hides_name(caller, job.user, self.messages.hide_job_names)
+            body = self._kept_entry(job, hidden).body
+            pending = self.messages.pending(job, explained, hidden)
+            if pending is not None:  # bytes of one message joined: the two merged
+                body += pb.Job(pending=pending).SerializeToString()
+            parts += (b"\x0a", _varint(len(body)), body)  # each framed as field 1, `jobs`
+        reply = queue_pb2.ListJobsReply.FromString(b"".join(parts))
+        reply.next_page_token = token
+        return reply
+
+    async def page_json(
+        self, caller: Caller, request: queue_pb2.ListJobsRequest, wanted: Wanted
+    ) -> tuple[list[str], str]:
+        """The same page as proto3 JSON texts, one an entry, as the dashboard shows them (no
+        array's list of task indices: its summary, array_tasks), and the next page's token.
+        Kept as the bytes are: protobuf's JSON printer costs 50 us an entry."""
+        page, token = await self._select(request, wanted)
+        texts: list[str] = []
+        for index, (job, explained) in enumerate(page.entries):
+            if index and not index % BUILD:
+                await asyncio.sleep(0)
+            hidden = hides_name(caller, job.user, self.messages.hide_job_names)
+            kept = self._kept_entry(job, hidden)
+            if kept.json is None:
+                message = pb.Job.FromString(kept.body)
+                if message.spec.HasField("array"):
+                    message.spec.array.ClearField("indices")
+                kept.json = json_text(message)
+            pending = self.messages.pending(job, explained, hidden)
+            if pending is None:
+                texts.append(kept.json)
+            else:  # one more member of the entry's object
+                texts.append(f'{kept.json[:-1]},"pending":{json_text(pending)}}}')
+        return texts, token
+
+    async def _select(self, request: queue_pb2.ListJobsRequest, wanted: Wanted) -> tuple[Page, str]:
+        """The page's entries, and the next page's token ("" after the last)."""
         listing = digest(request)
         cursor = decode(request.page_token, listing) or Cursor((0,), 0)
         size = page_size(request.page_size, self.largest)
         if request.limit:
             size = min(size, max(0, request.limit - cursor.given))
         if size == 0:
-            return queue_pb2.ListJobsReply()
+            return Page([], None), ""
         if isinstance(wanted, JobQuery):
             page = await self._stored(wanted, cursor, size)
         else:
             page = await self._live(wanted, cursor.after[0], size, not request.expand_arrays)
-        reply = await self._reply(caller, page.entries)
         given = cursor.given + len(page.entries)
-        if page.last is not None and not 0 < request.limit <= given:
-            reply.next_page_token = encode(Cursor(page.last, given), listing)
-        return reply
+        if page.last is None or 0 < request.limit <= given:
+            return page, ""
+        return page, encode(Cursor(page.last, given), listing)
 
     async def _live(
         self, wanted: Callable[[Job], bool], after: int, size: int, collapse: bool
@@ -133,42 +185,26 @@ class JobPages:
             return Page([(j, None) for j in jobs], None)
         return Page([(j, None) for j in jobs], sort_key(jobs[-1], query))
 
-    async def _reply(self, caller: Caller, entries: list[Entry]) -> queue_pb2.ListJobsReply:
-        """The page's entries, built BUILD at a time with the loop free in between; one
-        parse of their joined bytes makes the reply (a repeated field's entries, each
-        framed as field 1)."""
-        parts: list[bytes] = []
-        for index, (job, explained) in enumerate(entries):
-            if index and not index % BUILD:
-                await asyncio.sleep(0)
-            hidden = hides_name(caller, job.user, self.messages.hide_job_names)
-            body = self._listed(job, hidden)
-            pending = self.messages.pending(job, explained, hidden)
-            if pending is not None:
-                body += pb.Job(pending=pending).SerializeToString()
-            parts += (b"\x0a", _varint(len(body)), body)
-        return queue_pb2.ListJobsReply.FromString(b"".join(parts))
-
-    def _listed(self, job: Job, hidden: bool) -> bytes:
-        """The job's entry but why it waits, as bytes: kept while memory holds this same Job
-        with the same flags."""
+    def _kept_entry(self, job: Job, hidden: bool) -> Kept:
+        """The job's entry but why it waits: kept while memory holds this same Job with the
+        same flags (the store's copies, never asked twice, are not kept)."""
         running = job.state is JobState.RUNNING
         flags = self.messages.flags(job.id, job.start_count) if running else ()
         key = (job.id, hidden)
         kept = self._kept.get(key)
-        if kept is not None and kept[0] is job and kept[1] == flags:
-            return kept[2]
-        body = self.messages.listed(job, hidden).SerializeToString()
-        if self.jobs.jobs.get(job.id) is job:  # the store's copies are never asked twice
-            self._kept[key] = (job, flags, body)
+        if kept is not None and kept.job is job and kept.flags == flags:
+            return kept
+        kept = Kept(job, flags, self.messages.listed(job, hidden).SerializeToString())
+        if self.jobs.jobs.get(job.id) is job:
+            self._kept[key] = kept
             if len(self._kept) > 2 * len(self.jobs.jobs) + 1024:
                 self._forget_ended()
-        return body
+        return kept
 
     def _forget_ended(self) -> None:
         """Drop what is kept for jobs memory no longer holds as they were."""
         live = self.jobs.jobs
-        self._kept = {k: v for k, v in self._kept.items() if live.get(k[0]) is v[0]}
+        self._kept = {k: v for k, v in self._kept.items() if live.get(k[0]) is v.job}
 
 
 def sort_key(job: Job, query: JobQuery) -> tuple[int, ...]:
@@ -182,6 +218,12 @@ def sort_key(job: Job, query: JobQuery) -> tuple[int, ...]:
 
 def _paged(query: JobQuery, after: tuple[int, ...] | None, size: int) -> JobQuery:
     return replace(query, after=after, limit=size)
+
+
+def json_text(message: Message) -> str:
+    """proto3 JSON, with the .proto's field names (as the dashboard's API answers)."""
+    data = MessageToDict(message, preserving_proto_field_name=True)
+    return json.dumps(data, separators=(",", ":"))
 
 
 def _varint(value: int) -> bytes:

@@ -22,7 +22,7 @@ from gpuq.coordinator.front.job_messages import (
     unit_health,
     unit_message,
 )
-from gpuq.coordinator.front.job_pages import JobPages
+from gpuq.coordinator.front.job_pages import JobPages, Wanted
 from gpuq.coordinator.front.listing_filters import list_filters
 from gpuq.coordinator.memory.live_jobs import LiveJobs
 from gpuq.coordinator.memory.node_table import NodeTable, drained_text, unit_states
@@ -105,6 +105,17 @@ class QueueQueries:
         """A page of a listing (gpuq.coordinator.front.job_pages): live jobs from memory (no
         database round trip); ended jobs, ids and arrays from the store. Everyone sees every
         job, less what is private (JobMessages.listed)."""
+        return await self.pages.page(caller, request, self._wanted(caller, request))
+
+    async def list_jobs_json(
+        self, caller: Caller, request: queue_pb2.ListJobsRequest
+    ) -> tuple[list[str], str]:
+        """The same page as the dashboard's JSON: each entry's text, and the next token."""
+        return await self.pages.page_json(caller, request, self._wanted(caller, request))
+
+    def _wanted(self, caller: Caller, request: queue_pb2.ListJobsRequest) -> Wanted:
+        """Which jobs a listing wants, checked: live ones (a test of each), or the store's
+        query."""
         check_count("job ids", len(request.job_ids))
         ids = [
             *request.job_ids,
@@ -137,7 +148,7 @@ class QueueQueries:
                 until=filters.until,
                 by_end=request.finished,
             )
-            return await self.pages.page(caller, request, query)
+            return query
 
         def wanted(job: Job) -> bool:
             return (
@@ -146,7 +157,7 @@ class QueueQueries:
                 and filters.matches(job)
             )
 
-        return await self.pages.page(caller, request, wanted)
+        return wanted
 
     def live_jobs(self, user: str | None = None) -> list[Job]:
         """From memory: what `gpuq queue` shows, without a database round trip."""
