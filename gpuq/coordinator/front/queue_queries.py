@@ -23,7 +23,7 @@ from gpuq.coordinator.front.job_messages import (
     unit_message,
 )
 from gpuq.coordinator.front.job_pages import JobPages, Wanted
-from gpuq.coordinator.front.listing_filters import list_filters
+from gpuq.coordinator.front.listing_filters import ListFilters, list_filters
 from gpuq.coordinator.memory.live_jobs import LiveJobs
 from gpuq.coordinator.memory.node_table import NodeTable, drained_text, unit_states
 from gpuq.coordinator.memory.scheduler_inputs import SchedulerInputs
@@ -114,8 +114,8 @@ class QueueQueries:
         return await self.pages.page_json(caller, request, self._wanted(caller, request))
 
     def _wanted(self, caller: Caller, request: queue_pb2.ListJobsRequest) -> Wanted:
-        """Which jobs a listing wants, checked: live ones (a test of each), or the store's
-        query."""
+        """Which jobs a listing wants, checked: live ones (a test of each; None: all), or the
+        store's query."""
         check_count("job ids", len(request.job_ids))
         ids = [
             *request.job_ids,
@@ -149,6 +149,9 @@ class QueueQueries:
                 by_end=request.finished,
             )
             return query
+
+        if owner is None and states is None and filters == ListFilters():
+            return None  # every live job: nothing to test
 
         def wanted(job: Job) -> bool:
             return (
