@@ -53,7 +53,8 @@ def fill(home: Path, jobs: int, pending: int, workdir: Path) -> float:
     started = time.perf_counter()
     store = Store.open(f"sqlite:///{home / 'gpuq.db'}")
     held = build_spec(wrap="sleep 60", gpus=1, hold=True, name="sweep", chdir=str(workdir))
-    waits = build_spec(wrap="sleep 60", gpus=16, name="big", chdir=str(workdir))  # never fits
+    # 8 GPUs each, on a node of 8: one runs, the others wait for it
+    waits = build_spec(wrap="sleep 3600", gpus=8, name="big", chdir=str(workdir))
     for start in range(0, jobs, 10_000):
         count = min(10_000, jobs - start)
         batch = [

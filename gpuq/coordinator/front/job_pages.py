@@ -1,19 +1,21 @@
 """ListJobs in pages: each reply is at most a page ([coordinator] list_page_size entries), and
 what it costs the event loop is that page's, never the queue's.
 
-Measured with 20,000 held jobs of one user (issue 23): a whole listing took 2 s of the loop,
-half building each entry's message (job_to_proto: 40 us a job), half "why pending"
-explanations that went stale in the middle of the listing and were computed again; the reply
-itself serialized in 16 ms. So:
+Measured (issue 23): with 20,000 held jobs a whole listing took 2 s of the loop, half building
+each entry's message (job_to_proto: 40 us a job), half "why pending" explanations that went
+stale in the middle of the listing and were computed again; the reply serialized in 16 ms.
+Under four listing clients, the dashboard's JSON printer (protobuf's MessageToDict, 50 us a
+job) then took 65% of the coordinator. So:
 
 - A page walks live ids in order from where the last one stopped (`LiveJobs.ids_after`: a
-  bisection, not a sort of the whole queue), a few thousand at a time with the loop free in
-  between; ended jobs, ids and arrays are read by the store (off the loop) a page at a time,
-  by key.
-- A live job's entry is kept as bytes until the job changes (the memory's Job is a new
-  object then) or its flags do; only why a pending job waits, which changes without the job
-  changing, is built for each page. A listing of held jobs then costs a dictionary look-up
-  an entry, and entries are built a few hundred at a time with the loop free in between.
+  bisection, not a sort of the whole queue), SCAN ids at a time with the loop free in between;
+  ended jobs, ids and arrays are read by the store (off the loop) a page at a time, by key.
+- A live job's entry is kept, as bytes and (once the dashboard asks) as JSON, until the job
+  changes (memory's Job is a new object then) or its flags do; only why a pending job waits,
+  which changes without the job changing, is built for each page. Entries are built BUILD at
+  a time with the loop free in between: a kept one costs a dictionary look-up.
+- Listings take turns (`_lane`): pages are built one at a time, so a call that comes meanwhile
+  (`gpuq nodes`, a submission) waits behind one small chunk of one listing.
 
 Order and tokens: gpuq.coordinator.front.page_tokens.
 """
