@@ -51,8 +51,9 @@ log = logging.getLogger(__name__)
 RECONNECT_MAX = 2.0  # seconds between attempts, at most
 SEND_GAP = 0.005  # seconds between two messages to the coordinator, at least
 BEAT_SLACK = 0.01  # seconds early a heartbeat may go (timers can fire a little early)
-# gRPC keepalive on the agent's channel: the coordinator sends nothing on its own, so a silent
-# cut (packets dropped, no reset) is noticed only by pings left unanswered. An agent pings
+# gRPC keepalive on the agent's channel: the coordinator sends nothing on its own (an echo of
+# a heartbeat only follows a heartbeat), so a silent cut (packets dropped, no reset) is noticed
+# by pings left unanswered; the job leases do not depend on it (gpuq.agent.fencing). An agent pings
 # every fence_time / 4 (1 to 5 s) and gives the connection up after as long without an answer;
 # the coordinator lets agents ping every KEEPALIVE_MIN / 2 (server.py).
 KEEPALIVE_MIN = 1.0
@@ -113,7 +114,10 @@ class Agent:
             cgroup_key=key,
         )
         self.connected = asyncio.Event()
-        self.fence = Fence(s.fence_time, self._keepalive(), self.connected, self.supervisors)
+        self.fence = Fence(s.fence_time, self.supervisors)
+        # the coordinator echoes heartbeats (CoordinatorMessage.seen); one that does not (an
+        # older version) has leases follow the connection instead
+        self._echoes = True
         self.mps_scan = NodeWideMpsScan(self.mps.is_ours)
         self._session_task: asyncio.Task[None] | None = None
         self._reregistering = False  # the session is being ended to register anew
@@ -124,7 +128,6 @@ class Agent:
         """Serve until cancelled; supervisors and jobs outlive the agent."""
         await self.supervisors.start()
         self.launcher.adopt_shares()
-        fence = asyncio.create_task(self.fence.run(), name="fence")
         gpu_duties = asyncio.create_task(self.gpus.run(), name="gpu-duties")
         delay = 0.05
         try:
@@ -134,10 +137,10 @@ class Agent:
                         continue  # the GPUs changed: register them at once
                     delay = 0.05
                     if self.connected.is_set():
-                        self.fence.lost(None)
+                        self.fence.lost()
                 except grpc.aio.AioRpcError as error:
                     if self.connected.is_set():
-                        self.fence.lost(error)
+                        self.fence.lost()
                     if error.code() in (
                         grpc.StatusCode.UNAUTHENTICATED,
                         grpc.StatusCode.ALREADY_EXISTS,
@@ -153,9 +156,8 @@ class Agent:
                 await asyncio.sleep(delay)
                 delay = min(RECONNECT_MAX, delay * 2)
         finally:
-            fence.cancel()
             gpu_duties.cancel()
-            await asyncio.gather(fence, gpu_duties, return_exceptions=True)
+            await asyncio.gather(gpu_duties, return_exceptions=True)
             await self.mps.close()
             await self.supervisors.close()
             await asyncio.to_thread(self.backend.close)
@@ -246,19 +248,27 @@ class Agent:
             call = stub.Connect(metadata=metadata)
             ended = self.reports.for_registration()  # what was unsent is rebuilt into it
             self.pty.new_session(self.reports.unacked)
-            await call.write(apb.AgentMessage(register=self._registration(ended)))
+            registration = self._registration(ended)
+            await call.write(apb.AgentMessage(register=registration))
             first = await call.read()
             if first is grpc.aio.EOF or not first.HasField("registered"):
                 return False
             interval = first.registered.heartbeat_interval or self.options.heartbeat_interval
-            self.fence.heard()
+            self._echoes = first.seen > 0
+            if not self._echoes:
+                log.warning(
+                    "the coordinator does not confirm heartbeats (an older version): job "
+                    "leases follow the connection, and a frozen agent's jobs are fenced late"
+                )
+            self.fence.confirm(first.seen or registration.sent)
             self.connected.set()
             log.info("registered with the coordinator at %s", address)
             sender = asyncio.create_task(self._send(call, interval))
             try:
                 await self._handle(first)
                 while (message := await call.read()) is not grpc.aio.EOF:
-                    self.fence.heard()
+                    if message.seen:
+                        self.fence.confirm(message.seen)
                     await self._handle(message)
             finally:
                 sender.cancel()
@@ -300,6 +310,8 @@ class Agent:
             isolation=self.gpus.isolation(),
             driver=inventory.driver,
             features=list(s.features),
+            sent=time.monotonic(),
+            fence_time=s.fence_time,
         )
 
     # ---- what the coordinator says ---------------------------------------------------------
@@ -311,7 +323,8 @@ class Agent:
             if timeout and fence >= timeout:
                 log.warning(
                     "[agent] fence_time (%g s) is not shorter than the coordinator's "
-                    "heartbeat_timeout (%g s): a job it gives up on may still run here",
+                    "heartbeat_timeout (%g s): it waits for the fence before it gives this "
+                    "node's jobs up, so they are requeued late",
                     fence,
                     timeout,
                 )
@@ -422,8 +435,13 @@ class Agent:
                 elif pty:
                     message.pty.extend(pty)
                 if message.reports or message.HasField("heartbeat") or message.pty:
+                    if message.HasField("heartbeat"):
+                        # the mark the coordinator echoes once it took this as a sign of life
+                        message.heartbeat.sent = time.monotonic()
                     await call.write(message)
                     last_sent = loop.time()
+                    if message.HasField("heartbeat") and not self._echoes:
+                        self.fence.confirm(message.heartbeat.sent)
                 if pty:
                     self.pty.sent()
         finally:

@@ -24,7 +24,7 @@ from gpuq.config.settings import (
     default_home,
 )
 from gpuq.config.value_checks import RULES, TIER_NAME, check_home, check_setting, check_table
-from gpuq.domain.policy import QosTier, SchedulerSettings
+from gpuq.domain.policy import FENCE_MARGIN, QosTier, SchedulerSettings, fence_wait
 from gpuq.errors import ConfigError, InvalidInput
 
 TOP_LEVEL = ("home", "coordinator", "agent", "client", "qos", "scheduler")
@@ -78,21 +78,40 @@ def load_settings(config: Path | None = None, home: Path | None = None) -> Setti
         agent=_section(AgentSettings, data.get("agent", {}), "agent", source),
         client=_section(ClientSettings, data.get("client", {}), "client", source),
     )
-    _check_fence(settings, data.get("agent", {}), source)
+    _check_fence(settings, data, source)
     return _apply_env(settings)
 
 
 def _check_fence(settings: Settings, raw: dict[str, Any], source: str) -> None:
-    """An agent's fence_time set in the file must be shorter than the node timeout (the
-    file's, else the default): an agent that fences later than the coordinator gives its jobs
-    up would let a requeued job run twice."""
+    """A file that sets the node timeout, the kill grace or an agent's fence_time must keep
+    heartbeat_timeout at least fence_time + kill_grace (+ FENCE_MARGIN): the coordinator
+    gives a silent node's jobs up no sooner than the fence has certainly stopped them, so a
+    shorter timeout would only mislead (jobs would be requeued later than it says)."""
+    coordinator, agent = raw.get("coordinator", {}), raw.get("agent", {})
+    given = [
+        (f"[{section}] {key}", values[key])
+        for section, values, key in (
+            ("coordinator", coordinator, "heartbeat_timeout"),
+            ("agent", agent, "fence_time"),
+            ("coordinator", coordinator, "kill_grace"),
+        )
+        if key in values
+    ]
+    if not given:
+        return
     timeout = settings.coordinator.heartbeat_timeout
-    if "fence_time" in raw and settings.agent.fence_time >= timeout:
+    fence, grace = settings.agent.fence_time, settings.coordinator.kill_grace
+    needed = fence_wait(fence, grace)
+    if timeout < needed:
+        key, value = given[0]  # the one the file set, the node timeout first
         raise ConfigError(
             source,
-            "[agent] fence_time",
-            raw["fence_time"],
-            f"must be shorter than [coordinator] heartbeat_timeout ({timeout:g} s)",
+            key,
+            value,
+            f"[coordinator] heartbeat_timeout ({timeout:g} s) must be at least [agent] "
+            f"fence_time ({fence:g} s) + [coordinator] kill_grace ({grace:g} s) + "
+            f"{FENCE_MARGIN:g} s = {needed:g} s: a silent node's jobs are given up only once "
+            "its fence has stopped them",
         )
 
 

@@ -48,7 +48,9 @@ class CoordinatorSettings:
     sqlite_synchronous: str = "NORMAL"
     heartbeat_interval: float = 5.0
     # a node silent this long is marked down and its jobs node_fail (SLURM's SlurmdTimeout
-    # is of this order: an agent restart or a short network cut costs no job)
+    # is of this order: an agent restart or a short network cut costs no job); at least
+    # [agent] fence_time + kill_grace + 1 s (gpuq.domain.policy.fence_wait), so that its jobs
+    # have certainly been stopped by their own supervisors before they are requeued
     heartbeat_timeout: float = 300.0
     kill_grace: float = 30.0
     # the longest a user's write (submit, update, cancel, hold, release, requeue) waits for
@@ -127,9 +129,10 @@ class AgentSettings:
     cgroup_parent: str = "gpuq"
     visible_devices: str = "uuid"  # uuid | index: how CUDA_VISIBLE_DEVICES names GPUs
     job_env: dict[str, str] = field(default_factory=lambda: dict(DEFAULT_JOB_ENV))
-    # an agent that cannot reach the coordinator this long stops its jobs itself (they end
-    # node_fail), so that a job the coordinator requeues never runs in two places; shorter than
-    # the coordinator's heartbeat_timeout, by more than the jobs' kill grace
+    # a job's supervisor stops it (node_fail, "fenced: ...") this long after the coordinator
+    # last confirmed hearing from this node, whether the agent is dead, frozen or cut off, so
+    # that a job the coordinator requeues never runs in two places (gpuq.agent.fencing); the
+    # coordinator's heartbeat_timeout must be at least this + kill_grace + 1 s
     fence_time: float = 240.0
     # seconds between two reads of the GPU inventory (a MIG change, a reset GPU); it is also
     # read again at once after NVML errors

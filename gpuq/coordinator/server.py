@@ -107,6 +107,7 @@ class Coordinator:
         jobs = await self.loader.load()
         await self.arrays.load_dependencies(d for j in jobs for d in j.spec.dependencies)
         await self.tokens.load()
+        self.endings.load(await self.writer.read(lambda s: s.given_up_starts()))
         self.writer.start()
         self._tasks.append(asyncio.create_task(self.loop.run(), name="scheduler"))
         self.notifier.start()

@@ -526,6 +526,9 @@ class Node:
     driver: str = ""
     gpu_problem: str = ""
     features: tuple[str, ...] = ()  # [agent] features: what --constraint matches
+    # its agent's [agent] fence_time as it registered (0: not said): its jobs are given up no
+    # sooner than their supervisors have fenced them (gpuq.domain.policy.fence_wait)
+    fence_time: float = 0.0
 
 
 class Health(StrEnum):

@@ -10,6 +10,18 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 DAY = 86400
+# Fencing (gpuq.agent.fencing): a supervisor stops its job once its lease runs out, fence_time
+# after the coordinator last confirmed hearing from the node, and kills what is left after the
+# kill grace. The coordinator gives a silent node's jobs up no sooner than its last sign of
+# life plus fence_wait(); FENCE_MARGIN covers a timer's lateness and the last SIGKILL.
+FENCE_MARGIN = 1.0
+MAX_FENCE_TIME = float(DAY)  # the most an agent's fence_time can be ([agent] fence_time)
+
+
+def fence_wait(fence_time: float, kill_grace: float) -> float:
+    """Seconds after a node's last sign of life by which every job of it has certainly been
+    stopped by its own supervisor: the shortest safe heartbeat_timeout."""
+    return fence_time + kill_grace + FENCE_MARGIN
 
 
 @dataclass(frozen=True, slots=True)

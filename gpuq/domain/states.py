@@ -42,11 +42,19 @@ _ENDINGS = frozenset(
     }
 )
 
+# how a start ends by itself (not stopped by anyone): a job requeued after its node was given
+# up whose start then turns out to have ended so, reported late by its node once back, ends as
+# that start did instead of running again (gpuq.coordinator.changes.transitions)
+RAN_TO_AN_END = frozenset(
+    {JobState.COMPLETED, JobState.FAILED, JobState.TIMEOUT, JobState.OUT_OF_MEMORY}
+)
+
 TRANSITIONS: dict[JobState, frozenset[JobState]] = {
     # a pending job starts, is held, or is cancelled (by a user, or because a dependency can
-    # never be met); it fails only when its launch is refused before it ever ran
-    JobState.PENDING: frozenset({JobState.RUNNING, JobState.HELD, JobState.CANCELLED}),
-    JobState.HELD: frozenset({JobState.PENDING, JobState.CANCELLED}),
+    # never be met); or it ends as its last start did, reported late (RAN_TO_AN_END)
+    JobState.PENDING: frozenset({JobState.RUNNING, JobState.HELD, JobState.CANCELLED})
+    | RAN_TO_AN_END,
+    JobState.HELD: frozenset({JobState.PENDING, JobState.CANCELLED}) | RAN_TO_AN_END,
     # a running job ends; or it goes back to pending when its agent never received the start
     # (the agent registers without it, or hands it back unstarted): it never ran, so that is
     # neither an ending nor a requeue (its GPUs are released, nothing is charged)

@@ -14,9 +14,11 @@ from sqlalchemy.exc import IntegrityError
 
 from gpuq.domain.model import Allocation, Drain, Node, NodeState
 from gpuq.errors import DoubleBooking, NotFound
-from gpuq.store.records import JobStart
+from gpuq.store.records import GivenUp, JobStart
 from gpuq.store.row_mapping import node_from_row, node_row
-from gpuq.store.tables import allocations, drains, nodes
+from gpuq.store.tables import allocations, drains, given_up_starts, nodes
+
+GIVEN_UP_KEEP = 30 * 86400.0  # seconds a given-up start waits for its node's late report
 
 
 class NodeReads:
@@ -56,6 +58,16 @@ class NodeReads:
             rows = conn.execute(select(nodes).order_by(nodes.c.name)).all()
         return [node_from_row(row) for row in rows]
 
+    def given_up_starts(self) -> list[GivenUp]:
+        """The starts given up with their node that may still be reported, oldest first."""
+        stmt = select(given_up_starts).order_by(given_up_starts.c.at, given_up_starts.c.job_id)
+        with self.engine.connect() as conn:
+            rows = conn.execute(stmt).all()
+        return [
+            GivenUp(row.job_id, row.attempt, tuple(row.nodes.split(",")), row.first, row.at)
+            for row in rows
+        ]
+
     def drains(self) -> list[Drain]:
         """Every admin drain (gpuq drain), by node, the whole node's ("" unit) first."""
         with self.engine.connect() as conn:
@@ -79,6 +91,26 @@ class NodeWrites:
         """Resume: False if there was no such drain."""
         where = and_(drains.c.node == node, drains.c.unit == unit)
         return bool(self.conn.execute(delete(drains).where(where)).rowcount)
+
+    def save_given_up(self, items: Sequence[GivenUp], now: float) -> None:
+        """Record given-up starts, or what is left of one once a node reported (one with no
+        node left is forgotten); those older than GIVEN_UP_KEEP go too."""
+        if not items:
+            return
+        latest = {(item.job_id, item.attempt): item for item in items}
+        table = given_up_starts.c
+        for job_id, attempt in latest:
+            where = and_(table.job_id == job_id, table.attempt == attempt)
+            self.conn.execute(delete(given_up_starts).where(where))
+        self.conn.execute(delete(given_up_starts).where(table.at < now - GIVEN_UP_KEEP))
+        rows = [
+            {"job_id": i.job_id, "attempt": i.attempt, "nodes": ",".join(i.nodes), "first": i.first}
+            | {"at": i.at}
+            for i in latest.values()
+            if i.nodes
+        ]
+        if rows:
+            self.conn.execute(insert(given_up_starts), rows)
 
     def save_node(self, node: Node) -> None:
         """Insert or replace a node's description and state."""

@@ -25,6 +25,19 @@ class NewJob:
 
 
 @dataclass(frozen=True, slots=True)
+class GivenUp:
+    """A start given up with its silent node, whose end that node may still report when it
+    is back: the nodes not yet heard from (none: forget it), the first (where its script ran),
+    and when it was given up."""
+
+    job_id: int
+    attempt: int
+    nodes: tuple[str, ...]
+    first: str
+    at: float
+
+
+@dataclass(frozen=True, slots=True)
 class StateChange:
     job_id: int
     to_state: JobState

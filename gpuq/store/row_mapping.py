@@ -132,6 +132,7 @@ def node_row(node: Node) -> dict[str, Any]:
         "topology": json.dumps([list(link) for link in node.topology]),
         "last_seen": node.last_seen,
         "reason": node.reason,
+        "fence_time": node.fence_time or None,
     }
 
 
@@ -146,4 +147,5 @@ def node_from_row(row: Row[Any]) -> Node:
         topology=tuple((a, b, d) for a, b, d in json.loads(row.topology)),
         last_seen=row.last_seen,
         reason=row.reason,
+        fence_time=row.fence_time or 0.0,
     )

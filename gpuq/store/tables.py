@@ -141,6 +141,8 @@ nodes = Table(
     Column("topology", Text, nullable=False),  # JSON list of [uuid a, uuid b, distance]
     Column("last_seen", Float, nullable=True),
     Column("reason", Text, nullable=False),
+    # its agent's [agent] fence_time as it last registered (0014); NULL: not said
+    Column("fence_time", Float, nullable=True),
 )
 
 # fair share: each user's GPU-seconds, decayed to `updated_at` (gpuq.scheduler.priority)
@@ -203,6 +205,19 @@ Index("ix_user_tokens_user", user_tokens.c.user)
 
 # dashboard credentials refused across restarts (used sign-in tickets, signed-out sessions):
 # the SHA-256 of each one's kind and nonce, until it would have expired anyway
+# starts given up with their silent node (0014), whose ends that node may still report when
+# it is back (gpuq.coordinator.workload.job_endings): the nodes not yet heard from
+given_up_starts = Table(
+    "given_up_starts",
+    metadata,
+    Column("job_id", Id, primary_key=True),
+    Column("attempt", Integer, primary_key=True),
+    Column("nodes", Text, nullable=False),  # comma-separated
+    Column("first", String(128), nullable=False),  # where its script ran
+    Column("at", Float, nullable=False),
+)
+Index("ix_given_up_starts_at", given_up_starts.c.at)
+
 revoked_web_credentials = Table(
     "revoked_web_credentials",
     metadata,

@@ -21,7 +21,7 @@ class AgentMessage(_message.Message):
     def __init__(self, register: _Optional[_Union[Register, _Mapping]] = ..., heartbeat: _Optional[_Union[Heartbeat, _Mapping]] = ..., reports: _Optional[_Iterable[_Union[JobReport, _Mapping]]] = ..., pty: _Optional[_Iterable[_Union[PtyOutput, _Mapping]]] = ...) -> None: ...
 
 class Register(_message.Message):
-    __slots__ = ("node", "gpus", "topology", "cpus", "mem", "fake", "version", "jobs", "gpu_problem", "isolation", "driver", "features", "address")
+    __slots__ = ("node", "gpus", "topology", "cpus", "mem", "fake", "version", "jobs", "gpu_problem", "isolation", "driver", "features", "address", "sent", "fence_time")
     NODE_FIELD_NUMBER: _ClassVar[int]
     GPUS_FIELD_NUMBER: _ClassVar[int]
     TOPOLOGY_FIELD_NUMBER: _ClassVar[int]
@@ -35,6 +35,8 @@ class Register(_message.Message):
     DRIVER_FIELD_NUMBER: _ClassVar[int]
     FEATURES_FIELD_NUMBER: _ClassVar[int]
     ADDRESS_FIELD_NUMBER: _ClassVar[int]
+    SENT_FIELD_NUMBER: _ClassVar[int]
+    FENCE_TIME_FIELD_NUMBER: _ClassVar[int]
     node: str
     gpus: _containers.RepeatedCompositeFieldContainer[_types_pb2.GpuUnit]
     topology: _containers.RepeatedCompositeFieldContainer[_types_pb2.TopologyLink]
@@ -48,23 +50,27 @@ class Register(_message.Message):
     driver: str
     features: _containers.RepeatedScalarFieldContainer[str]
     address: str
-    def __init__(self, node: _Optional[str] = ..., gpus: _Optional[_Iterable[_Union[_types_pb2.GpuUnit, _Mapping]]] = ..., topology: _Optional[_Iterable[_Union[_types_pb2.TopologyLink, _Mapping]]] = ..., cpus: _Optional[int] = ..., mem: _Optional[int] = ..., fake: _Optional[bool] = ..., version: _Optional[str] = ..., jobs: _Optional[_Iterable[_Union[JobReport, _Mapping]]] = ..., gpu_problem: _Optional[str] = ..., isolation: _Optional[str] = ..., driver: _Optional[str] = ..., features: _Optional[_Iterable[str]] = ..., address: _Optional[str] = ...) -> None: ...
+    sent: float
+    fence_time: float
+    def __init__(self, node: _Optional[str] = ..., gpus: _Optional[_Iterable[_Union[_types_pb2.GpuUnit, _Mapping]]] = ..., topology: _Optional[_Iterable[_Union[_types_pb2.TopologyLink, _Mapping]]] = ..., cpus: _Optional[int] = ..., mem: _Optional[int] = ..., fake: _Optional[bool] = ..., version: _Optional[str] = ..., jobs: _Optional[_Iterable[_Union[JobReport, _Mapping]]] = ..., gpu_problem: _Optional[str] = ..., isolation: _Optional[str] = ..., driver: _Optional[str] = ..., features: _Optional[_Iterable[str]] = ..., address: _Optional[str] = ..., sent: _Optional[float] = ..., fence_time: _Optional[float] = ...) -> None: ...
 
 class Heartbeat(_message.Message):
-    __slots__ = ("at", "usage", "not_accepting", "not_accepting_reason", "jobs", "output_gone")
+    __slots__ = ("at", "usage", "not_accepting", "not_accepting_reason", "jobs", "output_gone", "sent")
     AT_FIELD_NUMBER: _ClassVar[int]
     USAGE_FIELD_NUMBER: _ClassVar[int]
     NOT_ACCEPTING_FIELD_NUMBER: _ClassVar[int]
     NOT_ACCEPTING_REASON_FIELD_NUMBER: _ClassVar[int]
     JOBS_FIELD_NUMBER: _ClassVar[int]
     OUTPUT_GONE_FIELD_NUMBER: _ClassVar[int]
+    SENT_FIELD_NUMBER: _ClassVar[int]
     at: float
     usage: _containers.RepeatedCompositeFieldContainer[_types_pb2.GpuUsage]
     not_accepting: bool
     not_accepting_reason: str
     jobs: _containers.RepeatedCompositeFieldContainer[JobSample]
     output_gone: _containers.RepeatedCompositeFieldContainer[OutputGone]
-    def __init__(self, at: _Optional[float] = ..., usage: _Optional[_Iterable[_Union[_types_pb2.GpuUsage, _Mapping]]] = ..., not_accepting: _Optional[bool] = ..., not_accepting_reason: _Optional[str] = ..., jobs: _Optional[_Iterable[_Union[JobSample, _Mapping]]] = ..., output_gone: _Optional[_Iterable[_Union[OutputGone, _Mapping]]] = ...) -> None: ...
+    sent: float
+    def __init__(self, at: _Optional[float] = ..., usage: _Optional[_Iterable[_Union[_types_pb2.GpuUsage, _Mapping]]] = ..., not_accepting: _Optional[bool] = ..., not_accepting_reason: _Optional[str] = ..., jobs: _Optional[_Iterable[_Union[JobSample, _Mapping]]] = ..., output_gone: _Optional[_Iterable[_Union[OutputGone, _Mapping]]] = ..., sent: _Optional[float] = ...) -> None: ...
 
 class OutputGone(_message.Message):
     __slots__ = ("job_id", "attempt", "path", "folder", "replaced")
@@ -139,20 +145,22 @@ class JobReport(_message.Message):
     def __init__(self, job_id: _Optional[int] = ..., kind: _Optional[_Union[JobReport.Kind, str]] = ..., end_state: _Optional[str] = ..., result: _Optional[_Union[_types_pb2.JobResult, _Mapping]] = ..., at: _Optional[float] = ..., peak_mem: _Optional[int] = ..., peak_gpu_mem: _Optional[int] = ..., attempt: _Optional[int] = ..., telemetry: _Optional[_Union[_types_pb2.GpuTelemetry, _Mapping]] = ...) -> None: ...
 
 class CoordinatorMessage(_message.Message):
-    __slots__ = ("registered", "start", "stop", "signal", "ack", "pty")
+    __slots__ = ("registered", "start", "stop", "signal", "ack", "pty", "seen")
     REGISTERED_FIELD_NUMBER: _ClassVar[int]
     START_FIELD_NUMBER: _ClassVar[int]
     STOP_FIELD_NUMBER: _ClassVar[int]
     SIGNAL_FIELD_NUMBER: _ClassVar[int]
     ACK_FIELD_NUMBER: _ClassVar[int]
     PTY_FIELD_NUMBER: _ClassVar[int]
+    SEEN_FIELD_NUMBER: _ClassVar[int]
     registered: Registered
     start: _containers.RepeatedCompositeFieldContainer[JobLaunch]
     stop: _containers.RepeatedCompositeFieldContainer[StopJob]
     signal: _containers.RepeatedCompositeFieldContainer[SignalJob]
     ack: _containers.RepeatedScalarFieldContainer[int]
     pty: _containers.RepeatedCompositeFieldContainer[PtyInput]
-    def __init__(self, registered: _Optional[_Union[Registered, _Mapping]] = ..., start: _Optional[_Iterable[_Union[JobLaunch, _Mapping]]] = ..., stop: _Optional[_Iterable[_Union[StopJob, _Mapping]]] = ..., signal: _Optional[_Iterable[_Union[SignalJob, _Mapping]]] = ..., ack: _Optional[_Iterable[int]] = ..., pty: _Optional[_Iterable[_Union[PtyInput, _Mapping]]] = ...) -> None: ...
+    seen: float
+    def __init__(self, registered: _Optional[_Union[Registered, _Mapping]] = ..., start: _Optional[_Iterable[_Union[JobLaunch, _Mapping]]] = ..., stop: _Optional[_Iterable[_Union[StopJob, _Mapping]]] = ..., signal: _Optional[_Iterable[_Union[SignalJob, _Mapping]]] = ..., ack: _Optional[_Iterable[int]] = ..., pty: _Optional[_Iterable[_Union[PtyInput, _Mapping]]] = ..., seen: _Optional[float] = ...) -> None: ...
 
 class Registered(_message.Message):
     __slots__ = ("heartbeat_interval", "node_timeout")

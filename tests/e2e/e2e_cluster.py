@@ -51,17 +51,34 @@ def wait_for(
 ALLOW_ROOT = "allow_root_jobs = true\n"
 
 
-def root_jobs_allowed(config: str) -> str:
+# the harness's fencing: a node silent for NODE_TIMEOUT is given up; its jobs' supervisors
+# stopped them FENCE_TIME after its last sign of life, and killed them KILL_GRACE later (the
+# node timeout must leave room for both: gpuq.domain.policy.fence_wait). FENCE_TIME outlasts
+# a coordinator restart, so that one costs no running job.
+FENCE_TIME = 6.0
+KILL_GRACE = 2.0
+NODE_TIMEOUT = 9.0
+
+
+def root_jobs_allowed(config: str, agent: str = "") -> str:
     """`config` (what follows the harness's [coordinator] lines) with root's jobs allowed on
-    the coordinator and the agents: tests run as root in CI, and submit as themselves."""
+    the coordinator and the agents (tests run as root in CI, and submit as themselves), and
+    `agent` lines added to the [agent] section."""
     coordinator = ALLOW_ROOT + config
     if "[agent]\n" in coordinator:
-        return coordinator.replace("[agent]\n", "[agent]\n" + ALLOW_ROOT, 1)
-    return coordinator + "\n[agent]\n" + ALLOW_ROOT
+        return coordinator.replace("[agent]\n", "[agent]\n" + ALLOW_ROOT + agent, 1)
+    return coordinator + "\n[agent]\n" + ALLOW_ROOT + agent
 
 
 class Cluster:
-    def __init__(self, root: Path, config: str = "") -> None:
+    def __init__(
+        self,
+        root: Path,
+        config: str = "",
+        *,
+        fence_time: float = FENCE_TIME,
+        node_timeout: float = NODE_TIMEOUT,
+    ) -> None:
         self.root = root
         self.home = root / "home"
         self.home.mkdir(parents=True, mode=0o700)
@@ -72,8 +89,9 @@ class Cluster:
             "[coordinator]\n"
             f'listen = "127.0.0.1:{free_port()}"\n'
             "heartbeat_interval = 0.3\n"
-            "heartbeat_timeout = 3.0\n"
-            "kill_grace = 2.0\n" + root_jobs_allowed(config)
+            f"heartbeat_timeout = {node_timeout}\n"
+            f"kill_grace = {KILL_GRACE}\n"
+            + root_jobs_allowed(config, f"fence_time = {fence_time}\n")
         )
         self.coordinator: subprocess.Popen[bytes] | None = None
         self.agents: dict[str, subprocess.Popen[bytes]] = {}

@@ -63,10 +63,10 @@ def test_a_start_the_agent_never_knew_goes_back_to_the_queue(cluster: Cluster) -
 
 
 def test_an_agent_cut_off_from_its_coordinator_fences_its_jobs(tmp_path: Path) -> None:
-    """No coordinator for longer than fence_time: the agent stops its jobs itself (they end
-    node_fail), so a job the coordinator requeues never runs in two places; when a coordinator
-    is back, the end is reported and the job is requeued once (its QOS's default)."""
-    cluster = Cluster(tmp_path, "\n[agent]\nfence_time = 1.5\n")
+    """No coordinator for longer than fence_time: the job's supervisor stops it (node_fail),
+    so a job the coordinator requeues never runs in two places; when a coordinator is back,
+    the end is reported and the job is requeued once (its QOS's default)."""
+    cluster = Cluster(tmp_path, fence_time=1.5, node_timeout=4.5)
     try:
         cluster.start_coordinator()
         cluster.start_agent("a", "4xA100-80GB")
@@ -111,14 +111,13 @@ def test_a_job_lost_with_its_node_is_requeued_once_and_runs_elsewhere(cluster: C
     cluster.wait_node("b", "down")
 
 
-def test_a_node_back_with_a_job_given_up_keeps_its_gpus_until_the_job_is_gone(
-    cluster: Cluster,
-) -> None:
-    """Node b's agent freezes: the coordinator gives its job up (node timeout) and requeues it
-    on node a. When b's agent comes back still running the job, that copy is stopped, and b's
-    GPUs go to no other job until the agent reports it gone (a GPU is never held by two)."""
+def test_a_frozen_agents_job_is_fenced_before_it_runs_elsewhere(cluster: Cluster) -> None:
+    """Node b's agent freezes: nobody extends its job's lease, so the job's own supervisor
+    stops it (SIGTERM, ignored; SIGKILL after the grace) before the coordinator gives the node
+    up and starts the job on node a: never on two nodes at once. When b's agent comes back,
+    its late report of the fenced start is noted in the job's history, and b takes work."""
     gate = cluster.root / "gate"
-    # ignores SIGTERM: a stop takes its whole grace (5 s for a job the coordinator disowns)
+    # ignores SIGTERM: only the SIGKILL after the grace ends it
     script = (
         "trap '' TERM; echo $$ > {root}/x-$GPUQ_NODE.pid; "
         f"while [ ! -e {gate} ]; do sleep 0.05; done"
@@ -132,24 +131,26 @@ def test_a_node_back_with_a_job_given_up_keeps_its_gpus_until_the_job_is_gone(
     agent_b = cluster.agents["b"]
     agent_b.send_signal(signal.SIGSTOP)
     try:
-        # given up after the node timeout (3 s), requeued, and started on node a
+        # given up after the node timeout, requeued, and started on node a: by then its copy
+        # on b is gone (fenced by its supervisor)
         wait_for(
             lambda: (job := cluster.job(x)).state is JobState.RUNNING and job.node == "a",
-            timeout=20,
+            timeout=30,
             what="x to run again on a",
         )
+        assert not pid_alive(stray)
         y = cluster.submit("true", gpus=2)  # a is full: only b could take it
     finally:
         agent_b.send_signal(signal.SIGCONT)
     cluster.wait_node("b", "up")
-    assert pid_alive(stray)
-    while pid_alive(stray):  # the disowned copy is being stopped: b's GPUs are not offered
-        state = cluster.job(y).state
-        if pid_alive(stray):
-            assert state is JobState.PENDING
-        time.sleep(0.05)
     done = cluster.wait_state(y, "completed", "failed", "cancelled", timeout=20)
     assert done.state is JobState.COMPLETED and done.node == "b"
+    history = wait_for(
+        lambda: [r for _, r in events(cluster, x) if "reported late" in r],
+        what="b's late report in x's history",
+    )
+    assert history[0].startswith("start 1 on node b ended node_fail at "), history
+    assert "fenced: the node's agent stopped answering" in history[0], history
     assert cluster.job(x).state is JobState.RUNNING and cluster.job(x).node == "a"
     gate.touch()
     assert cluster.wait_state(x, "completed", "failed").state is JobState.COMPLETED

@@ -14,6 +14,8 @@ from pathlib import Path
 from e2e_cluster import wait_for
 from netns import NetnsCluster
 
+from gpuq.domain.states import JobState
+
 ALLREDUCE = Path(__file__).resolve().parents[1] / "programs" / "allreduce.py"
 
 
@@ -176,3 +178,30 @@ def test_a_lost_node_ends_the_job_everywhere_and_requeues_it(
         10,
         f"nothing of the job left on {alive}",
     )
+
+
+def test_a_nodes_agent_killed_alone_has_its_part_fenced_and_the_job_requeued(
+    netns_cluster: NetnsCluster,
+) -> None:
+    """kill -9 of one node's agent only: its part's supervisor stops the part when its lease
+    runs out, srun sees the task go, and the coordinator, which has not heard from that node
+    for its fence_time, ends the job node_fail (not failed) and requeues it once, as one job;
+    nothing of it is left on either node."""
+    cluster = netns_cluster
+    token = "sleep\x00301"  # the tasks' command line (exec: no shell around it)
+    path = script(cluster, "fenced.sh", "srun sh -c 'exec sleep 301'")
+    job_id = submit(cluster, path)
+    job = cluster.wait_state(job_id, "running", timeout=30)
+    wait_for(lambda: all(job_processes(cluster, n, token) for n in job.nodes), 20, "a task on each")
+    lost, alive = job.nodes[1], job.nodes[0]
+    cluster.kill(cluster.agents[lost])  # its supervisors and the task go on, unwatched
+
+    def node_fail() -> list[str]:
+        _, events = cluster.client().detail(job_id)
+        return [e.reason for e in events if e.to_state is JobState.NODE_FAIL]
+
+    [reason] = wait_for(node_fail, 30, "the job to end node_fail")
+    assert f"node {lost} stopped answering (its part of the job was fenced)" in reason, reason
+    assert not job_processes(cluster, lost, token)  # fenced before srun saw it go
+    wait_for(lambda: not job_processes(cluster, alive, token), 10, f"nothing left on {alive}")
+    assert cluster.job(job_id).requeue_count == 1

@@ -37,8 +37,11 @@ GPU = pb.GpuUnit(uuid="GPU-1", index=0, name="fake", memory=1 << 30, pci_bus_id=
 Body = Callable[[Coordinator, AgentLink, AgentSession], Awaitable[None]]
 
 
-def run(store: Store, clock: Clock, settings: CoordinatorSettings, body: Body) -> None:
-    """A coordinator on `clock` with node n1 (one GPU) registered and heard from at its start."""
+def run(
+    store: Store, clock: Clock, settings: CoordinatorSettings, body: Body, fence_time: float = 0
+) -> None:
+    """A coordinator on `clock` with node n1 (one GPU) registered and heard from at its start;
+    `fence_time`: its agent's, as it registers (0: an agent that does not say)."""
 
     async def main() -> None:
         co = assemble(store, settings, clock)
@@ -46,7 +49,9 @@ def run(store: Store, clock: Clock, settings: CoordinatorSettings, body: Body) -
         await co.start()
         try:
             session = AgentSession("n1")
-            register = apb.Register(node="n1", gpus=[GPU], cpus=4, mem=1 << 34, fake=True)
+            register = apb.Register(
+                node="n1", gpus=[GPU], cpus=4, mem=1 << 34, fake=True, fence_time=fence_time
+            )
             await link.register(register, session)
             link.heartbeat("n1", apb.Heartbeat())  # its units' health: they may be given out
             await body(co, link, session)
@@ -100,6 +105,110 @@ def test_a_silent_node_is_given_up_after_heartbeat_timeout_not_before(
     assert job.state is JobState.NODE_FAIL
     assert job.reason == f"no word from its agent for {timeout:g} s"
     assert {n.name: n.state for n in store.list_nodes()} == {"n1": NodeState.DOWN}
+
+
+@pytest.mark.parametrize(
+    ("timeout", "fence_time", "allowed"),
+    [
+        (300.0, 240.0, 300.0),  # the defaults: the timeout leaves room for the fence
+        (20.0, 8.0, 20.0),  # 8 + 5 + 1 fits in 20
+        (20.0, 100.0, 106.0),  # an agent whose fence outlasts the timeout: wait for it
+    ],
+)
+def test_a_silent_nodes_jobs_are_given_up_only_once_its_fence_has_stopped_them(
+    store: Store, timeout: float, fence_time: float, allowed: float
+) -> None:
+    """Every job's own supervisor stops it fence_time after the coordinator last confirmed
+    hearing from the node, and kills it after the kill grace: the coordinator requeues the
+    node's jobs no sooner than the last sign of life plus both (plus a second's margin)."""
+    clock = Clock(T0)
+    ids: list[int] = []
+
+    async def body(co: Coordinator, link: AgentLink, session: AgentSession) -> None:
+        ids.append(await started(co, requeue=True))
+        link.heartbeat("n1", apb.Heartbeat(), session)
+        heard = clock.now
+        clock.now = heard + allowed
+        await co.node_admin.check_heartbeats()
+        assert co.jobs.jobs[ids[0]].state is JobState.RUNNING and not session.closed
+        clock.now = heard + allowed + 0.5
+        await co.node_admin.check_heartbeats()
+        assert co.nodes.nodes["n1"].node.state is NodeState.DOWN
+        assert co.jobs.jobs[ids[0]].state is JobState.PENDING  # requeued once fenced
+
+    settings = CoordinatorSettings(heartbeat_timeout=timeout, kill_grace=5.0)
+    run(store, clock, settings, body, fence_time=fence_time)
+    assert store.get_job(ids[0]).reason.startswith("requeued after node_fail")
+
+
+def test_a_nodes_fence_time_outlives_a_coordinator_restart(store: Store) -> None:
+    """The coordinator keeps each node's fence_time: restarted, it still waits for the fence
+    of a node that has not registered again (from its own start, the node's last sign of life
+    it can vouch for)."""
+    clock = Clock(T0)
+    settings = CoordinatorSettings(heartbeat_timeout=20.0, kill_grace=5.0)
+
+    async def first(co: Coordinator, link: AgentLink, session: AgentSession) -> None:
+        await started(co, requeue=True)
+
+    run(store, clock, settings, first, fence_time=100.0)
+    ids: list[int] = []
+
+    async def main() -> None:
+        clock.now = T0 + 50  # the coordinator restarts; n1 never comes back
+        co = assemble(store, settings, clock)
+        await co.start()
+        try:
+            [ids[:]] = [[j.id for j in co.jobs.running_on("n1")]]
+            clock.now = T0 + 50 + 106  # 100 + 5 + 1 after the restart: not yet
+            await co.node_admin.check_heartbeats()
+            assert co.nodes.nodes["n1"].node.state is NodeState.UP
+            clock.now = T0 + 50 + 106.5
+            await co.node_admin.check_heartbeats()
+            assert co.nodes.nodes["n1"].node.state is NodeState.DOWN
+        finally:
+            await co.close()
+
+    asyncio.run(main())
+    assert len(ids) == 1 and store.get_job(ids[0]).state is JobState.PENDING
+
+
+def test_the_coordinator_echoes_what_counts_as_a_sign_of_life(store: Store) -> None:
+    """The agent extends its jobs' leases only to a mark the coordinator echoed after taking
+    the message as the node's last sign of life: its registration's, then each heartbeat's.
+    A mark from a stream that is no longer the node's is not echoed."""
+    clock = Clock(T0)
+
+    async def seen(session: AgentSession) -> float:
+        while True:
+            message = await asyncio.wait_for(session.next_message(), 10)
+            assert message is not None
+            if message.seen:
+                return message.seen
+
+    async def main() -> None:
+        co = assemble(store, CoordinatorSettings(), clock)
+        await co.start()
+        try:
+            session = AgentSession("n1")
+            register = apb.Register(node="n1", gpus=[GPU], cpus=4, mem=1 << 34, sent=41.5)
+            await co.link.register(register, session)
+            assert await seen(session) == 41.5
+            co.link.heartbeat("n1", apb.Heartbeat(sent=42.25), session)
+            co.link.heartbeat("n1", apb.Heartbeat(sent=47.25), session)
+            assert await seen(session) == 47.25  # the latest of those waiting
+            for mark in (float("nan"), float("inf"), -3.0):
+                co.link.heartbeat("n1", apb.Heartbeat(sent=mark), session)
+            stale = AgentSession("n1")
+            co.link.heartbeat("n1", apb.Heartbeat(sent=99.0), stale)
+            session.stop([])
+            message = await asyncio.wait_for(session.next_message(), 10)
+            assert message is not None and message.seen == 0
+            assert co.nodes.nodes["n1"].last_seen == T0
+        finally:
+            await co.close()
+
+    asyncio.run(main())
 
 
 # ---- the time-limit backstop ----------------------------------------------------------------

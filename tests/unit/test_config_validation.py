@@ -147,16 +147,29 @@ BAD = [
     ),
     ("[agent]\nfence_time = 0", "[agent] fence_time", "0", "from 0.1"),
     (
-        "[agent]\nfence_time = 300",  # the default node timeout
+        "[agent]\nfence_time = 270",  # + the default grace and margin: past 300 s
         "[agent] fence_time",
-        "300",
-        "shorter than [coordinator] heartbeat_timeout (300 s)",
+        "270",
+        "heartbeat_timeout (300 s) must be at least [agent] fence_time (270 s) + "
+        "[coordinator] kill_grace (30 s) + 1 s = 301 s",
     ),
     (
-        "[coordinator]\nheartbeat_timeout = 60\n[agent]\nfence_time = 90",
-        "[agent] fence_time",
-        "90",
-        "shorter than [coordinator] heartbeat_timeout (60 s)",
+        "[coordinator]\nheartbeat_timeout = 60\n[agent]\nfence_time = 40",
+        "[coordinator] heartbeat_timeout",
+        "60",
+        "at least [agent] fence_time (40 s) + [coordinator] kill_grace (30 s) + 1 s = 71 s",
+    ),
+    (  # the default fence is too long for a shorter node timeout: lower it with it
+        "[coordinator]\nheartbeat_timeout = 60",
+        "[coordinator] heartbeat_timeout",
+        "60",
+        "= 271 s",
+    ),
+    (
+        "[coordinator]\nkill_grace = 70",
+        "[coordinator] kill_grace",
+        "70",
+        "+ [coordinator] kill_grace (70 s) + 1 s = 311 s",
     ),
     ("[scheduler]\nweight_age = -1", "[scheduler] weight_age", "-1", "from 0"),
     ("[scheduler]\npriority_interval = 0", "[scheduler] priority_interval", "0", "from 0.1"),

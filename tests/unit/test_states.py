@@ -14,8 +14,10 @@ PR, NF, OOM = JobState.PREEMPTED, JobState.NODE_FAIL, JobState.OUT_OF_MEMORY
 # The whole table, written out by hand: a change to gpuq.domain.states.TRANSITIONS must change
 # this too (and say why in its review). Every pair not listed here is refused.
 EXPECTED: dict[JobState, set[JobState]] = {
-    P: {R, H, CA},  # starts, is held, or is cancelled; never fails or completes unstarted
-    H: {P, CA},  # released or cancelled; never starts or ends from held
+    # starts, is held, or is cancelled; or (requeued after its node was given up) ends as its
+    # last start did when that start's end is reported late: never preempted or node_fail
+    P: {R, H, CA, CD, F, TO, OOM},
+    H: {P, CA, CD, F, TO, OOM},  # released or cancelled, or the same late end; never starts
     R: {CD, F, CA, TO, PR, NF, OOM, P},  # every ending, or back to pending (start not received)
     PR: {P},  # requeued (unless --no-requeue)
     NF: {P},  # requeued as its QOS allows
@@ -73,7 +75,8 @@ def test_only_pending_jobs_start() -> None:
 @pytest.mark.parametrize(
     ("from_state", "to_state"),
     [
-        (JobState.PENDING, JobState.COMPLETED),
+        (JobState.PENDING, JobState.PREEMPTED),
+        (JobState.HELD, JobState.NODE_FAIL),
         (JobState.HELD, JobState.RUNNING),
         (JobState.COMPLETED, JobState.PENDING),
         (JobState.RUNNING, JobState.HELD),

@@ -90,6 +90,9 @@ class LaunchSpec:
     # the most bytes its output files may hold (its QOS's, else the node's max_output); None:
     # no limit (gpuq.agent.output_watch)
     max_output: int | None = None
+    # the supervisor's lease (gpuq.agent.fencing): it stops the job at this moment of the
+    # host's monotonic clock unless its agent extends it; None: no lease
+    lease_until: float | None = None
 
     def to_dict(self) -> dict[str, Any]:
         """spec.json's object: the supervisor's fields, and the agent's own under "extra"."""

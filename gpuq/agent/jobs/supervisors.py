@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import json
 import logging
 import os
@@ -109,6 +110,9 @@ class Supervisors:
         # dropped, so that a job never blocks on it), always before the job's end report
         self.terminals = Terminals(on_pty or _drop_output)
         self._finishing: set[asyncio.Task[None]] = set()
+        # the lease every supervisor holds (gpuq.agent.fencing): (until, why); None: none given
+        # yet by this agent (adopted supervisors keep the last agent's)
+        self._lease: tuple[float, str] | None = None
 
     # ---- life cycle ----
 
@@ -180,6 +184,8 @@ class Supervisors:
         if self.server is None:
             raise RuntimeError("Supervisors.start() first")
         job_dir = self._job_dir(spec.job_id)
+        if self._lease is not None:
+            spec = dataclasses.replace(spec, lease_until=self._lease[0])
         text = json.dumps(spec.to_dict()).encode()
         await self._earlier_start_gone(job_dir)
         terminal = spec.terminal is not None
@@ -278,6 +284,15 @@ class Supervisors:
         message.update(signal=signal, grace=grace)
         return self._command(job_id, message)
 
+    def lease(self, until: float, why: str = "") -> None:
+        """Every supervisor stops its job at `until` (this host's monotonic clock) unless told
+        a later one; `why`: the reason a job fenced then gives (none: the supervisor's own)."""
+        self._lease = (until, why)
+        message: Message = {"type": "lease", "until": until, "why": why}
+        for job in self.jobs.values():
+            if job.conn is not None and not job.ended:
+                job.conn.send(message)
+
     async def signal(self, job_id: int, sig: int) -> bool:
         """Deliver `sig` to every process of the job."""
         return self._command(job_id, {"type": "signal", "signal": sig})
@@ -349,6 +364,9 @@ class Supervisors:
             if job.terminal and not (job.ended or job.ending):
                 self.terminals.add(job.job_id, job.attempt)
                 self.terminals.attach(job.job_id, self._job_dir(job.job_id))
+            if self._lease is not None and message.get("status") != "ended":
+                until, why = self._lease
+                conn.send({"type": "lease", "until": until, "why": why})
             for queued in job.queued:
                 conn.send(queued)
             if {"type": "ack"} in job.queued:

@@ -15,7 +15,7 @@
  *                        {"type":"ended","job_id","result"}; the result has the same two fields
  *   agent -> supervisor  {"type":"stop","end_state","reason","signal","grace"},
  *                        {"type":"signal","signal"}, {"type":"ack"}: the end is recorded;
- *                        delete the folder and exit.
+ *                        delete the folder and exit; {"type":"lease","until","why"}: see Fencing.
  * The folder: spec.json (from the agent), script, supervisor.pid ("<pid> <start time>"),
  * job.pid ("<job pid> <start time>", then each of the job's cgroup folders on a line of its
  * own), isolation (the device isolation the job got, one line), result.json (written with
@@ -41,6 +41,15 @@
  * `<job_dir>/pty.sock` (0600, the supervisor's user): each connection from a process of its
  * own euid (SO_PEERCRED) gets one byte "T" with the master fd (SCM_RIGHTS); any other gets
  * "N" and no fd. The agent (gpuq/agent/jobs/pty_relay.py) relays the terminal from there.
+ *
+ * Fencing: a job must never run on two nodes at once, and the coordinator gives a silent node's
+ * jobs to other nodes. So the supervisor holds a lease (CLOCK_MONOTONIC seconds: spec.json's
+ * "lease_until", then each "lease" message's "until") that its agent extends only to what the
+ * coordinator has confirmed hearing (gpuq/agent/fencing.py). When the lease runs out (the
+ * agent is dead, frozen, or cut off from the coordinator), the supervisor stops the job by
+ * itself as a stop would: SIGTERM, the kill grace, SIGKILL and the cgroup; it ends node_fail
+ * with a reason that starts "fenced:" (the lease's "why" when the agent gave one), so that a
+ * returning agent reports it fenced, not lost. A spec without "lease_until" has no lease.
  *
  * Isolation: the job's GPUs other than its own are denied in its devices group (devices.deny
  * on cgroup v1, a BPF_PROG_TYPE_CGROUP_DEVICE program on v2), its CPUs bound by its cpuset
@@ -89,7 +98,7 @@
 #define MAX_BYTES (1LL << 62)
 #define MAX_SECONDS 1e12       /* about 31,700 years: any real limit or grace */
 
-enum { T_WARN, T_LIMIT, T_KILL, T_MEM, T_CONNECT, T_GIVE_UP, T_COUNT };
+enum { T_WARN, T_LIMIT, T_KILL, T_MEM, T_CONNECT, T_GIVE_UP, T_FENCE, T_COUNT };
 enum { STEP_GROUP, STEP_CGROUP, STEP_CPUS, STEP_USER, STEP_CHDIR, STEP_STDOUT, STEP_STDERR, STEP_EXEC, STEP_TERMINAL, STEP_COUNT };
 #define PTY_SOCKET "pty.sock" /* in the job folder: the terminal's master, for the agent */
 
@@ -114,6 +123,8 @@ typedef struct {
     int has_terminal;  /* an interactive job: it runs on a pseudo-terminal, no output files */
     int rows, cols;    /* its window size (0: not set) */
     int stdin_tty, stdout_tty; /* the submitter's: without them no ECHO, no OPOST */
+    int has_lease;     /* fenced when the lease runs out (see Fencing) */
+    double lease_until; /* CLOCK_MONOTONIC seconds */
 } launch_spec;
 
 typedef struct {
@@ -127,6 +138,7 @@ typedef struct {
     double tree_signalled;
     char launch_error[8400];
     char decided_state[32], decided_reason[512];
+    char fence_why[300]; /* the agent's word on why its lease may run out ("": none given) */
     cgroup group; /* the job's own groups (version 0: no memory group could be made) */
     char isolation[600]; /* the device isolation applied, as reported */
     char cpu_binding[300];
@@ -482,6 +494,7 @@ static int read_spec(supervisor *s, const char *text, size_t len, const char **p
     else if (int_field(root, "mem_limit", 0, MAX_BYTES, &spec->mem_limit, &spec->has_mem_limit) != 0) field = "mem_limit";
     else if (real_field(root, "kill_grace", 0, MAX_SECONDS, &grace, &present) != 0) field = "kill_grace";
     else if (real_field(root, "warning_seconds", 0, MAX_SECONDS, &warn_seconds, &present) != 0) field = "warning_seconds";
+    else if (real_field(root, "lease_until", 0, MAX_SECONDS, &spec->lease_until, &spec->has_lease) != 0) field = "lease_until";
     else if ((field = cgroup_location(spec, root)) != NULL) {
     }
     else if (json_get(root, "user") && json_get(root, "user")->type != J_NULL && !json_cstr(root, "user", &spec->user)) field = "user";
@@ -927,10 +940,39 @@ static void on_stop(supervisor *s, const jval *message) {
     set_timer_min(s, T_KILL, monotonic() + grace);
 }
 
+static void on_fence(supervisor *s) {
+    /* the lease ran out: the coordinator may give the job to another node once the kill grace
+     * has passed, so it stops here now, whatever the agent is doing */
+    if (s->result != NULL) return;
+    char reason[512];
+    if (s->fence_why[0]) snprintf(reason, sizeof reason, "fenced: %s", s->fence_why);
+    else if (s->sock < 0) snprintf(reason, sizeof reason, "fenced: the node's agent is gone, and the coordinator gives its jobs up");
+    else snprintf(reason, sizeof reason, "fenced: the node's agent stopped answering (frozen or overloaded), and the coordinator gives its jobs up");
+    if (!s->decided_state[0]) { /* a stop under way keeps its state, but not a longer grace */
+        decide(s, "node_fail", reason);
+        s->timer_set[T_WARN] = 0;
+        signal_job(s, SIGTERM);
+    }
+    set_timer_min(s, T_KILL, monotonic() + s->spec.kill_grace);
+}
+
+static void on_lease(supervisor *s, const jval *message) {
+    /* a lease only moves while the job runs and has not been fenced */
+    if (s->result != NULL || s->decided_state[0]) return;
+    double until = json_real(message, "until", 0, MAX_SECONDS, -1.0);
+    if (until < 0) return;
+    const char *why = json_str(message, "why", "");
+    snprintf(s->fence_why, sizeof s->fence_why, "%s", why);
+    s->spec.has_lease = 1;
+    s->spec.lease_until = until;
+    set_timer(s, T_FENCE, until);
+}
+
 static void on_message(supervisor *s, const char *line, size_t len) {
     jval *message = json_parse(line, len); /* a broken line is dropped: a bug must not kill the job */
     const char *type = json_str(message, "type", "");
     if (strcmp(type, "stop") == 0) on_stop(s, message);
+    else if (strcmp(type, "lease") == 0) on_lease(s, message);
     else if (strcmp(type, "signal") == 0 && s->result == NULL) {
         long long sig;
         if (json_int(message, "signal", 0, NSIG - 1, &sig)) signal_job(s, (int)sig);
@@ -1331,6 +1373,7 @@ static void start(supervisor *s, const char *script) {
         set_timer(s, T_LIMIT, now + limit);
     }
     if (s->polling) set_timer(s, T_MEM, now);
+    if (spec->has_lease) set_timer(s, T_FENCE, spec->lease_until);
 }
 
 /* Run every due timer, earliest first; 1 when the supervisor should exit without an ack. */
@@ -1349,6 +1392,7 @@ static int run_timers(supervisor *s) {
         case T_KILL: on_kill(s); break;
         case T_MEM: on_mem(s); break;
         case T_CONNECT: link_connect(s); break;
+        case T_FENCE: on_fence(s); break;
         }
     }
 }

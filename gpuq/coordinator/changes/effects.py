@@ -18,7 +18,7 @@ from dataclasses import dataclass, field, replace
 
 from gpuq.domain.model import Job, JobResult, JobTelemetry
 from gpuq.domain.states import JobState
-from gpuq.store.records import JobEdit, JobStart
+from gpuq.store.records import GivenUp, JobEdit, JobStart
 
 
 @dataclass(frozen=True, slots=True)
@@ -98,6 +98,17 @@ class Telemetry:
     figures: JobTelemetry
 
 
+@dataclass(frozen=True, slots=True)
+class Note:
+    """Something noted in a job's events without a state change (an idle flag, an output file
+    gone, an earlier start's late end), written only while the job is still in `state`."""
+
+    job_id: int
+    at: float
+    text: str
+    state: JobState = JobState.RUNNING
+
+
 @dataclass(slots=True)
 class Effects:
     """Everything one change does, in the order the applier carries it out."""
@@ -122,7 +133,10 @@ class Effects:
     followed: list[tuple[int, JobState]] = field(default_factory=list)
     telemetry: list[Telemetry] = field(default_factory=list)
     usage: dict[str, float] = field(default_factory=dict)  # user -> fair-share usage now
-    notes: list[tuple[int, float, str]] = field(default_factory=list)  # (job, at, text)
+    notes: list[Note] = field(default_factory=list)
+    # starts given up with their node, or what is left of them once a node reported (none
+    # left: forgotten); see JobEndings
+    given_up: list[GivenUp] = field(default_factory=list)
     node_down: tuple[str, str] | None = None  # (node, reason): marked down with the change
 
     def __bool__(self) -> bool:
@@ -141,6 +155,7 @@ class Effects:
                 self.telemetry,
                 self.usage,
                 self.notes,
+                self.given_up,
                 self.node_down,
             )
         )

@@ -245,5 +245,6 @@ def write_effects(tx: StoreTx, effects: Effects, now: float, cause: str) -> None
         tx.set_telemetry(measured.job_id, measured.attempt, measured.figures)
     for user, value in effects.usage.items():
         tx.set_usage(user, value, now)
-    for job_id, at, text in effects.notes:
-        tx.add_event(job_id, at, JobState.RUNNING, text, cause=cause)
+    for note in effects.notes:
+        tx.add_event(note.job_id, note.at, note.state, note.text, cause=cause)
+    tx.save_given_up(effects.given_up, now)

@@ -8,13 +8,15 @@ plain data.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
-from gpuq.coordinator.changes.effects import Effects, Move, Requeue, StopOrder, Telemetry
+from gpuq.coordinator.changes.effects import Effects, Move, Note, Requeue, StopOrder, Telemetry
 from gpuq.domain.model import Job, JobResult, JobTelemetry
 from gpuq.domain.policy import QosTier
-from gpuq.domain.states import JobState, check_transition
+from gpuq.domain.states import RAN_TO_AN_END, JobState, check_transition
+from gpuq.domain.units import format_size
 from gpuq.errors import IllegalTransition, NotFound, Unsatisfiable
 from gpuq.store.records import REQUEUABLE
 
@@ -100,6 +102,70 @@ def decide_endings(
         charges[job.user] = charges.get(job.user, 0.0) + seconds
     effects.usage = {u: rules.charge(u, s, now) for u, s in charges.items() if s > 0}
     return effects
+
+
+@dataclass(frozen=True, slots=True)
+class LateEnd:
+    """An end report of a start the coordinator gave up with its silent node, from that node
+    once back: `leads`, the node runs the job's script (a multi-node job's first node)."""
+
+    ending: Ending
+    node: str
+    leads: bool
+
+
+def decide_late_endings(late: Sequence[LateEnd], facts: EndingFacts, now: float) -> Effects:
+    """What a given-up start did is never dropped. If the job waits for its next start (it
+    was requeued) and the late start ran to an end by itself, the requeue is withdrawn and
+    the job ends as that start did; otherwise (it started again, it ended, or the start was
+    stopped: fenced, cancelled) its history notes the start's end with its figures."""
+    effects = Effects()
+    for end in late:
+        ending = end.ending
+        state = facts.states.get(ending.job_id)
+        if state is None:
+            continue
+        at = now if ending.at is None else min(now, ending.at)
+        waiting = state in (JobState.PENDING, JobState.HELD)
+        if (
+            waiting
+            and end.leads
+            and ending.state in RAN_TO_AN_END
+            and facts.starts.get(ending.job_id) == ending.attempt
+        ):
+            why = f"{ending.reason} (start {ending.attempt} on node {end.node}, reported late: "
+            why += "its requeue is withdrawn)"
+            move = Move(ending.job_id, state, ending.state, why, ending.result, at)
+            effects.moves.append(move)
+            if ending.telemetry is not None:
+                effects.telemetry.append(Telemetry(ending.job_id, ending.attempt, ending.telemetry))
+            continue
+        effects.notes.append(Note(ending.job_id, now, _late_text(end, at), state))
+    return effects
+
+
+def _late_text(end: LateEnd, at: float) -> str:
+    """`start 1 on node b ended completed at 12:03:04 (exit 0; peak GPU memory 3.1G),
+    reported late by its node`."""
+    ending = end.ending
+    text = f"start {ending.attempt} on node {end.node} ended {ending.state.value} at "
+    text += time.strftime("%H:%M:%S", time.localtime(at))
+    result = ending.result
+    figures = []
+    if result is not None and result.exit_code is not None:
+        figures.append(f"exit {result.exit_code}")
+    if result is not None and result.signal:
+        figures.append(f"signal {result.signal}")
+    if ending.reason and ending.reason != ending.state.value:
+        figures.append(ending.reason)
+    measured = ending.telemetry
+    if measured is not None and measured.samples:
+        figures.append(f"peak GPU memory {format_size(measured.peak_gpu_mem)}")
+        if measured.util_mean is not None:
+            figures.append(f"mean GPU utilisation {measured.util_mean:.0f} %")
+    if figures:
+        text += f" ({'; '.join(figures)})"
+    return text + ", reported late by its node"
 
 
 def _back_to_queue(job: Job, end: Ending, facts: EndingFacts, rules: EndingRules) -> list[Move]:

@@ -70,7 +70,7 @@ class AgentLinkServicer(agent_pb2_grpc.AgentLinkServicer):  # type: ignore[misc]
                 # heartbeat that marks its units dirty; applied in this order, the pass that
                 # the end wakes never gives a dirty unit out
                 if message.HasField("heartbeat"):
-                    self.link.heartbeat(node, message.heartbeat)
+                    self.link.heartbeat(node, message.heartbeat, session)
                 if message.pty:  # before the reports: a job's output comes before its end
                     self.link.pty(node, message.pty)
                 if message.reports:

@@ -35,6 +35,7 @@ from gpuq.coordinator.workload.job_endings import JobEndings
 from gpuq.coordinator.workload.job_samples import JobSamples
 from gpuq.domain.limits import MAX_NODE_TEXT, clean_line
 from gpuq.domain.model import Node, NodeState, is_advisory
+from gpuq.domain.policy import MAX_FENCE_TIME, fence_wait
 from gpuq.domain.states import TRANSITIONS, JobState
 from gpuq.errors import Conflict
 from gpuq.v1 import agent_pb2 as apb
@@ -97,6 +98,9 @@ class AgentLink:
         self.nodes.nodes[name] = NodeEntry(
             node, last_seen=now, session=session, held=held, registered=True, address=address
         )
+        if _is_mark(message.sent):
+            session.seen(message.sent)
+        self._check_fence(name, node.fence_time)
         if held:
             log.warning(
                 "node %s still runs jobs %s the coordinator gave up on: stopping them; their "
@@ -119,6 +123,21 @@ class AgentLink:
             log.warning("node %s: GPU isolation is %s", name, node.isolation)
         self.wake()
 
+    def _check_fence(self, node: str, fence_time: float) -> None:
+        """Warn when the node's fence outlasts the node timeout: its jobs are then given up
+        only once the fence has certainly acted (gpuq.coordinator.nodes.node_admin), late."""
+        needed = fence_wait(fence_time, self.settings.kill_grace)
+        if fence_time and needed > self.settings.heartbeat_timeout:
+            log.warning(
+                "node %s: its [agent] fence_time (%g s) plus the kill grace (%g s) is longer "
+                "than heartbeat_timeout (%g s): its jobs are given up after %g s of silence",
+                node,
+                fence_time,
+                self.settings.kill_grace,
+                self.settings.heartbeat_timeout,
+                needed,
+            )
+
     def disconnected(self, node: str, session: AgentSession) -> None:
         """The stream ended; the node stays up until its heartbeat timeout (a restarting
         agent re-adopts its jobs within it)."""
@@ -127,11 +146,15 @@ class AgentLink:
             entry.session = None
         session.close()
 
-    def heartbeat(self, node: str, message: apb.Heartbeat) -> None:
+    def heartbeat(
+        self, node: str, message: apb.Heartbeat, session: AgentSession | None = None
+    ) -> None:
         entry = self.nodes.get(node)
         if entry is None:
             return
         entry.last_seen = self.clock()
+        if session is not None and entry.session is session and _is_mark(message.sent):
+            session.seen(message.sent)  # after last_seen: the echo never runs ahead of it
         first = not entry.heard
         entry.heard = True
         # applied before the reports of the same message (the servicer's order): a unit its
@@ -202,27 +225,31 @@ class AgentLink:
         ]
 
     def _dispatched_here(self, node: str, report: apb.JobReport) -> bool:
-        """A node reports only on jobs dispatched to it: a report on a job that runs elsewhere
-        (or on nothing the coordinator runs) changes nothing. A job no longer running (ended,
-        requeued after its node was given up) is normal after a reconnection; one running on
-        another node is not, and is logged (at most once a minute per node)."""
+        """A node's report counts as a running job's end only for a job that runs there; any
+        other is perhaps a start given up with the node (JobEndings.record_late), else it
+        changes nothing (_ignored)."""
         job = self.jobs.jobs.get(report.job_id)
-        if job is not None and job.state is JobState.RUNNING and node in job.node_names:
-            return True
-        if job is not None and job.state is JobState.RUNNING:
-            now = self.clock()
-            if now - self._foreign_logged.get(node, -math.inf) >= FOREIGN_LOG_INTERVAL:
-                self._foreign_logged[node] = now
-                log.warning(
-                    "node %s reported on job %d, which runs on node %s: ignored (such reports "
-                    "are logged once a minute per node)",
-                    node,
-                    report.job_id,
-                    job.node,
-                )
-        else:
-            log.debug("node %s: ignoring a report on job %d, not running", node, report.job_id)
-        return False
+        return job is not None and job.state is JobState.RUNNING and node in job.node_names
+
+    def _ignored(self, node: str, job_id: int) -> None:
+        """A report that is neither a running job's end nor a given-up start's. A job no
+        longer running is normal after a reconnection (ended, or given up before this
+        coordinator started); one running on another node is not, and is logged (at most
+        once a minute per node)."""
+        job = self.jobs.jobs.get(job_id)
+        if job is None or job.state is not JobState.RUNNING:
+            log.debug("node %s: ignoring a report on job %d, not running", node, job_id)
+            return
+        now = self.clock()
+        if now - self._foreign_logged.get(node, -math.inf) >= FOREIGN_LOG_INTERVAL:
+            self._foreign_logged[node] = now
+            log.warning(
+                "node %s reported on job %d, which runs on node %s: ignored (such reports are "
+                "logged once a minute per node)",
+                node,
+                job_id,
+                job.node,
+            )
 
     def _current(self, report: apb.JobReport) -> bool:
         """The report is about the job's current start (or it cannot tell: attempt 0, or a
@@ -279,18 +306,14 @@ class AgentLink:
 
     async def _record_ends(self, node: str, reports: Sequence[apb.JobReport]) -> None:
         ends: list[Ending] = []
+        late: list[Ending] = []  # perhaps of starts given up with this node: history
         for report in reports:
-            if not self._dispatched_here(node, report):
+            if not self._dispatched_here(node, report) or not self._current(report):
+                if report.kind == apb.JobReport.ENDED:
+                    late.append(ending_from_report(report))
+                else:  # a start handed back unstarted: nothing ran
+                    self._ignored(node, report.job_id)
                 continue  # acknowledged below, and forgotten by the agent
-            if not self._current(report):
-                log.info(
-                    "node %s: ignoring a report on job %d's start %d (it is at start %d)",
-                    node,
-                    report.job_id,
-                    report.attempt,
-                    self.jobs.jobs[report.job_id].start_count,
-                )
-                continue  # an earlier start's end: acknowledged below, and forgotten
             ending = ending_from_report(report)
             job = self.jobs.jobs[report.job_id]
             if len(job.node_names) > 1:  # the job's figures: every node's GPUs
@@ -301,6 +324,9 @@ class AgentLink:
             ends.append(ending)
         if ends:
             await self.endings.record(ends, Cause.agent(node))
+        if late:
+            for job_id in await self.endings.record_late(node, late):
+                self._ignored(node, job_id)
         session = self.nodes.session(node)
         if session is not None:
             session.ack(r.job_id for r in reports)
@@ -328,6 +354,11 @@ def ending_from_report(report: apb.JobReport) -> Ending:
     return Ending(report.job_id, state, reason, result, at, report.attempt, measured)
 
 
+def _is_mark(value: float) -> bool:
+    """A usable time mark or duration from an agent: a positive finite number."""
+    return math.isfinite(value) and value > 0
+
+
 def node_from_registration(message: apb.Register, now: float) -> Node:
     return Node(
         name=message.node,
@@ -342,4 +373,5 @@ def node_from_registration(message: apb.Register, now: float) -> Node:
         driver=one_line(message.driver),
         gpu_problem=one_line(message.gpu_problem),
         features=tuple(dict.fromkeys(message.features)),
+        fence_time=min(message.fence_time, MAX_FENCE_TIME) if _is_mark(message.fence_time) else 0,
     )

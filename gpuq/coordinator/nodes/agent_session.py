@@ -71,6 +71,17 @@ class AgentSession:
             self._pending.signal.append(entry)
         self._ready.set()
 
+    def seen(self, mark: float) -> None:
+        """Echo an agent's Heartbeat.sent (or Register.sent): it extends its jobs' leases to
+        that mark plus its fence_time (gpuq.agent.fencing). Not urgent at the scale of a
+        lease, so it waits up to ACK_DELAY for a command to travel with, as acks do."""
+        if mark > self._pending.seen:
+            if not self._pending.seen:
+                self._room(_FRAMING)
+            self._pending.seen = mark
+        if self._ack_timer is None:
+            self._ack_timer = asyncio.get_running_loop().call_later(ACK_DELAY, self._ready.set)
+
     def backlog(self) -> int:
         """About how many bytes wait to leave (an agent that reads slowly has many)."""
         return self._size + len(self._full) * self.max_bytes

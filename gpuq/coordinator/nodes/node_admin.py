@@ -14,6 +14,7 @@ from gpuq.coordinator.memory.node_table import NodeEntry, NodeTable
 from gpuq.coordinator.workload.job_endings import JobEndings
 from gpuq.domain.limits import brief, check_text
 from gpuq.domain.model import Drain, GpuUnit, NodeState
+from gpuq.domain.policy import FENCE_MARGIN, fence_wait
 from gpuq.errors import InvalidInput, NotFound
 from gpuq.store.api import StoreTx
 
@@ -146,16 +147,42 @@ class NodeAdmin:
         return notes
 
     async def check_heartbeats(self) -> None:
-        """A chore: a node silent for the heartbeat timeout is given up (its jobs node_fail)."""
+        """A chore: a node silent for the heartbeat timeout is given up (its jobs node_fail,
+        requeued as their QOS allows), and never before its agent's fence has certainly
+        stopped them (fence_wait): a job must not run on two nodes at once."""
         now = self.clock()
-        timeout = self.settings.heartbeat_timeout
         for name, entry in list(self.nodes.nodes.items()):
+            timeout = self.silence_allowed(entry)
             if entry.node.state is NodeState.DOWN or now - entry.last_seen <= timeout:
                 continue
             if entry.session is not None:
                 entry.session.close()
                 entry.session = None
             await self.endings.node_lost(name, f"no word from its agent for {timeout:g} s")
+
+    def out_of_touch(self, names: Sequence[str]) -> list[str]:
+        """Those of `names` whose jobs their own supervisors may be fencing now: down, or
+        silent for about their agent's fence_time (a part of a multi-node job that failed
+        there failed because of that, not by itself)."""
+        now = self.clock()
+        lost = []
+        for name in names:
+            entry = self.nodes.get(name)
+            if entry is None:
+                continue
+            fence = entry.node.fence_time
+            silent = bool(fence) and now - entry.last_seen >= fence - FENCE_MARGIN
+            if silent or entry.node.state is NodeState.DOWN:
+                lost.append(name)
+        return lost
+
+    def silence_allowed(self, entry: NodeEntry) -> float:
+        """How long a node may be silent before its jobs are given up: heartbeat_timeout, or
+        longer where its agent's fence_time needs it."""
+        timeout = self.settings.heartbeat_timeout
+        if entry.node.fence_time:
+            timeout = max(timeout, fence_wait(entry.node.fence_time, self.settings.kill_grace))
+        return timeout
 
 
 def _target_text(node: str, units: Sequence[GpuUnit]) -> str:

@@ -13,7 +13,7 @@ from functools import partial
 from gpuq.config.settings import CoordinatorSettings
 from gpuq.coordinator.access.permissions import SYSTEM
 from gpuq.coordinator.background_tasks import Background
-from gpuq.coordinator.changes.effects import Cause, Effects
+from gpuq.coordinator.changes.effects import Cause, Effects, Note
 from gpuq.coordinator.changes.job_changes import JobChanges
 from gpuq.coordinator.memory.live_jobs import LiveJobs
 from gpuq.coordinator.nodes.agent_input import MAX_JOB_SAMPLES, sample_from_proto
@@ -80,7 +80,7 @@ class JobSamples:
     def outputs_gone(self, node: str, gone: Sequence[apb.OutputGone]) -> None:
         """Output files of jobs running on `node` that vanished while they ran: each is noted
         once in its job's events (the agent says so in every heartbeat while it is so)."""
-        notes: list[tuple[int, float, str]] = []
+        notes: list[Note] = []
         now = self.clock()
         for message in gone[:MAX_JOB_SAMPLES]:
             job = self.jobs.jobs.get(message.job_id)
@@ -95,7 +95,7 @@ class JobSamples:
             seen.add(key)
             text = output_gone_note(key[1], message.folder, message.replaced)
             log.warning("job %d on node %s: %s", job.id, node, text)
-            notes.append((job.id, now, text))
+            notes.append(Note(job.id, now, text))
         jobs = self.jobs.jobs
         for job_id in [i for i in self._gone if i not in jobs or not jobs[i].state.is_live]:
             del self._gone[job_id]
@@ -121,7 +121,7 @@ class JobSamples:
                 log.warning("job %d of %s on node %s: %s", job.id, job.user, job.node, d.text)
             else:
                 log.info("job %d: %s", job.id, note)
-            noted = Effects(notes=[(job.id, self.clock(), note)])
+            noted = Effects(notes=[Note(job.id, self.clock(), note)])
             await self.changes.commit(partial(_as_decided, noted), cause)
 
     async def close(self) -> None:
