@@ -183,15 +183,20 @@ class Client:
         nodes: Iterable[str] = (),
         since: float | None = None,
         until: float | None = None,
+        page_size: int = 0,
     ) -> builtins.list[pb.Job]:
         """As `list`, on the wire. A live listing shows an array's waiting tasks as one
         entry (`array_tasks` set) unless `expand_arrays`. Filters (all given must match):
         `users` (any of), `names` (shell patterns, any of), `nodes` (any of), `since` and
-        `until` (seconds since 1970: the end time of finished jobs, else the submit time)."""
+        `until` (seconds since 1970: the end time of finished jobs, else the submit time).
+        Every matching job (up to `limit`), asked a page at a time (`page_size`; 0: the
+        coordinator's largest, [coordinator] list_page_size) until the last."""
         if isinstance(states, str):
             states = [states]
         if not 0 <= limit <= 1_000_000:
             raise InvalidInput("limit", limit, "must be from 0 (no limit) to 1000000")
+        if not 0 <= page_size < 2**32:
+            raise InvalidInput("page_size", page_size, "must be from 0 (the largest) up")
         job_ids = [parse_job_ref(str(i))[0] for i in job_ids]
         request = queue_pb2.ListJobsRequest(
             states=sorted(s.value for s in parse_states(str(s) for s in states)),
@@ -206,8 +211,18 @@ class Client:
             nodes=list(nodes),
             since=since,
             until=until,
+            page_size=page_size,
         )
-        return list(self._call("ListJobs", request).jobs)
+        return builtins.list(self.pages(request))
+
+    def pages(self, request: queue_pb2.ListJobsRequest) -> Iterator[pb.Job]:
+        """The jobs of a ListJobs request, page after page to the listing's end."""
+        while True:
+            reply: queue_pb2.ListJobsReply = self._call("ListJobs", request)
+            yield from reply.jobs
+            if not reply.next_page_token:
+                return
+            request.page_token = reply.next_page_token
 
     def nodes(self) -> builtins.list[queue_pb2.NodeInfo]:
         return list(self._call("ListNodes", queue_pb2.ListNodesRequest()).nodes)

@@ -361,6 +361,7 @@ RULES: dict[str, dict[str, Check]] = {
         "store_write_timeout": _seconds(0.1, 3600),
         "max_queued_per_user": _integer(1, 100_000_000),
         "max_queued_bytes_per_user": _integer(1 << 20, 1 << 50, "bytes"),
+        "list_page_size": _integer(1, 100_000),
         "default_qos": _pattern(TIER_NAME, "the name of a [qos.NAME] tier"),
         "standby": _boolean,
         "admin_group": _pattern(_GROUP_NAME, "a Unix group name"),

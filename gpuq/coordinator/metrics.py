@@ -8,7 +8,10 @@ Two kinds, so that a scrape costs little and nothing is counted twice:
   group commit's.
 - State (jobs by state, pending reasons, nodes, GPUs, fair share) is read at scrape time
   from the coordinator's memory by `StateCollector`. The scrape runs on the event loop (the
-  HTTP server is asyncio), so memory is read between two of its changes, without locks.
+  HTTP server is asyncio), so memory is read between two of its changes, without locks; it
+  reads counts memory keeps as jobs change (LiveJobs.tally) and reason counts made once per
+  explanation of the queue, so a scrape's cost does not grow with 200,000 queued jobs
+  (running jobs, bounded by the GPUs, are still walked).
 
 Each coordinator has its own CollectorRegistry, never prometheus_client's global one: one
 process may run several (tests do), and the global one would mix them. Names follow
@@ -278,6 +281,8 @@ class StateCollector:
     def __init__(self, sources: MetricSources) -> None:
         self.co = sources
         self.explain = sources.explain
+        self._explained: dict[int, Waiting] | None = None  # the explanation last counted
+        self._counted: Counter[str] = Counter()
 
     def describe(self) -> Iterable[Metric]:
         return []  # names are not reserved: the families vary with the cluster
@@ -289,13 +294,14 @@ class StateCollector:
         yield self._notifications()
 
     def _jobs(self) -> Iterator[Metric]:
+        """Counts kept as jobs change (LiveJobs.tally): no walk over the queue."""
         co = self.co
         by_state: Counter[tuple[str, str]] = Counter()
         for qos in co.settings.qos:  # every configured tier shows, at 0 when empty
             for state in LIVE_STATES:
                 by_state[(state.value, qos)] += 0
-        for job in co.jobs.jobs.values():
-            by_state[(job.state.value, job.qos)] += len(job.tasks) or 1
+        for (state, qos), count in co.jobs.tally.items():
+            by_state[(state.value, qos)] += count
         jobs = GaugeMetricFamily(
             "gpuq_jobs",
             "Live jobs by state (pending, held, running) and QOS; an array's tasks not yet "
@@ -305,17 +311,6 @@ class StateCollector:
         for (state_name, qos), count in sorted(by_state.items()):
             jobs.add_metric([state_name, qos], count)
         yield jobs
-
-        reasons: Counter[str] = Counter(dict.fromkeys(REASONS, 0))
-        pending = [j for j in co.jobs.in_state(JobState.PENDING)]
-        if pending:
-            explained = self.explain() if self.explain is not None else {}
-            for job in pending:
-                waiting = explained.get(job.id)
-                if job.tasks and waiting is None:
-                    sibling = co.arrays.first_waiting(job)
-                    waiting = explained.get(sibling.id) if sibling is not None else None
-                reasons[main_reason(waiting)] += len(job.tasks) or 1
         family = GaugeMetricFamily(
             "gpuq_pending_jobs",
             "Pending jobs by the main reason they wait, as a category: resources, priority, "
@@ -323,9 +318,34 @@ class StateCollector:
             "placement, nodes_unavailable, unknown (`gpuq show` gives the full reasons).",
             labels=["reason"],
         )
-        for reason, count in reasons.items():
+        pending = sum(n for (state, _), n in by_state.items() if state == "pending")
+        for reason, count in self._reasons(pending).items():
             family.add_metric([reason], count)
         yield family
+
+    def _reasons(self, pending: int) -> Counter[str]:
+        """Pending jobs by reason category: counted once per explanation of the queue (the
+        scheduling pass makes one at most once a second, less often for a long queue), not
+        at every scrape; jobs queued since the explanation are "unknown"."""
+        reasons: Counter[str] = Counter(dict.fromkeys(REASONS, 0))
+        if not pending:
+            return reasons
+        explained = self.explain() if self.explain is not None else {}
+        if explained is not self._explained:
+            self._explained, self._counted = explained, self._categories(explained)
+        reasons.update(self._counted)
+        reasons["unknown"] += max(0, pending - sum(self._counted.values()))
+        return reasons
+
+    def _categories(self, explained: dict[int, Waiting]) -> Counter[str]:
+        counted: Counter[str] = Counter()
+        for job in self.co.jobs.in_state(JobState.PENDING):
+            waiting = explained.get(job.id)
+            if job.tasks and waiting is None:
+                sibling = self.co.arrays.first_waiting(job)
+                waiting = explained.get(sibling.id) if sibling is not None else None
+            counted[main_reason(waiting)] += len(job.tasks) or 1
+        return counted
 
     def _nodes(self) -> Iterator[Metric]:
         co = self.co

@@ -20,6 +20,7 @@ from sqlalchemy import (
     literal,
     or_,
     select,
+    tuple_,
 )
 from sqlalchemy.engine import Connection
 
@@ -58,8 +59,15 @@ class JobReads:
             stmt = stmt.where(ran_on([query.node]))
         stmt = self._listing_filters(stmt, query)
         if query.array_job_id is not None:  # an array's tasks by index (its record first)
-            stmt = stmt.order_by(func.coalesce(jobs.c.array_task_id, -1), jobs.c.id)
+            index = func.coalesce(jobs.c.array_task_id, -1)
+            if query.after is not None:
+                task, job_id = query.after
+                stmt = stmt.where(tuple_(index, jobs.c.id) > tuple_(task - 1, job_id))
+            stmt = stmt.order_by(index, jobs.c.id)
         else:
+            if query.after is not None:
+                after = query.after[0]
+                stmt = stmt.where(jobs.c.id < after if query.newest_first else jobs.c.id > after)
             stmt = stmt.order_by(jobs.c.id.desc() if query.newest_first else jobs.c.id)
         if query.limit is not None:
             stmt = stmt.limit(query.limit)

@@ -114,6 +114,9 @@ class JobQuery:
     since: float | None = None
     until: float | None = None
     by_end: bool = False
+    # a page of a listing: the rows after this sort key in the query's order (the id; an
+    # array's tasks: their index + 1, 0 for the record, then the id)
+    after: tuple[int, ...] | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -203,7 +203,7 @@ class JobDetail(_message.Message):
     def __init__(self, job: _Optional[_Union[_types_pb2.Job, _Mapping]] = ..., events: _Optional[_Iterable[_Union[_types_pb2.JobEvent, _Mapping]]] = ..., array_states: _Optional[_Mapping[str, int]] = ...) -> None: ...
 
 class ListJobsRequest(_message.Message):
-    __slots__ = ("states", "user", "job_ids", "limit", "finished", "array_job_id", "with_pending_info", "expand_arrays", "users", "names", "since", "until", "nodes")
+    __slots__ = ("states", "user", "job_ids", "limit", "finished", "array_job_id", "with_pending_info", "expand_arrays", "users", "names", "since", "until", "nodes", "page_size", "page_token")
     STATES_FIELD_NUMBER: _ClassVar[int]
     USER_FIELD_NUMBER: _ClassVar[int]
     JOB_IDS_FIELD_NUMBER: _ClassVar[int]
@@ -217,6 +217,8 @@ class ListJobsRequest(_message.Message):
     SINCE_FIELD_NUMBER: _ClassVar[int]
     UNTIL_FIELD_NUMBER: _ClassVar[int]
     NODES_FIELD_NUMBER: _ClassVar[int]
+    PAGE_SIZE_FIELD_NUMBER: _ClassVar[int]
+    PAGE_TOKEN_FIELD_NUMBER: _ClassVar[int]
     states: _containers.RepeatedScalarFieldContainer[str]
     user: str
     job_ids: _containers.RepeatedScalarFieldContainer[int]
@@ -230,13 +232,17 @@ class ListJobsRequest(_message.Message):
     since: float
     until: float
     nodes: _containers.RepeatedScalarFieldContainer[str]
-    def __init__(self, states: _Optional[_Iterable[str]] = ..., user: _Optional[str] = ..., job_ids: _Optional[_Iterable[int]] = ..., limit: _Optional[int] = ..., finished: _Optional[bool] = ..., array_job_id: _Optional[int] = ..., with_pending_info: _Optional[bool] = ..., expand_arrays: _Optional[bool] = ..., users: _Optional[_Iterable[str]] = ..., names: _Optional[_Iterable[str]] = ..., since: _Optional[float] = ..., until: _Optional[float] = ..., nodes: _Optional[_Iterable[str]] = ...) -> None: ...
+    page_size: int
+    page_token: str
+    def __init__(self, states: _Optional[_Iterable[str]] = ..., user: _Optional[str] = ..., job_ids: _Optional[_Iterable[int]] = ..., limit: _Optional[int] = ..., finished: _Optional[bool] = ..., array_job_id: _Optional[int] = ..., with_pending_info: _Optional[bool] = ..., expand_arrays: _Optional[bool] = ..., users: _Optional[_Iterable[str]] = ..., names: _Optional[_Iterable[str]] = ..., since: _Optional[float] = ..., until: _Optional[float] = ..., nodes: _Optional[_Iterable[str]] = ..., page_size: _Optional[int] = ..., page_token: _Optional[str] = ...) -> None: ...
 
 class ListJobsReply(_message.Message):
-    __slots__ = ("jobs",)
+    __slots__ = ("jobs", "next_page_token")
     JOBS_FIELD_NUMBER: _ClassVar[int]
+    NEXT_PAGE_TOKEN_FIELD_NUMBER: _ClassVar[int]
     jobs: _containers.RepeatedCompositeFieldContainer[_types_pb2.Job]
-    def __init__(self, jobs: _Optional[_Iterable[_Union[_types_pb2.Job, _Mapping]]] = ...) -> None: ...
+    next_page_token: str
+    def __init__(self, jobs: _Optional[_Iterable[_Union[_types_pb2.Job, _Mapping]]] = ..., next_page_token: _Optional[str] = ...) -> None: ...
 
 class JobSelection(_message.Message):
     __slots__ = ("job_ids", "reason", "user", "states", "name", "hold")

@@ -165,7 +165,7 @@ class Dashboard:
             return self._events(request, caller)
         if parts == ["jobs"]:
             _method(method, "GET")
-            return _json(200, await api.jobs(access, caller, request.query))
+            return Response(200, await api.jobs(access, caller, request.query), JSON_TYPE)
         if len(parts) >= 2 and parts[0] == "jobs":
             job_text = parts[1]
             if not api.JOB_ID.fullmatch(job_text):

@@ -96,10 +96,15 @@ class QueueAccess:
     async def nodes(self, caller: Caller) -> queue_pb2.ListNodesReply:
         return self._queries.list_nodes()
 
-    async def jobs(
+    async def jobs_json(
         self, caller: Caller, request: queue_pb2.ListJobsRequest
-    ) -> queue_pb2.ListJobsReply:
-        return await self._queries.list_jobs(caller, request)
+    ) -> tuple[list[str], str]:
+        """A page of jobs as JSON texts (kept from page to page), and the next page's token."""
+        return await self._queries.list_jobs_json(caller, request)
+
+    def job_counts(self) -> dict[str, int]:
+        """Live jobs in each state (an array's waiting tasks one each), every one counted."""
+        return self._queries.job_counts()
 
     async def job(self, caller: Caller, request: queue_pb2.GetJobRequest) -> queue_pb2.JobDetail:
         return await self._queries.get_job(caller, request)

@@ -64,14 +64,13 @@ class JobMessages:
             message.spec.ClearField(part)
         return message
 
-    def brief(self, job: Job, caller: Caller, explained: Job | None = None) -> pb.Job:
-        """A listing's entry: no script, arguments, environment, webhook or mail address
-        (anyone's: they are most of a job's size, and a queue of thousands must fit in a
-        reply), and of the array's task list the tasks the entry stands for (GetJob has them
-        all). A collapsed array's entry waits for the reasons of its first waiting task."""
-        message = self.with_pending(
-            job, explained, hides_name(caller, job.user, self.hide_job_names)
-        )
+    def listed(self, job: Job, hidden: bool) -> pb.Job:
+        """A listing's entry, but why it waits (`pending`: it changes without the job
+        changing, so gpuq.coordinator.front.job_pages keeps the rest and adds it): no script,
+        arguments, environment, webhook or mail address (anyone's: they are most of a job's
+        size), and of the array's task list the tasks the entry stands for (GetJob has them
+        all)."""
+        message = self.bare(job, hidden)
         for part in PRIVATE:
             message.spec.ClearField(part)
         if job.array_job_id is not None:  # an entry carries the tasks it stands for
@@ -81,17 +80,33 @@ class JobMessages:
     def with_pending(self, job: Job, explained: Job | None = None, hidden: bool = False) -> pb.Job:
         """The job with why it waits (an array's record: why its first waiting task does);
         `hidden`: with its name hidden (its spec's, `%x` in its paths, its reasons')."""
+        message = self.bare(job, hidden)
+        pending = self.pending(job, explained, hidden)
+        if pending is not None:
+            message.pending.CopyFrom(pending)
+        return message
+
+    def bare(self, job: Job, hidden: bool) -> pb.Job:
+        """The job on the wire with its flags, its name hidden if `hidden`; no reasons."""
         running = job.state is JobState.RUNNING
         flags = self.flags(job.id, job.start_count) if running else ()
         message = job_message(job, flags, HIDDEN if hidden else None)
-        first = explained or job
-        detail = self.pending_detail(first) if first.state is JobState.PENDING else None
-        if detail is not None:
-            message.pending.CopyFrom(pending_info(detail))
         if hidden:
             message.spec.name = HIDDEN
-            message.pending.reasons[:] = [hide_names(r) for r in message.pending.reasons]
         return message
+
+    def pending(
+        self, job: Job, explained: Job | None = None, hidden: bool = False
+    ) -> pb.PendingInfo | None:
+        """Why the job (or `explained`, an array's first waiting task) waits, if pending."""
+        first = explained or job
+        detail = self.pending_detail(first) if first.state is JobState.PENDING else None
+        if detail is None:
+            return None
+        info = pending_info(detail)
+        if hidden:
+            info.reasons[:] = [hide_names(r) for r in info.reasons]
+        return info
 
     def event(self, event: JobEvent, owner: str, caller: Caller) -> JobEvent:
         """An event of a job of `owner` as `caller` may see it (its reason's names hidden)."""

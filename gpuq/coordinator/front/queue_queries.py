@@ -18,12 +18,12 @@ from gpuq.coordinator.changes.watchers import Watchers
 from gpuq.coordinator.cron_service import CronService
 from gpuq.coordinator.front.job_messages import (
     JobMessages,
-    collapse_arrays,
     cron_message,
     unit_health,
     unit_message,
 )
-from gpuq.coordinator.front.listing_filters import list_filters
+from gpuq.coordinator.front.job_pages import JobPages, Wanted
+from gpuq.coordinator.front.listing_filters import ListFilters, list_filters
 from gpuq.coordinator.memory.live_jobs import LiveJobs
 from gpuq.coordinator.memory.node_table import NodeTable, drained_text, unit_states
 from gpuq.coordinator.memory.scheduler_inputs import SchedulerInputs
@@ -38,7 +38,8 @@ from gpuq.store.records import JobQuery
 from gpuq.v1 import queue_pb2
 
 MAX_IDS = 10_000  # job ids in one request (cancel, hold, release, list, watch)
-LIVE = frozenset({JobState.PENDING, JobState.HELD, JobState.RUNNING})
+LIVE_ORDER = (JobState.RUNNING, JobState.PENDING, JobState.HELD)
+LIVE = frozenset(LIVE_ORDER)
 
 
 class QueueQueries:
@@ -65,6 +66,7 @@ class QueueQueries:
         self.cron = cron
         self.messages = messages
         self.inputs = inputs
+        self.pages = JobPages(settings.list_page_size, jobs, writer, messages)
 
     async def get_job(
         self, caller: Caller, request: queue_pb2.GetJobRequest
@@ -100,8 +102,20 @@ class QueueQueries:
     async def list_jobs(
         self, caller: Caller, request: queue_pb2.ListJobsRequest
     ) -> queue_pb2.ListJobsReply:
-        """Live jobs from memory (no database round trip); ended jobs, ids and arrays from
-        the store. Everyone sees every job, less what is private (JobMessages.brief)."""
+        """A page of a listing (gpuq.coordinator.front.job_pages): live jobs from memory (no
+        database round trip); ended jobs, ids and arrays from the store. Everyone sees every
+        job, less what is private (JobMessages.listed)."""
+        return await self.pages.page(caller, request, self._wanted(caller, request))
+
+    async def list_jobs_json(
+        self, caller: Caller, request: queue_pb2.ListJobsRequest
+    ) -> tuple[list[str], str]:
+        """The same page as the dashboard's JSON: each entry's text, and the next token."""
+        return await self.pages.page_json(caller, request, self._wanted(caller, request))
+
+    def _wanted(self, caller: Caller, request: queue_pb2.ListJobsRequest) -> Wanted:
+        """Which jobs a listing wants, checked: live ones (a test of each; None: all), or the
+        store's query."""
         check_count("job ids", len(request.job_ids))
         ids = [
             *request.job_ids,
@@ -114,7 +128,6 @@ class QueueQueries:
             filters = filters.hiding_names(caller.user)
         owner = request.user or None if filters.users is None else None  # else in users
         states = parse_states(request.states) if request.states else None
-        brief = self.messages.brief
         if (
             request.finished
             or request.job_ids
@@ -127,7 +140,6 @@ class QueueQueries:
                 user=owner,
                 job_ids=tuple(request.job_ids) or None,
                 array_job_id=request.array_job_id if request.HasField("array_job_id") else None,
-                limit=request.limit or None,
                 newest_first=request.finished,
                 users=filters.users,
                 names=filters.names,
@@ -136,19 +148,19 @@ class QueueQueries:
                 until=filters.until,
                 by_end=request.finished,
             )
-            jobs = await self.writer.read(lambda s: s.list_jobs(query))
-        else:
-            jobs = [
-                j
-                for j in self.live_jobs(owner)
-                if (states is None or j.state in states) and filters.matches(j)
-            ]
-            if not request.expand_arrays:
-                entries = [brief(j, caller, first) for j, first in collapse_arrays(jobs)]
-                return queue_pb2.ListJobsReply(jobs=entries[: request.limit or None])
-            if request.limit:
-                jobs = jobs[: request.limit]
-        return queue_pb2.ListJobsReply(jobs=[brief(j, caller) for j in jobs])
+            return query
+
+        if owner is None and states is None and filters == ListFilters():
+            return None  # every live job: nothing to test
+
+        def wanted(job: Job) -> bool:
+            return (
+                (owner is None or job.user == owner)
+                and (states is None or job.state in states)
+                and filters.matches(job)
+            )
+
+        return wanted
 
     def live_jobs(self, user: str | None = None) -> list[Job]:
         """From memory: what `gpuq queue` shows, without a database round trip."""
@@ -236,8 +248,17 @@ class QueueQueries:
         inputs = self.inputs
         return inputs.current_usage(now).get(user, 0.0), inputs.shares.get(user, 1.0)
 
+    def job_counts(self) -> dict[str, int]:
+        """Live jobs in each state, each array task not yet split off counted: kept as jobs
+        change (LiveJobs.tally), so it costs the same for 10 jobs or 200,000."""
+        counts = dict.fromkeys((s.value for s in LIVE_ORDER), 0)
+        for (state, _), count in self.jobs.tally.items():
+            counts[state.value] += count
+        return counts
+
     def running_gpus(self, user: str) -> int:
-        return sum(len(j.gpus) for j in self.live_jobs(user) if j.state is JobState.RUNNING)
+        running = self.jobs.in_state(JobState.RUNNING)  # not every live job: a page's cost
+        return sum(len(j.gpus) for j in running if j.user == user)
 
     def nodes_state(self) -> tuple[Any, ...]:
         """What `gpuq nodes` shows that heartbeats change (not when each was seen), to compare

@@ -59,16 +59,26 @@ class LiveJobs:
         self.user_bytes: Counter[str] = Counter()
         # running jobs `gpuq requeue --hold` stopped: held, not pending, once they end
         self.requeue_held: set[int] = set()
+        # for listings in pages: live ids in order, each array's live rows, and tasks by
+        # (state, qos), so that a page or a metrics scrape costs its size, not the queue's
+        self._ids: list[int] = []
+        self.members: dict[int, set[int]] = {}
+        self.tally: Counter[tuple[JobState, str]] = Counter()
 
     def put(self, job: Job) -> None:
         """Record a job's new version; finished jobs leave memory."""
         old = self.jobs.pop(job.id, None)
         if old is not None:
             self._forget(old)
+            if not job.state.is_live:
+                del self._ids[bisect.bisect_left(self._ids, job.id)]
+        elif job.state.is_live:
+            bisect.insort(self._ids, job.id)
         if job.state.is_live:
             self.jobs[job.id] = job
             self._by_state[job.state][job.id] = job
             self.user_tasks[job.user] += len(job.tasks) or 1
+            self.tally[(job.state, job.qos)] += len(job.tasks) or 1
             self.user_bytes[job.user] += spec_size(job.spec)
             array = job.array_job_id
             if job.tasks:
@@ -77,6 +87,7 @@ class LiveJobs:
                 self._enqueue(job)
             if array is not None:
                 self.array_live[array] += 1
+                self.members.setdefault(array, set()).add(job.id)
                 if job.array_task_id is not None:
                     self.task_jobs[(array, job.array_task_id)] = job.id
                 if job.state is JobState.PENDING and not job.tasks:
@@ -90,6 +101,9 @@ class LiveJobs:
         self.user_tasks[old.user] -= len(old.tasks) or 1
         if self.user_tasks[old.user] <= 0:
             del self.user_tasks[old.user]
+        self.tally[(old.state, old.qos)] -= len(old.tasks) or 1
+        if self.tally[(old.state, old.qos)] <= 0:
+            del self.tally[(old.state, old.qos)]
         self.user_bytes[old.user] -= spec_size(old.spec)
         if self.user_bytes[old.user] <= 0:
             del self.user_bytes[old.user]
@@ -98,6 +112,10 @@ class LiveJobs:
         array = old.array_job_id
         if array is not None:
             _decrement(self.array_live, array)
+            members = self.members[array]
+            members.discard(old.id)
+            if not members:
+                del self.members[array]
             if old.array_task_id is not None:
                 self.task_jobs.pop((array, old.array_task_id), None)
             if old.state is JobState.PENDING and not old.tasks:
@@ -138,6 +156,9 @@ class LiveJobs:
         self.user_bytes.clear()
         self.records.clear()
         self.task_jobs.clear()
+        self._ids.clear()
+        self.members.clear()
+        self.tally.clear()
         for job in jobs:
             self.put(job)
 
@@ -148,6 +169,12 @@ class LiveJobs:
 
     def running_on(self, node: str) -> list[Job]:
         return [j for j in self.in_state(JobState.RUNNING) if node in j.node_names]
+
+    def ids_after(self, after: int, count: int) -> list[int]:
+        """Up to `count` live job ids above `after`, in order: where a listing's page goes on
+        (a bisection, not a sort of the whole queue)."""
+        start = bisect.bisect_right(self._ids, after)
+        return self._ids[start : start + count]
 
     def in_state(self, state: JobState) -> Iterable[Job]:
         return self._by_state[state].values()

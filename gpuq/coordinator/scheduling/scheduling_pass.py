@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import logging
 import signal
+import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
@@ -33,7 +34,10 @@ from gpuq.store.api import StoreTx
 from gpuq.store.records import JobStart
 
 log = logging.getLogger(__name__)
-EXPLAIN_EVERY = 1.0  # seconds an explanation of the queue stays good
+EXPLAIN_EVERY = 1.0  # seconds an explanation of the queue stays good, at least
+# ... and at least this many times what it took to make (a queue of 200,000 pending jobs
+# takes seconds: it is made on the event loop, so at most 1/EXPLAIN_SHARE of its time)
+EXPLAIN_SHARE = 20
 _LIVE_RECORD = (JobState.PENDING, JobState.HELD)
 
 
@@ -67,6 +71,7 @@ class SchedulingPass:
         self.clock = changes.clock
         self._explained: dict[int, Waiting] = {}
         self._explained_at = -1.0
+        self._explain_took = 0.0  # seconds the last explanation took (the pass's clock)
 
     def views(self) -> list[NodeView]:
         return self.nodes.views(self.jobs.in_state(JobState.RUNNING))
@@ -93,7 +98,7 @@ class SchedulingPass:
                 raise  # not a job's fault: the schedule loop reloads and tries again
             await self._set_aside(now, error, cause)
             decided = self._plan(now)
-        self._explained_at = -1.0  # what blocks whom may have changed
+        self.forget_explanation()  # what blocks whom may have changed
         if decided.starts or decided.preemptions or decided.cancellations:
             stopped = await self.changes.commit(lambda tx, now: self._decide(decided, tx), cause)
             if stopped:
@@ -285,9 +290,11 @@ class SchedulingPass:
 
     def explained(self) -> dict[int, Waiting]:
         """Why each queued job waits, from a full pass that starts nothing, at most once a
-        second (listings and metrics scrapes share it)."""
+        second, or for a long queue once per EXPLAIN_SHARE times what it takes (listings and
+        metrics scrapes share it; a scheduling pass that changed the queue asks afresh)."""
         now = self.clock()
-        if now - self._explained_at > EXPLAIN_EVERY:
+        if now - self._explained_at > max(EXPLAIN_EVERY, EXPLAIN_SHARE * self._explain_took):
+            started = time.perf_counter()
             try:
                 self._explained = self._plan(now, explain=True).waiting
             except Exception:  # a listing must answer; the next pass sets the job aside
@@ -295,11 +302,14 @@ class SchedulingPass:
                 self._explained = {}
                 self.wake()  # the pass sets the failing job aside
             self._explained_at = now
+            self._explain_took = time.perf_counter() - started
         return self._explained
 
     def forget_explanation(self) -> None:
-        """Explain afresh on the next ask (tests, and a pass that changed what blocks whom)."""
-        self._explained_at = -1.0
+        """Explain afresh on the next ask (tests, and a pass that changed what blocks whom),
+        unless explaining takes long (a queue of 100,000s): then when its share allows."""
+        if EXPLAIN_SHARE * self._explain_took <= EXPLAIN_EVERY:
+            self._explained_at = -1.0
 
 
 def started_reason(node: str, isolation: str) -> str:

@@ -260,13 +260,17 @@ function finishedRow(job) {
 }
 
 async function clusterView() {
-  const [nodes, live, finished] = await Promise.all([
+  // the queue is a page (the first [coordinator] list_page_size entries): the GPUs' holders
+  // come from the running jobs' own listing, the summary from counts of every live job
+  const [nodes, live, running, finished] = await Promise.all([
     api("/api/nodes"),
     api("/api/jobs"),
+    api("/api/jobs?state=running"),
     api("/api/jobs?finished=1&limit=20"),
   ]);
   const jobs = live.jobs || [];
-  const jobsById = new Map(jobs.map((job) => [String(job.id), job]));
+  const holders = running.jobs || [];
+  const jobsById = new Map([...jobs, ...holders].map((job) => [String(job.id), job]));
   // who holds a GPU: the jobs it is allocated to, and any job its agent saw using it
   const holding = new Map();
   const hold = (uuid, id) => {
@@ -274,7 +278,7 @@ async function clusterView() {
     ids.add(String(id));
     holding.set(uuid, ids);
   };
-  for (const job of jobs) if (job.state === "running") for (const uuid of job.gpus || []) hold(uuid, job.id);
+  for (const job of holders) for (const uuid of job.gpus || []) hold(uuid, job.id);
   let total = 0;
   let busy = 0;
   let free = 0;
@@ -307,7 +311,8 @@ async function clusterView() {
       cards.length ? h("div", { class: "cards" }, cards) : h("p", { class: "muted" }, "no GPUs"),
     );
   });
-  const count = (state) => jobs.filter((job) => job.state === state).length;
+  const counts = live.counts || {};
+  const count = (state) => counts[state] ?? jobs.filter((job) => job.state === state).length;
   const summary = h(
     "p",
     { class: "summary", id: "summary" },
@@ -323,6 +328,9 @@ async function clusterView() {
     jobs.length
       ? table("Live jobs", ["Job", "User", "Name", "State", "GPUs", "Time", "Reason / node"], jobs.map(queueRow), { id: "queue" })
       : h("p", { class: "muted", id: "queue-empty" }, "No jobs are waiting or running."),
+    live.next_page_token
+      ? h("p", { class: "muted", id: "queue-more" }, `The first ${jobs.length} entries of the queue: gpuq queue lists them all.`)
+      : "",
     h("h2", {}, "Recently finished"),
     ended.length
       ? table("Finished jobs", ["Job", "User", "Name", "State", "Ended", "Elapsed", "Result"], ended.map(finishedRow), { id: "finished" })
@@ -472,6 +480,7 @@ async function userView(name) {
     jobs.length
       ? table("Live jobs", ["Job", "User", "Name", "State", "GPUs", "Time", "Reason / node"], jobs.map(queueRow), { id: "queue" })
       : h("p", { class: "muted" }, "No jobs are waiting or running."),
+    data.more ? h("p", { class: "muted", id: "queue-more" }, `The first ${jobs.length} entries: gpuq queue -u ${data.user || name} lists them all.`) : "",
   );
 }
 

@@ -1,0 +1,136 @@
+"""ListJobs in pages through the coordinator, on a real store (SQLite and PostgreSQL): every
+job once across the pages, at most the coordinator's largest page, filters and limits that
+hold across pages, bad tokens refused, and a long listing that leaves the event loop to
+other calls (issue 23)."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import pytest
+from harness import cancel, run, submit
+from helpers import make_spec
+
+from gpuq.config.settings import CoordinatorSettings
+from gpuq.coordinator.server import Coordinator
+from gpuq.domain.array_specs import ArraySpec
+from gpuq.errors import InvalidInput
+from gpuq.identity import Caller
+from gpuq.store.api import Store
+from gpuq.store.records import NewJob
+from gpuq.v1 import queue_pb2
+
+PAGE = 3
+SMALL = CoordinatorSettings(list_page_size=PAGE)
+ALICE = Caller("alice", None)
+
+
+async def pages(
+    co: Coordinator, request: queue_pb2.ListJobsRequest
+) -> list[list[queue_pb2.ListJobsReply]]:
+    """Every page of a listing, as the Client asks them."""
+    replies = []
+    while True:
+        reply = await co.queries.list_jobs(ALICE, request)
+        replies.append(reply)
+        if not reply.next_page_token:
+            return replies
+        request.page_token = reply.next_page_token
+
+
+def ids(replies: list[queue_pb2.ListJobsReply]) -> list[int]:
+    return [j.id for reply in replies for j in reply.jobs]
+
+
+def test_live_jobs_come_once_each_in_pages_of_at_most_the_largest(store: Store) -> None:
+    async def body(co: Coordinator) -> None:
+        plain = [(await submit(co, make_spec(hold=True), "alice"))[0] for _ in range(7)]
+        sweep = [
+            (await submit(co, make_spec(hold=True, name=f"sweep-{i}"), "bob"))[0] for i in range(4)
+        ]
+        [array] = await submit(co, make_spec(hold=True, array=ArraySpec(tuple(range(10)))), "alice")
+        everything = sorted([*plain, *sweep, array])
+        for asked in (0, 2, PAGE, 1000, 2**32 - 1):  # more than the largest: the largest
+            replies = await pages(co, queue_pb2.ListJobsRequest(page_size=asked))
+            assert ids(replies) == everything, asked
+            assert all(len(r.jobs) <= min(asked or PAGE, PAGE) for r in replies)
+        # the array's ten waiting tasks are one entry, as in one reply
+        replies = await pages(co, queue_pb2.ListJobsRequest())
+        (entry,) = [j for r in replies for j in r.jobs if j.id == array]
+        assert entry.array_tasks == "0-9"
+        # a filter and a limit hold across pages
+        named = await pages(co, queue_pb2.ListJobsRequest(names=["sweep*"], page_size=1))
+        assert ids(named) == sweep
+        limited = await pages(co, queue_pb2.ListJobsRequest(limit=5))
+        assert ids(limited) == everything[:5] and len(limited) == 2
+        # jobs that end or come between two pages: the others still come once each
+        first = await co.queries.list_jobs(ALICE, queue_pb2.ListJobsRequest())
+        await cancel(co, [str(plain[5])], "alice")
+        [late] = await submit(co, make_spec(hold=True), "alice")
+        rest = await pages(co, queue_pb2.ListJobsRequest(page_token=first.next_page_token))
+        seen = ids([first, *rest])
+        assert seen == sorted({*everything, late} - {plain[5]})
+
+    run(store, body, SMALL)
+
+
+def test_ended_jobs_and_ids_come_in_pages_from_the_store(store: Store) -> None:
+    async def body(co: Coordinator) -> None:
+        jobs = [(await submit(co, make_spec(hold=True), "alice"))[0] for _ in range(8)]
+        await cancel(co, [str(j) for j in jobs[:7]], "alice")
+        history = await pages(co, queue_pb2.ListJobsRequest(finished=True))
+        assert ids(history) == sorted(jobs[:7], reverse=True)  # newest first
+        assert max(len(r.jobs) for r in history) == PAGE
+        last = await pages(co, queue_pb2.ListJobsRequest(finished=True, limit=4))
+        assert ids(last) == sorted(jobs[:7], reverse=True)[:4]
+        by_id = await pages(co, queue_pb2.ListJobsRequest(job_ids=jobs[::-1]))
+        assert ids(by_id) == jobs
+        [array] = await submit(co, make_spec(hold=True, array=ArraySpec(tuple(range(5)))), "alice")
+        tasks = await pages(co, queue_pb2.ListJobsRequest(array_job_id=array))
+        assert ids(tasks) == [array]
+
+    run(store, body, SMALL)
+
+
+def test_bad_page_tokens_are_one_clear_refusal(store: Store) -> None:
+    async def body(co: Coordinator) -> None:
+        for _ in range(5):
+            await submit(co, make_spec(hold=True), "alice")
+        first = await co.queries.list_jobs(ALICE, queue_pb2.ListJobsRequest())
+        token = first.next_page_token
+        for bad in ("garbage", token[:-3], token + "x" * 300, "🙂"):
+            with pytest.raises(InvalidInput, match="page_token"):
+                await co.queries.list_jobs(ALICE, queue_pb2.ListJobsRequest(page_token=bad))
+        for other in (
+            queue_pb2.ListJobsRequest(user="bob", page_token=token),
+            queue_pb2.ListJobsRequest(finished=True, page_token=token),
+            queue_pb2.ListJobsRequest(limit=2, page_token=token),
+        ):
+            with pytest.raises(InvalidInput, match="another listing"):
+                await co.queries.list_jobs(ALICE, other)
+
+    run(store, body, SMALL)
+
+
+def test_a_long_listing_leaves_the_loop_to_other_calls(store: Store) -> None:
+    """While one page of 3,000 jobs is built, `gpuq nodes` is answered: the listing gives the
+    loop back between its chunks (no timing: the order the loop runs them in)."""
+    spec = make_spec(hold=True)
+    with store.transaction() as tx:
+        tx.add_jobs([NewJob(spec, "alice", "normal", 0) for _ in range(3000)], time.time())
+
+    async def body(co: Coordinator) -> None:
+        listing = asyncio.create_task(
+            co.queries.list_jobs(ALICE, queue_pb2.ListJobsRequest(page_size=5000))
+        )
+
+        async def nodes() -> bool:
+            co.queries.list_nodes()
+            return listing.done()
+
+        assert await asyncio.create_task(nodes()) is False
+        reply = await listing
+        assert len(reply.jobs) == 3000 and not reply.next_page_token
+
+    run(store, body, CoordinatorSettings(list_page_size=5000))
