@@ -10,7 +10,8 @@ loads them, and a local agent with 8 fake GPUs, [coordinator] web_listen on loop
 as another client, it times --samples of each:
   - ListNodes (what `gpuq nodes` asks), and a Submit of a held job (one stream, as the CLI's
     helper keeps it);
-  - and --cli runs of the real `gpuq nodes` command line (a process each, helper off);
+  - and --cli runs of the real `gpuq nodes` and `gpuq submit --hold` command lines (a
+    process each, helper off);
 first idle, then while four listers (processes of their own) list the whole queue in a
 loop: two over gRPC (gpuq.Client.list_raw: every page, to the end) and two through the
 dashboard's /api/jobs (page after page, signed in with `gpuq web`'s ticket), once each of
@@ -28,6 +29,7 @@ import http.client
 import json
 import multiprocessing
 import os
+import pwd
 import statistics
 import subprocess
 import sys
@@ -46,6 +48,7 @@ from gpuq.store.records import NewJob
 from gpuq.submission import build_spec
 
 OWNER = "alice"  # the user whose queue is huge (the bench's own user measures)
+SUBMIT = ("submit", "--hold", "--job-name", "probe", "--wrap", "true")  # a held job, as typed
 
 
 def fill(home: Path, jobs: int, pending: int, workdir: Path) -> float:
@@ -53,8 +56,13 @@ def fill(home: Path, jobs: int, pending: int, workdir: Path) -> float:
     started = time.perf_counter()
     store = Store.open(f"sqlite:///{home / 'gpuq.db'}")
     held = build_spec(wrap="sleep 60", gpus=1, hold=True, name="sweep", chdir=str(workdir))
-    # 8 GPUs each, on a node of 8: one runs, the others wait for it
+    # 8 GPUs each, on a node of 8: they wait behind the bench's own 8-GPU job, which runs
+    # for the whole bench (OWNER is no account here: a start of theirs would fail at launch,
+    # and the next would start, a churn of starts that no real queue has)
     waits = build_spec(wrap="sleep 3600", gpus=8, name="big", chdir=str(workdir))
+    me = pwd.getpwuid(os.geteuid()).pw_name
+    with store.transaction() as tx:
+        tx.add_jobs([NewJob(waits, me, "normal", 0)], time.time())
     for start in range(0, jobs, 10_000):
         count = min(10_000, jobs - start)
         batch = [
@@ -135,9 +143,10 @@ def sample(client: Client, samples: int, spec: Any) -> dict[str, list[float]]:
     return figures
 
 
-def cli_runs(runs: int, env: dict[str, str], cwd: Path) -> list[float]:
+def cli_runs(runs: int, env: dict[str, str], cwd: Path, *args: str) -> list[float]:
+    """Wall times of `gpuq ARGS` run as processes, as a user types them."""
     walls = []
-    command = [sys.executable, "-m", "gpuq.cli.main", "nodes"]
+    command = [sys.executable, "-m", "gpuq.cli.main", *args]
     for _ in range(runs):
         started = time.perf_counter()
         subprocess.run(command, env=env, cwd=cwd, check=True, capture_output=True)
@@ -233,7 +242,8 @@ def run(
     print(f"one whole listing over gRPC, idle: {len(whole)} jobs in {took:.2f} s")
     sample(client, 20, spec)  # warm: the submit stream, the channel
     idle = sample(client, args.samples, spec)
-    idle["`gpuq nodes` (process)"] = cli_runs(args.cli, env, root)
+    idle["`gpuq nodes` (process)"] = cli_runs(args.cli, env, root, "nodes")
+    idle["`gpuq submit` (process)"] = cli_runs(args.cli, env, root, *SUBMIT)
     web = json.loads(address.read_text())["web"]
     stop = multiprocessing.Event()
     done: Any = multiprocessing.Queue()
@@ -253,7 +263,8 @@ def run(
         done.get(timeout=1200)
     print(f"the listers' first whole listings (cold): {time.perf_counter() - begun:.1f} s")
     loaded = sample(client, args.samples, spec)
-    loaded["`gpuq nodes` (process)"] = cli_runs(args.cli, env, root)
+    loaded["`gpuq nodes` (process)"] = cli_runs(args.cli, env, root, "nodes")
+    loaded["`gpuq submit` (process)"] = cli_runs(args.cli, env, root, *SUBMIT)
     stop.set()
     results = [done.get(timeout=300) for _ in listers]
     for process in listers:

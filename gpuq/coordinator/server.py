@@ -114,6 +114,7 @@ class Coordinator:
         self.wake()
 
     async def close(self) -> None:
+        await self.scheduling.close()
         for task in self._tasks:
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
@@ -177,7 +178,9 @@ def assemble(
         settings, writer, jobs, nodes, endings, samples, terminals, agents, wake, clock
     )
     cron = CronService(writer, submissions, chores, clock)
-    messages = JobMessages(settings.hide_job_names, idle.flags, scheduling.pending_detail)
+    messages = JobMessages(
+        settings.hide_job_names, idle.flags, scheduling.pending_detail, scheduling.explained
+    )
     queries = QueueQueries(
         settings, writer, jobs, nodes, arrays, telemetry, watchers, cron, messages, inputs
     )

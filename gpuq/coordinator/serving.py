@@ -17,11 +17,12 @@ import contextlib
 import json
 import logging
 import os
+import sys
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Coroutine
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import grpc
 from sqlalchemy.exc import DBAPIError
@@ -55,6 +56,7 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 PERIODIC_PASS = 2.0  # seconds between passes when nothing happens (begin times, aging)
 MAX_STREAMS_PER_CONNECTION = 100  # calls at once on one client connection
+GIL_SWITCH = 0.0005  # seconds (see start_coordinator)
 
 
 @dataclass(slots=True)
@@ -100,6 +102,9 @@ async def start_coordinator(
     when the coordinator must stop on its own (it lost its store lock to another one). A
     standby ([coordinator] standby) returns only once it leads, or raises StandbyStopped
     when `stop` is set before."""
+    # a thread doing pure-Python work (explaining a long queue) hands the GIL back to the
+    # event loop within this long, not Python's default 5 ms: other calls wait for it no more
+    sys.setswitchinterval(GIL_SWITCH)
     # TLS files and plaintext on a public address: said before anything is locked or opened
     tls.check_coordinator_tls(settings)
     if settings.coordinator.standby and settings.coordinator.listen:
@@ -260,14 +265,18 @@ async def _serve(
     )
     # priorities move with age and fair share; begin times arrive: rank and schedule again
     chores.add_job(
-        coordinator.loop.rerank,
+        on_the_loop(coordinator.loop.rerank),
         "interval",
         seconds=cfg.scheduler.priority_interval,
         max_instances=1,
         coalesce=True,
     )
     chores.add_job(
-        coordinator.wake, "interval", seconds=PERIODIC_PASS, max_instances=1, coalesce=True
+        on_the_loop(coordinator.wake),
+        "interval",
+        seconds=PERIODIC_PASS,
+        max_instances=1,
+        coalesce=True,
     )
     # interactive jobs nobody attached to within the grace are cancelled
     chores.add_job(
@@ -323,6 +332,19 @@ async def _start_http(
         running.http.append(endpoint)
         dashboard.address, dashboard.secure = endpoint.address, context is not None
         running.coordinator.commands.web_login = dashboard.login_link
+
+
+def on_the_loop(function: Callable[[], None]) -> Callable[[], Coroutine[Any, Any, None]]:
+    """A chore that runs on the event loop. APScheduler's AsyncIOExecutor runs a plain
+    function on a worker thread, but the coordinator's memory and asyncio objects belong to
+    the loop: a rerank there raced the listings (a job gone mid-page, "dictionary changed size
+    during iteration") and a wake raced asyncio.Event ("deque mutated during iteration")."""
+
+    async def chore() -> None:
+        function()
+
+    chore.__qualname__ = getattr(function, "__qualname__", "chore")
+    return chore
 
 
 def attach_metrics(co: Coordinator) -> Metrics:

@@ -49,10 +49,14 @@ class JobMessages:
         hide_job_names: bool,
         flags: Callable[[int, int], tuple[str, ...]],
         pending_detail: Callable[[Job], PendingDetail | None],
+        explanation: Callable[[], object] = object,
     ) -> None:
         self.hide_job_names = hide_job_names
         self.flags = flags  # a running job's idle and hung flags (job id, its start)
         self.pending_detail = pending_detail
+        # the queue's explanation now (a new object each time it is made anew): a job's
+        # "why it waits" built from the same one, at the same priority, is the same
+        self.explanation = explanation
 
     def full(self, job: Job, caller: Caller, explained: Job | None = None) -> pb.Job:
         """GetJob's: everything `caller` may see of the job."""

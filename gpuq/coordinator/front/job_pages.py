@@ -60,6 +60,19 @@ class Kept:
     json: str | None = None  # the same as the dashboard's JSON, once it asked
 
 
+@dataclass(slots=True)
+class KeptWait:
+    """Why a listed job waits, as last built: for as long as the queue's explanation, the
+    job (and an array entry's explained task) and its priority are the same."""
+
+    explanation: object
+    job: Job
+    explained: Job | None
+    priority: float
+    body: bytes  # a Job message holding only `pending` (b"": it does not wait)
+    json: str | None = None  # `pending` as the dashboard's JSON, once it asked
+
+
 @dataclass(frozen=True, slots=True)
 class Page:
     entries: list[Entry]
@@ -75,6 +88,7 @@ class JobPages:
         self.writer = writer
         self.messages = messages
         self._kept: dict[tuple[int, bool], Kept] = {}  # by (job id, name hidden)
+        self._waits: dict[tuple[int, bool], KeptWait] = {}  # the same
         # listings take turns: one page is built at a time, so a call that comes meanwhile
         # waits behind one chunk of one listing, not behind one of each listing at once
         self._lane = asyncio.Lock()
@@ -91,10 +105,11 @@ class JobPages:
                 if index and not index % BUILD:
                     await asyncio.sleep(0)
                 hidden = self._hidden(caller, job)
-                body = self._kept_entry(job, hidden).body
-                pending = self.messages.pending(job, explained, hidden)
-                if pending is not None:  # bytes of one message joined: the two merged
-                    body += pb.Job(pending=pending).SerializeToString()
+                # bytes of one message joined: the two merged
+                body = (
+                    self._kept_entry(job, hidden).body
+                    + self._kept_wait(job, explained, hidden).body
+                )
                 parts += (b"\x0a", _varint(len(body)), body)  # framed as field 1, `jobs`
             reply = queue_pb2.ListJobsReply.FromString(b"".join(parts))
         reply.next_page_token = token
@@ -119,11 +134,13 @@ class JobPages:
                     if message.spec.HasField("array"):
                         message.spec.array.ClearField("indices")
                     kept.json = json_text(message)
-                pending = self.messages.pending(job, explained, hidden)
-                if pending is None:
+                wait = self._kept_wait(job, explained, hidden)
+                if not wait.body:
                     texts.append(kept.json)
-                else:  # one more member of the entry's object
-                    texts.append(f'{kept.json[:-1]},"pending":{json_text(pending)}}}')
+                    continue
+                if wait.json is None:
+                    wait.json = json_text(pb.Job.FromString(wait.body).pending)
+                texts.append(f'{kept.json[:-1]},"pending":{wait.json}}}')  # one more member
         return texts, token
 
     def _hidden(self, caller: Caller, job: Job) -> bool:
@@ -214,10 +231,35 @@ class JobPages:
                 self._forget_ended()
         return kept
 
+    def _kept_wait(self, job: Job, explained: Job | None, hidden: bool) -> KeptWait:
+        """Why the job waits, kept while the queue's explanation, the job and its priority
+        stay the same (building it costs more than the rest of a kept entry)."""
+        explanation = self.messages.explanation()
+        priority = self.jobs.priority.get((explained or job).id, 0.0)
+        key = (job.id, hidden)
+        kept = self._waits.get(key)
+        if (
+            kept is not None
+            and kept.explanation is explanation
+            and kept.job is job
+            and kept.explained is explained
+            and kept.priority == priority
+        ):
+            return kept
+        pending = self.messages.pending(job, explained, hidden)
+        body = b"" if pending is None else pb.Job(pending=pending).SerializeToString()
+        kept = KeptWait(explanation, job, explained, priority, body)
+        if self.jobs.jobs.get(job.id) is job:
+            self._waits[key] = kept
+            if len(self._waits) > 2 * len(self.jobs.jobs) + 1024:
+                self._forget_ended()
+        return kept
+
     def _forget_ended(self) -> None:
         """Drop what is kept for jobs memory no longer holds as they were."""
         live = self.jobs.jobs
         self._kept = {k: v for k, v in self._kept.items() if live.get(k[0]) is v.job}
+        self._waits = {k: v for k, v in self._waits.items() if live.get(k[0]) is v.job}
 
 
 def sort_key(job: Job, query: JobQuery) -> tuple[int, ...]:

@@ -6,6 +6,7 @@ from a full pass that starts nothing.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import signal
 import time
@@ -13,6 +14,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 from gpuq.config.settings import CoordinatorSettings
+from gpuq.coordinator.background_tasks import Background
 from gpuq.coordinator.changes.effects import Cause, Effects, Move, StopOrder
 from gpuq.coordinator.changes.job_changes import JobChanges
 from gpuq.coordinator.changes.store_writer import is_storage_error
@@ -36,8 +38,11 @@ from gpuq.store.records import JobStart
 log = logging.getLogger(__name__)
 EXPLAIN_EVERY = 1.0  # seconds an explanation of the queue stays good, at least
 # ... and at least this many times what it took to make (a queue of 200,000 pending jobs
-# takes seconds: it is made on the event loop, so at most 1/EXPLAIN_SHARE of its time)
+# takes seconds, and CPU the scheduling passes need too)
 EXPLAIN_SHARE = 20
+# an explanation that took longer than this (seconds) is made in the background from then on
+EXPLAIN_INLINE = 0.05
+EXPLAIN_SLICE = 250  # queued jobs taken into its snapshot between two turns of other calls
 _LIVE_RECORD = (JobState.PENDING, JobState.HELD)
 
 
@@ -72,6 +77,7 @@ class SchedulingPass:
         self._explained: dict[int, Waiting] = {}
         self._explained_at = -1.0
         self._explain_took = 0.0  # seconds the last explanation took (the pass's clock)
+        self._explaining = Background("explaining the queue")
 
     def views(self) -> list[NodeView]:
         return self.nodes.views(self.jobs.in_state(JobState.RUNNING))
@@ -291,19 +297,54 @@ class SchedulingPass:
     def explained(self) -> dict[int, Waiting]:
         """Why each queued job waits, from a full pass that starts nothing, at most once a
         second, or for a long queue once per EXPLAIN_SHARE times what it takes (listings and
-        metrics scrapes share it; a scheduling pass that changed the queue asks afresh)."""
+        metrics scrapes share it; a scheduling pass that changed the queue asks afresh).
+
+        A short queue is explained here and now. One whose explanation took longer than
+        EXPLAIN_INLINE (tens of thousands of jobs: seconds) is explained in the background,
+        its snapshot taken in slices and the pure plan run on a thread, so that no other
+        call waits for it; meanwhile the last explanation stands."""
         now = self.clock()
-        if now - self._explained_at > max(EXPLAIN_EVERY, EXPLAIN_SHARE * self._explain_took):
-            started = time.perf_counter()
-            try:
-                self._explained = self._plan(now, explain=True).waiting
-            except Exception:  # a listing must answer; the next pass sets the job aside
-                log.exception("explaining the queue failed")
-                self._explained = {}
-                self.wake()  # the pass sets the failing job aside
-            self._explained_at = now
-            self._explain_took = time.perf_counter() - started
+        if now - self._explained_at <= max(EXPLAIN_EVERY, EXPLAIN_SHARE * self._explain_took):
+            return self._explained
+        if self._explain_took > EXPLAIN_INLINE:
+            if not self._explaining.tasks:
+                self._explained_at = now  # asked for once
+                self._explaining.spawn(self._explain_in_background())
+            return self._explained
+        started = time.perf_counter()
+        try:
+            self._explained = self._plan(now, explain=True).waiting
+        except Exception:  # a listing must answer; the next pass sets the job aside
+            log.exception("explaining the queue failed")
+            self._explained = {}
+            self.wake()  # the pass sets the failing job aside
+        self._explained_at = now
+        self._explain_took = time.perf_counter() - started
         return self._explained
+
+    async def _explain_in_background(self) -> None:
+        started = time.perf_counter()
+        try:
+            now = self.clock()
+            views, running, queue = self.views(), self._running(), []
+            for count, job in enumerate(list(self.jobs.queue()), 1):
+                queue.append(self.inputs.pending(job, self.jobs))
+                if count % EXPLAIN_SLICE == 0:
+                    await asyncio.sleep(0)  # other calls go first
+            policy = self.inputs.policy
+            decided = await asyncio.to_thread(
+                plan, views, running, queue, policy, now, explain=True
+            )
+            self._explained = decided.waiting
+        except Exception:  # the last explanation stands; a pass sets a failing job aside
+            log.exception("explaining the queue failed")
+            self.wake()
+        finally:
+            self._explained_at = self.clock()
+            self._explain_took = time.perf_counter() - started
+
+    async def close(self) -> None:
+        await self._explaining.cancel()
 
     def forget_explanation(self) -> None:
         """Explain afresh on the next ask (tests, and a pass that changed what blocks whom),
