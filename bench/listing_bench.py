@@ -48,7 +48,7 @@ from gpuq.store.records import NewJob
 from gpuq.submission import build_spec
 
 OWNER = "alice"  # the user whose queue is huge (the bench's own user measures)
-SUBMIT = ("submit", "--hold", "--job-name", "probe", "--wrap", "true")  # a held job, as typed
+SUBMIT = ("submit", "--hold", "--name", "probe", "--wrap", "true")  # a held job, as typed
 
 
 def fill(home: Path, jobs: int, pending: int, workdir: Path) -> float:
