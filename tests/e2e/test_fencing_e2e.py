@@ -58,6 +58,8 @@ def runs(record: Path) -> list[Run]:
     found: list[Run] = []
     for line in record.read_text().splitlines():
         kind, node, *rest = line.split()
+        if not rest:  # a beat whose `date` the fence's SIGTERM killed: no time to read
+            continue
         at = float(rest[-1])
         if kind == "start":
             found.append(Run(node, rest[0] if len(rest) > 1 else "", at, at))
