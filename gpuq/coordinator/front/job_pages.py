@@ -12,8 +12,9 @@ job) then took 65% of the coordinator. So:
   ended jobs, ids and arrays are read by the store (off the loop) a page at a time, by key.
 - A live job's entry is kept, as bytes and (once the dashboard asks) as JSON, until the job
   changes (memory's Job is a new object then) or its flags do; only why a pending job waits,
-  which changes without the job changing, is built for each page. Entries are built BUILD at
-  a time with the loop free in between: a kept one costs a dictionary look-up.
+  which changes without the job changing, is kept per explanation and priority. Entries are
+  built for at most TURN (0.1 ms) at a time with the loop free in between: a kept one costs
+  a dictionary look-up.
 - Listings take turns (`_lane`): pages are built one at a time, so a call that comes meanwhile
   (`gpuq nodes`, a submission) waits behind one small chunk of one listing.
 
@@ -24,6 +25,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 
@@ -43,7 +45,9 @@ from gpuq.v1 import queue_pb2
 from gpuq.v1 import types_pb2 as pb
 
 SCAN = 250  # live ids looked at between two turns of the event loop (~0.2 ms)
-BUILD = 50  # entries built between two turns (~0.1 ms kept, ~2-5 ms built afresh)
+# seconds of building entries between two turns of the event loop: what a call that comes
+# meanwhile waits at most for a listing (a kept entry takes ~2 us, one built afresh 50-100 us)
+TURN = 0.0001
 WAITING = (JobState.PENDING, JobState.HELD)
 Entry = tuple[Job, Job | None]  # a listed job, and for a collapsed array the task explained
 # which live jobs (None: every one); or the store's query
@@ -101,9 +105,11 @@ class JobPages:
         page, token = await self._select(request, wanted)
         parts: list[bytes] = []
         async with self._lane:
-            for index, (job, explained) in enumerate(page.entries):
-                if index and not index % BUILD:
+            turn = time.perf_counter()
+            for job, explained in page.entries:
+                if time.perf_counter() - turn > TURN:
                     await asyncio.sleep(0)
+                    turn = time.perf_counter()
                 hidden = self._hidden(caller, job)
                 # bytes of one message joined: the two merged
                 body = (
@@ -124,9 +130,11 @@ class JobPages:
         page, token = await self._select(request, wanted)
         texts: list[str] = []
         async with self._lane:
-            for index, (job, explained) in enumerate(page.entries):
-                if index and not index % BUILD:
+            turn = time.perf_counter()
+            for job, explained in page.entries:
+                if time.perf_counter() - turn > TURN:
                     await asyncio.sleep(0)
+                    turn = time.perf_counter()
                 hidden = self._hidden(caller, job)
                 kept = self._kept_entry(job, hidden)
                 if kept.json is None:
