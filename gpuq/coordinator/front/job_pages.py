@@ -26,7 +26,7 @@ from __future__ import annotations
 import asyncio
 import json
 import time
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, replace
 
 from google.protobuf.json_format import MessageToDict
@@ -105,12 +105,7 @@ class JobPages:
         page, token = await self._select(request, wanted)
         parts: list[bytes] = []
         async with self._lane:
-            turn = time.perf_counter()
-            for job, explained in page.entries:
-                if time.perf_counter() - turn > TURN:
-                    await asyncio.sleep(0)
-                    turn = time.perf_counter()
-                hidden = self._hidden(caller, job)
+            async for job, explained, hidden in self._in_turns(caller, page.entries):
                 # bytes of one message joined: the two merged
                 body = (
                     self._kept_entry(job, hidden).body
@@ -130,12 +125,7 @@ class JobPages:
         page, token = await self._select(request, wanted)
         texts: list[str] = []
         async with self._lane:
-            turn = time.perf_counter()
-            for job, explained in page.entries:
-                if time.perf_counter() - turn > TURN:
-                    await asyncio.sleep(0)
-                    turn = time.perf_counter()
-                hidden = self._hidden(caller, job)
+            async for job, explained, hidden in self._in_turns(caller, page.entries):
                 kept = self._kept_entry(job, hidden)
                 if kept.json is None:
                     message = pb.Job.FromString(kept.body)
@@ -150,6 +140,18 @@ class JobPages:
                     wait.json = json_text(pb.Job.FromString(wait.body).pending)
                 texts.append(f'{kept.json[:-1]},"pending":{wait.json}}}')  # one more member
         return texts, token
+
+    async def _in_turns(
+        self, caller: Caller, entries: list[Entry]
+    ) -> AsyncIterator[tuple[Job, Job | None, bool]]:
+        """The page's entries (and whether the job's name is hidden from `caller`), with the
+        loop free after each TURN of building them."""
+        turn = time.perf_counter()
+        for job, explained in entries:
+            if time.perf_counter() - turn > TURN:
+                await asyncio.sleep(0)
+                turn = time.perf_counter()
+            yield job, explained, self._hidden(caller, job)
 
     def _hidden(self, caller: Caller, job: Job) -> bool:
         return self.messages.hide_job_names and hides_name(caller, job.user, True)
