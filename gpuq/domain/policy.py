@@ -24,6 +24,14 @@ def fence_wait(fence_time: float, kill_grace: float) -> float:
     return fence_time + kill_grace + FENCE_MARGIN
 
 
+def silence_allowed(heartbeat_timeout: float, fence_time: float, kill_grace: float) -> float:
+    """How long a node may be silent before its jobs are given up: heartbeat_timeout, or
+    longer where its agent's fence_time (0: not said) needs it."""
+    if not fence_time:
+        return heartbeat_timeout
+    return max(heartbeat_timeout, fence_wait(fence_time, kill_grace))
+
+
 @dataclass(frozen=True, slots=True)
 class QosTier:
     name: str

@@ -35,7 +35,7 @@ from gpuq.coordinator.workload.job_endings import JobEndings
 from gpuq.coordinator.workload.job_samples import JobSamples
 from gpuq.domain.limits import MAX_NODE_TEXT, clean_line
 from gpuq.domain.model import Node, NodeState, is_advisory
-from gpuq.domain.policy import MAX_FENCE_TIME, fence_wait
+from gpuq.domain.policy import MAX_FENCE_TIME, silence_allowed
 from gpuq.domain.states import TRANSITIONS, JobState
 from gpuq.errors import Conflict
 from gpuq.v1 import agent_pb2 as apb
@@ -126,15 +126,16 @@ class AgentLink:
     def _check_fence(self, node: str, fence_time: float) -> None:
         """Warn when the node's fence outlasts the node timeout: its jobs are then given up
         only once the fence has certainly acted (gpuq.coordinator.nodes.node_admin), late."""
-        needed = fence_wait(fence_time, self.settings.kill_grace)
-        if fence_time and needed > self.settings.heartbeat_timeout:
+        timeout, grace = self.settings.heartbeat_timeout, self.settings.kill_grace
+        needed = silence_allowed(timeout, fence_time, grace)
+        if needed > timeout:
             log.warning(
                 "node %s: its [agent] fence_time (%g s) plus the kill grace (%g s) is longer "
                 "than heartbeat_timeout (%g s): its jobs are given up after %g s of silence",
                 node,
                 fence_time,
-                self.settings.kill_grace,
-                self.settings.heartbeat_timeout,
+                grace,
+                timeout,
                 needed,
             )
 

@@ -14,7 +14,7 @@ from gpuq.coordinator.memory.node_table import NodeEntry, NodeTable
 from gpuq.coordinator.workload.job_endings import JobEndings
 from gpuq.domain.limits import brief, check_text
 from gpuq.domain.model import Drain, GpuUnit, NodeState
-from gpuq.domain.policy import FENCE_MARGIN, fence_wait
+from gpuq.domain.policy import FENCE_MARGIN, silence_allowed
 from gpuq.errors import InvalidInput, NotFound
 from gpuq.store.api import StoreTx
 
@@ -151,8 +151,11 @@ class NodeAdmin:
         requeued as their QOS allows), and never before its agent's fence has certainly
         stopped them (fence_wait): a job must not run on two nodes at once."""
         now = self.clock()
+        settings = self.settings
         for name, entry in list(self.nodes.nodes.items()):
-            timeout = self.silence_allowed(entry)
+            timeout = silence_allowed(
+                settings.heartbeat_timeout, entry.node.fence_time, settings.kill_grace
+            )
             if entry.node.state is NodeState.DOWN or now - entry.last_seen <= timeout:
                 continue
             if entry.session is not None:
@@ -175,14 +178,6 @@ class NodeAdmin:
             if silent or entry.node.state is NodeState.DOWN:
                 lost.append(name)
         return lost
-
-    def silence_allowed(self, entry: NodeEntry) -> float:
-        """How long a node may be silent before its jobs are given up: heartbeat_timeout, or
-        longer where its agent's fence_time needs it."""
-        timeout = self.settings.heartbeat_timeout
-        if entry.node.fence_time:
-            timeout = max(timeout, fence_wait(entry.node.fence_time, self.settings.kill_grace))
-        return timeout
 
 
 def _target_text(node: str, units: Sequence[GpuUnit]) -> str:

@@ -100,10 +100,10 @@ class JobEndings:
         running = self.jobs.running_on(node)
         lost = [Ending(j.id, JobState.NODE_FAIL, reason, attempt=j.start_count) for j in running]
         now = self.changes.clock()
-        given_up = [
-            GivenUp(j.id, j.start_count, j.node_names or (node,), (j.node_names or (node,))[0], now)
-            for j in running
-        ]
+        given_up = []
+        for job in running:
+            names = job.node_names or (node,)
+            given_up.append(GivenUp(job.id, job.start_count, names, names[0], now))
         await self.record(lost, Cause.chore("heartbeat check"), (node, reason), given_up)
         log.warning("node %s is down: %s", node, reason)
 
