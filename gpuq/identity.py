@@ -36,6 +36,9 @@ MAX_CREDENTIAL = 512  # characters of an authorization value; longer is refused 
 HANDSHAKE_TIMEOUT = 5.0
 _NODE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,62}")
 _KEY_TEXT = re.compile(r"[A-Za-z0-9_-]{32,128}")
+# what key_file_problem finds wrong with a key file
+KEY_NOT_PRIVATE = "must be private"
+KEY_NOT_OWNED = "belongs to another user"
 
 
 class Unauthenticated(GpuqError):
@@ -194,14 +197,31 @@ def read_key_file(path: Path) -> str:
         raise PermissionDenied(f"cannot read the key file {path}: {exc.strerror}") from None
     with os.fdopen(fd, "rb") as handle:
         info = os.fstat(handle.fileno())
-        if not stat.S_ISREG(info.st_mode) or info.st_mode & 0o077:
-            raise PermissionDenied(f"the key file {path} must be private: chmod 600 {path}")
-        if info.st_uid not in (0, os.geteuid()):
-            raise PermissionDenied(f"the key file {path} belongs to another user")
+        if (problem := key_file_problem(info, os.geteuid())) is not None:
+            raise PermissionDenied(f"the key file {path} {problem}: {problem_fix(problem, path)}")
         text = handle.read(256).decode("ascii", "replace").strip()
     if not _KEY_TEXT.fullmatch(text):
         raise PermissionDenied(f"the key file {path} does not hold a key")
     return text
+
+
+def key_file_problem(info: os.stat_result, user: int) -> str | None:
+    """Why a key file with this stat is no key for a daemon running as uid `user` (None: it
+    is one): it must be a regular file that only its owner can read, owned by that user or
+    root; a key anyone could read or swap is no key. The daemons (read_key_file) and `gpuq
+    admin doctor` apply this one rule."""
+    if not stat.S_ISREG(info.st_mode) or info.st_mode & 0o077:
+        return KEY_NOT_PRIVATE
+    if info.st_uid not in (0, user):
+        return KEY_NOT_OWNED
+    return None
+
+
+def problem_fix(problem: str, path: Path) -> str:
+    """How to fix what key_file_problem found."""
+    if problem == KEY_NOT_PRIVATE:
+        return f"chmod 600 {path}"
+    return f"chown root {path} (or the daemon's user)"
 
 
 def node_metadata(node: str, key: str) -> tuple[str, str]:

@@ -36,3 +36,11 @@ class DoctorContext:
     agent_unit: str = "gpuq-agent.service"
     jobs_unit: str = "gpuq-jobs.service"
     extra: dict[str, str] = field(default_factory=dict)  # test hooks, by name
+    # the config file the settings came from (None: none, defaults only), and why it did not
+    # load ("" when it did; settings are then the defaults, and checks of configured files
+    # skip rather than check the wrong ones)
+    config_file: Path | None = None
+    config_error: str = ""
+    # what this machine is, from its config and GPUQ_HOME (gpuq.admin.doctor.machine_roles):
+    # "coordinator", "agent", both, or neither (a client)
+    roles: frozenset[str] = frozenset({"coordinator", "agent"})

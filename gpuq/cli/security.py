@@ -3,6 +3,8 @@
 gpuq admin token USER [--revoke]   a per-user token for calls over TCP (shown once)
 gpuq admin node-key NODE           the key that lets node NODE's agent register
 gpuq admin certs ...               a site CA and TLS certificates (gpuq.cli.certs)
+gpuq admin doctor [--json]         check this machine, each problem with its fix
+                                   (gpuq.cli.doctor_verb)
 """
 
 from __future__ import annotations
@@ -63,10 +65,12 @@ def node_key(obj: Any, /, node: str) -> int:
     return 0
 
 
-def _add_certs() -> None:
+def _add_verbs() -> None:
     from gpuq.cli.certs import certs
+    from gpuq.cli.doctor_verb import doctor
 
     admin.add_command(certs)
+    admin.add_command(doctor)
 
 
-_add_certs()
+_add_verbs()
