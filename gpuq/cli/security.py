@@ -18,7 +18,8 @@ from gpuq.cli import render
 
 @click.group()
 def admin() -> None:
-    """Set up identity and trust: user tokens, node keys, TLS certificates."""
+    """Set up identity and trust (user tokens, node keys, TLS certificates), and check a
+    machine (doctor)."""
 
 
 @admin.command()
