@@ -146,17 +146,23 @@ def test_a_jobs_v2_group_gets_its_limits_only_inside_the_subtree(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """memory.max, memory.swap.max, memory.oom.group, pids.max, and cgroup.subtree_control
-    written at R and below only, in a fake v2 tree (the supervisor creates its files there)."""
+    written at R and below only, in a fake v2 tree (the supervisor creates its files there);
+    the end reason from its counters: an OOM kill of the whole job, forks refused by pids.max."""
     v2_mount()  # root
     fake = tmp_path / "cgroup"
     fake.mkdir()
     (fake / "cgroup.controllers").write_text("cpuset cpu io memory pids\n")
     monkeypatch.setenv("GPUQ_TEST_CGROUP_V2", str(fake))
     relative = f"{TEST_CGROUP_PARENT}/{UNIT}"
+    job = fake / relative / "k1" / "job_1"
+    # the job plays the kernel: its group's counters say an OOM kill and 3 refused forks
+    script = (
+        f"printf 'oom_kill 1\\n' > {job}/memory.events\nprintf 'max 3\\n' > {job}/pids.events\n"
+    )
     spec = make_spec(
         tmp_path,
         1,
-        "true\n",
+        script,
         cgroup_parent=relative,
         cgroup_key="k1",
         cgroup_delegated=relative,
@@ -169,12 +175,16 @@ def test_a_jobs_v2_group_gets_its_limits_only_inside_the_subtree(
         async with running_hub(state) as (hub, reports):
             await hub.launch(spec)
             end = await reports.wait(1, "ended", timeout=20)
-            assert end.end_state == "completed", end
+            assert end.end_state == "out_of_memory", end
+            assert end.reason == (
+                "exceeded --mem 1G: the kernel's OOM killer ended the whole job "
+                "(memory.oom.group); 3 forks refused: the job reached pids.max (512 processes "
+                "and threads)"
+            ), end
 
     with cleanup(state):
         asyncio.run(scenario())
     r = fake / relative
-    job = r / "k1" / "job_1"
     limits = {
         name: (job / name).read_text()
         for name in ("memory.max", "memory.swap.max", "memory.oom.group", "pids.max")
