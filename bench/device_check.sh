@@ -453,8 +453,62 @@ step_stop() {
     SERVE_PID=""
 }
 
+# the cgroup layout jobs get (issue 24), and the doctor's cgroup checks on it; read-only (the
+# device-program probe loads a trivial program and closes it: nothing is attached)
+step_cgroups() {
+    section "1b. cgroups: layout, the jobs' subtree, delegation, device control"
+    echo "--- cgroup mounts"
+    grep -E ' cgroup2? ' /proc/self/mounts | sed 's/^/    /'
+    echo "--- this shell's cgroup (an agent started here would have it)"
+    sed 's/^/    /' /proc/self/cgroup
+    local pid
+    pid=$(systemctl show -p MainPID --value gpuq-agent.service 2>/dev/null || true)
+    if [[ -n $pid && $pid != 0 ]]; then
+        echo "--- gpuq-agent.service (pid $pid) cgroup"
+        sed 's/^/    /' "/proc/$pid/cgroup"
+    fi
+    local v2 parent r
+    v2=$(awk '$3 == "cgroup2" {print $2; exit}' /proc/self/mounts)
+    parent=$("$VPY" -c 'from gpuq.config.loading import load_settings as l; print(l().agent.cgroup_parent)' 2>/dev/null \
+        || echo "system.slice/gpuq-jobs.service")
+    echo "    run from $(id -un); systemd: $([[ -d /run/systemd/system ]] && echo yes || echo no); cgroup_parent: $parent"
+    if [[ -n $v2 ]]; then
+        echo "--- $v2: cgroup.controllers: $(cat "$v2/cgroup.controllers" 2>/dev/null)"
+        echo "    cgroup.subtree_control: $(cat "$v2/cgroup.subtree_control" 2>/dev/null)"
+        r="$v2/${parent#/}"
+        if [[ -d $r ]]; then
+            echo "--- R = $r"
+            echo "    cgroup.controllers: $(cat "$r/cgroup.controllers" 2>/dev/null)"
+            echo "    cgroup.subtree_control: $(cat "$r/cgroup.subtree_control" 2>/dev/null)"
+            echo "    cgroup.procs (R's own: empty once the agent moved them to holder): $(tr '\n' ' ' <"$r/cgroup.procs" 2>/dev/null)"
+            echo "    children: $(find "$r" -mindepth 1 -maxdepth 2 -type d -printf '%P ' 2>/dev/null)"
+            echo "    trusted.delegate: $("$PYTHON" -c 'import os,sys
+try: print(os.getxattr(sys.argv[1], "trusted.delegate").decode())
+except OSError as e: print("none (%s)" % (e.strerror,))' "$r")"
+        else
+            echo "    R = $r does not exist (no gpuq-jobs.service here, or not running)"
+        fi
+    fi
+    echo "--- gpuq's doctor, cgroup checks"
+    if run 30 "$VPY" -c '
+import sys
+from gpuq.admin.checks import DoctorContext
+from gpuq.admin.doctor_cgroups import cgroup_checks
+from gpuq.config.loading import load_settings
+checks = cgroup_checks(DoctorContext(load_settings()))
+for c in checks:
+    print(f"{c.status:5} {c.name}: {c.detail}" + (f"\n      fix: {c.fix}" if c.fix else ""))
+sys.exit(1 if any(c.status == "fail" for c in checks) else 0)
+'; then
+        record "1b cgroups" ok
+    else
+        record "1b cgroups" failed "a cgroup check failed: see its fix"
+    fi
+}
+
 # each step in turn; a failed one never stops the run. The forget figure goes to a file too.
 step_install
+step_cgroups
 step_nvml
 step_serve
 step_job_gpu

@@ -228,9 +228,11 @@ class FakeAgent:
         samples: Sequence[apb.JobSample] = (),
         usage: Sequence[pb.GpuUsage] | None = None,
         not_accepting: str = "",
+        isolation: str = "",
     ) -> None:
         """A heartbeat: every unit ok unless `usage` says otherwise; the running jobs'
-        `samples`; `not_accepting`: the agent cannot start jobs, and why."""
+        `samples`; `not_accepting`: the agent cannot start jobs, and why; `isolation`: the
+        node's GPU isolation now ("": unchanged)."""
         if usage is None:
             usage = [pb.GpuUsage(uuid=u, health="ok") for u in self.uuids]
         heartbeat = apb.Heartbeat(
@@ -239,6 +241,7 @@ class FakeAgent:
             jobs=samples,
             not_accepting=bool(not_accepting),
             not_accepting_reason=not_accepting,
+            isolation=isolation,
         )
         self.co.link.heartbeat(self.node, heartbeat)
 

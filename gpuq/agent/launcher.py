@@ -38,6 +38,7 @@ from gpuq.agent.jobs.job_account import (
     launch_refusal,
     lookup_account,
 )
+from gpuq.agent.jobs.job_cgroups import JobSubtree
 from gpuq.agent.jobs.launch_spec import LaunchOrder, NodePolicy, build_launch
 from gpuq.agent.jobs.mps_daemons import MpsDaemons, MpsError
 from gpuq.agent.jobs.mps_share import MpsShare
@@ -72,6 +73,7 @@ class Launcher:
         settings: AgentSettings,
         address: str,
         cgroup_key: str,
+        job_subtree: JobSubtree | None = None,
     ) -> None:
         self.supervisors = supervisors
         self.gpus = gpus
@@ -80,6 +82,7 @@ class Launcher:
         self.settings = settings
         self.address = address
         self.cgroup_key = cgroup_key
+        self.job_subtree = job_subtree
         self.policy = self.node_policy()
         self.held: dict[int, asyncio.TimerHandle] = {}  # not started, to be handed back
         self.held_attempts: dict[int, int] = {}  # their attempts
@@ -99,6 +102,8 @@ class Launcher:
             mem_enforcement=s.mem_enforcement,  # type: ignore[arg-type]
             cgroup_parent=s.cgroup_parent,
             cgroup_key=self.cgroup_key,
+            cgroup_delegated=self.job_subtree.relative() if self.job_subtree else None,
+            job_max_pids=s.job_max_pids,
             extra_env=extra,
             devices=dict(self.gpus.device_numbers),
             switch_user=os.geteuid() == 0,  # a job runs as its submitter (the supervisor)
@@ -136,6 +141,8 @@ class Launcher:
             res = order.spec.resources
             # an --exclusive job has the whole node: every CPU, so it is bound to none
             cpus = self.gpus.place(job_id, order.gpus, MAX_CPUS if res.exclusive else res.cpus)
+            if self.job_subtree is not None:
+                self.job_subtree.relative()  # prepared again if its unit restarted
             spec = build_launch(order, self.policy, cpus=cpus, account=account, mps=mps)
             if mps is not None:
                 self.gpus.holders.set_share(job_id, mps.mem_limit)

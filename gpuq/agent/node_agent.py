@@ -29,6 +29,7 @@ from gpuq.agent.fencing import Fence
 from gpuq.agent.gpu.backend import GpuBackend
 from gpuq.agent.gpu.node_gpus import NodeGpus
 from gpuq.agent.jobs.fork_server import ForkServer
+from gpuq.agent.jobs.job_cgroups import JobSubtree
 from gpuq.agent.jobs.launch_spec import cgroup_key
 from gpuq.agent.jobs.mps_daemons import MpsDaemons
 from gpuq.agent.jobs.mps_node_scan import NodeWideMpsScan
@@ -80,11 +81,14 @@ class Agent:
             fork_server=fork_server,
             on_health=self._beat_now,
             on_pty=lambda event: self.pty.add(event),
+            on_isolation=self._job_isolation,
         )
         # the installation's own level of job cgroups (<parent>/<key>/job_<id>): the GPU
         # processes of another installation's jobs are never taken for this one's
         key = cgroup_key(str(Path(options.run_dir).absolute()), s.node_name)
         parent = (s.cgroup_parent or "gpuq").strip("/")
+        # the delegated cgroup v2 subtree for job cgroups (logs where there is none on systemd)
+        self.job_subtree = JobSubtree(s.cgroup_parent)
         self.mps = MpsDaemons(
             options.run_dir,
             fake=backend.inventory().fake,
@@ -98,6 +102,7 @@ class Agent:
             units_changed=self._units_changed,
             stop_job=self._stop_for_gpu,
             mps=self.mps,  # its processes are never foreign; share jobs release it
+            cgroup_problem=lambda: self.job_subtree.problem,
         )
         self._flush = asyncio.Event()
         self._beat_due = False  # a heartbeat goes with the next message, due or not
@@ -112,6 +117,7 @@ class Agent:
             settings=s,
             address=options.address,
             cgroup_key=key,
+            job_subtree=self.job_subtree,
         )
         self.connected = asyncio.Event()
         self.fence = Fence(s.fence_time, self.supervisors)
@@ -458,6 +464,12 @@ class Agent:
             await self.supervisors.stop(job_id, JobState.FAILED, reason, 0, grace)
         return findings
 
+    def _job_isolation(self, job_id: int, isolation: str) -> None:
+        """A job's device isolation: a failed load makes the node's claim advisory (and a later
+        success undoes it); the coordinator hears it at once."""
+        if self.gpus.device_loads.seen(job_id, isolation):
+            self._beat_now()
+
     def _beat_now(self) -> None:
         """Whether this node can start jobs may have changed: tell the coordinator at once."""
         self._beat_due = True
@@ -480,6 +492,7 @@ class Agent:
             jobs=self.gpus.telemetry.job_samples(),
             not_accepting=problem is not None,
             not_accepting_reason=problem or "",
+            isolation=self.gpus.isolation(),
         )
 
     @property

@@ -129,6 +129,10 @@ class AgentSettings:
     mem: str | None = None  # host memory offered to jobs, e.g. "200G"; None: all of it
     mem_enforcement: str = "auto"  # auto | cgroup | poll
     cgroup_parent: str = "gpuq"
+    # the most processes and threads one job may have (cgroup v2 pids.max; a fork past it fails
+    # with EAGAIN): a generous ceiling that stops a fork bomb before it takes the node's pid
+    # space from every other job; 0: none
+    job_max_pids: int = 32768
     visible_devices: str = "uuid"  # uuid | index: how CUDA_VISIBLE_DEVICES names GPUs
     job_env: dict[str, str] = field(default_factory=lambda: dict(DEFAULT_JOB_ENV))
     # a job's supervisor stops it (node_fail, "fenced: ...") this long after the coordinator

@@ -418,6 +418,7 @@ RULES: dict[str, dict[str, Check]] = {
         "mem": _size,
         "mem_enforcement": _choice("auto", "cgroup", "poll"),
         "cgroup_parent": _cgroup_parent,
+        "job_max_pids": _integer(0, 1 << 22, "processes and threads"),
         "visible_devices": _choice("uuid", "index"),
         "job_env": _job_env,
         "fence_time": _seconds(0.1, DAY),

@@ -32,7 +32,12 @@ from gpuq.agent.gpu.unit_holders import RunningJobs, StopJob, UnitHolders
 from gpuq.agent.gpu.unit_reads import UnitReader
 from gpuq.agent.gpu.xid_events import XidEvents
 from gpuq.agent.jobs.attribution import JobOfProcess
-from gpuq.agent.jobs.isolation import DeviceNumber, device_cgroup_kind, device_numbers
+from gpuq.agent.jobs.isolation import (
+    DeviceLoads,
+    DeviceNumber,
+    device_cgroup_kind,
+    device_numbers,
+)
 from gpuq.agent.jobs.mps_daemons import MpsDaemons
 from gpuq.agent.jobs.mps_share import shared_units
 from gpuq.config.settings import AgentSettings
@@ -58,6 +63,7 @@ class NodeGpus:
         units_changed: Callable[[], None],
         stop_job: StopJob,
         mps: MpsDaemons | None = None,
+        cgroup_problem: Callable[[], str] = lambda: "",
     ) -> None:
         self.backend = backend
         self.settings = settings
@@ -77,6 +83,10 @@ class NodeGpus:
             lambda: self.units, self.holders, beat_now=beat_now, stop_job=stop_job
         )
         self._closing = False
+        # what jobs' device rules really did, and why job cgroups are not where they should be
+        # (gpuq.agent.jobs.job_cgroups): both make the node's claim advisory, with the reason
+        self.device_loads = DeviceLoads()
+        self._cgroup_problem = cgroup_problem
         self._shared_warned: set[str] = set()  # [agent] shared_gpus entries that name no GPU
         self._set_inventory(backend.inventory())
 
@@ -104,7 +114,8 @@ class NodeGpus:
         }
 
     def isolation(self) -> str:
-        """How this node keeps a job off the GPUs it was not given (Register.isolation)."""
+        """How this node keeps a job off the GPUs it was not given (Register.isolation, and
+        every heartbeat's: it changes when a job's device rules fail or apply again)."""
         if not self.units:
             return ""
         if os.geteuid() != 0:
@@ -112,7 +123,11 @@ class NodeGpus:
         missing = [u.index for u in self.units.values() if not self.device_numbers.get(u.uuid)]
         if missing:
             return f"advisory: no device nodes found for GPU {', '.join(map(str, missing))}"
-        return device_cgroup_kind(Path("/proc/self/mounts").read_text(errors="replace"))
+        problem = self._cgroup_problem()
+        if problem:
+            return f"advisory: {problem}"
+        kind = device_cgroup_kind(Path("/proc/self/mounts").read_text(errors="replace"))
+        return self.device_loads.claim(kind)
 
     # ---- launches and ends -----------------------------------------------------------------
 

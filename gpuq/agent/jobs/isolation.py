@@ -153,3 +153,45 @@ def device_cgroup_kind(mounts: str, prefer: str | None = None) -> str:
     if v2:
         return "cgroup v2 device program"
     return "advisory: no devices cgroup on this machine (neither v1 devices nor cgroup2)"
+
+
+ENFORCED = ("devices cgroup v1", "cgroup v2 device program")
+
+
+class DeviceLoads:
+    """What jobs' device rules really did, for the node's claim (gpuq nodes).
+
+    The claim from the mounts alone (device_cgroup_kind) says what the supervisor will try; a
+    load or attach that fails (a kernel without BPF cgroup support, a memlock limit, a seccomp
+    or LSM refusal) would leave it claiming isolation no job got. So a job whose rules failed
+    makes the node's isolation advisory, with the reason, from the next heartbeat on, until a
+    later job's rules apply. The job itself still runs (its own isolation says "advisory: ..."):
+    failing every GPU job of a node whose kernel refuses the program would turn it into a
+    black hole for the queue, while an honest advisory node is shown as such and the admin
+    sees why."""
+
+    def __init__(self) -> None:
+        self.failure = ""  # the last failure's reason ("": the last rules applied, or none yet)
+        self.job_id = 0  # whose rules failed
+
+    def seen(self, job_id: int, isolation: str) -> bool:
+        """A job's isolation as its supervisor reported it; True when the claim changed."""
+        if isolation.startswith("advisory"):
+            failure = isolation.partition(":")[2].strip() or isolation
+        elif isolation in ENFORCED:
+            failure = ""
+        else:
+            return False  # "none: no device to deny": says nothing about loads
+        changed = failure != self.failure
+        self.failure, self.job_id = failure, job_id
+        if changed and failure:
+            log.warning("device rules of job %d failed: %s", job_id, failure)
+        elif changed:
+            log.info("device rules apply again (job %d)", job_id)
+        return changed
+
+    def claim(self, kind: str) -> str:
+        """The node's isolation: `kind` (from the mounts) unless the last job's rules failed."""
+        if self.failure and not kind.startswith("advisory"):
+            return f"advisory: device rules failed for job {self.job_id}: {self.failure}"
+        return kind

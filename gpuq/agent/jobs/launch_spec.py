@@ -49,6 +49,12 @@ class LaunchSpec:
     # the installation's key (cgroup_key): the groups are <cgroup_parent>/<key>/job_<id>, so that
     # two installations on one host never take each other's jobs for their own; None: no level
     cgroup_key: str | None = None
+    # cgroup v2: the delegated subtree holding cgroup_parent (relative to the v2 mount), which
+    # the agent prepared (gpuq.agent.jobs.job_cgroups): the supervisor enables controllers only
+    # inside it. None: from the mount down (a host without systemd), or cgroup v1
+    cgroup_delegated: str | None = None
+    # cgroup v2 pids.max of the job's group ([agent] job_max_pids); 0: none
+    job_max_pids: int = 0
     kill_grace: float = 30.0  # seconds between SIGTERM (or a stop's signal) and SIGKILL
     # --signal SIG@S: SIG goes warning_seconds before the time limit (at start when that is not
     # shorter than the limit; never when 0); the limit itself sends SIGTERM, then SIGKILL after
@@ -162,6 +168,8 @@ class NodePolicy:
     # no device rules (e.g. fake GPUs, which have no device nodes)
     devices: Mapping[str, tuple[DeviceNumber, ...]] = field(default_factory=dict)
     cgroup_key: str | None = None  # the installation's (cgroup_key): groups go below it
+    cgroup_delegated: str | None = None  # the prepared delegated subtree (job_cgroups)
+    job_max_pids: int = 0  # [agent] job_max_pids
     # the agent is root: a job runs as its submitter's account (uid, gid, groups), which the
     # supervisor switches to; False: the agent's own user (it runs only that user's jobs)
     switch_user: bool = False
@@ -233,6 +241,8 @@ def build_launch(
         mem_enforcement=policy.mem_enforcement,
         cgroup_parent=policy.cgroup_parent,
         cgroup_key=policy.cgroup_key,
+        cgroup_delegated=policy.cgroup_delegated,
+        job_max_pids=policy.job_max_pids,
         kill_grace=order.kill_grace,
         warning_signal=warning.signal if warning else 15,
         warning_seconds=float(warning.seconds) if warning else 0.0,

@@ -97,10 +97,14 @@ class Supervisors:
         ack_wait: float = ACK_WAIT_DEFAULT,
         on_health: Callable[[], None] | None = None,
         on_pty: Callable[[PtyEvent], None] | None = None,
+        on_isolation: Callable[[int, str], None] | None = None,
     ) -> None:
         self.state_dir = Path(state_dir).absolute()  # supervisors chdir away from their cwd
         self.jobs_dir = self.state_dir / "jobs"
         self.on_report = on_report
+        # each job's device isolation as its supervisor says it in its hello: the node's claim
+        # follows what loads really did (gpuq.agent.jobs.isolation.DeviceLoads)
+        self.on_isolation = on_isolation
         self.forks = ForkServerLink(fork_server, ack_wait, on_health)
         self.jobs: dict[int, _Job] = {}
         self.server: asyncio.AbstractServer | None = None
@@ -361,6 +365,8 @@ class Supervisors:
                 attempt, terminal = _facts_in(self._job_dir(job_id))
                 job = self.jobs[job_id] = _Job(job_id, attempt, terminal=terminal)
             job.conn, job.pid, conn.job = conn, int(message["pid"]), job
+            if self.on_isolation is not None and isinstance(message.get("isolation"), str):
+                self.on_isolation(job.job_id, message["isolation"])
             if job.terminal and not (job.ended or job.ending):
                 self.terminals.add(job.job_id, job.attempt)
                 self.terminals.attach(job.job_id, self._job_dir(job.job_id))

@@ -158,8 +158,22 @@ static PyObject *serve(PyObject *module, PyObject *args) {
     Py_RETURN_NONE;
 }
 
+static PyObject *probe_device_program(PyObject *self, PyObject *args) {
+    char why[600] = "";
+    (void)self;
+    (void)args;
+    int failed;
+    Py_BEGIN_ALLOW_THREADS
+    failed = device_program_probe(why, sizeof why);
+    Py_END_ALLOW_THREADS
+    return PyUnicode_FromString(failed ? why : "");
+}
+
 static PyMethodDef methods[] = {
     {"serve", serve, METH_VARARGS, "serve(fd, ack_wait): answer spawn requests on fd until EOF."},
+    {"probe_device_program", probe_device_program, METH_NOARGS,
+     "probe_device_program(): load and close a trivial cgroup device program (RLIMIT_MEMLOCK "
+     "raised around the load); \"\" when it loaded, else why not."},
     {NULL, NULL, 0, NULL},
 };
 

@@ -12,6 +12,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
 #include <stddef.h>
 #include <sys/syscall.h>
@@ -189,6 +190,11 @@ typedef struct {
 } hierarchy;
 
 static hierarchy roles[CG_ROLES];
+static int v2_pids; /* the v2 mount offers the pids controller (a job gets pids.max there) */
+/* TEST ONLY: GPUQ_TEST_CGROUP_V2=<folder> takes a plain folder for a v2 mount (a fake tree
+ * whose cgroup.controllers names what it offers): the supervisor creates the files it writes,
+ * so that tests read what a job's v2 group got on a machine whose memory controller is v1's */
+static int fake_v2;
 
 static int v2_has(const char *mount_point, const char *controller) {
     buf text = {0};
@@ -228,6 +234,13 @@ void cgroup_detect(void) {
         }
     }
     fclose(mounts);
+    const char *fake = getenv("GPUQ_TEST_CGROUP_V2");
+    if (fake && fake[0]) {
+        snprintf(v2, sizeof v2, "%s", fake);
+        v1_memory[0] = v1_cpuset[0] = '\0';
+        fake_v2 = 1;
+    }
+    v2_pids = v2[0] && v2_has(v2, "pids");
     if (v2[0] && v2_has(v2, "memory")) set_role(CG_MEMORY, v2, 2);
     else if (v1_memory[0]) set_role(CG_MEMORY, v1_memory, 1);
     const char *prefer = getenv("GPUQ_DEVICE_CGROUP");
@@ -240,7 +253,7 @@ void cgroup_detect(void) {
 static int write_text(const char *dir, const char *name, const char *value) {
     char path[4200];
     snprintf(path, sizeof path, "%s/%s", dir, name);
-    int fd = open(path, O_WRONLY | O_CLOEXEC);
+    int fd = open(path, O_WRONLY | O_CLOEXEC | (fake_v2 ? O_CREAT : 0), 0644);
     if (fd < 0) return -1;
     ssize_t n = write(fd, value, strlen(value));
     int saved = errno;
@@ -261,11 +274,21 @@ static int mkdirs(const char *path) {
     return mkdir(partial, 0755) != 0 && errno != EEXIST ? -1 : 0;
 }
 
-/* v2: turn `controllers` on for the children of every level from the mount down to `parent`
- * (a controller the machine lacks fails alone and is left off) */
-static void v2_enable(const char *mount, const char *parent, const char *const *controllers) {
+/* v2: turn `controllers` on for the children of every level from the delegated subtree (else
+ * the mount) down to `parent` (a controller the machine lacks fails alone and is left off).
+ * Never above the delegated subtree: systemd owns those levels and forbids writes there. */
+static void v2_enable(const char *mount, const char *delegated, const char *parent, const char *const *controllers) {
     char level[4096];
     size_t root = strlen(mount);
+    if (delegated && delegated[0]) {
+        while (*delegated == '/') delegated++;
+        size_t len = strlen(delegated);
+        while (len > 0 && delegated[len - 1] == '/') len--;
+        /* only where `parent` is inside it: <mount>/<delegated>[/...] */
+        if (strncmp(parent + root, "/", 1) == 0 && strncmp(parent + root + 1, delegated, len) == 0
+            && (parent[root + 1 + len] == '/' || parent[root + 1 + len] == '\0'))
+            root += 1 + len;
+    }
     for (size_t end = root; ; end++) {
         if (parent[end] != '/' && parent[end] != '\0') continue;
         snprintf(level, sizeof level, "%.*s", (int)end, parent);
@@ -311,8 +334,9 @@ static int v1_cpuset_empty(const char *folder) {
 }
 
 /* <mount>/<parent or gpuq>/job_<id> into `out`; 0, or -1 (nothing made) */
-static int make_group(const hierarchy *h, long long job_id, const char *parent, char *out, size_t size) {
+static int make_group(const hierarchy *h, long long job_id, const cgroup_place *where, char *out, size_t size) {
     char parent_path[4096];
+    const char *parent = where->parent;
     const char *rel = parent && parent[0] ? parent : "gpuq";
     while (*rel == '/') rel++;
     if (snprintf(parent_path, sizeof parent_path, "%s/%s", h->mount, rel) >= (int)sizeof parent_path - 48)
@@ -325,10 +349,13 @@ static int make_group(const hierarchy *h, long long job_id, const char *parent, 
     int made = h->version == 1 && mkdir(out, 0755) == 0;
     if (!made && mkdirs(parent_path) != 0) return -1;
     if (h->version == 2) {
-        const char *memory = strcmp(roles[CG_MEMORY].mount, h->mount) == 0 ? "+memory" : NULL;
-        const char *cpuset = strcmp(roles[CG_CPUSET].mount, h->mount) == 0 ? "+cpuset" : NULL;
-        const char *wanted[] = {memory ? memory : cpuset, memory ? cpuset : NULL, NULL};
-        if (wanted[0]) v2_enable(h->mount, parent_path, wanted);
+        const char *wanted[4];
+        int n = 0;
+        if (strcmp(roles[CG_MEMORY].mount, h->mount) == 0) wanted[n++] = "+memory";
+        if (v2_pids && where->max_pids > 0) wanted[n++] = "+pids";
+        if (strcmp(roles[CG_CPUSET].mount, h->mount) == 0) wanted[n++] = "+cpuset";
+        wanted[n] = NULL;
+        if (n) v2_enable(h->mount, where->delegated, parent_path, wanted);
     } else if (!made && h == &roles[CG_CPUSET]) {
         v1_cpuset_fill(h->mount, parent_path);
     }
@@ -344,16 +371,30 @@ static int make_group(const hierarchy *h, long long job_id, const char *parent, 
     return 0;
 }
 
-int cgroup_create(cgroup *group, long long job_id, const char *parent, long long limit) {
+/* v2, every job's group: an OOM kills the whole job (memory.oom.group), not one process of it
+ * that a framework then waits on forever; pids.max stops a fork bomb before it takes the
+ * node's pid space (its forks fail with EAGAIN). Best effort: a kernel without them still
+ * runs the job. */
+static void v2_job_limits(const char *folder, const cgroup_place *where) {
+    char text[32];
+    write_text(folder, "memory.oom.group", "1");
+    if (v2_pids && where->max_pids > 0) {
+        snprintf(text, sizeof text, "%lld", where->max_pids);
+        write_text(folder, "pids.max", text);
+    }
+}
+
+int cgroup_create(cgroup *group, long long job_id, const cgroup_place *where, long long limit) {
     /* the memory group, limited to `limit` bytes (limit < 0: no limit, the group only holds
      * the job's processes so that none escapes the end); -1: none made */
     char limit_text[32];
     if (geteuid() != 0 || roles[CG_MEMORY].version == 0) return -1;
-    if (make_group(&roles[CG_MEMORY], job_id, parent, group->path, sizeof group->path) != 0) {
+    if (make_group(&roles[CG_MEMORY], job_id, where, group->path, sizeof group->path) != 0) {
         group->path[0] = '\0';
         return -1;
     }
     group->version = roles[CG_MEMORY].version;
+    if (group->version == 2) v2_job_limits(group->path, where);
     if (limit < 0) return 0; /* a new group is unlimited: memory.max "max", v1 no limit */
     snprintf(limit_text, sizeof limit_text, "%lld", limit);
     int failed;
@@ -375,23 +416,23 @@ int cgroup_create(cgroup *group, long long job_id, const char *parent, long long
 }
 
 /* the group of `role`: the memory group where they share a hierarchy, else one of its own */
-static void create_role(cgroup *group, int role, long long job_id, const char *parent, char *out, int *version) {
+static void create_role(cgroup *group, int role, long long job_id, const cgroup_place *where, char *out, int *version) {
     const hierarchy *h = &roles[role];
     out[0] = '\0';
     *version = 0;
     if (geteuid() != 0 || h->version == 0) return;
     if (group->version && strcmp(h->mount, roles[CG_MEMORY].mount) == 0) {
         snprintf(out, sizeof group->path, "%s", group->path);
-    } else if (make_group(h, job_id, parent, out, sizeof group->path) != 0) {
+    } else if (make_group(h, job_id, where, out, sizeof group->path) != 0) {
         out[0] = '\0';
         return;
     }
     *version = h->version;
 }
 
-void cgroup_create_others(cgroup *group, long long job_id, const char *parent) {
-    create_role(group, CG_DEVICES, job_id, parent, group->devices, &group->devices_version);
-    create_role(group, CG_CPUSET, job_id, parent, group->cpuset, &group->cpuset_version);
+void cgroup_create_others(cgroup *group, long long job_id, const cgroup_place *where) {
+    create_role(group, CG_DEVICES, job_id, where, group->devices, &group->devices_version);
+    create_role(group, CG_CPUSET, job_id, where, group->cpuset, &group->cpuset_version);
     if (group->cpuset_version != 1 || strcmp(group->cpuset, group->path) == 0) return;
     /* a v1 cpuset group made under a parent without clone_children (someone else's) starts
      * empty: the parent's cpus and mems until the job's are set */
@@ -416,7 +457,7 @@ int cgroup_folders(const cgroup *group, const char *out[CG_ROLES]) {
 int cgroup_open_procs(const char *folder) {
     char path[4200];
     snprintf(path, sizeof path, "%s/cgroup.procs", folder);
-    return open(path, O_WRONLY | O_CLOEXEC);
+    return open(path, O_WRONLY | O_CLOEXEC | (fake_v2 ? O_CREAT : 0), 0644);
 }
 
 void cgroup_pids(const cgroup *group, pidlist *out) {
@@ -444,6 +485,25 @@ long long cgroup_oom_kills(const cgroup *group) {
     return kills;
 }
 
+/* the number after `key ` on a line of <folder>/<name> (memory.events, pids.events); 0 */
+static long long event_count(const char *folder, const char *name, const char *key) {
+    buf text = {0};
+    char path[4200];
+    long long count = 0;
+    size_t len = strlen(key);
+    snprintf(path, sizeof path, "%s/%s", folder, name);
+    if (read_file(path, &text) == 0) {
+        for (char *save, *line = strtok_r(text.data, "\n", &save); line; line = strtok_r(NULL, "\n", &save))
+            if (strncmp(line, key, len) == 0 && line[len] == ' ') count = strtoll(line + len + 1, NULL, 10);
+    }
+    free(text.data);
+    return count;
+}
+
+long long cgroup_pids_refused(const cgroup *group) {
+    return group->version == 2 && v2_pids ? event_count(group->path, "pids.events", "max") : 0;
+}
+
 long long cgroup_peak(const cgroup *group) {
     buf text = {0};
     char path[4200];
@@ -463,6 +523,7 @@ void cgroup_remove(const cgroup *group) {
     for (int i = 0; i < n; i++) {
         for (int attempt = 0; attempt < 200; attempt++) {
             if (rmdir(folders[i]) == 0 || errno == ENOENT) break;
+            if (fake_v2 && errno == ENOTEMPTY) break; /* a fake tree's files: the test's to read */
             nanosleep(&pause, NULL);
         }
     }
@@ -560,32 +621,67 @@ size_t device_program(const device_rule *rules, size_t n, void *out) {
     return k;
 }
 
+/* BPF_PROG_LOAD with RLIMIT_MEMLOCK raised to infinity for the load alone, as runc does:
+ * kernels before 5.11 charge BPF programs to it, and loads start failing after a while under a
+ * distribution's 64 KiB or 8 MiB default. The previous limit is back before the job is forked,
+ * so the job never inherits the raised one. A limit that cannot be raised is tried as it is. */
+static int load_program(union bpf_attr *load) {
+    struct rlimit before, unlimited = {RLIM_INFINITY, RLIM_INFINITY};
+    int have = getrlimit(RLIMIT_MEMLOCK, &before) == 0;
+    int raised = have && setrlimit(RLIMIT_MEMLOCK, &unlimited) == 0;
+    int prog = (int)syscall(SYS_bpf, BPF_PROG_LOAD, load, sizeof *load);
+    int saved = errno;
+    if (raised) setrlimit(RLIMIT_MEMLOCK, &before);
+    errno = saved;
+    return prog;
+}
+
+/* a loaded cgroup device program for `insns`, or -1 with `why` set (the verifier's log in it) */
+static int load_device_program(struct bpf_insn *insns, size_t n, char *why, size_t size) {
+    static char log[4096];
+    union bpf_attr load;
+    /* TEST ONLY: GPUQ_TEST_DEVICE_PROGRAM_FAIL=1 fails every load as a kernel would (EPERM),
+     * so that tests see what a failed load does to a job and to the node's claim */
+    const char *forced = getenv("GPUQ_TEST_DEVICE_PROGRAM_FAIL");
+    if (forced && strcmp(forced, "1") == 0) {
+        snprintf(why, size, "cannot load a cgroup v2 device program: %s (forced by GPUQ_TEST_DEVICE_PROGRAM_FAIL)", strerror(EPERM));
+        return -1;
+    }
+    memset(&load, 0, sizeof load);
+    load.prog_type = BPF_PROG_TYPE_CGROUP_DEVICE;
+    load.insn_cnt = (unsigned)n;
+    load.insns = (unsigned long)insns;
+    load.license = (unsigned long)"Dual MIT/GPL";
+    int prog = load_program(&load);
+    if (prog >= 0) return prog;
+    int saved = errno;
+    /* again with the verifier's log, for the reason (a log that does not fit fails a load by
+     * itself, so the first try has none) */
+    load.log_buf = (unsigned long)log;
+    load.log_size = sizeof log;
+    load.log_level = 1;
+    log[0] = '\0';
+    int again = load_program(&load);
+    if (again >= 0) close(again);
+    snprintf(why, size, "cannot load a cgroup v2 device program: %s%s%.200s", strerror(saved), log[0] ? ": " : "", log);
+    return -1;
+}
+
+int device_program_probe(char *why, size_t size) {
+    struct bpf_insn insns[8];
+    int prog = load_device_program(insns, device_program(NULL, 0, insns), why, size);
+    if (prog < 0) return -1;
+    close(prog);
+    return 0;
+}
+
 static int deny_v2(const char *folder, const device_rule *rules, size_t n, char *why, size_t size) {
     /* load the program, attach it to the job's group; ALLOW_MULTI: it runs with whatever the
      * parents attached (systemd's own device policy), and any of them can deny. The group holds
      * the program until it is removed. */
     static struct bpf_insn insns[6 + 5 * MAX_DEVICE_RULES];
-    static char log[4096];
-    union bpf_attr load;
-    memset(&load, 0, sizeof load);
-    load.prog_type = BPF_PROG_TYPE_CGROUP_DEVICE;
-    load.insn_cnt = (unsigned)device_program(rules, n, insns);
-    load.insns = (unsigned long)insns;
-    load.license = (unsigned long)"Dual MIT/GPL";
-    int prog = (int)syscall(SYS_bpf, BPF_PROG_LOAD, &load, sizeof load);
-    if (prog < 0) {
-        int saved = errno;
-        /* again with the verifier's log, for the reason (a log that does not fit fails a load
-         * by itself, so the first try has none) */
-        load.log_buf = (unsigned long)log;
-        load.log_size = sizeof log;
-        load.log_level = 1;
-        log[0] = '\0';
-        int again = (int)syscall(SYS_bpf, BPF_PROG_LOAD, &load, sizeof load);
-        if (again >= 0) close(again);
-        snprintf(why, size, "cannot load a cgroup v2 device program: %s%s%.200s", strerror(saved), log[0] ? ": " : "", log);
-        return -1;
-    }
+    int prog = load_device_program(insns, device_program(rules, n, insns), why, size);
+    if (prog < 0) return -1;
     int dir = open(folder, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
     union bpf_attr attach;
     memset(&attach, 0, sizeof attach);

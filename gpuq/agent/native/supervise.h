@@ -87,11 +87,26 @@ typedef struct {
 
 #define MAX_DEVICE_RULES 256
 
+/* Where a job's groups go and what the v2 ones get, from the launch spec. */
+typedef struct {
+    const char *parent;    /* <cgroup_parent>/<key>, relative to each hierarchy's mount */
+    /* the delegated subtree (relative to the v2 mount, e.g. system.slice/gpuq-jobs.service),
+     * which holds `parent`: controllers are enabled at it and below, never above (systemd
+     * owns those levels). NULL: from the mount down (a host without systemd) */
+    const char *delegated;
+    long long max_pids;    /* v2 pids.max of each job; 0: none */
+} cgroup_place;
+
 void cgroup_detect(void); /* once, in the fork server: supervisors inherit the answer */
-int cgroup_create(cgroup *group, long long job_id, const char *parent, long long limit);
+int cgroup_create(cgroup *group, long long job_id, const cgroup_place *where, long long limit);
 /* The job's groups in the devices and cpuset hierarchies (where they differ from the memory
  * group's); what could not be made stays "". */
-void cgroup_create_others(cgroup *group, long long job_id, const char *parent);
+void cgroup_create_others(cgroup *group, long long job_id, const cgroup_place *where);
+/* How often a fork of the job was refused by its pids.max (pids.events "max"); 0 off v2. */
+long long cgroup_pids_refused(const cgroup *group);
+/* Load and close a trivial cgroup device program (RLIMIT_MEMLOCK raised around the load, as
+ * for a job): 0, or -1 with `why` set. The doctor's check that v2 device rules can work. */
+int device_program_probe(char *why, size_t size);
 /* The distinct folders of the job's groups, memory first; how many (at most CG_ROLES). */
 int cgroup_folders(const cgroup *group, const char *out[CG_ROLES]);
 int cgroup_open_procs(const char *folder);

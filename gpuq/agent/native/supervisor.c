@@ -31,7 +31,10 @@
  *
  * Cgroups: the job's groups are <cgroup_parent>/<cgroup_key>/job_<id>, the key being the
  * installation's (gpuq.agent.jobs.launch_spec.cgroup_key), so that two installations never
- * share one.
+ * share one. On cgroup v2, "cgroup_delegated" names the delegated subtree that holds them (the
+ * agent prepared it: gpuq/agent/jobs/job_cgroups.py): controllers are enabled only inside it.
+ * A v2 group also gets memory.oom.group 1 (an OOM ends the whole job) and pids.max
+ * ("job_max_pids", 0: none).
  *
  * Interactive jobs (spec.json has a "terminal"): the job runs on a pseudo-terminal instead of
  * output files. The supervisor opens it (window size and modes from the spec), the job's main
@@ -104,7 +107,8 @@ enum { STEP_GROUP, STEP_CGROUP, STEP_CPUS, STEP_USER, STEP_CHDIR, STEP_STDOUT, S
 
 typedef struct {
     long long job_id;
-    const char *script, *cwd, *stdout_path, *stderr_path, *cgroup_parent;
+    const char *script, *cwd, *stdout_path, *stderr_path;
+    cgroup_place place; /* cgroup_parent/cgroup_key, cgroup_delegated, job_max_pids */
     const char *cpuset, *mems; /* cpulists, or NULL: not bound */
     device_rule deny[MAX_DEVICE_RULES];
     size_t ndeny;
@@ -439,12 +443,17 @@ static const char *cgroup_location(launch_spec *spec, const jval *root) {
     if (parent && strlen(parent) > 1000) return "cgroup_parent";
     if (key && (!key[0] || strlen(key) > 64 || strspn(key, "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789_-") != strlen(key)))
         return "cgroup_key";
-    if (key == NULL) { spec->cgroup_parent = parent; return NULL; }
+    const jval *d = json_get(root, "cgroup_delegated");
+    if (d != NULL && d->type != J_NULL && (!json_cstr(root, "cgroup_delegated", &spec->place.delegated) || strlen(spec->place.delegated) > 1000))
+        return "cgroup_delegated";
+    int present = 0;
+    if (int_field(root, "job_max_pids", 0, 1LL << 31, &spec->place.max_pids, &present) != 0) return "job_max_pids";
+    if (key == NULL) { spec->place.parent = parent; return NULL; }
     const char *base = parent && parent[0] ? parent : "gpuq";
     size_t len = strlen(base);
     while (len > 0 && base[len - 1] == '/') len--;
     snprintf(joined, sizeof joined, "%.*s/%s", (int)len, base, key);
-    spec->cgroup_parent = joined;
+    spec->place.parent = joined;
     return NULL;
 }
 
@@ -901,6 +910,14 @@ static void mem_reason(supervisor *s, char *out, size_t size) {
     snprintf(out, size, "exceeded --mem %s", limit);
 }
 
+/* the kernel's OOM kill in a v2 group (memory.oom.group): the whole job went, not one process */
+static void oom_reason(supervisor *s, char *out, size_t size) {
+    mem_reason(s, out, size);
+    size_t n = strlen(out);
+    if (s->group.version == 2)
+        snprintf(out + n, size - n, ": the kernel's OOM killer ended the whole job (memory.oom.group)");
+}
+
 static void on_mem(supervisor *s) {
     static pidlist tree;
     descendants(s->me, &tree);
@@ -1053,7 +1070,7 @@ static void finish(supervisor *s) {
         snprintf(reason, sizeof reason, "%s", s->decided_reason);
     } else if (s->group_limited && cgroup_oom_kills(&s->group) > 0) {
         snprintf(state, sizeof state, "out_of_memory");
-        mem_reason(s, reason, sizeof reason);
+        oom_reason(s, reason, sizeof reason);
     } else if (code == 0) {
         snprintf(state, sizeof state, "completed");
         reason[0] = '\0';
@@ -1064,6 +1081,11 @@ static void finish(supervisor *s) {
         signal_name(-code, signame, sizeof signame);
         snprintf(state, sizeof state, "failed");
         snprintf(reason, sizeof reason, "killed by signal %s", signame);
+    }
+    long long refused = cgroup_pids_refused(&s->group);
+    if (refused > 0) { /* its forks failed with EAGAIN: say why, or it reads as a bug of the job's */
+        size_t n = strlen(reason);
+        snprintf(reason + n, sizeof reason - n, "%s%lld %s refused: the job reached pids.max (%lld processes and threads)", n ? "; " : "", refused, refused == 1 ? "fork" : "forks", s->spec.place.max_pids);
     }
     if (leftovers) {
         size_t n = strlen(reason);
@@ -1336,9 +1358,9 @@ static void start(supervisor *s, const char *script) {
      * setsid; the memory group enforces --mem unless the admin asked for polling or no limit
      * could be set */
     if (spec->has_mem_limit && !spec->mem_poll_only)
-        s->group_limited = cgroup_create(&s->group, spec->job_id, spec->cgroup_parent, spec->mem_limit) == 0;
-    if (s->group.version == 0) cgroup_create(&s->group, spec->job_id, spec->cgroup_parent, -1);
-    cgroup_create_others(&s->group, spec->job_id, spec->cgroup_parent);
+        s->group_limited = cgroup_create(&s->group, spec->job_id, &spec->place, spec->mem_limit) == 0;
+    if (s->group.version == 0) cgroup_create(&s->group, spec->job_id, &spec->place, -1);
+    cgroup_create_others(&s->group, spec->job_id, &spec->place);
     s->polling = spec->has_mem_limit && !s->group_limited;
     child_args joins;
     memset(&joins, 0, sizeof joins);

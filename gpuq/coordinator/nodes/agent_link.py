@@ -173,6 +173,7 @@ class AgentLink:
                 log.info("node %s: unit %s is ok again", node, uuid)
             self.wake()  # a unit that is ok again may start a job
         self._accepting(node, entry, message)
+        self._isolation(node, entry, message.isolation)
         self.samples.heard(node, message.jobs)
         if message.output_gone:
             self.samples.outputs_gone(node, message.output_gone)
@@ -190,6 +191,19 @@ class AgentLink:
                 log.info("node %s takes work again: its agent can start jobs", node)
             entry.drained = drained
             self.wake()
+
+    @staticmethod
+    def _isolation(node: str, entry: NodeEntry, text: str) -> None:
+        """The agent's isolation now (a job's device rules failed, or apply again); "" from an
+        older agent leaves the registration's."""
+        isolation = clean_line(text, MAX_NODE_TEXT)
+        if not isolation or isolation == entry.node.isolation:
+            return
+        if is_advisory(isolation):
+            log.warning("node %s: GPU isolation is %s", node, isolation)
+        else:
+            log.info("node %s: GPU isolation is %s again", node, isolation)
+        entry.node = replace(entry.node, isolation=isolation)
 
     def reports(self, node: str, reports: Sequence[apb.JobReport]) -> None:
         """Handle reports without holding up the stream: ends commit in the writer's batches."""
