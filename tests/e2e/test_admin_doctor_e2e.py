@@ -256,7 +256,6 @@ def test_a_node_wide_mps_daemon_fails(tmp_path: Path, node_wide_mps: int) -> Non
 
 
 def test_no_device_control_fails(tmp_path: Path) -> None:
-    pytest.importorskip("gpuq.admin.doctor_cgroups")
     home, _state = fake_node(tmp_path)
     machine = tmp_path / "machine"
     controllers = ("cpu", "cpuacct", "cpuset", "memory", "pids", "freezer")  # no "devices"

@@ -123,11 +123,14 @@ class NodeGpus:
         missing = [u.index for u in self.units.values() if not self.device_numbers.get(u.uuid)]
         if missing:
             return f"advisory: no device nodes found for GPU {', '.join(map(str, missing))}"
-        problem = self._cgroup_problem()
-        if problem:
-            return f"advisory: {problem}"
         kind = device_cgroup_kind(Path("/proc/self/mounts").read_text(errors="replace"))
-        return self.device_loads.claim(kind)
+        claim = self.device_loads.claim(kind)
+        problem = self._cgroup_problem()
+        if problem and not claim.startswith("advisory"):
+            # device programs still hold (they need no controller), so the claim stays; what
+            # suffers is the memory and pids limits, which the node then says beside it
+            return f"{claim}; warning: {problem}"
+        return claim
 
     # ---- launches and ends -----------------------------------------------------------------
 
