@@ -223,6 +223,34 @@ def test_health_polling(tmp_path: Path, file: str, content: str, words: str) -> 
     assert {u.health for u in backend.usage()} == {"ok"}
 
 
+def test_a_fabric_left_waiting_past_its_grace_is_unhealthy_until_it_completes(
+    tmp_path: Path,
+) -> None:
+    clock = [1000.0]
+    backend = make(tmp_path, "2xH100-80GB", fabric_grace=60.0)
+    first, second = uuids(backend)
+    (tmp_path / first).mkdir()
+    fabric = tmp_path / first / "fabric"
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr("gpuq.agent.gpu.nvml_backend.time.monotonic", lambda: clock[0])
+        for state in ("not started", "in progress"):  # waiting, counted from the first sight
+            fabric.write_text(state)
+            assert {u.health for u in backend.usage()} == {"ok"}
+            clock[0] += 30
+        fabric.write_text("in progress")
+        usage = by_uuid(backend)
+        assert usage[first].health == "unhealthy" and usage[second].health == "ok"
+        assert usage[first].reason.startswith("fabric manager not running"), usage[first].reason
+        assert "in progress for 60 s" in usage[first].reason
+        fabric.write_text("completed")
+        assert {u.health for u in backend.usage()} == {"ok"}
+        fabric.write_text("not started")  # a restarted fabric manager: a new grace
+        clock[0] += 59
+        assert {u.health for u in backend.usage()} == {"ok"}
+        fabric.write_text("completed Unknown")
+        assert "registration failed (Unknown)" in by_uuid(backend)[first].reason
+
+
 def test_boards_without_ecc_or_fabric_are_healthy(tmp_path: Path) -> None:
     backend = make(tmp_path, "1xRTX4090-24GB,1xL4-24GB")
     for unit in uuids(backend):

@@ -28,7 +28,10 @@ or MIG-...); a GPU's UUID also covers its MIG slices where noted:
                           slice's UUID: on its GPU, with the slice's GPU/compute instance ids)
     GPU-UUID/ecc          volatile uncorrected ECC error count
     GPU-UUID/remap        "pending" or "failure" (nvmlDeviceGetRemappedRows)
-    GPU-UUID/fabric       an NVML error name: NVSwitch fabric registration completed with it
+    GPU-UUID/fabric       NVSwitch fabric state (GPUs with NVLink only; none: completed):
+                          "not started", "in progress", "completed", or an NVML error name
+                          ("completed ERROR" alike): registration completed with that error;
+                          read at each health poll, so rewriting it changes the state live
     GPU-UUID/mig          a new MIG layout for that GPU (the mig= value; "off": no MIG)
     GPU-UUID/compute_mode the compute mode nvmlDeviceSetComputeMode set (0 DEFAULT, 3
                           EXCLUSIVE_PROCESS: MPS); write "noperm" to refuse it (NoPermission)
