@@ -43,7 +43,7 @@ from __future__ import annotations
 
 import os
 import re
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from gpuq.errors import InvalidInput
@@ -56,6 +56,44 @@ def fake_state_dir() -> Path | None:
     """The fake GPUs' state folder named by GPUQ_FAKE_GPU_DIR, or None when it is unset."""
     value = os.environ.get(FAKE_GPU_DIR_ENV, "")
     return Path(value) if value else None
+
+
+def fake_cuda_devices(env: Mapping[str, str] | None = None) -> list[str]:
+    """The fake units a CUDA program with environment env (default: this process's) sees, in
+    CUDA's device order: what a fake job should claim on.
+
+    CUDA_VISIBLE_DEVICES names UUIDs or indices. A client of a fake MPS server (its folder in
+    CUDA_MPS_PIPE_DIRECTORY) sees only the server's GPUs, renumbered from 0 as the real server
+    does: index 1 there names no device when the server serves one GPU. Without a server an
+    index cannot be resolved here (InvalidInput): fake jobs are given UUIDs.
+    """
+    env = os.environ if env is None else env
+    wanted = [w.strip() for w in env.get("CUDA_VISIBLE_DEVICES", "").split(",") if w.strip()]
+    served = _mps_served(env.get("CUDA_MPS_PIPE_DIRECTORY", ""))
+    if served is None:
+        if any(w.isdigit() for w in wanted):
+            raise InvalidInput("CUDA_VISIBLE_DEVICES", ",".join(wanted), "fake GPUs need UUIDs")
+        return wanted
+    found: list[str] = []
+    for word in wanted:
+        if word.isdigit():
+            if int(word) >= len(served):
+                break  # CUDA stops at the first device it cannot find
+            found.append(served[int(word)])
+        elif word in served:
+            found.append(word)
+    return found
+
+
+def _mps_served(pipe: str) -> list[str] | None:
+    """The UUIDs the fake MPS server in folder pipe serves; None where there is no server."""
+    if not pipe:
+        return None
+    try:
+        text = (Path(pipe) / "devices").read_text()
+    except OSError:
+        return None
+    return [w.strip() for w in text.split(",") if w.strip()]
 
 
 def claim_fake_vram(
