@@ -4,13 +4,16 @@ index visibility, a job's containers on its GPU, and what a reset reason tells t
 
 from __future__ import annotations
 
+import subprocess
 import sys
+import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 from e2e_cluster import Cluster, wait_for
 
+from gpuq.agent.fake.gpu_state import claim_fake_vram
 from gpuq.v1 import queue_pb2
 
 GIB = 1 << 30
@@ -29,15 +32,15 @@ def units(cluster: Cluster, name: str) -> list[queue_pb2.GpuUnit]:
     return sorted(node_info(cluster, name).gpus, key=lambda u: u.index)
 
 
-def wait_health(cluster: Cluster, uuid: str, state: str, words: str = "") -> str:
+def wait_health(cluster: Cluster, unit: str, state: str, words: str = "") -> str:
     def reached() -> str | None:
         for usage in node_info(cluster, "a").usage:
-            if usage.uuid == uuid and (usage.health or "ok") == state:
-                if words in usage.health_reason:
-                    return usage.health_reason or state
+            found = usage.uuid == unit and (usage.health or "ok") == state
+            if found and words in usage.health_reason:
+                return usage.health_reason or state
         return None
 
-    return wait_for(reached, 30, f"unit {uuid} to be {state} ({words})")
+    return wait_for(reached, 30, f"unit {unit} to be {state} ({words})")
 
 
 def output(cluster: Cluster, job: int) -> str:
@@ -105,3 +108,67 @@ def test_a_share_job_on_gpu_1_with_index_visibility_sees_its_mps_servers_device_
         assert "CUDA_VISIBLE_DEVICES=0\n" in text and f"claimed {gpu1}" in text, text
     finally:
         cluster.close()
+
+
+def container_group(tag: str) -> Path | None:
+    """A new cgroup named as dockerd's scopes are (docker-<id>.scope), or None where this
+    machine does not let the test make one (not root, no writable hierarchy)."""
+    for base in ("/sys/fs/cgroup/pids", "/sys/fs/cgroup/unified", "/sys/fs/cgroup"):
+        group = Path(base) / f"docker-{tag}.scope"
+        if not (Path(base) / "cgroup.procs").exists():
+            continue
+        try:
+            group.mkdir()
+        except OSError:
+            continue
+        return group
+    return None
+
+
+def test_a_container_process_on_a_jobs_gpu_is_flagged_and_not_killed_in_kill_mode(
+    tmp_path: Path,
+) -> None:
+    tag = uuid.uuid4().hex * 2
+    group = container_group(tag)
+    if group is None:
+        pytest.skip("needs root and a writable cgroup hierarchy to model a docker container")
+    cluster = Cluster(tmp_path, '[agent]\nforeign_processes = "kill"\n')
+    sleeper = [sys.executable, "-c", "import time; time.sleep(120)"]
+    container = subprocess.Popen(sleeper)
+    plain = subprocess.Popen(sleeper)
+    try:
+        (group / "cgroup.procs").write_text(f"{container.pid}\n")
+        cluster.start_coordinator()
+        cluster.start_agent("a", "1xH100-80GB")
+        job = cluster.submit("sleep 60", gpus=1)
+        (held,) = cluster.wait_state(job, "running").gpus
+        state = fake_dir(cluster, "a")
+        claim_fake_vram(held, GIB, container.pid, state)
+        claim_fake_vram(held, GIB, plain.pid, state)  # after the container's: one read has both
+        wait_for(lambda: plain.poll() is not None, 30, "the foreign process to be killed")
+
+        def noted() -> str | None:
+            for usage in node_info(cluster, "a").usage:
+                for note in usage.notes:
+                    if f"container process pid {container.pid}" in note:
+                        return note
+            return None
+
+        note = wait_for(noted, 30, "the container process to be flagged")
+        assert f"docker container {tag[:12]}" in note and "never killed" in note, note
+        assert container.poll() is None, "the container's process was killed"
+        assert cluster.client().detail(job)[0].state == "running"
+    finally:
+        for process in (container, plain):
+            process.kill()
+            process.wait(10)
+        cluster.close()
+        wait_for(lambda: _removed(group), 10, "the test's cgroup to go")
+
+
+def _removed(group: Path) -> bool:
+    try:
+        group.rmdir()
+    except OSError:
+        return False
+    return True
