@@ -132,6 +132,9 @@ class Launcher:
                 log.error("job %d not started: %s", job_id, refusal)
                 self._fail(job_id, refusal, attempt)
                 return
+            if account is not None and account.uid == 0 and self._on_mig(order.gpus):
+                # README "GPUs: health, isolation": root holds every MIG capability
+                log.warning("job %d runs as root on a MIG slice: not kept off its siblings", job_id)
             mps = await self._share(order, launch.spec.resources, account)
             res = order.spec.resources
             # an --exclusive job has the whole node: every CPU, so it is bound to none
@@ -148,6 +151,9 @@ class Launcher:
             self._take_back(job_id)
             log.exception("cannot launch job %d", job_id)
             self._fail(job_id, f"launch failed on {self.policy.node}: {error}", attempt)
+
+    def _on_mig(self, gpus: tuple[str, ...]) -> bool:
+        return any(self.gpus.units[uuid].parent_uuid for uuid in gpus if uuid in self.gpus.units)
 
     def _refusal(self, order: LaunchOrder, account: Account | None) -> str | None:
         """Why this node must not run the job's user's jobs (None: it may)."""

@@ -4,6 +4,7 @@ index visibility, a job's containers on its GPU, and what a reset reason tells t
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import uuid
@@ -172,3 +173,41 @@ def _removed(group: Path) -> bool:
     except OSError:
         return False
     return True
+
+
+@pytest.mark.skipif(
+    os.geteuid() != 0 or not Path("/sys/fs/cgroup/devices/devices.deny").exists(),
+    reason="device rules need root and the cgroup v1 devices controller",
+)
+def test_mig_caps_nodes_missing_after_a_layout_change_are_made_or_found_without_a_restart(
+    tmp_path: Path,
+) -> None:
+    cluster = Cluster(tmp_path, "[agent]\ngpu_rescan = 1\n")
+    try:
+        cluster.start_coordinator()
+        cluster.start_agent("a", "1xA100-80GB")
+        (gpu,) = (u.uuid for u in units(cluster, "a"))
+        isolated = node_info(cluster, "a").isolation
+        assert not isolated.startswith("advisory"), isolated
+        state = fake_dir(cluster, "a")
+        (state / "caps-late").write_text("")  # nvidia-modprobe has not run for new slices
+        (state / gpu).mkdir(parents=True, exist_ok=True)
+        (state / gpu / "mig").write_text("3g.40gb+3g.40gb\n")
+        wait_for(lambda: len(units(cluster, "a")) == 2, 20, "the two MIG slices")
+        assert node_info(cluster, "a").isolation == isolated  # the agent made the caps nodes
+        assert len(list((state / "dev" / "nvidia-caps").iterdir())) == 4
+
+        # where the agent cannot make them (no nvidia-caps major known), they appear later
+        (state / "proc-devices").write_text("195 nvidia-frontend\n")
+        (state / gpu / "mig").write_text("2g.20gb+2g.20gb+2g.20gb\n")
+        wait_for(lambda: len(units(cluster, "a")) == 3, 20, "the three MIG slices")
+        advisory = node_info(cluster, "a").isolation
+        assert advisory.startswith("advisory: no device nodes found for GPU"), advisory
+        (state / "caps-late").unlink()  # a first CUDA program: the nodes appear
+        wait_for(
+            lambda: node_info(cluster, "a").isolation == isolated,
+            20,
+            "the node's isolation back without an agent restart",
+        )
+    finally:
+        cluster.close()

@@ -6,6 +6,8 @@ memory v2, re-initialisation, refresh after MIG changes and lost GPUs, and healt
 
 from __future__ import annotations
 
+import os
+import stat
 from pathlib import Path
 
 import pynvml
@@ -287,3 +289,24 @@ def test_a_fake_spec_is_always_fake_gpus(tmp_path: Path) -> None:
     (tmp_path / "nodriver").touch()  # only the fake library reads it; select_backend ignores it
     backend, warning = select_backend("1", "node-a", state_dir=tmp_path / "other")
     assert warning is None and len(backend.inventory().units) == 1
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="making device nodes needs root")
+def test_a_fresh_mig_layouts_missing_caps_nodes_are_made_as_nvidia_modprobe_would(
+    tmp_path: Path,
+) -> None:
+    (tmp_path / "caps-late").write_text("")  # no CUDA program has used the slices yet
+    backend = make(tmp_path, "1xA100-80GB:mig=3g.40gb+3g.40gb")
+    devices = backend.inventory().devices
+    assert len(devices) == 2, devices  # both slices isolable, without waiting for first use
+    caps = sorted((tmp_path / "dev" / "nvidia-caps").iterdir())
+    assert len(caps) == 4  # each slice's GPU instance and compute instance access nodes
+    for node in caps:
+        info = node.stat()
+        assert stat.S_ISCHR(info.st_mode) and stat.S_IMODE(info.st_mode) == 0o444
+        assert os.major(info.st_rdev) == 237
+        assert f"nvidia-cap{os.minor(info.st_rdev)}" == node.name
+    for node in caps:
+        node.unlink()
+    (tmp_path / "proc-devices").write_text("195 nvidia-frontend\n")  # no nvidia-caps major
+    assert not backend.refresh() and backend.inventory().devices == {}

@@ -37,6 +37,10 @@ or MIG-...); a GPU's UUID also covers its MIG slices where noted:
                           EXCLUSIVE_PROCESS: MPS); write "noperm" to refuse it (NoPermission)
     dev/, mig-minors      written by the library: when root, device nodes dev/nvidiaN
                           (195:N) and dev/nvidia-caps/nvidia-capN (237:N) for MIG slices
+    proc-devices,         written by the library: the driver's /proc/devices lines and each
+    capabilities/         slice's capabilities/gpuN/mig/giG[/ciC]/access (DeviceFileMinor, Mode)
+    caps-late             while it exists the library makes no dev/nvidia-caps nodes (as after
+                          a fresh MIG layout no CUDA program used yet): a root agent makes them
 """
 
 from __future__ import annotations
