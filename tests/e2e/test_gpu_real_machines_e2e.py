@@ -211,3 +211,16 @@ def test_mig_caps_nodes_missing_after_a_layout_change_are_made_or_found_without_
         )
     finally:
         cluster.close()
+
+
+def test_a_gpu_that_needs_a_reset_says_to_stop_the_agent_before_nvidia_smi(
+    nvswitch: Cluster,
+) -> None:
+    cluster = nvswitch
+    gpu = units(cluster, "a")[0].uuid
+    (fake_dir(cluster, "a") / gpu).mkdir(parents=True, exist_ok=True)
+    (fake_dir(cluster, "a") / gpu / "remap").write_text("pending\n")
+    reason = wait_health(cluster, gpu, "unhealthy", "needs a reset")
+    steps = ["gpuq drain", "systemctl stop gpuq-agent", "nvidia-smi -r -i", "gpuq resume"]
+    where = [reason.find(step) for step in steps]
+    assert -1 not in where and where == sorted(where), reason
