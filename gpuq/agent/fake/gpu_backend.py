@@ -8,6 +8,7 @@ while it runs, from the files in its state folder (fake.gpu_state).
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 from gpuq.agent.fake.gpu_spec import parse_fake_models
@@ -30,6 +31,7 @@ class FakeGpuBackend(NvmlGpuBackend):
         health_every: int = 10,
         reinit_interval: float = 30.0,
         fabric_grace: float = DEFAULT_FABRIC_GRACE,
+        make_caps: bool = True,
     ) -> None:
         """state_dir None: the folder GPUQ_FAKE_GPU_DIR names; neither: no process uses VRAM.
 
@@ -41,6 +43,10 @@ class FakeGpuBackend(NvmlGpuBackend):
         self.library: FakeNvmlLibrary = FakeNvmlLibrary(
             parse_fake_models(spec), node_name, state_dir, spec.strip()
         )
+        if not make_caps:  # only look (the doctor): make no missing MIG caps nodes
+            box = self.library.box
+            box.device_paths = dataclasses.replace(box.device_paths, make_caps=False)
+            self.library.gpuq_device_paths = box.device_paths
         super().__init__(
             self.library,
             health_every=health_every,

@@ -90,6 +90,10 @@ class FakeNvmlLibrary:
         self.box.check("nvmlSystemGetDriverVersion", None)
         return f"fake ({self._spec})"
 
+    def nvmlSystemGetNVMLVersion(self) -> str:
+        self.box.check("nvmlSystemGetNVMLVersion", None)
+        return "fake"
+
     def nvmlDeviceGetCount(self) -> int:
         self.box.check("nvmlDeviceGetCount", None)
         return len(self.box.gpus)
@@ -288,7 +292,7 @@ class FakeNvmlLibrary:
             raise pynvml.NVMLError(pynvml.NVML_ERROR_NOT_SUPPORTED)
         target = getattr(info, "_obj", info)  # ctypes.byref(struct) or the struct
         state, name = fabric_state(read_text(self.box.unit_file(handle, "fabric"), keep_case=True))
-        error = error_class(name) if name else None
+        error = (error_class(name) or pynvml.NVMLError_Unknown) if name else None
         target.state = state
         target.status = error().value if error is not None and error is not Mismatch else 0
         return int(pynvml.NVML_SUCCESS)

@@ -51,6 +51,7 @@ class DevicePaths:
     pci_devices: Path = Path("/sys/bus/pci/devices")
     proc_devices: Path = Path("/proc/devices")  # "237 nvidia-caps": the caps nodes' major
     capabilities: Path = Path("/proc/driver/nvidia/capabilities")  # gpuN/mig/giG/ciC/access
+    make_caps: bool = True  # make missing caps nodes as root (False: only look, the doctor)
 
 
 # (gpu minor, gpu instance id, compute instance id or None for the GI's own node) -> cap minor

@@ -52,7 +52,13 @@ from gpuq.agent.gpu.backend import (
 from gpuq.agent.gpu.device_paths import DevicePaths
 from gpuq.agent.gpu.nvml_calls import CallError, MemoryQuery, NvmlCalls, process_fallbacks
 from gpuq.agent.gpu.nvml_events import EventWatcher, handle_key
-from gpuq.agent.gpu.nvml_health import ecc_reason, fabric_reason, fabric_waiting, remap_reason
+from gpuq.agent.gpu.nvml_health import (
+    FABRIC_NOT_SUPPORTED,
+    ecc_reason,
+    fabric_reason,
+    fabric_waiting,
+    remap_reason,
+)
 from gpuq.agent.gpu.nvml_inventory import (
     InventoryRead,
     UnitSlot,
@@ -233,6 +239,31 @@ class NvmlGpuBackend:
                 if uuid in self._slots:
                     self._sticky[uuid] = reason
 
+    def fabric_states(self) -> dict[str, tuple[int, str]]:
+        """GPU uuid -> (NVML fabric state, the error registration completed with, or "") for
+        the GPUs that report one (NVSwitch systems), read now: what `gpuq admin doctor` shows."""
+        with self._lock:
+            found: dict[str, tuple[int, str]] = {}
+            for gpu_uuid, handle in self._gpu_handles.items():
+                try:
+                    info = self._fabric_info(handle)
+                except CallError as failed:
+                    log.debug("fabric state of %s: %s", gpu_uuid, failed.reason)
+                    continue
+                if info is not None and info[0] != FABRIC_NOT_SUPPORTED:
+                    found[gpu_uuid] = (info[0], info[2])
+            return found
+
+    def nvml_version(self) -> str:
+        """NVML's own version (nvmlSystemGetNVMLVersion), "unknown" where it cannot be read."""
+        with self._lock:
+            try:
+                return (
+                    text(self._calls.call("nvmlSystemGetNVMLVersion")) if self._open else "unknown"
+                )
+            except CallError:
+                return "unknown"
+
     def set_compute_mode(self, uuid: str, mode: int) -> None:
         """nvmlDeviceSetComputeMode on whole GPU uuid (0 DEFAULT, 3 EXCLUSIVE_PROCESS: MPS);
         CallError when NVML refuses (not root: NoPermission), LookupError for an unknown GPU."""
@@ -272,7 +303,7 @@ class NvmlGpuBackend:
             self._driver = text(self._calls.call("nvmlSystemGetDriverVersion"))
         except CallError:
             self._driver = "unknown"
-        if not self._fake and _older(self._driver, MIN_DRIVER):
+        if not self._fake and older_driver(self._driver, MIN_DRIVER):
             log.warning(
                 "NVIDIA driver %s is older than %s: expect NotSupported", self._driver, MIN_DRIVER
             )
@@ -420,27 +451,35 @@ class NvmlGpuBackend:
 
     def _fabric(self, handle: Any, gpu_uuid: str) -> str:
         """The fabric's reason; counts how long a waiting fabric has waited, per GPU."""
-        nvml = self._nvml
-        struct = getattr(nvml, "c_nvmlGpuFabricInfo_t", None)
-        if struct is None:
+        info = self._fabric_info(handle)
+        if info is None:
             return ""
-        info = struct()
-        if self._calls.optional("nvmlDeviceGetGpuFabricInfo", handle, ctypes.byref(info)) is None:
-            return ""
-        state, status = int(info.state), int(info.status)
+        state, status, name = info
         now = time.monotonic()
         if fabric_waiting(state):
             since = self._fabric_since.setdefault(gpu_uuid, now)
         else:
             self._fabric_since.pop(gpu_uuid, None)
             since = now
-        name = "error"
+        return fabric_reason(state, status, name, now - since, self.fabric_grace)
+
+    def _fabric_info(self, handle: Any) -> tuple[int, int, str] | None:
+        """(state, status, status's error name or "") of nvmlDeviceGetGpuFabricInfo; None
+        where the driver or GPU has no fabric info (pre-R530, no NVSwitch)."""
+        nvml = self._nvml
+        struct = getattr(nvml, "c_nvmlGpuFabricInfo_t", None)
+        if struct is None:
+            return None
+        info = struct()
+        if self._calls.optional("nvmlDeviceGetGpuFabricInfo", handle, ctypes.byref(info)) is None:
+            return None
+        status, name = int(info.status), ""
         if status:
             try:
                 name = type(nvml.NVMLError(status)).__name__.removeprefix("NVMLError_")
             except Exception:  # an unknown code
                 name = f"error {status}"
-        return fabric_reason(state, status, name, now - since, self.fabric_grace)
+        return int(info.state), status, name
 
 
 def _processes(running: Iterable[Any], kind: str, slot: UnitSlot) -> list[GpuProcess]:
@@ -463,7 +502,9 @@ def _unit_keys(inventory: GpuInventory) -> frozenset[tuple[str, int, str | None]
     return frozenset((u.uuid, u.memory, u.mig_profile) for u in inventory.units)
 
 
-def _older(version: str, minimum: str) -> bool:
+def older_driver(version: str, minimum: str) -> bool:
+    """Whether driver version "535.104.05" is older than minimum; False when unreadable."""
+
     def parts(value: str) -> tuple[int, ...]:
         return tuple(int(p) for p in value.split(".") if p.isdigit())
 

@@ -203,7 +203,7 @@ def _device_nodes(
         return ()
     else:
         nodes = mig_device_nodes(paths.dev_root, minors, gpu.minor, slot.gi, slot.ci)
-        if nodes and not all(os.path.exists(node) for node in nodes[1:]):
+        if nodes and paths.make_caps and not all(os.path.exists(node) for node in nodes[1:]):
             make_caps_nodes(paths, gpu.minor, slot.gi, slot.ci)  # a fresh layout: none yet
     return nodes if nodes and all(os.path.exists(node) for node in nodes) else ()
 
