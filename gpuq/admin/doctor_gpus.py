@@ -150,7 +150,9 @@ def _mps(ctx: DoctorContext) -> list[Check]:
             )
         )
     pipe = Path(ctx.extra.get("mps_pipe") or DEFAULT_PIPE_DIR)
-    roots = (str(ctx.settings.agent_run_root), str(ctx.settings.agent_state_dir))
+    # the agent's own daemons keep their pipes in its run folder (<run folder>/mps/<gpu>/pipe)
+    folders = (agent.run_dir, ctx.settings.agent_run_root, ctx.settings.agent_state_dir)
+    roots = tuple(str(folder) for folder in folders if folder)
     problem = node_wide_mps(
         lambda pid: _agents_mps(ctx.proc, pid, roots), proc=ctx.proc, default_pipe=pipe
     )

@@ -134,3 +134,20 @@ def test_no_driver_fails_where_nvidia_gpus_sit_on_the_bus_and_skips_elsewhere(
     driver = by_name(gpu_checks(ctx))["driver"]
     assert driver.status == "fail" and "no NVIDIA driver" in driver.detail, driver
     assert "1 NVIDIA device(s)" in driver.detail and "driver" in driver.fix
+
+
+def test_the_agents_own_mps_daemons_are_not_node_wide(tmp_path: Path) -> None:
+    program = tmp_path / "bin" / "nvidia-cuda-mps-control"
+    program.parent.mkdir(parents=True)
+    program.symlink_to(sys.executable)
+    pipe = tmp_path / "spool" / "n1" / "mps" / "GPU-1" / "pipe"
+    env = {**os.environ, "CUDA_MPS_PIPE_DIRECTORY": str(pipe)}
+    daemon = subprocess.Popen([str(program), "-c", "import time; time.sleep(60)"], env=env)
+    try:
+        ctx = context(tmp_path, run_dir=str(tmp_path / "spool"))
+        ctx = DoctorContext(ctx.settings, proc=Path("/proc"), extra=ctx.extra)
+        found = by_name(gpu_checks(ctx))["node-wide MPS"]
+        assert found.status == "ok", found
+    finally:
+        daemon.kill()
+        daemon.wait(10)
