@@ -85,7 +85,8 @@ def test_a_node_wide_mps_daemon_fails_and_the_mps_binary_is_found(
     ctx = DoctorContext(ctx.settings, proc=Path("/proc"), sys=ctx.sys, dev=ctx.dev, extra=ctx.extra)
     checks = by_name(gpu_checks(ctx))
     found = checks["node-wide MPS"]
-    assert found.status == "fail" and f"pid {mps_daemon}" in found.detail, found
+    # the first daemon found is named: ours, or one another test on this machine runs
+    assert found.status == "fail" and "node-wide MPS daemon runs" in found.detail, found
     assert "echo quit | nvidia-cuda-mps-control" in found.fix
     assert checks["MPS binary"].status == "ok"
     assert checks["MPS binary"].detail.endswith("bin/nvidia-cuda-mps-control")
@@ -147,7 +148,7 @@ def test_the_agents_own_mps_daemons_are_not_node_wide(tmp_path: Path) -> None:
         ctx = context(tmp_path, run_dir=str(tmp_path / "spool"))
         ctx = DoctorContext(ctx.settings, proc=Path("/proc"), extra=ctx.extra)
         found = by_name(gpu_checks(ctx))["node-wide MPS"]
-        assert found.status == "ok", found
+        assert f"pid {daemon.pid}" not in found.detail, found
     finally:
         daemon.kill()
         daemon.wait(10)
