@@ -50,6 +50,8 @@ from gpuq.steps import shim_dir
 from gpuq.v1 import agent_pb2 as apb
 from gpuq.v1 import types_pb2 as pb
 
+# README "GPUs: health, isolation": root holds every MIG capability and may leave its cgroup
+ROOT_ON_MIG = "GPU isolation partial: it ran as root on a MIG slice, not kept off its siblings"
 log = logging.getLogger(__name__)
 MAX_CPUS = 1 << 16  # more than any node has: "every CPU"
 # a launch this node cannot start (its fork server is down) is reported this much later, so that
@@ -133,8 +135,8 @@ class Launcher:
                 self._fail(job_id, refusal, attempt)
                 return
             if account is not None and account.uid == 0 and self._on_mig(order.gpus):
-                # README "GPUs: health, isolation": root holds every MIG capability
-                log.warning("job %d runs as root on a MIG slice: not kept off its siblings", job_id)
+                log.warning("job %d: %s", job_id, ROOT_ON_MIG)
+                self.gpus.xids.job_notes.setdefault(job_id, []).append(ROOT_ON_MIG)
             mps = await self._share(order, launch.spec.resources, account)
             res = order.spec.resources
             # an --exclusive job has the whole node: every CPU, so it is bound to none

@@ -224,3 +224,19 @@ def test_a_gpu_that_needs_a_reset_says_to_stop_the_agent_before_nvidia_smi(
     steps = ["gpuq drain", "systemctl stop gpuq-agent", "nvidia-smi -r -i", "gpuq resume"]
     where = [reason.find(step) for step in steps]
     assert -1 not in where and where == sorted(where), reason
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="the harness submits as root only when root")
+def test_roots_job_on_a_mig_slice_hears_it_is_not_kept_off_its_siblings(tmp_path: Path) -> None:
+    cluster = Cluster(tmp_path)
+    try:
+        cluster.start_coordinator()
+        cluster.start_agent("a", "1xA100-80GB:mig=3g.40gb+3g.40gb,1xA100-80GB")
+        on_slice = cluster.gpuq("submit", "--mig", "3g.40gb", "--wrap", "true")
+        assert on_slice.returncode == 0, on_slice.stderr
+        ended = cluster.wait_state(int(on_slice.stdout.split()[-1]), "completed")
+        assert "ran as root on a MIG slice" in ended.result.reason, ended.result
+        whole = cluster.wait_state(cluster.submit("true", gpus=1), "completed")
+        assert "MIG" not in whole.result.reason, whole.result
+    finally:
+        cluster.close()
