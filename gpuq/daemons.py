@@ -150,7 +150,12 @@ def _make_agent(settings: Settings, fork_server: ForkServer, *, embedded: bool) 
     state_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
     fake_dir = state_dir / "fake-gpus"
     node = settings.agent.node_name
-    backend, warning = select_backend(settings.agent.fake_gpus, node, state_dir=fake_dir)
+    backend, warning = select_backend(
+        settings.agent.fake_gpus,
+        node,
+        state_dir=fake_dir,
+        fabric_grace=settings.agent.fabric_grace,
+    )
     problem = backend.inventory().problem
     if embedded and settings.agent.fake_gpus is None and problem:
         backend.close()

@@ -51,6 +51,8 @@ from gpuq.steps import shim_dir
 from gpuq.v1 import agent_pb2 as apb
 from gpuq.v1 import types_pb2 as pb
 
+# README "GPUs: health, isolation": root holds every MIG capability and may leave its cgroup
+ROOT_ON_MIG = "GPU isolation partial: it ran as root on a MIG slice, not kept off its siblings"
 log = logging.getLogger(__name__)
 MAX_CPUS = 1 << 16  # more than any node has: "every CPU"
 # a launch this node cannot start (its fork server is down) is reported this much later, so that
@@ -137,6 +139,9 @@ class Launcher:
                 log.error("job %d not started: %s", job_id, refusal)
                 self._fail(job_id, refusal, attempt)
                 return
+            if account is not None and account.uid == 0 and self._on_mig(order.gpus):
+                log.warning("job %d: %s", job_id, ROOT_ON_MIG)
+                self.gpus.xids.job_notes.setdefault(job_id, []).append(ROOT_ON_MIG)
             mps = await self._share(order, launch.spec.resources, account)
             res = order.spec.resources
             # an --exclusive job has the whole node: every CPU, so it is bound to none
@@ -155,6 +160,9 @@ class Launcher:
             self._take_back(job_id)
             log.exception("cannot launch job %d", job_id)
             self._fail(job_id, f"launch failed on {self.policy.node}: {error}", attempt)
+
+    def _on_mig(self, gpus: tuple[str, ...]) -> bool:
+        return any(self.gpus.units[uuid].parent_uuid for uuid in gpus if uuid in self.gpus.units)
 
     def _refusal(self, order: LaunchOrder, account: Account | None) -> str | None:
         """Why this node must not run the job's user's jobs (None: it may)."""

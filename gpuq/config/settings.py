@@ -143,6 +143,9 @@ class AgentSettings:
     # seconds between two reads of the GPU inventory (a MIG change, a reset GPU); it is also
     # read again at once after NVML errors
     gpu_rescan: float = 60.0
+    # seconds an NVSwitch GPU's fabric may stay "not started" or "in progress" (from when the
+    # agent first saw it so) before its units are unhealthy: "fabric manager not running"
+    fabric_grace: float = 120.0
     # seconds a job's processes may stay in NVML's process list after the job ended before its
     # units are marked dirty (not given out) until they clear
     handover_timeout: float = 10.0

@@ -423,6 +423,7 @@ RULES: dict[str, dict[str, Check]] = {
         "job_env": _job_env,
         "fence_time": _seconds(0.1, DAY),
         "gpu_rescan": _seconds(1, DAY),
+        "fabric_grace": _seconds(0, DAY),
         "handover_timeout": _seconds(0.1, 3600),
         "foreign_processes": _choice("report", "kill"),
         "sample_interval": _seconds(0.1, 3600),

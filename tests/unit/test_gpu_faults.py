@@ -6,6 +6,8 @@ memory v2, re-initialisation, refresh after MIG changes and lost GPUs, and healt
 
 from __future__ import annotations
 
+import os
+import stat
 from pathlib import Path
 
 import pynvml
@@ -223,6 +225,34 @@ def test_health_polling(tmp_path: Path, file: str, content: str, words: str) -> 
     assert {u.health for u in backend.usage()} == {"ok"}
 
 
+def test_a_fabric_left_waiting_past_its_grace_is_unhealthy_until_it_completes(
+    tmp_path: Path,
+) -> None:
+    clock = [1000.0]
+    backend = make(tmp_path, "2xH100-80GB", fabric_grace=60.0)
+    first, second = uuids(backend)
+    (tmp_path / first).mkdir()
+    fabric = tmp_path / first / "fabric"
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr("gpuq.agent.gpu.nvml_backend.time.monotonic", lambda: clock[0])
+        for state in ("not started", "in progress"):  # waiting, counted from the first sight
+            fabric.write_text(state)
+            assert {u.health for u in backend.usage()} == {"ok"}
+            clock[0] += 30
+        fabric.write_text("in progress")
+        usage = by_uuid(backend)
+        assert usage[first].health == "unhealthy" and usage[second].health == "ok"
+        assert usage[first].reason.startswith("fabric manager not running"), usage[first].reason
+        assert "in progress for 60 s" in usage[first].reason
+        fabric.write_text("completed")
+        assert {u.health for u in backend.usage()} == {"ok"}
+        fabric.write_text("not started")  # a restarted fabric manager: a new grace
+        clock[0] += 59
+        assert {u.health for u in backend.usage()} == {"ok"}
+        fabric.write_text("completed Unknown")
+        assert "registration failed (Unknown)" in by_uuid(backend)[first].reason
+
+
 def test_boards_without_ecc_or_fabric_are_healthy(tmp_path: Path) -> None:
     backend = make(tmp_path, "1xRTX4090-24GB,1xL4-24GB")
     for unit in uuids(backend):
@@ -259,3 +289,24 @@ def test_a_fake_spec_is_always_fake_gpus(tmp_path: Path) -> None:
     (tmp_path / "nodriver").touch()  # only the fake library reads it; select_backend ignores it
     backend, warning = select_backend("1", "node-a", state_dir=tmp_path / "other")
     assert warning is None and len(backend.inventory().units) == 1
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="making device nodes needs root")
+def test_a_fresh_mig_layouts_missing_caps_nodes_are_made_as_nvidia_modprobe_would(
+    tmp_path: Path,
+) -> None:
+    (tmp_path / "caps-late").write_text("")  # no CUDA program has used the slices yet
+    backend = make(tmp_path, "1xA100-80GB:mig=3g.40gb+3g.40gb")
+    devices = backend.inventory().devices
+    assert len(devices) == 2, devices  # both slices isolable, without waiting for first use
+    caps = sorted((tmp_path / "dev" / "nvidia-caps").iterdir())
+    assert len(caps) == 4  # each slice's GPU instance and compute instance access nodes
+    for node in caps:
+        info = node.stat()
+        assert stat.S_ISCHR(info.st_mode) and stat.S_IMODE(info.st_mode) == 0o444
+        assert os.major(info.st_rdev) == 237
+        assert f"nvidia-cap{os.minor(info.st_rdev)}" == node.name
+    for node in caps:
+        node.unlink()
+    (tmp_path / "proc-devices").write_text("195 nvidia-frontend\n")  # no nvidia-caps major
+    assert not backend.refresh() and backend.inventory().devices == {}

@@ -64,6 +64,18 @@ def test_health_reasons() -> None:
     assert ecc_reason(0) == "" and "2 uncorrected ECC" in ecc_reason(2)
     assert remap_reason(0, 0) == ""
     assert "pending" in remap_reason(1, 0) and "failed" in remap_reason(1, 1)
-    assert fabric_reason(2, 999, 3, "Unknown") == ""  # still registering
-    assert fabric_reason(3, 0, 3, "") == ""
-    assert "Unknown" in fabric_reason(3, 999, 3, "Unknown")
+    assert fabric_reason(2, 0, "", waited=10, grace=120) == ""  # still registering
+    assert fabric_reason(0, 0, "", waited=999, grace=120) == ""  # no NVSwitch
+    assert fabric_reason(3, 0, "", waited=0, grace=120) == ""
+    assert "Unknown" in fabric_reason(3, 999, "Unknown", waited=0, grace=120)
+    late = fabric_reason(1, 0, "", waited=130, grace=120)
+    assert late.startswith("fabric manager not running") and "not started for 130 s" in late
+    assert "systemctl enable --now nvidia-fabricmanager" in late
+    assert "in progress" in fabric_reason(2, 0, "", waited=120, grace=120)
+
+
+def test_reset_reasons_say_to_stop_the_agent_before_nvidia_smi() -> None:
+    for reason in (ecc_reason(1), remap_reason(1, 0)):
+        steps = ["gpuq drain", "systemctl stop gpuq-agent", "nvidia-smi -r -i", "gpuq resume"]
+        where = [reason.index(step) for step in steps]
+        assert where == sorted(where), reason

@@ -8,13 +8,14 @@ while it runs, from the files in its state folder (fake.gpu_state).
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 from gpuq.agent.fake.gpu_spec import parse_fake_models
 from gpuq.agent.fake.gpu_state import fake_state_dir
 from gpuq.agent.fake.nvml_library import FakeNvmlLibrary
 from gpuq.agent.gpu.backend import GpuInventory
-from gpuq.agent.gpu.nvml_backend import NvmlGpuBackend
+from gpuq.agent.gpu.nvml_backend import DEFAULT_FABRIC_GRACE, NvmlGpuBackend
 
 
 class FakeGpuBackend(NvmlGpuBackend):
@@ -29,6 +30,8 @@ class FakeGpuBackend(NvmlGpuBackend):
         use_environment: bool = True,
         health_every: int = 10,
         reinit_interval: float = 30.0,
+        fabric_grace: float = DEFAULT_FABRIC_GRACE,
+        make_caps: bool = True,
     ) -> None:
         """state_dir None: the folder GPUQ_FAKE_GPU_DIR names; neither: no process uses VRAM.
 
@@ -40,7 +43,16 @@ class FakeGpuBackend(NvmlGpuBackend):
         self.library: FakeNvmlLibrary = FakeNvmlLibrary(
             parse_fake_models(spec), node_name, state_dir, spec.strip()
         )
-        super().__init__(self.library, health_every=health_every, reinit_interval=reinit_interval)
+        if not make_caps:  # only look (the doctor): make no missing MIG caps nodes
+            box = self.library.box
+            box.device_paths = dataclasses.replace(box.device_paths, make_caps=False)
+            self.library.gpuq_device_paths = box.device_paths
+        super().__init__(
+            self.library,
+            health_every=health_every,
+            reinit_interval=reinit_interval,
+            fabric_grace=fabric_grace,
+        )
 
 
 def parse_fake_spec(text: str, node_name: str) -> GpuInventory:

@@ -28,19 +28,26 @@ or MIG-...); a GPU's UUID also covers its MIG slices where noted:
                           slice's UUID: on its GPU, with the slice's GPU/compute instance ids)
     GPU-UUID/ecc          volatile uncorrected ECC error count
     GPU-UUID/remap        "pending" or "failure" (nvmlDeviceGetRemappedRows)
-    GPU-UUID/fabric       an NVML error name: NVSwitch fabric registration completed with it
+    GPU-UUID/fabric       NVSwitch fabric state (GPUs with NVLink only; none: completed):
+                          "not started", "in progress", "completed", or an NVML error name
+                          ("completed ERROR" alike): registration completed with that error;
+                          read at each health poll, so rewriting it changes the state live
     GPU-UUID/mig          a new MIG layout for that GPU (the mig= value; "off": no MIG)
     GPU-UUID/compute_mode the compute mode nvmlDeviceSetComputeMode set (0 DEFAULT, 3
                           EXCLUSIVE_PROCESS: MPS); write "noperm" to refuse it (NoPermission)
     dev/, mig-minors      written by the library: when root, device nodes dev/nvidiaN
                           (195:N) and dev/nvidia-caps/nvidia-capN (237:N) for MIG slices
+    proc-devices,         written by the library: the driver's /proc/devices lines and each
+    capabilities/         slice's capabilities/gpuN/mig/giG[/ciC]/access (DeviceFileMinor, Mode)
+    caps-late             while it exists the library makes no dev/nvidia-caps nodes (as after
+                          a fresh MIG layout no CUDA program used yet): a root agent makes them
 """
 
 from __future__ import annotations
 
 import os
 import re
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from gpuq.errors import InvalidInput
@@ -53,6 +60,44 @@ def fake_state_dir() -> Path | None:
     """The fake GPUs' state folder named by GPUQ_FAKE_GPU_DIR, or None when it is unset."""
     value = os.environ.get(FAKE_GPU_DIR_ENV, "")
     return Path(value) if value else None
+
+
+def fake_cuda_devices(env: Mapping[str, str] | None = None) -> list[str]:
+    """The fake units a CUDA program with environment env (default: this process's) sees, in
+    CUDA's device order: what a fake job should claim on.
+
+    CUDA_VISIBLE_DEVICES names UUIDs or indices. A client of a fake MPS server (its folder in
+    CUDA_MPS_PIPE_DIRECTORY) sees only the server's GPUs, renumbered from 0 as the real server
+    does: index 1 there names no device when the server serves one GPU. Without a server an
+    index cannot be resolved here (InvalidInput): fake jobs are given UUIDs.
+    """
+    env = os.environ if env is None else env
+    wanted = [w.strip() for w in env.get("CUDA_VISIBLE_DEVICES", "").split(",") if w.strip()]
+    served = _mps_served(env.get("CUDA_MPS_PIPE_DIRECTORY", ""))
+    if served is None:
+        if any(w.isdigit() for w in wanted):
+            raise InvalidInput("CUDA_VISIBLE_DEVICES", ",".join(wanted), "fake GPUs need UUIDs")
+        return wanted
+    found: list[str] = []
+    for word in wanted:
+        if word.isdigit():
+            if int(word) >= len(served):
+                break  # CUDA stops at the first device it cannot find
+            found.append(served[int(word)])
+        elif word in served:
+            found.append(word)
+    return found
+
+
+def _mps_served(pipe: str) -> list[str] | None:
+    """The UUIDs the fake MPS server in folder pipe serves; None where there is no server."""
+    if not pipe:
+        return None
+    try:
+        text = (Path(pipe) / "devices").read_text()
+    except OSError:
+        return None
+    return [w.strip() for w in text.split(",") if w.strip()]
 
 
 def claim_fake_vram(

@@ -8,7 +8,9 @@
 Both read CUDA_MPS_PIPE_DIRECTORY and CUDA_MPS_LOG_DIRECTORY (the defaults are the real ones'
 node-wide /tmp/nvidia-mps and /var/log/nvidia-mps; gpuq always sets both) and
 CUDA_VISIBLE_DEVICES. The daemon listens on the Unix socket `<pipe>/control`, writes
-`<log>/control.log` ("... Started", the GPU, each command, "... Stopped"), and stays until a
+`<log>/control.log` ("... Started", the GPU, each command, "... Stopped") and `<pipe>/devices`
+(the GPUs it serves, its CUDA_VISIBLE_DEVICES: its clients see them numbered from 0, as the
+real server's do; gpu_state.fake_cuda_devices reads it), and stays until a
 client sends `quit` (or it gets SIGTERM); it then removes `control` and exits 0. A client with
 no daemon to talk to exits 1, as the real one does. Socket paths are bound relative to the pipe
 folder, so a deep folder does not meet the Unix socket path limit.
@@ -27,6 +29,7 @@ from pathlib import Path
 DEFAULT_PIPE = "/tmp/nvidia-mps"
 DEFAULT_LOG = "/var/log/nvidia-mps"
 CONTROL = "control"
+DEVICES = "devices"
 
 
 def _folders() -> tuple[Path, Path]:
@@ -60,6 +63,7 @@ def daemon() -> int:
 
     signal.signal(signal.SIGTERM, on_term)
     gpu = os.environ.get("CUDA_VISIBLE_DEVICES", "")
+    Path(DEVICES).write_text(f"{gpu}\n")
     _log(log, f"Control daemon (fake) started, pid {os.getpid()}, devices {gpu or 'all'}")
     try:
         while not stopping:

@@ -69,7 +69,13 @@ class FakeGpuBox:
         self.running = False
         self.uuids = [fake_uuid("GPU", node_name, f"gpu/{i}") for i in range(len(gpus))]
         base = state_dir if state_dir is not None else Path("/nonexistent-gpuq-fake")
-        self.device_paths = DevicePaths(base / "dev", base / "mig-minors", base / "pci")
+        self.device_paths = DevicePaths(
+            base / "dev",
+            base / "mig-minors",
+            base / "pci",
+            base / "proc-devices",
+            base / "capabilities",
+        )
 
     def check(
         self, call: str, handle: Handle | None, *, whole: bool = False, mig: bool = False
@@ -197,13 +203,43 @@ class FakeGpuBox:
             os.replace(partial, path)
 
     def make_nodes(self, index: int) -> None:
-        """As root: /dev/nvidiaN and the slices' capability nodes under state_dir/dev."""
-        if self.state_dir is None or os.geteuid() != 0:
+        """What the driver shows of GPU index: its /proc side (proc-devices, each slice's
+        capabilities/gpuN/mig/giG[/ciC]/access), and as root its device nodes: dev/nvidiaN
+        and, unless `caps-late` exists, the slices' dev/nvidia-caps nodes (which on a real
+        machine nvidia-modprobe makes at a slice's first use)."""
+        if self.state_dir is None:
+            return
+        self._write_capabilities(index)
+        if os.geteuid() != 0:
             return
         dev = self.device_paths.dev_root
         nodes = [(dev / f"nvidia{index}", NVIDIA_MAJOR, index)]
-        for found in self.slices(index):
-            for minor in (cap_minor(index, found.gi, None), cap_minor(index, found.gi, found.ci)):
-                nodes.append((dev / "nvidia-caps" / f"nvidia-cap{minor}", NVIDIA_CAPS_MAJOR, minor))
+        if not self.file("caps-late").exists():
+            for found in self.slices(index):
+                for minor in (
+                    cap_minor(index, found.gi, None),
+                    cap_minor(index, found.gi, found.ci),
+                ):
+                    caps = dev / "nvidia-caps" / f"nvidia-cap{minor}"
+                    nodes.append((caps, NVIDIA_CAPS_MAJOR, minor))
         for path, major, minor in nodes:
             make_char_device(path, major, minor)
+
+    def _write_capabilities(self, index: int) -> None:
+        """The driver's /proc view of GPU index's MIG capabilities (read-only mode 0444)."""
+        with contextlib.suppress(OSError):
+            devices = self.device_paths.proc_devices
+            if not devices.exists():
+                devices.write_text(
+                    f"{NVIDIA_MAJOR} nvidia-frontend\n{NVIDIA_CAPS_MAJOR} nvidia-caps\n"
+                )
+            for found in self.slices(index):
+                for ci in (None, found.ci):
+                    folder = (
+                        self.device_paths.capabilities / f"gpu{index}" / "mig" / f"gi{found.gi}"
+                    )
+                    folder = folder / f"ci{ci}" if ci is not None else folder
+                    folder.mkdir(parents=True, exist_ok=True)
+                    minor = cap_minor(index, found.gi, ci)
+                    text = f"DeviceFileMinor: {minor}\nDeviceFileMode: 292\nDeviceFileModify: 1\n"
+                    (folder / "access").write_text(text)

@@ -87,6 +87,21 @@ def read_text(path: Path, *, keep_case: bool = False) -> str:
     return text if keep_case else text.lower()
 
 
+def fabric_state(text: str) -> tuple[int, str]:
+    """(NVML fabric state, error name) a fake GPU's `fabric` file says: "not started", "in
+    progress", "completed" (or no file), or an error name ("completed ERROR" alike): the
+    registration completed with that error."""
+    words = text.replace("_", " ").split()
+    phrase = " ".join(words).lower()
+    if phrase == "not started":
+        return pynvml.NVML_GPU_FABRIC_STATE_NOT_STARTED, ""
+    if phrase == "in progress":
+        return pynvml.NVML_GPU_FABRIC_STATE_IN_PROGRESS, ""
+    if words and words[0].lower() == "completed":
+        words = words[1:]
+    return pynvml.NVML_GPU_FABRIC_STATE_COMPLETED, " ".join(words)
+
+
 def read_int(path: Path) -> int | None:
     try:
         return int(path.read_text().strip())

@@ -26,6 +26,7 @@ from gpuq.agent.fake.nvml_files import (
     PROCESS_KINDS,
     Mismatch,
     error_class,
+    fabric_state,
     fake_bus_id,
     read_int,
     read_text,
@@ -88,6 +89,10 @@ class FakeNvmlLibrary:
     def nvmlSystemGetDriverVersion(self) -> str:
         self.box.check("nvmlSystemGetDriverVersion", None)
         return f"fake ({self._spec})"
+
+    def nvmlSystemGetNVMLVersion(self) -> str:
+        self.box.check("nvmlSystemGetNVMLVersion", None)
+        return "fake"
 
     def nvmlDeviceGetCount(self) -> int:
         self.box.check("nvmlDeviceGetCount", None)
@@ -286,9 +291,9 @@ class FakeNvmlLibrary:
         if not self.box.gpus[handle.index].nvlink:
             raise pynvml.NVMLError(pynvml.NVML_ERROR_NOT_SUPPORTED)
         target = getattr(info, "_obj", info)  # ctypes.byref(struct) or the struct
-        name = read_text(self.box.unit_file(handle, "fabric"), keep_case=True)
-        error = error_class(name) if name else None
-        target.state = pynvml.NVML_GPU_FABRIC_STATE_COMPLETED
+        state, name = fabric_state(read_text(self.box.unit_file(handle, "fabric"), keep_case=True))
+        error = (error_class(name) or pynvml.NVMLError_Unknown) if name else None
+        target.state = state
         target.status = error().value if error is not None and error is not Mismatch else 0
         return int(pynvml.NVML_SUCCESS)
 

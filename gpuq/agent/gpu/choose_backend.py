@@ -6,11 +6,15 @@ from pathlib import Path
 
 from gpuq.agent.fake.gpu_backend import FakeGpuBackend
 from gpuq.agent.gpu.backend import GpuBackend
-from gpuq.agent.gpu.nvml_backend import NvmlGpuBackend
+from gpuq.agent.gpu.nvml_backend import DEFAULT_FABRIC_GRACE, NvmlGpuBackend
 
 
 def select_backend(
-    fake_spec: str | None, node_name: str, *, state_dir: Path | None = None
+    fake_spec: str | None,
+    node_name: str,
+    *,
+    state_dir: Path | None = None,
+    fabric_grace: float = DEFAULT_FABRIC_GRACE,
 ) -> tuple[GpuBackend, str | None]:
     """The backend an agent should use, and a warning to show the admin (or None).
 
@@ -21,6 +25,7 @@ def select_backend(
     only; the backend tries NVML again on refresh() (a driver loaded later brings its GPUs).
     """
     if fake_spec is not None:
-        return FakeGpuBackend(fake_spec, node_name, state_dir=state_dir), None
-    backend = NvmlGpuBackend()
+        fake = FakeGpuBackend(fake_spec, node_name, state_dir=state_dir, fabric_grace=fabric_grace)
+        return fake, None
+    backend = NvmlGpuBackend(fabric_grace=fabric_grace)
     return backend, backend.inventory().problem or None

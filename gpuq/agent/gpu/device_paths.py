@@ -11,16 +11,28 @@ numbers are listed in /proc/driver/nvidia-caps/mig-minors, one per line:
 
 where gpuN is the parent's minor number and the GI/CI ids are those NVML reports for the MIG
 handle (nvmlDeviceGetGpuInstanceId / nvmlDeviceGetComputeInstanceId).
+
+The driver does not make the capability nodes: nvidia-modprobe does, when a CUDA program (or
+nvidia-smi) first uses a slice, so after a fresh MIG layout they are missing and the slices
+could not be isolated. A root agent makes a missing one the way nvidia-modprobe does
+(make_caps_node): the minor from /proc/driver/nvidia/capabilities/gpuN/mig/giG[/ciC]/access
+("DeviceFileMinor"), its mode from there ("DeviceFileMode"), the major of "nvidia-caps" in
+/proc/devices. Every path is under DevicePaths, so the fakes model nodes that appear late.
 """
 
 from __future__ import annotations
 
+import logging
+import os
 import re
+import stat
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
 from gpuq.agent.jobs import isolation
+
+log = logging.getLogger(__name__)
 
 NVIDIA_MAJOR = 195  # the driver's fixed character major for /dev/nvidiaN and nvidiactl
 
@@ -37,6 +49,9 @@ class DevicePaths:
     dev_root: Path = Path("/dev")
     mig_minors: Path = Path("/proc/driver/nvidia-caps/mig-minors")
     pci_devices: Path = Path("/sys/bus/pci/devices")
+    proc_devices: Path = Path("/proc/devices")  # "237 nvidia-caps": the caps nodes' major
+    capabilities: Path = Path("/proc/driver/nvidia/capabilities")  # gpuN/mig/giG/ciC/access
+    make_caps: bool = True  # make missing caps nodes as root (False: only look, the doctor)
 
 
 # (gpu minor, gpu instance id, compute instance id or None for the GI's own node) -> cap minor
@@ -78,6 +93,57 @@ def mig_device_nodes(
         str(caps / f"nvidia-cap{gi_minor}"),
         str(caps / f"nvidia-cap{ci_minor}"),
     )
+
+
+def caps_major(proc_devices: Path) -> int | None:
+    """The character major the kernel gave "nvidia-caps" (/proc/devices), None if unlisted."""
+    try:
+        text = proc_devices.read_text()
+    except OSError:
+        return None
+    for line in text.splitlines():
+        words = line.split()
+        if len(words) == 2 and words[1] == "nvidia-caps" and words[0].isdigit():
+            return int(words[0])
+    return None
+
+
+def caps_access(capabilities: Path, gpu_minor: int, gi: int, ci: int | None) -> tuple[int, int]:
+    """(DeviceFileMinor, DeviceFileMode) of a slice's access capability; ValueError if unread."""
+    path = capabilities / f"gpu{gpu_minor}" / "mig" / f"gi{gi}"
+    path = (path / f"ci{ci}" if ci is not None else path) / "access"
+    try:
+        fields = dict(line.split(":", 1) for line in path.read_text().splitlines() if ":" in line)
+        return int(fields["DeviceFileMinor"]), int(fields.get("DeviceFileMode", "292"))
+    except (OSError, KeyError, ValueError) as error:
+        raise ValueError(f"{path}: {error}") from error
+
+
+def make_caps_nodes(paths: DevicePaths, gpu_minor: int, gi: int, ci: int) -> None:
+    """As root, make the slice's missing /dev/nvidia-caps access nodes as nvidia-modprobe would
+    (root-owned, the capability's mode); logs what it cannot make and leaves that missing."""
+    major = caps_major(paths.proc_devices)
+    if major is None or os.geteuid() != 0:
+        return
+    for level in (None, ci):
+        try:
+            minor, mode = caps_access(paths.capabilities, gpu_minor, gi, level)
+        except ValueError as unread:
+            log.warning("MIG capability of gpu%d gi%d: %s", gpu_minor, gi, unread)
+            continue
+        node = paths.dev_root / "nvidia-caps" / f"nvidia-cap{minor}"
+        if node.exists():
+            continue
+        try:
+            node.parent.mkdir(mode=0o755, parents=True, exist_ok=True)
+            os.mknod(node, stat.S_IFCHR | (mode & 0o777), os.makedev(major, minor))
+            os.chmod(node, mode & 0o777)  # mknod's mode is masked by the umask
+        except FileExistsError:
+            continue
+        except OSError as error:
+            log.warning("cannot make %s (MIG slice isolation): %s", node, error)
+            continue
+        log.info("made %s (%d:%d) for MIG gpu%d gi%d", node, major, minor, gpu_minor, gi)
 
 
 def cpus_from_affinity(words: Iterable[int], word_bits: int = 64) -> tuple[int, ...]:

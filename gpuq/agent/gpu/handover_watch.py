@@ -8,7 +8,10 @@ empty the unit is "dirty" (not given out) with a reason naming the process. Afte
 handover_timeout the job's own stragglers are killed; a process that belongs to no job is
 "foreign": flagged, and killed only when the admin's policy says so. A foreign graphics
 context (a display server on a workstation's GPU) is only flagged: it neither keeps jobs off
-the unit nor is killed.
+the unit nor is killed. A foreign process in a container runtime's cgroup (docker, containerd,
+CRI-O: a container a job may have started through the runtime's daemon, outside the job's
+cgroup) is flagged as a container process and keeps a free unit dirty, but is never killed:
+it may be a job's own work, and its runtime, not gpuq, owns it.
 
 UnitWatch decides; the agent does the I/O (NVML reads, /proc lookups, kills) around it, so
 the rules are tested with plain data and a fake clock.
@@ -49,6 +52,8 @@ class ProcessFacts:
     owner: Mapping[int, int | None]  # the job whose cgroup holds the pid, None: no job's
     alive: Mapping[int, bool]
     name: Mapping[int, str]
+    # pid -> "docker container 3f2a..." for a process of no job in a container runtime's group
+    container: Mapping[int, str] = field(default_factory=dict)
 
 
 @dataclass(slots=True)
@@ -108,9 +113,8 @@ class UnitWatch:
             owner = facts.owner.get(process.pid)
             if owner == holder or not facts.alive.get(process.pid, False):
                 continue
-            whose = f"job {owner}'s" if owner is not None else "foreign"
-            notes.append(f"{whose} process {_describe(process, facts)} on job {holder}'s unit")
-            if owner is None and self.kill_foreign and process.kind != "graphics":
+            notes.append(f"{_whose(owner, process, facts)} on job {holder}'s unit")
+            if self._killable(owner, process, facts) and process.kind != "graphics":
                 kill.append(process.pid)
         return UnitVerdict(HEALTH_OK, "", tuple(notes)), kill
 
@@ -139,19 +143,35 @@ class UnitWatch:
                 # but it neither keeps jobs off the GPU nor is ever killed
                 notes.append(f"foreign process {described} on a free unit")
             else:
-                whose = f"job {owner}'s" if owner is not None else "foreign"
-                reasons.append(f"{whose} process {described} holds it")
-                notes.append(f"{whose} process {described} on a free unit")
-                if owner is None and self.kill_foreign:
+                whose = _whose(owner, process, facts)
+                reasons.append(f"{whose} holds it")
+                notes.append(f"{whose} on a free unit")
+                if self._killable(owner, process, facts):
                     kill.append(process.pid)
         if not reasons:
             return UnitVerdict(HEALTH_OK, "", tuple(notes)), kill
         more = f" (+{len(reasons) - 1} more)" if len(reasons) > 1 else ""
         return UnitVerdict(HEALTH_DIRTY, reasons[0] + more, tuple(notes)), kill
 
+    def _killable(self, owner: int | None, process: GpuProcess, facts: ProcessFacts) -> bool:
+        """A foreign process is killed under foreign_processes = "kill", a container's never."""
+        return owner is None and self.kill_foreign and not facts.container.get(process.pid)
 
-def _describe(process: GpuProcess, facts: ProcessFacts) -> str:
+
+def _whose(owner: int | None, process: GpuProcess, facts: ProcessFacts) -> str:
+    """ "job 7's process pid 42 (...)", "foreign process ...", or "container process pid 42
+    (..., docker container 3f2a...) (never killed)" for one in a container runtime's group."""
+    if owner is not None:
+        return f"job {owner}'s process {_describe(process, facts)}"
+    container = facts.container.get(process.pid)
+    if container:
+        return f"container process {_describe(process, facts, container)} (never killed)"
+    return f"foreign process {_describe(process, facts)}"
+
+
+def _describe(process: GpuProcess, facts: ProcessFacts, where: str = "") -> str:
     name = facts.name.get(process.pid, "?")
     held = f", {format_size(process.used)}" if process.used else ""
     kind = "" if process.kind == "compute" else f", {process.kind}"
-    return f"pid {process.pid} ({name}{held}{kind})"
+    place = f", {where}" if where else ""
+    return f"pid {process.pid} ({name}{held}{kind}{place})"

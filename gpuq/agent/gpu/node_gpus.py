@@ -120,7 +120,9 @@ class NodeGpus:
             return ""
         if os.geteuid() != 0:
             return "advisory: the agent does not run as root, so it cannot make device rules"
-        missing = [u.index for u in self.units.values() if not self.device_numbers.get(u.uuid)]
+        missing = sorted(
+            {u.index for u in self.units.values() if not self.device_numbers.get(u.uuid)}
+        )
         if missing:
             return f"advisory: no device nodes found for GPU {', '.join(map(str, missing))}"
         kind = device_cgroup_kind(Path("/proc/self/mounts").read_text(errors="replace"))
@@ -190,10 +192,13 @@ class NodeGpus:
             except Exception:
                 log.exception("reading the GPU inventory again failed")
                 continue
-            if changed:
-                self._set_inventory(self.backend.inventory())
+            inventory = self.backend.inventory()
+            if changed or inventory.devices != self.inventory.devices:
+                # new units, or device nodes that appeared (a MIG slice's caps nodes after a
+                # fresh layout): the node's isolation and device rules change with them
+                self._set_inventory(inventory)
                 log.warning(
-                    "the GPUs changed (%d units now); registering them again",
+                    "the GPUs or their device nodes changed (%d units now); registering again",
                     len(self.inventory.units),
                 )
                 self._units_changed()

@@ -16,7 +16,9 @@ Nothing here raises for NVML trouble (DESIGN.md: NVML errors are per unit and pe
   the agent calls refresh() then (and on a timer). refresh() returns True when the set of units
   (uuid, memory, profile) changed. A GPU that cannot be read keeps its units, unhealthy.
 - Health polling in usage() (every health_every calls): volatile uncorrected ECC, remapped rows
-  pending or failed, NVSwitch fabric registration failed.
+  pending or failed, NVSwitch fabric registration failed, and an NVSwitch fabric still not
+  started or in progress fabric_grace seconds after the backend first saw it so (no fabric
+  manager); a fabric that completes later makes the GPU ok again at the next poll.
 - wait_events() (nvml_events) delivers XIDs; a hardware XID makes its units unhealthy until NVML
   is re-initialised or refresh() sees the unit come back after it was unreadable (a reset GPU).
   An XID on a GPU that was never unreadable stays until the agent restarts, by design: it was
@@ -50,7 +52,13 @@ from gpuq.agent.gpu.backend import (
 from gpuq.agent.gpu.device_paths import DevicePaths
 from gpuq.agent.gpu.nvml_calls import CallError, MemoryQuery, NvmlCalls, process_fallbacks
 from gpuq.agent.gpu.nvml_events import EventWatcher, handle_key
-from gpuq.agent.gpu.nvml_health import ecc_reason, fabric_reason, remap_reason
+from gpuq.agent.gpu.nvml_health import (
+    FABRIC_NOT_SUPPORTED,
+    ecc_reason,
+    fabric_reason,
+    fabric_waiting,
+    remap_reason,
+)
 from gpuq.agent.gpu.nvml_inventory import (
     InventoryRead,
     UnitSlot,
@@ -65,6 +73,9 @@ log = logging.getLogger(__name__)
 
 MIN_DRIVER = "450.80.02"
 CPU_ONLY = "this node offers no GPUs and runs CPU jobs only"
+# seconds an NVSwitch fabric may stay "not started" or "in progress" before its GPUs are
+# unhealthy ([agent] fabric_grace); nvidia-fabricmanager registers a box within a minute of boot
+DEFAULT_FABRIC_GRACE = 120.0
 _NO_DRIVER_ERRORS = ("LibraryNotFound", "DriverNotLoaded", "Missing")
 
 
@@ -78,6 +89,7 @@ class NvmlGpuBackend:
         health_every: int = 10,
         reinit_interval: float = 30.0,
         paths: DevicePaths | None = None,
+        fabric_grace: float = DEFAULT_FABRIC_GRACE,
     ) -> None:
         """Start NVML and read the inventory; never raises (see inventory().problem).
 
@@ -85,10 +97,16 @@ class NvmlGpuBackend:
         reinit_interval: seconds between two attempts to re-initialise NVML.
         paths: where device nodes, MIG minors and PCI sysfs are (default: the library's
         gpuq_device_paths, else the real /dev, /proc and /sys).
+        fabric_grace: seconds an NVSwitch fabric may wait for its fabric manager (see
+        nvml_health.fabric_reason).
         """
         self._lock = threading.RLock()  # every field below; never held while waiting on NVML
         self.health_every = max(1, health_every)
         self.reinit_interval = reinit_interval
+        self.fabric_grace = fabric_grace
+        self._fabric_since: dict[
+            str, float
+        ] = {}  # GPU uuid -> when its fabric was first seen waiting
         self._import_problem = ""
         if library is None:
             try:
@@ -221,6 +239,31 @@ class NvmlGpuBackend:
                 if uuid in self._slots:
                     self._sticky[uuid] = reason
 
+    def fabric_states(self) -> dict[str, tuple[int, str]]:
+        """GPU uuid -> (NVML fabric state, the error registration completed with, or "") for
+        the GPUs that report one (NVSwitch systems), read now: what `gpuq admin doctor` shows."""
+        with self._lock:
+            found: dict[str, tuple[int, str]] = {}
+            for gpu_uuid, handle in self._gpu_handles.items():
+                try:
+                    info = self._fabric_info(handle)
+                except CallError as failed:
+                    log.debug("fabric state of %s: %s", gpu_uuid, failed.reason)
+                    continue
+                if info is not None and info[0] != FABRIC_NOT_SUPPORTED:
+                    found[gpu_uuid] = (info[0], info[2])
+            return found
+
+    def nvml_version(self) -> str:
+        """NVML's own version (nvmlSystemGetNVMLVersion), "unknown" where it cannot be read."""
+        with self._lock:
+            try:
+                return (
+                    text(self._calls.call("nvmlSystemGetNVMLVersion")) if self._open else "unknown"
+                )
+            except CallError:
+                return "unknown"
+
     def set_compute_mode(self, uuid: str, mode: int) -> None:
         """nvmlDeviceSetComputeMode on whole GPU uuid (0 DEFAULT, 3 EXCLUSIVE_PROCESS: MPS);
         CallError when NVML refuses (not root: NoPermission), LookupError for an unknown GPU."""
@@ -260,7 +303,7 @@ class NvmlGpuBackend:
             self._driver = text(self._calls.call("nvmlSystemGetDriverVersion"))
         except CallError:
             self._driver = "unknown"
-        if not self._fake and _older(self._driver, MIN_DRIVER):
+        if not self._fake and older_driver(self._driver, MIN_DRIVER):
             log.warning(
                 "NVIDIA driver %s is older than %s: expect NotSupported", self._driver, MIN_DRIVER
             )
@@ -388,12 +431,12 @@ class NvmlGpuBackend:
             reasons: list[str] = []
             for check in (self._ecc, self._remap, self._fabric):
                 try:
-                    reasons.append(check(handle))
+                    reasons.append(check(handle, gpu_uuid))
                 except CallError as failed:
                     log.debug("health poll of %s: %s", gpu_uuid, failed.reason)
             self._polled[gpu_uuid] = "; ".join(r for r in reasons if r)
 
-    def _ecc(self, handle: Any) -> str:
+    def _ecc(self, handle: Any, gpu_uuid: str) -> str:
         nvml = self._nvml
         uncorrected = getattr(nvml, "NVML_MEMORY_ERROR_TYPE_UNCORRECTED", 1)
         volatile = getattr(nvml, "NVML_VOLATILE_ECC", 0)
@@ -402,27 +445,41 @@ class NvmlGpuBackend:
         )
         return ecc_reason(int(count))
 
-    def _remap(self, handle: Any) -> str:
+    def _remap(self, handle: Any, gpu_uuid: str) -> str:
         rows = self._calls.optional("nvmlDeviceGetRemappedRows", handle)
         return "" if rows is None else remap_reason(int(rows[2]), int(rows[3]))
 
-    def _fabric(self, handle: Any) -> str:
+    def _fabric(self, handle: Any, gpu_uuid: str) -> str:
+        """The fabric's reason; counts how long a waiting fabric has waited, per GPU."""
+        info = self._fabric_info(handle)
+        if info is None:
+            return ""
+        state, status, name = info
+        now = time.monotonic()
+        if fabric_waiting(state):
+            since = self._fabric_since.setdefault(gpu_uuid, now)
+        else:
+            self._fabric_since.pop(gpu_uuid, None)
+            since = now
+        return fabric_reason(state, status, name, now - since, self.fabric_grace)
+
+    def _fabric_info(self, handle: Any) -> tuple[int, int, str] | None:
+        """(state, status, status's error name or "") of nvmlDeviceGetGpuFabricInfo; None
+        where the driver or GPU has no fabric info (pre-R530, no NVSwitch)."""
         nvml = self._nvml
         struct = getattr(nvml, "c_nvmlGpuFabricInfo_t", None)
         if struct is None:
-            return ""
+            return None
         info = struct()
         if self._calls.optional("nvmlDeviceGetGpuFabricInfo", handle, ctypes.byref(info)) is None:
-            return ""
-        status = int(info.status)
-        name = "error"
+            return None
+        status, name = int(info.status), ""
         if status:
             try:
                 name = type(nvml.NVMLError(status)).__name__.removeprefix("NVMLError_")
             except Exception:  # an unknown code
                 name = f"error {status}"
-        completed = int(getattr(nvml, "NVML_GPU_FABRIC_STATE_COMPLETED", 3))
-        return fabric_reason(int(info.state), status, completed, name)
+        return int(info.state), status, name
 
 
 def _processes(running: Iterable[Any], kind: str, slot: UnitSlot) -> list[GpuProcess]:
@@ -445,7 +502,9 @@ def _unit_keys(inventory: GpuInventory) -> frozenset[tuple[str, int, str | None]
     return frozenset((u.uuid, u.memory, u.mig_profile) for u in inventory.units)
 
 
-def _older(version: str, minimum: str) -> bool:
+def older_driver(version: str, minimum: str) -> bool:
+    """Whether driver version "535.104.05" is older than minimum; False when unreadable."""
+
     def parts(value: str) -> tuple[int, ...]:
         return tuple(int(p) for p in value.split(".") if p.isdigit())
 

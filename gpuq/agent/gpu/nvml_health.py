@@ -37,6 +37,13 @@ DBE_XID = 48
 
 GPU_LOST_TEXT = "GPU is lost (fell off the bus, XID 79?)"
 
+# Every reason that says a GPU needs a reset names the one order that works: nvidia-smi -r
+# refuses while any process (the agent's NVML handle included) holds the GPU open.
+RESET_STEPS = (
+    "reset it: gpuq drain NODE --reason TEXT, systemctl stop gpuq-agent, nvidia-smi -r -i N, "
+    "systemctl start gpuq-agent, gpuq resume NODE"
+)
+
 
 def classify_xid(xid: int) -> tuple[bool, str]:
     """(hardware, one-line text) for an XID: hardware XIDs make the unit unhealthy."""
@@ -72,7 +79,7 @@ def ecc_reason(uncorrected_volatile: int) -> str:
         return ""
     return (
         f"{uncorrected_volatile} uncorrected ECC error(s) since the driver loaded "
-        "(nvmlDeviceGetTotalEccErrors); the GPU needs a reset"
+        f"(nvmlDeviceGetTotalEccErrors): needs a reset; {RESET_STEPS}"
     )
 
 
@@ -81,16 +88,38 @@ def remap_reason(pending: int, failure: int) -> str:
     if failure:
         return "row remapping failed (nvmlDeviceGetRemappedRows): the GPU needs service"
     if pending:
-        return "row remapping pending (nvmlDeviceGetRemappedRows): the GPU needs a reset"
+        return f"row remapping pending (nvmlDeviceGetRemappedRows): needs a reset; {RESET_STEPS}"
     return ""
 
 
-def fabric_reason(state: int, status: int, completed_state: int, status_name: str) -> str:
-    """The reason when NVSwitch fabric registration completed with an error; "" otherwise.
+# NVML's GPU fabric states (nvmlGpuFabricState_t)
+FABRIC_NOT_SUPPORTED, FABRIC_NOT_STARTED, FABRIC_IN_PROGRESS, FABRIC_COMPLETED = 0, 1, 2, 3
+_FABRIC_WAITING = {FABRIC_NOT_STARTED: "not started", FABRIC_IN_PROGRESS: "in progress"}
 
-    A fabric still registering (not started, in progress) is not a fault: the GPU is not
-    usable for NVLink jobs yet, but NVIDIA's fabric manager finishes within minutes.
+
+def fabric_waiting(state: int) -> bool:
+    """Whether an NVSwitch GPU is still waiting for its fabric (not started, in progress)."""
+    return state in _FABRIC_WAITING
+
+
+def fabric_reason(state: int, status: int, status_name: str, waited: float, grace: float) -> str:
+    """The health reason from nvmlDeviceGetGpuFabricInfo; "" when the GPU may run jobs.
+
+    Registration that completed with an error is a fault at once. A fabric still "not started"
+    or "in progress" is normal for a minute after boot, but past `grace` seconds (`waited`:
+    since the agent first saw it so) it means nvidia-fabricmanager is not running: every CUDA
+    program on the GPU would fail at start (error 802, "system not yet initialized"), so the
+    GPU must not be given out. Non-NVSwitch GPUs report FABRIC_NOT_SUPPORTED: fine.
     """
-    if state != completed_state or status == 0:
+    if state == FABRIC_COMPLETED and status != 0:
+        return (
+            f"NVSwitch fabric registration failed ({status_name}) (nvmlDeviceGetGpuFabricInfo): "
+            "see journalctl -u nvidia-fabricmanager"
+        )
+    if not fabric_waiting(state) or waited < grace:
         return ""
-    return f"NVSwitch fabric registration failed ({status_name}) (nvmlDeviceGetGpuFabricInfo)"
+    return (
+        f"fabric manager not running: NVSwitch fabric {_FABRIC_WAITING[state]} for "
+        f"{waited:.0f} s (nvmlDeviceGetGpuFabricInfo), CUDA jobs would fail with error 802; "
+        "start it: systemctl enable --now nvidia-fabricmanager"
+    )

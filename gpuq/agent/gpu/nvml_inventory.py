@@ -25,6 +25,7 @@ from gpuq.agent.gpu.device_paths import (
     DevicePaths,
     cpus_from_affinity,
     gpu_device_node,
+    make_caps_nodes,
     mig_device_nodes,
     parse_mig_minors,
     sysfs_local_cpus,
@@ -202,6 +203,8 @@ def _device_nodes(
         return ()
     else:
         nodes = mig_device_nodes(paths.dev_root, minors, gpu.minor, slot.gi, slot.ci)
+        if nodes and paths.make_caps and not all(os.path.exists(node) for node in nodes[1:]):
+            make_caps_nodes(paths, gpu.minor, slot.gi, slot.ci)  # a fresh layout: none yet
     return nodes if nodes and all(os.path.exists(node) for node in nodes) else ()
 
 

@@ -85,7 +85,7 @@ class UnitReader:
         watched, watch_facts = self._for_watch(samples, facts, holders)
         assessment = self.watch.assess(watched, holders, watch_facts)
         for finding in assessment.flagged:
-            log.warning("foreign process on a GPU: %s", finding)
+            log.warning("foreign process on a GPU: %s", finding)  # a container's says so
         for pid in assessment.kill:
             log.warning("killing pid %d (%s) on a GPU", pid, facts.name.get(pid, "?"))
             with contextlib.suppress(OSError):
@@ -142,7 +142,9 @@ class UnitReader:
         owner = {pid: self.job_of(pid, supervisors) for pid in pids}
         alive = {pid: pid_alive(pid) for pid in pids}
         names = {pid: process_name(pid) for pid in pids}
-        return ProcessFacts(owner, alive, names)
+        foreign = [pid for pid, job in owner.items() if job is None]
+        containers = {pid: found for pid in foreign if (found := self.job_of.container(pid))}
+        return ProcessFacts(owner, alive, names, containers)
 
     def _proto(self, sample: UnitUsage, facts: ProcessFacts) -> pb.GpuUsage:
         verdict = self.verdicts.get(sample.uuid, UnitVerdict(HEALTH_OK))

@@ -37,7 +37,8 @@ class XidEvents:
         self.holders = holders
         self._beat_now = beat_now
         self._stop_job = stop_job
-        self.job_notes: dict[int, list[str]] = {}  # application XIDs, for the job's end reason
+        # what a job's end reason adds: its application XIDs (and the launcher's notes)
+        self.job_notes: dict[int, list[str]] = {}
         self._logged: dict[tuple[str, int], float] = {}  # (unit, XID) -> when last logged
 
     async def on_event(self, event: GpuEvent) -> None:
@@ -77,5 +78,5 @@ class XidEvents:
             await self._stop_job(holder, JobState.NODE_FAIL, reason, XID_GRACE)
 
     def end_notes(self, job_id: int) -> str:
-        """What to add to the job's end reason: the application XIDs it caused."""
+        """What to add to the job's end reason: the application XIDs it caused, and notes."""
         return "; ".join(self.job_notes.pop(job_id, []))

@@ -296,7 +296,7 @@ def job_environment(
     devices = visible_devices(order.gpus, policy)
     env.update(
         {
-            "CUDA_VISIBLE_DEVICES": devices,
+            "CUDA_VISIBLE_DEVICES": cuda_visible_devices(devices, policy, mps),
             "CUDA_DEVICE_ORDER": "PCI_BUS_ID",
             "NVIDIA_VISIBLE_DEVICES": devices or "none",
             "GPUQ_JOB_ID": str(order.job_id),
@@ -353,6 +353,16 @@ def visible_devices(gpus: tuple[str, ...], policy: NodePolicy) -> str:
     if policy.visible_devices == "index" and not any(u.parent_uuid for u in units):
         return ",".join(str(u.index) for u in units)
     return ",".join(u.uuid for u in units)
+
+
+def cuda_visible_devices(devices: str, policy: NodePolicy, mps: MpsShare | None) -> str:
+    """CUDA_VISIBLE_DEVICES as the job's CUDA numbers devices. A share job is a client of an
+    MPS server that sees its one GPU only, as device 0: a host index (GPU 1) would name no
+    device there, so with `visible_devices = "index"` it gets 0; a UUID names the GPU anywhere.
+    NVIDIA_VISIBLE_DEVICES keeps the host's names (container runtimes read them on the host)."""
+    if mps is not None and policy.visible_devices == "index" and devices.isdigit():
+        return "0"
+    return devices
 
 
 def cgroup_key(run_dir: str, node: str) -> str:
