@@ -38,6 +38,7 @@ CHECKS: tuple[str, ...] = (
     "gpuq.admin.doctor_trust:certificate_checks",
     "gpuq.admin.doctor_trust:key_file_checks",
     "gpuq.admin.doctor_node:run_folder_checks",
+    "gpuq.admin.doctor_gpus:gpu_checks",
     "gpuq.admin.doctor_cgroups:cgroup_checks",
 )
 

@@ -173,13 +173,12 @@ def test_a_config_error_fails_naming_file_and_key(tmp_path: Path) -> None:
 
 # ---- fake-GPU nodes: the GPU and cgroup checks (gpuq.admin.doctor_gpus, doctor_cgroups) --------
 #
-# What these assume of the fakes (adjust here if those modules fake otherwise): the node's fake
-# GPUs live in GPUQ_HOME/agent/<node>/fake-gpus, where the agent keeps them, and doctor reads
-# them from [agent] fake_gpus; a file `nodriver` there makes nvmlInit fail (DriverNotLoaded);
-# GPU-<uuid>/fabric holding "NotStarted" is a fabric manager that has not started; a process
-# named nvidia-cuda-mps-control that gpuq did not start is a node-wide MPS daemon; and the
-# hidden --root DIR reads /proc, /sys, /dev and /run below DIR, where a cgroup v1 tree without
-# a devices controller is a node without device control.
+# The fakes: the node's fake GPUs live in GPUQ_HOME/agent/<node>/fake-gpus, where the agent keeps
+# them, and doctor reads them from [agent] fake_gpus; GPU-<uuid>/fabric holding "NotStarted" is a
+# fabric manager that has not started; a process named nvidia-cuda-mps-control that gpuq did not
+# start is a node-wide MPS daemon; and the hidden --root DIR reads /proc, /sys, /dev and /run
+# below DIR (a PCI board of NVIDIA's with no NVML is a missing driver; a cgroup v1 tree without
+# a devices controller is a node without device control).
 
 NODE = "n1"
 
@@ -204,16 +203,28 @@ def fails_naming(out: str, *words: str) -> list[str]:
 
 
 def test_no_driver_fails(tmp_path: Path) -> None:
-    pytest.importorskip("gpuq.admin.doctor_gpus")
-    home, state = fake_node(tmp_path)
-    (state / "nodriver").touch()
-    code, out, err = doctor(home)
+    """A machine with an NVIDIA board on its PCI bus (in the fake /sys that --root reads) and no
+    working NVML: its GPUs would silently go unused."""
+    from gpuq.agent.gpu.nvml_backend import NvmlGpuBackend
+
+    probe = NvmlGpuBackend()
+    has_driver = not probe.inventory().problem
+    probe.close()
+    if has_driver:
+        pytest.skip("this machine has a working NVIDIA driver")
+    home = fresh_home(tmp_path, f'[agent]\nnode_name = "{NODE}"\ncoordinator = "127.0.0.1:9"\n')
+    machine = tmp_path / "machine"
+    for folder in ("proc/self", "dev", "run"):
+        (machine / folder).mkdir(parents=True)
+    board = machine / "sys" / "bus" / "pci" / "devices" / "0000:1b:00.0"
+    board.mkdir(parents=True)
+    (board / "vendor").write_text("0x10de\n")
+    code, out, err = doctor(home, "--root", str(machine))
     consistent(code, out, err)
-    assert code != 0 and fails_naming(out, "driver"), out
+    assert code != 0 and fails_naming(out, "NVIDIA device(s) on the PCI bus"), out
 
 
 def test_a_fabric_manager_not_started_fails(tmp_path: Path) -> None:
-    pytest.importorskip("gpuq.admin.doctor_gpus")
     from gpuq.agent.fake.gpu_spec import fake_uuid
 
     home, state = fake_node(tmp_path, "2xH100-80GB")
@@ -247,7 +258,6 @@ def node_wide_mps(tmp_path: Path) -> Iterator[int]:
 
 
 def test_a_node_wide_mps_daemon_fails(tmp_path: Path, node_wide_mps: int) -> None:
-    pytest.importorskip("gpuq.admin.doctor_gpus")
     home, _state = fake_node(tmp_path)
     code, out, err = doctor(home)
     consistent(code, out, err)
