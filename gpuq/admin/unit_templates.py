@@ -45,7 +45,7 @@ StateDirectoryMode=0711
 UMask=0077
 LimitNOFILE=65536
 
-# ---- hardening (`systemd-analyze security gpuq-coordinator`: about 1.4) ----
+# ---- hardening (`systemd-analyze security gpuq-coordinator`: 1.5 on systemd 252) ----
 # It needs its state folder, /etc/gpuq (read), the network (gRPC, the dashboard, webhooks,
 # PostgreSQL, SMTP) and nothing else. Not here: PrivateUsers= (callers' uids from SO_PEERCRED
 # would read as nobody), PrivateNetwork= (it serves TCP).
@@ -82,8 +82,10 @@ LockPersonality=yes
 # Python, grpcio and cryptography map no writable code
 MemoryDenyWriteExecute=yes
 SystemCallArchitectures=native
+# the calls a service makes, less the privileged ones (@resources stays: glibc's getrlimit is
+# prlimit64, which subprocess and grpc may call)
 SystemCallFilter=@system-service
-SystemCallFilter=~@privileged @resources
+SystemCallFilter=~@privileged
 SystemCallErrorNumber=EPERM
 
 [Install]
@@ -183,6 +185,33 @@ ExecStart=$sleep infinity
 Delegate=cpuset memory pids
 Restart=always
 RestartSec=2
+
+# ---- hardening, of the placeholder only ----
+# Options that act through the cgroup would bind every job below it: none of them here. No
+# PrivateDevices=, DevicePolicy=, DeviceAllow= or ProtectClock= (a device list on this cgroup
+# would deny jobs their GPUs whatever the agent allows), no IPAddressDeny=, no resource limits.
+# What follows applies to the `sleep` process alone (namespaces, seccomp, capabilities).
+NoNewPrivileges=yes
+CapabilityBoundingSet=
+PrivateNetwork=yes
+PrivateTmp=yes
+ProtectSystem=strict
+ProtectHome=yes
+ProtectKernelTunables=yes
+ProtectKernelModules=yes
+ProtectKernelLogs=yes
+ProtectControlGroups=yes
+ProtectHostname=yes
+ProtectProc=invisible
+ProcSubset=pid
+RestrictAddressFamilies=none
+RestrictNamespaces=yes
+RestrictRealtime=yes
+RestrictSUIDSGID=yes
+LockPersonality=yes
+MemoryDenyWriteExecute=yes
+SystemCallArchitectures=native
+SystemCallFilter=@system-service
 
 [Install]
 WantedBy=multi-user.target

@@ -116,3 +116,8 @@ def test_the_agent_keeps_jobs_across_its_restarts(units: Path) -> None:
     assert sleep is not None
     assert f"\nExecStart={Path(sleep).resolve()} infinity\n" in jobs
     assert "STOPPING THIS UNIT STOPS EVERY JOB" in jobs
+    # nothing that acts through the cgroup, which every job is below: a device list there
+    # would deny jobs their GPUs
+    for option in ("PrivateDevices=", "DevicePolicy=", "DeviceAllow=", "ProtectClock=", "IP"):
+        assert not re.search(rf"^{option}", jobs, re.MULTILINE), option
+        assert not re.search(rf"^{option}", agent, re.MULTILINE), option
