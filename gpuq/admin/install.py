@@ -205,35 +205,37 @@ def next_steps(plan: InstallPlan) -> list[str]:
 
 @dataclass(frozen=True, slots=True)
 class Target:
-    """Where files go: the machine itself (root None) or a scratch tree that mirrors it."""
+    """Where files go, the machine itself (root None) or a tree that mirrors it under root,
+    and whether users and groups are made and files given to them (`accounts`)."""
 
     root: Path | None
+    accounts: bool
+
+    @classmethod
+    def of(cls, root: Path | None) -> Target:
+        """The machine, or --root DIR: a scratch tree, files only."""
+        return cls(root, accounts=root is None)
 
     def path(self, path: Path) -> Path:
         return path if self.root is None else self.root / path.relative_to("/")
 
-    @property
-    def scratch(self) -> bool:
-        return self.root is not None
 
-
-def install(plan: InstallPlan, root: Path | None, say: Say) -> None:
-    """Set the machine up as `plan` says, one line per item; `root`: a scratch root."""
-    target = Target(root)
-    if not target.scratch and os.geteuid() != 0:
+def install(plan: InstallPlan, target: Target, say: Say) -> None:
+    """Set the machine (or `target`'s tree) up as `plan` says, one line per item."""
+    if target.accounts and os.geteuid() != 0:
         raise PermissionDenied(
             "gpuq admin install makes users, folders and systemd units: run it as root "
             "(or with --root DIR to write them into a scratch folder)"
         )
-    if target.scratch:
-        say(f"scratch root {root}: files only; no user or group is made, nothing is chowned")
+    if not target.accounts:
+        say(f"scratch root {target.root}: files only; no user or group is made, nothing is chowned")
     uid = _accounts(plan, target, say) if plan.runs_coordinator else None
     _config(plan, target, say)
     if plan.runs_coordinator:
         _folder(target, COORDINATOR_HOME, 0o711, uid, say)
         _folder(target, COORDINATOR_HOME / "nodes", 0o700, uid, say)
     if plan.runs_agent:
-        _folder(target, AGENT_HOME, 0o700, 0 if not target.scratch else None, say)
+        _folder(target, AGENT_HOME, 0o700, 0 if target.accounts else None, say)
     if plan.role == "both":
         _node_key(target, plan.local_node_key, uid, say)
     for name, text in unit_texts(plan).items():
@@ -250,7 +252,7 @@ def _accounts(plan: InstallPlan, target: Target, say: Say) -> int | None:
         grp.getgrnam(plan.admin_group)
         say(f"kept: group {plan.admin_group} (exists)")
     except KeyError:
-        if target.scratch:
+        if not target.accounts:
             say(f"skipped: group {plan.admin_group} (scratch root: groupadd --system)")
         else:
             _run(["groupadd", "--system", plan.admin_group])
@@ -259,7 +261,7 @@ def _accounts(plan: InstallPlan, target: Target, say: Say) -> int | None:
         entry = pwd.getpwnam(plan.user)
         say(f"kept: user {plan.user} (exists)")
     except KeyError:
-        if target.scratch:
+        if not target.accounts:
             say(f"skipped: user {plan.user} (scratch root: useradd --system)")
             return None
         _run(
@@ -276,7 +278,7 @@ def _accounts(plan: InstallPlan, target: Target, say: Say) -> int | None:
         )
         entry = pwd.getpwnam(plan.user)
         say(f"made: user {plan.user} (uid {entry.pw_uid})")
-    return None if target.scratch else entry.pw_uid
+    return entry.pw_uid if target.accounts else None
 
 
 def _config(plan: InstallPlan, target: Target, say: Say) -> None:
@@ -307,7 +309,7 @@ def _folder(target: Target, where: Path, mode: int, owner: int | None, say: Say)
 
 def _owner_note(owner: int | None, target: Target) -> str:
     if owner is None:
-        return ", not chowned: scratch root" if target.scratch else ""
+        return "" if target.accounts else ", not chowned: scratch root"
     return f", {pwd.getpwuid(owner).pw_name}"
 
 

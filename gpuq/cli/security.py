@@ -105,11 +105,12 @@ def install(
     admin group, /etc/gpuq/config.toml (only if missing), the state folders, this node's key
     and systemd units that start this installation's gpuq. Safe to run again: it says what it
     kept. Then it prints what to start."""
+    from gpuq.admin.install import Target, make_plan
     from gpuq.admin.install import install as set_up
-    from gpuq.admin.install import make_plan
 
     plan = make_plan(role, node, user, admin_group, coordinator)
-    set_up(plan, root.absolute() if root else None, lambda line: click.echo(render.printable(line)))
+    target = Target.of(root.absolute() if root else None)
+    set_up(plan, target, lambda line: click.echo(render.printable(line)))
     return 0
 
 

@@ -1,9 +1,11 @@
-"""The installed layout (`gpuq admin install`, README "Installing on a lab server"), in
-miniature: the coordinator runs as a system user of its own ([coordinator] service_user), the
-agent as root with a home of its own, both reading one config file; the agent reaches the
-coordinator through its socket and reads this node's key, which the service user owns, from the
-coordinator's home. Another user's job must be served and run as that user. A coordinator whose
-service_user names someone else stays a private one.
+"""`gpuq admin install` as root (README "Installing on a lab server"): the service user and
+admin group made, and the folders and key given to that user, in a tree under a test folder.
+
+Then the installed layout in miniature: the coordinator runs as a system user of its own
+([coordinator] service_user), the agent as root with a home of its own, both reading one config
+file; the agent reaches the coordinator through its socket and reads this node's key, which the
+service user owns, from the coordinator's home. Another user's job must be served and run as
+that user. A coordinator whose service_user names someone else stays a private one.
 
 Real throwaway Unix users (tests/e2e/unix_users.py); root only (CI runs as root).
 """
@@ -11,7 +13,10 @@ Real throwaway Unix users (tests/e2e/unix_users.py); root only (CI runs as root)
 from __future__ import annotations
 
 import contextlib
+import grp
 import os
+import pwd
+import secrets
 import shutil
 import signal
 import stat
@@ -26,8 +31,9 @@ import unix_users
 from e2e_cluster import MARKER, kill_marked, wait_for
 from unix_users import UnixUser, run_as
 
+from gpuq.admin.install import Target, install, make_plan
 from gpuq.config.loading import load_settings
-from gpuq.identity import create_key_file
+from gpuq.identity import create_key_file, read_key_file
 
 pytestmark = pytest.mark.timeout(120)
 user_homes = unix_users.user_homes
@@ -159,3 +165,43 @@ def test_a_coordinator_whose_service_user_is_another_serves_only_its_own_user(
     home.chmod(0o711)  # even where bob can reach the socket
     refused = gpuq_as(bob, config, "queue")
     assert refused.returncode != 0 and f"serves only {alice.name}" in refused.stderr, refused
+
+
+def test_install_makes_the_service_user_and_gives_it_its_folders(tmp_path: Path) -> None:
+    """What --root leaves out (users, groups, owners), for real: a throwaway service user and
+    admin group, the machine's files written below tmp_path."""
+    unix_users.needs_root()
+    user, group = f"gpuqs_{secrets.token_hex(4)}", f"gpuqa_{secrets.token_hex(4)}"
+    plan = make_plan("both", "n1", user, group, None)
+    first: list[str] = []
+    try:
+        install(plan, Target(tmp_path, accounts=True), first.append)
+        entry = pwd.getpwnam(user)
+        assert (entry.pw_dir, entry.pw_shell) == ("/var/lib/gpuq", "/usr/sbin/nologin")
+        assert entry.pw_uid < 1000 and grp.getgrgid(entry.pw_gid).gr_name == user  # --system
+        assert grp.getgrnam(group).gr_gid < 1000
+        assert f"made: user {user} (uid {entry.pw_uid})" in first
+        assert f"made: group {group}" in first
+        home = tmp_path / "var/lib/gpuq"
+        for path, owner, mode in [
+            (home, entry.pw_uid, 0o711),
+            (home / "nodes", entry.pw_uid, 0o700),
+            (home / "nodes/n1.key", entry.pw_uid, 0o600),
+            (tmp_path / "var/lib/gpuq-agent", 0, 0o700),
+        ]:
+            info = path.stat()
+            assert (info.st_uid, stat.S_IMODE(info.st_mode)) == (owner, mode), path
+        # the root agent reads the key its coordinator's user owns (gpuq.daemons.agent_node_key)
+        assert read_key_file(home / "nodes/n1.key", also_owner=entry.pw_uid)
+        settings = load_settings(tmp_path / "etc/gpuq/config.toml", home=tmp_path / "h")
+        coordinator = settings.coordinator
+        assert (coordinator.service_user, coordinator.admin_group) == (user, group)
+
+        again: list[str] = []
+        install(plan, Target(tmp_path, accounts=True), again.append)
+        assert f"kept: user {user} (exists)" in again and f"kept: group {group} (exists)" in again
+        items = [line for line in again if line.startswith(("made", "updated"))]
+        assert items == [], items
+    finally:
+        for command in (["userdel", user], ["groupdel", user], ["groupdel", group]):
+            subprocess.run(command, capture_output=True, timeout=60)
