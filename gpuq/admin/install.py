@@ -15,18 +15,21 @@ edge that touches the machine (`install`), which tests point at a scratch root.
 from __future__ import annotations
 
 import grp
+import json
 import os
 import pwd
 import shutil
 import socket
 import subprocess
 import sys
+import tomllib
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 from gpuq.admin.unit_templates import AGENT, COORDINATOR, JOBS
+from gpuq.config.settings import AgentSettings, CoordinatorSettings
 from gpuq.config.value_checks import check_setting
 from gpuq.errors import GpuqError, InvalidInput, PermissionDenied
 from gpuq.identity import Unauthenticated, check_node_name, create_key_file
@@ -160,6 +163,22 @@ def config_text(plan: InstallPlan) -> str:
     return "\n".join(lines) + "\n"
 
 
+def config_gaps(plan: InstallPlan, existing: dict[str, Any]) -> list[str]:
+    """What an existing config lacks that the units rely on, as the lines to add: each key the
+    plan's config sets to other than its default and the existing one does not set, and a
+    service_user naming someone other than the unit's user (the coordinator would then serve
+    only its own user). A key set to another value is the admin's choice, and kept."""
+    defaults = {"coordinator": CoordinatorSettings(), "agent": AgentSettings()}
+    gaps = []
+    for section, wanted in tomllib.loads(config_text(plan)).items():
+        have = existing.get(section, {})
+        for key, value in wanted.items():
+            missing = key not in have and value != getattr(defaults[section], key)
+            if missing or (key == "service_user" and have.get(key, value) != value):
+                gaps.append(f"[{section}] {key} = {json.dumps(value)}")
+    return gaps
+
+
 def unit_texts(plan: InstallPlan) -> dict[str, str]:
     """The units of the plan's role, by file name."""
     values = {"gpuq": str(plan.gpuq), "sleep": str(plan.sleep), "user": plan.user}
@@ -230,7 +249,7 @@ def install(plan: InstallPlan, target: Target, say: Say) -> None:
     if not target.accounts:
         say(f"scratch root {target.root}: files only; no user or group is made, nothing is chowned")
     uid = _accounts(plan, target, say) if plan.runs_coordinator else None
-    _config(plan, target, say)
+    gaps = _config(plan, target, say)
     if plan.runs_coordinator:
         _folder(target, COORDINATOR_HOME, 0o711, uid, say)
         _folder(target, COORDINATOR_HOME / "nodes", 0o700, uid, say)
@@ -241,6 +260,8 @@ def install(plan: InstallPlan, target: Target, say: Say) -> None:
     for name, text in unit_texts(plan).items():
         _write_unit(target.path(UNIT_DIR / name), text, say)
     say("next:")
+    if gaps:
+        say(f"  add to {target.path(CONFIG)} first: {'; '.join(gaps)}")
     for step in next_steps(plan):
         say(f"  {step}")
 
@@ -281,15 +302,23 @@ def _accounts(plan: InstallPlan, target: Target, say: Say) -> int | None:
     return entry.pw_uid if target.accounts else None
 
 
-def _config(plan: InstallPlan, target: Target, say: Say) -> None:
+def _config(plan: InstallPlan, target: Target, say: Say) -> list[str]:
+    """The config, made where missing; what an existing one lacks (config_gaps), said."""
     path = target.path(CONFIG)
-    if path.exists():
-        say(f"kept: {path} (exists; it is never rewritten: compare with --role {plan.role}'s)")
-        return
-    path.parent.mkdir(parents=True, exist_ok=True, mode=0o755)
-    path.write_text(config_text(plan))
-    os.chmod(path, 0o644)
-    say(f"made: {path}")
+    if not path.exists():
+        path.parent.mkdir(parents=True, exist_ok=True, mode=0o755)
+        path.write_text(config_text(plan))
+        os.chmod(path, 0o644)
+        say(f"made: {path}")
+        return []
+    say(f"kept: {path} (exists; it is never rewritten)")
+    try:
+        gaps = config_gaps(plan, tomllib.loads(path.read_text()))
+    except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError) as exc:
+        raise GpuqError(f"cannot read {path}: {exc}") from None
+    for gap in gaps:
+        say(f"  the units need there: {gap}")
+    return gaps
 
 
 def _folder(target: Target, where: Path, mode: int, owner: int | None, say: Say) -> None:

@@ -107,14 +107,25 @@ def test_an_agent_only_node(tmp_path: Path) -> None:
 def test_an_existing_config_is_kept_and_a_changed_unit_is_put_back(tmp_path: Path) -> None:
     config = tmp_path / "etc/gpuq/config.toml"
     config.parent.mkdir(parents=True)
-    config.write_text("[coordinator]\nlisten = '0.0.0.0:7817'\n")
+    config.write_text("[coordinator]\nadmin_group = 'ops'\n")
     assert install(tmp_path).returncode == 0
     unit = tmp_path / "etc/systemd/system/gpuq-agent.service"
     unit.write_text(unit.read_text().replace("KillMode=process", "KillMode=control-group"))
     again = install(tmp_path)
     assert again.returncode == 0, again.stderr
-    assert config.read_text() == "[coordinator]\nlisten = '0.0.0.0:7817'\n"
+    assert config.read_text() == "[coordinator]\nadmin_group = 'ops'\n"
     assert f"kept: {config} (exists" in again.stdout
+    # what the units rely on and an older config lacks is said, and put first among the steps
+    for gap in (
+        '[coordinator] service_user = "gpuq"',
+        '[agent] coordinator = "unix:/var/lib/gpuq/gpuq.sock"',
+        '[agent] node_key = "/var/lib/gpuq/nodes/',
+        '[agent] cgroup_parent = "system.slice/gpuq-jobs.service"',
+    ):
+        assert f"the units need there: {gap}" in again.stdout, gap
+    steps = again.stdout.partition("next:\n")[2]
+    assert steps.startswith(f"  add to {config} first: [coordinator] service_user"), steps
+    assert "admin_group" not in steps  # a value the admin chose is theirs
     assert f"updated: {unit}" in again.stdout
     assert "KillMode=process" in unit.read_text()
 
