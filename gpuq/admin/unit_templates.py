@@ -45,7 +45,7 @@ StateDirectoryMode=0711
 UMask=0077
 LimitNOFILE=65536
 
-# ---- hardening (`systemd-analyze security gpuq-coordinator`: 1.5 on systemd 252) ----
+# ---- hardening (`systemd-analyze security gpuq-coordinator`: 1.6 on systemd 252) ----
 # It needs its state folder, /etc/gpuq (read), the network (gRPC, the dashboard, webhooks,
 # PostgreSQL, SMTP) and nothing else. Not here: PrivateUsers= (callers' uids from SO_PEERCRED
 # would read as nobody), PrivateNetwork= (it serves TCP).
@@ -56,10 +56,10 @@ NoNewPrivileges=yes
 CapabilityBoundingSet=
 AmbientCapabilities=
 RestrictSUIDSGID=yes
-# the file system is read-only but for /var/lib/gpuq; homes are hidden (the dashboard's log
-# view reads job output only where the service user may read it anyway)
+# the file system is read-only but for /var/lib/gpuq. Homes stay readable as Unix permissions
+# allow $user: the dashboard's log view shows a job's output where $user may read it
 ProtectSystem=strict
-ProtectHome=yes
+ProtectHome=read-only
 PrivateTmp=yes
 PrivateDevices=yes
 DevicePolicy=closed
