@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING
 from gpuq.agent.run_folder import agent_run_dir
 from gpuq.config.settings import Settings
 from gpuq.errors import GpuqError
-from gpuq.identity import create_key_file, read_key_file
+from gpuq.identity import create_key_file, read_key_file, service_uid
 
 if TYPE_CHECKING:
     from gpuq.agent.jobs.fork_server import ForkServer
@@ -172,6 +172,7 @@ def _make_agent(settings: Settings, fork_server: ForkServer, *, embedded: bool) 
         node_key=agent_node_key(settings),
         run_dir=agent_run_dir(settings),
         heartbeat_interval=settings.coordinator.heartbeat_interval,
+        service_uid=service_uid(settings.coordinator.service_user),
     )
     return Agent(options, backend, fork_server)
 
@@ -180,9 +181,14 @@ def agent_node_key(settings: Settings) -> str:
     """This node's key: the configured [agent] node_key file; by default GPUQ_HOME/nodes/<node>.key,
     made if missing, which lets an agent that shares its coordinator's home (gpuq serve, or both
     services on one machine) register with no setup: writing there takes the coordinator's
-    user. Any other node's key an admin makes with `gpuq admin node-key NODE`."""
+    user. Any other node's key an admin makes with `gpuq admin node-key NODE`. A configured key
+    may belong to the coordinator's service user ([coordinator] service_user): on a machine
+    with both services (`gpuq admin install`) the root agent reads the coordinator's own copy
+    of this node's key, in the coordinator's home, instead of keeping a second one."""
     if settings.agent.node_key:
-        return read_key_file(settings.node_key_path)
+        return read_key_file(
+            settings.node_key_path, also_owner=service_uid(settings.coordinator.service_user)
+        )
     return create_key_file(settings.node_key_path)
 
 

@@ -19,6 +19,7 @@ from __future__ import annotations
 import hashlib
 import hmac
 import os
+import pwd
 import re
 import secrets
 import socket
@@ -160,6 +161,29 @@ def read_user_token(path: Path) -> str:
     return text
 
 
+# ---- whom a coordinator serves -----------------------------------------------------------------
+
+
+def service_uid(service_user: str | None) -> int | None:
+    """The uid of the coordinator's service user ([coordinator] service_user) on this machine;
+    None when none is configured or no such user exists here."""
+    if not service_user:
+        return None
+    try:
+        return pwd.getpwnam(service_user).pw_uid
+    except KeyError:
+        return None
+
+
+def serves_every_user(service_user: str | None) -> bool:
+    """Whether a coordinator running as this process's user serves every user of the machine:
+    root's does, and so does one running as exactly the configured service user (systemd's
+    User=gpuq). Anyone else's is a private coordinator that serves only its own user, so that
+    an ordinary user can never stand in for the machine's queue."""
+    euid = os.geteuid()
+    return euid == 0 or euid == service_uid(service_user)
+
+
 # ---- node keys ---------------------------------------------------------------------------------
 
 
@@ -173,22 +197,30 @@ def node_key_file(nodes_dir: Path, node: str) -> Path:
     return nodes_dir / f"{check_node_name(node)}.key"
 
 
-def create_key_file(path: Path) -> str:
-    """A new random key in `path` (mode 0600, its folder 0700), or the key already there."""
+def create_key_file(path: Path, owner: int | None = None) -> str:
+    """A new random key in `path` (mode 0600, its folder 0700), or the key already there.
+    `owner`: the uid a new file (and a folder made for it) is given, where root makes a key for
+    a coordinator that runs as its service user (which must read it)."""
+    made_folder = not path.parent.exists()
     path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+    if made_folder and owner is not None:
+        os.chown(path.parent, owner, -1)
     try:
         fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
     except FileExistsError:
-        return read_key_file(path)
+        return read_key_file(path, also_owner=owner)
     key = secrets.token_urlsafe(32)
     with os.fdopen(fd, "w") as handle:
+        if owner is not None:
+            os.fchown(handle.fileno(), owner, -1)
         handle.write(key + "\n")
     return key
 
 
-def read_key_file(path: Path) -> str:
+def read_key_file(path: Path, also_owner: int | None = None) -> str:
     """A key file's key. It must be a regular file that only its owner can read, owned by
-    this process's user or root: a key anyone could read or swap is no key."""
+    this process's user or root (or `also_owner`: a root agent reads the local node's key that
+    the coordinator's service user owns): a key anyone could read or swap is no key."""
     try:
         fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
     except FileNotFoundError:
@@ -197,7 +229,7 @@ def read_key_file(path: Path) -> str:
         raise PermissionDenied(f"cannot read the key file {path}: {exc.strerror}") from None
     with os.fdopen(fd, "rb") as handle:
         info = os.fstat(handle.fileno())
-        if (problem := key_file_problem(info, os.geteuid())) is not None:
+        if (problem := key_file_problem(info, os.geteuid(), also_owner)) is not None:
             raise PermissionDenied(f"the key file {path} {problem}: {problem_fix(problem, path)}")
         text = handle.read(256).decode("ascii", "replace").strip()
     if not _KEY_TEXT.fullmatch(text):
@@ -205,14 +237,15 @@ def read_key_file(path: Path) -> str:
     return text
 
 
-def key_file_problem(info: os.stat_result, user: int) -> str | None:
+def key_file_problem(info: os.stat_result, user: int, also_owner: int | None = None) -> str | None:
     """Why a key file with this stat is no key for a daemon running as uid `user` (None: it
     is one): it must be a regular file that only its owner can read, owned by that user or
-    root; a key anyone could read or swap is no key. The daemons (read_key_file) and `gpuq
+    root (or `also_owner`: the coordinator's service user, whose node key a root agent on its
+    machine reads); a key anyone could read or swap is no key. The daemons (read_key_file) and `gpuq
     admin doctor` apply this one rule."""
     if not stat.S_ISREG(info.st_mode) or info.st_mode & 0o077:
         return KEY_NOT_PRIVATE
-    if info.st_uid not in (0, user):
+    if info.st_uid not in (0, user, also_owner):
         return KEY_NOT_OWNED
     return None
 

@@ -160,9 +160,10 @@ def key_file_checks(context: DoctorContext) -> list[Check]:
     per bad file (each with its fix), one for all the good ones."""
     if context.config_error:
         return [Check("key files", "skip", NOT_LOADED)]
-    from gpuq.identity import key_file_problem, problem_fix
+    from gpuq.identity import key_file_problem, problem_fix, service_uid
 
     user = _daemon_user(context.settings)
+    service = service_uid(context.settings.coordinator.service_user)
     found: list[Check] = []
     good: list[str] = []
     for path, missing in key_files(context):
@@ -175,7 +176,7 @@ def key_file_checks(context: DoctorContext) -> list[Check]:
         except OSError as error:
             found.append(Check("key file", "fail", f"{path}: {error.strerror}", ""))
             continue
-        problem = key_file_problem(info, user)
+        problem = key_file_problem(info, user, service)
         if problem is None:
             good.append(str(path))
             continue

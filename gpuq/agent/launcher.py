@@ -62,8 +62,9 @@ REFUSE_HOLD = 5.0
 
 class Launcher:
     """`address`: the coordinator's (one or several, comma-separated), whose Unix socket's owner
-    decides whose jobs a root agent may run. `cgroup_key`: the installation's level of job
-    cgroups. `policy` is this node's side of every launch; node_changed() makes it anew."""
+    decides whose jobs a root agent may run (root or `service_uid`: everyone's). `cgroup_key`:
+    the installation's level of job cgroups. `policy` is this node's side of every launch;
+    node_changed() makes it anew."""
 
     def __init__(
         self,
@@ -76,6 +77,7 @@ class Launcher:
         address: str,
         cgroup_key: str,
         job_subtree: JobSubtree | None = None,
+        service_uid: int | None = None,
     ) -> None:
         self.supervisors = supervisors
         self.gpus = gpus
@@ -83,6 +85,7 @@ class Launcher:
         self.reports = reports
         self.settings = settings
         self.address = address
+        self.service_uid = service_uid  # the coordinator's service user: its socket is shared
         self.cgroup_key = cgroup_key
         self.job_subtree = job_subtree
         self.policy = self.node_policy()
@@ -172,7 +175,9 @@ class Launcher:
             node=self.policy.node,
             agent_uid=os.geteuid(),
             allow_root_jobs=self.settings.allow_root_jobs,
-            coordinator_owner=coordinator_socket_owner(split_addresses(self.address)),
+            coordinator_owner=coordinator_socket_owner(
+                split_addresses(self.address), self.service_uid
+            ),
         )
 
     async def _share(

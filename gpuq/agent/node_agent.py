@@ -68,6 +68,8 @@ class AgentOptions:
     node_key: str  # this node's key (gpuq.identity): the coordinator knows it by it
     run_dir: Path  # job folders and the supervisors' socket
     heartbeat_interval: float = 5.0
+    # the uid of [coordinator] service_user: a coordinator socket it owns serves every user
+    service_uid: int | None = None
 
 
 class Agent:
@@ -118,6 +120,7 @@ class Agent:
             address=options.address,
             cgroup_key=key,
             job_subtree=self.job_subtree,
+            service_uid=options.service_uid,
         )
         self.connected = asyncio.Event()
         self.fence = Fence(s.fence_time, self.supervisors)

@@ -5,10 +5,12 @@ gpuq admin node-key NODE           the key that lets node NODE's agent register
 gpuq admin certs ...               a site CA and TLS certificates (gpuq.cli.certs)
 gpuq admin doctor [--json]         check this machine, each problem with its fix
                                    (gpuq.cli.doctor_verb)
+gpuq admin install [--role ...]    this machine's services: user, config, folders, units
 """
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import click
@@ -45,9 +47,12 @@ def token(obj: Any, /, user: str, revoke: bool) -> int:
 def node_key(obj: Any, /, node: str) -> int:
     """Make (or show where to find) the key of node NODE in the coordinator's nodes folder:
     only nodes with a key there may register. Copy it to the node as the file its agent's
-    [agent] node_key names (mode 0600, owned by root)."""
+    [agent] node_key names (mode 0600, owned by root). Made by root where the coordinator runs
+    as [coordinator] service_user, the key is that user's, so that the coordinator can read it."""
+    import os
+
     from gpuq.errors import InvalidInput
-    from gpuq.identity import Unauthenticated, create_key_file, node_key_file
+    from gpuq.identity import Unauthenticated, create_key_file, node_key_file, service_uid
 
     settings = obj.settings()
     try:
@@ -57,12 +62,58 @@ def node_key(obj: Any, /, node: str) -> int:
             "NODE", node, "is not a node name (letters, digits, '.', '_', '-')"
         ) from None
     existed = path.exists()
-    create_key_file(path)
+    owner = service_uid(settings.coordinator.service_user) if os.geteuid() == 0 else None
+    create_key_file(path, owner=owner)
     click.echo(f"{'exists' if existed else 'made'}: {render.printable(str(path))}")
     click.echo(
         f"copy it to {render.printable(node)} (e.g. /etc/gpuq/node.key, mode 0600) and set "
         '[agent] node_key = "/etc/gpuq/node.key" there; delete it here to refuse the node'
     )
+    return 0
+
+
+@admin.command()
+@click.option(
+    "--role",
+    type=click.Choice(["coordinator", "agent", "both"]),
+    default="both",
+    show_default=True,
+    help="the services this machine runs",
+)
+@click.option("--node", default=None, help="this node's name [default: the short host name]")
+@click.option("--user", default="gpuq", show_default=True, help="the coordinator's system user")
+@click.option("--admin-group", default="gpuq-admin", show_default=True, help="gpuq's admins")
+@click.option(
+    "--coordinator",
+    "coordinator",
+    default=None,
+    metavar="HOST:PORT",
+    help="an agent-only node: the coordinator's agent_listen",
+)
+@click.option(
+    "--root",
+    type=click.Path(file_okay=False, path_type=Path),
+    default=None,
+    help="write everything under this scratch folder instead (no users made, nothing chowned)",
+)
+def install(
+    role: str,
+    node: str | None,
+    user: str,
+    admin_group: str,
+    coordinator: str | None,
+    root: Path | None,
+) -> int:
+    """Set this machine up for gpuq's services (as root): the coordinator's system user and the
+    admin group, /etc/gpuq/config.toml (only if missing), the state folders, this node's key
+    and systemd units that start this installation's gpuq. Safe to run again: it says what it
+    kept. Then it prints what to start."""
+    from gpuq.admin.install import Target, make_plan
+    from gpuq.admin.install import install as set_up
+
+    plan = make_plan(role, node, user, admin_group, coordinator)
+    target = Target.of(root.absolute() if root else None)
+    set_up(plan, target, lambda line: click.echo(render.printable(line)))
     return 0
 
 

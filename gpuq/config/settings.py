@@ -76,6 +76,11 @@ class CoordinatorSettings:
     # job's script and environment, cancel anyone's jobs, drain nodes); root and the
     # coordinator's own user always are
     admin_group: str = "gpuq-admin"
+    # the system user the coordinator runs as under systemd (`gpuq admin install` makes
+    # "gpuq"): a coordinator running as exactly this user serves every user of the machine, as
+    # a root one does, and a root agent treats its socket and key files as the coordinator's;
+    # None: only root serves everyone (a user's own coordinator serves only that user)
+    service_user: str | None = None
     allow_root_jobs: bool = False  # may root submit jobs (they would run as root)
     hide_job_names: bool = False  # listings show other users' job names as "(hidden)"
     # TLS for the TCP port: the coordinator's certificate and key (PEM files); the CA that

@@ -365,6 +365,7 @@ RULES: dict[str, dict[str, Check]] = {
         "default_qos": _pattern(TIER_NAME, "the name of a [qos.NAME] tier"),
         "standby": _boolean,
         "admin_group": _pattern(_GROUP_NAME, "a Unix group name"),
+        "service_user": _pattern(_GROUP_NAME, "a Unix user name"),
         "allow_root_jobs": _boolean,
         "hide_job_names": _boolean,
         "tls_cert": _absolute_path,

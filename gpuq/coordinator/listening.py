@@ -30,11 +30,11 @@ def remove_if_same(path: Path, ident: tuple[int, int]) -> None:
             path.unlink()
 
 
-def prepare_home(home: Path) -> None:
-    """GPUQ_HOME, made: 0711 for root (other users reach its sockets by name, nothing else),
-    0700 otherwise."""
+def prepare_home(home: Path, *, shared: bool) -> None:
+    """GPUQ_HOME, made: 0711 for a coordinator that serves every user (root, or its service
+    user: other users reach its sockets by name, nothing else), 0700 for a private one."""
     home.mkdir(parents=True, exist_ok=True, mode=0o700)
-    os.chmod(home, 0o711 if os.geteuid() == 0 else 0o700)
+    os.chmod(home, 0o711 if shared else 0o700)
 
 
 def private_sqlite_file(settings: Settings) -> None:

@@ -21,6 +21,7 @@ from gpuq.config.settings import Settings
 from gpuq.config.value_checks import redact_url
 from gpuq.coordinator.listening import prepare_home
 from gpuq.errors import GpuqError, StoreInUse
+from gpuq.identity import serves_every_user
 from gpuq.store.engine import FileLock, PgLock, parse_database_url
 
 log = logging.getLogger(__name__)
@@ -61,7 +62,7 @@ def take_locks(settings: Settings, stop: threading.Event | None = None) -> Locks
     waits for the store lock instead of being refused; StandbyStopped when `stop` is set
     first."""
     standby = settings.coordinator.standby
-    prepare_home(settings.home)
+    prepare_home(settings.home, shared=serves_every_user(settings.coordinator.service_user))
     info: dict[str, Any] = {
         "pid": os.getpid(),
         "host": socket.gethostname(),

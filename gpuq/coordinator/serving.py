@@ -3,9 +3,10 @@ opened (and migrated), gRPC (grpc.aio) on a Unix socket and TCP, the handshake s
 HTTP endpoints (metrics, dashboard), and the chores.
 
 The Unix socket and the handshake socket beside it (gpuq.coordinator.access.authority) sit in
-GPUQ_HOME with mode 0666; the home is 0711 for a root coordinator (other users reach the
-sockets by name and nothing else: every other file in it is private) and 0700 for anyone
-else's, which serves only its own user. Every call says who makes it (gpuq.identity), checked
+GPUQ_HOME with mode 0666; the home is 0711 for a coordinator that serves every user (root's,
+or one running as [coordinator] service_user: other users reach the sockets by name and nothing
+else, every other file in it is private) and 0700 for anyone else's, which serves only its own
+user. Every call says who makes it (gpuq.identity), checked
 before its request is read. TCP binds to loopback unless configured otherwise. Locks come
 first (gpuq.coordinator.locks): one coordinator per GPUQ_HOME and per store.
 """
@@ -45,7 +46,7 @@ from gpuq.coordinator.metrics import Metrics, MetricSources
 from gpuq.coordinator.server import Coordinator, assemble
 from gpuq.domain.limits import MAX_REQUEST_BYTES
 from gpuq.errors import GpuqError
-from gpuq.identity import create_key_file
+from gpuq.identity import create_key_file, serves_every_user
 from gpuq.store.api import Store
 from gpuq.store.engine import PgLock, storage_unavailable
 from gpuq.v1 import agent_pb2_grpc, queue_pb2_grpc
@@ -140,7 +141,13 @@ async def _start(
     except DBAPIError as exc:
         raise storage_unavailable(settings.database_url, exc) from None
     coordinator = assemble(store, cfg)
-    authority = Authority(key, settings.nodes_dir, cfg.admin_group, coordinator.tokens.digests)
+    authority = Authority(
+        key,
+        settings.nodes_dir,
+        cfg.admin_group,
+        coordinator.tokens.digests,
+        serves_everyone=serves_every_user(cfg.service_user),
+    )
     server = grpc.aio.server(
         interceptors=[AuthInterceptor(authority)],
         # more calls at once are refused RESOURCE_EXHAUSTED, watch streams included

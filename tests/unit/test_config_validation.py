@@ -33,6 +33,12 @@ def _clean_env(monkeypatch: pytest.MonkeyPatch) -> None:
 BAD = [
     # (config text, key named in the message, value as shown, words of the problem)
     (
+        '[coordinator]\nservice_user = "gpuq svc"',
+        "[coordinator] service_user",
+        '"gpuq svc"',
+        "a Unix user name",
+    ),
+    (
         '[coordinator]\nheartbeat_interval = "five"',
         "[coordinator] heartbeat_interval",
         '"five"',

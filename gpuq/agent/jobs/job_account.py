@@ -39,9 +39,10 @@ def lookup_account(user: str) -> Account | None:
     return Account(entry.pw_name, entry.pw_uid, entry.pw_gid, entry.pw_dir, entry.pw_shell)
 
 
-def coordinator_socket_owner(addresses: list[str]) -> int | None:
+def coordinator_socket_owner(addresses: list[str], service_uid: int | None = None) -> int | None:
     """The uid owning the coordinator's Unix socket when one of `addresses` is `unix:PATH`
-    and a user other than root owns it (a user's private coordinator), else None. A socket
+    and a user other than root and the coordinator's service user (`service_uid`, from
+    [coordinator] service_user) owns it (a user's private coordinator), else None. A socket
     that cannot be looked at counts as owned by nobody trusted (-1: no job runs)."""
     owners = set()
     for address in addresses:
@@ -53,7 +54,7 @@ def coordinator_socket_owner(addresses: list[str]) -> int | None:
         except OSError:
             owners.add(-1)
             continue
-        if info.st_uid != 0 or not stat.S_ISSOCK(info.st_mode):
+        if info.st_uid not in (0, service_uid) or not stat.S_ISSOCK(info.st_mode):
             owners.add(info.st_uid if stat.S_ISSOCK(info.st_mode) else -1)
     if not owners:
         return None

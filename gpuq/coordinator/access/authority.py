@@ -48,6 +48,8 @@ class Authority:
         admin_group: str,
         tokens: dict[str, str],
         clock: Callable[[], float] = time.time,
+        *,
+        serves_everyone: bool,
     ) -> None:
         self.key = key
         self.nodes_dir = nodes_dir
@@ -56,6 +58,9 @@ class Authority:
         self.clock = clock
         self.own_uid = os.geteuid()
         self.own_user = _user_name(self.own_uid) or str(self.own_uid)
+        # root, or the configured service user (gpuq.identity.serves_every_user); otherwise a
+        # user's private coordinator, which serves only that user
+        self.serves_everyone = serves_everyone
         self._admins: tuple[float, frozenset[str]] = (-GROUP_CACHE, frozenset())
         self._callers: dict[str, tuple[Caller, float]] = {}
 
@@ -119,7 +124,7 @@ class Authority:
         return self._served(user, uid, "socket")
 
     def _served(self, user: str, uid: int | None, how: str) -> Caller:
-        if self.own_uid != 0 and user != self.own_user:
+        if not self.serves_everyone and user != self.own_user:
             raise PermissionDenied(
                 f"this coordinator runs as {self.own_user} and serves only {self.own_user}"
             )
@@ -151,7 +156,7 @@ class Authority:
     def credential_for(self, uid: int) -> str:
         """A credential for a local caller of `uid`, or the one-line reason it gets none."""
         user = _user_name(uid)
-        if self.own_uid != 0 and uid != self.own_uid:
+        if not self.serves_everyone and uid != self.own_uid:
             return (
                 f"refused: this coordinator runs as {self.own_user} and serves only {self.own_user}"
             )

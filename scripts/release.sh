@@ -1,0 +1,62 @@
+#!/usr/bin/env bash
+# Build a release of lab-gpu-queue into dist/: the sdist and a wheel for this machine's Python,
+# checked. Usage: bash scripts/release.sh   (PYTHON=... picks the interpreter, default python3;
+# it needs setuptools>=69, and pip; `build` and `auditwheel` are used when installed).
+#
+# Why the last part prints where a compiler is needed: gpuq has one C extension
+# (gpuq.agent._supervise), so a wheel fits exactly one CPython version and platform. Everywhere
+# else pip builds from the sdist, which takes gcc and the Python headers.
+set -euo pipefail
+
+cd "$(dirname "$0")/.."
+PYTHON=${PYTHON:-python3}
+OUT=dist
+rm -rf "$OUT" build
+mkdir -p "$OUT"
+
+echo "== sdist"
+if "$PYTHON" -c "import build" 2>/dev/null; then
+    "$PYTHON" -m build --sdist --no-isolation --outdir "$OUT" . >/dev/null
+else  # the PEP 517 hook itself: no download, this interpreter's setuptools
+    "$PYTHON" -c "from setuptools import build_meta as b; import sys; b.build_sdist(sys.argv[1])" "$OUT" >/dev/null
+fi
+SDIST=$(ls "$OUT"/*.tar.gz)
+echo "$SDIST"
+# the C sources must travel in the sdist, or every machine without a wheel fails to build
+LISTING=$(tar -tzf "$SDIST")
+for needed in setup.py gpuq/agent/native/supervisor.c gpuq/agent/native/supervise.h \
+    gpuq/migrations/env.py scripts/gpuq; do
+    if ! grep -qx "[^/]*/$needed" <<<"$LISTING"; then
+        echo "release: $SDIST lacks $needed" >&2
+        exit 1
+    fi
+done
+
+echo "== wheel"
+"$PYTHON" -m pip wheel --quiet --no-deps --no-build-isolation --wheel-dir "$OUT" .
+WHEEL=$(ls "$OUT"/*.whl)
+echo "$WHEEL"
+if ! "$PYTHON" -m zipfile -l "$WHEEL" | grep "gpuq/agent/_supervise\..*\.so" >/dev/null; then
+    echo "release: $WHEEL lacks the C extension gpuq/agent/_supervise" >&2
+    exit 1
+fi
+
+echo "== auditwheel"
+if command -v auditwheel >/dev/null; then
+    auditwheel show "$WHEEL"
+    echo "(PyPI takes only manylinux/musllinux tags: \`auditwheel repair $WHEEL\` makes one)"
+else
+    echo "auditwheel not installed (pip install auditwheel): the wheel's external libraries and"
+    echo "manylinux tag were not checked; PyPI refuses a plain linux_* wheel"
+fi
+
+echo "== where a compiler is needed"
+TAG=$(basename "$WHEEL" .whl | cut -d- -f3-)
+cat <<EOF
+This wheel fits $TAG only (one CPython version and platform).
+Everywhere else \`pip install lab-gpu-queue\` builds the C extension from the sdist and needs
+a C compiler and the Python headers:
+  Debian, Ubuntu:        apt install build-essential python3-dev python3-venv
+  Fedora, RHEL, Rocky:   dnf install gcc python3-devel
+  Alpine (musl):         apk add build-base python3-dev
+EOF
