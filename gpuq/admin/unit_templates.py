@@ -183,6 +183,9 @@ ExecStart=$sleep infinity
 # systemd leaves the subtree to the agent, which makes <key>/job_<id> groups there and
 # enables these controllers for them
 Delegate=cpuset memory pids
+# the placeholder's end stops the unit, and with it every job below: never the OOM killer's pick
+# (only the placeholder gets this score; jobs keep their own)
+OOMScoreAdjust=-1000
 Restart=always
 RestartSec=2
 
