@@ -1,7 +1,10 @@
 #!/usr/bin/env bash
-# Build a release of lab-gpu-queue into dist/: the sdist and a wheel for this machine's Python,
-# checked. Usage: bash scripts/release.sh   (PYTHON=... picks the interpreter, default python3;
-# it needs setuptools>=69, and pip; `build` and `auditwheel` are used when installed).
+# Build a release of lab-gpu-queue into dist/: the sdist, and a wheel for this machine's Python
+# built from that sdist, checked. Usage: bash scripts/release.sh (PYTHON=... picks the
+# interpreter, default python3; OUT=... the folder, default dist). It makes a throwaway venv
+# with `build` and `auditwheel` (from PyPI); `build` fetches pyproject.toml's build
+# requirements into an isolated environment, so the interpreter's own setuptools (often too old
+# for the SPDX license field) does not matter.
 #
 # Why the last part prints where a compiler is needed: gpuq has one C extension
 # (gpuq.agent._supervise), so a wheel fits exactly one CPython version and platform. Everywhere
@@ -10,16 +13,22 @@ set -euo pipefail
 
 cd "$(dirname "$0")/.."
 PYTHON=${PYTHON:-python3}
-OUT=dist
-rm -rf "$OUT" build
+OUT=${OUT:-dist}
+rm -rf "$OUT"
 mkdir -p "$OUT"
+TOOLS=$(mktemp -d "${TMPDIR:-/tmp}/gpuq-release.XXXXXX")
+trap 'rm -rf "$TOOLS"' EXIT
+"$PYTHON" -m venv "$TOOLS/venv"
+"$TOOLS/venv/bin/pip" install --quiet build
+# auditwheel too, where its registry answers (the check below says when it did not)
+"$TOOLS/venv/bin/pip" install --quiet auditwheel 2>/dev/null || true
+PATH="$TOOLS/venv/bin:$PATH"
 
-echo "== sdist"
-if "$PYTHON" -c "import build" 2>/dev/null; then
-    "$PYTHON" -m build --sdist --no-isolation --outdir "$OUT" . >/dev/null
-else  # the PEP 517 hook itself: no download, this interpreter's setuptools
-    "$PYTHON" -c "from setuptools import build_meta as b; import sys; b.build_sdist(sys.argv[1])" "$OUT" >/dev/null
-fi
+echo "== sdist and wheel (the wheel built from the sdist: a missing file fails here)"
+"$TOOLS/venv/bin/python" -m build --outdir "$OUT" . >"$TOOLS/build.log" 2>&1 || {
+    tail -30 "$TOOLS/build.log" >&2
+    exit 1
+}
 SDIST=$(ls "$OUT"/*.tar.gz)
 echo "$SDIST"
 # the C sources must travel in the sdist, or every machine without a wheel fails to build
@@ -32,8 +41,6 @@ for needed in setup.py gpuq/agent/native/supervisor.c gpuq/agent/native/supervis
     fi
 done
 
-echo "== wheel"
-"$PYTHON" -m pip wheel --quiet --no-deps --no-build-isolation --wheel-dir "$OUT" .
 WHEEL=$(ls "$OUT"/*.whl)
 echo "$WHEEL"
 if ! "$PYTHON" -m zipfile -l "$WHEEL" | grep "gpuq/agent/_supervise\..*\.so" >/dev/null; then
