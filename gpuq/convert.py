@@ -68,6 +68,7 @@ def spec_to_proto(spec: JobSpec) -> pb.JobSpec:
             nodelist=list(spec.placement.nodelist),
             exclude=list(spec.placement.exclude),
             constraint=spec.placement.constraint or "",
+            partitions=list(spec.placement.partitions),
         ),
         mail_types=list(spec.mail_types),
         mail_user=spec.mail_user or "",
@@ -156,6 +157,7 @@ def _spec_dict(message: pb.JobSpec) -> dict[str, Any]:
             "nodelist": list(message.placement.nodelist),
             "exclude": list(message.placement.exclude),
             "constraint": message.placement.constraint or None,
+            "partitions": list(message.placement.partitions),
         },
         "terminal": (
             {

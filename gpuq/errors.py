@@ -16,11 +16,13 @@ class GpuqError(Exception):
 class InvalidInput(GpuqError):
     """A value a user gave is wrong; names the field and the value."""
 
-    def __init__(self, field: str, value: object, problem: str) -> None:
+    def __init__(self, field: str, value: object, problem: str, *, line: str | None = None) -> None:
         self.field = field
         self.value = value
         self.problem = problem
-        super().__init__(f"invalid {field} {value!r}: {problem}")
+        # `line`: the whole message, where "invalid FIELD VALUE: problem" would only repeat
+        # the value ("no partition x; partitions: a, b")
+        super().__init__(line or f"invalid {field} {value!r}: {problem}")
 
 
 class Unsatisfiable(GpuqError):

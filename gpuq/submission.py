@@ -25,10 +25,10 @@ from gpuq.domain.node_constraints import (
     Placement,
     check_feature_expression,
     expand_nodes,
-    with_partitions,
 )
 from gpuq.domain.notify import parse_mail_types
 from gpuq.domain.parsing import collect_dependencies, parse_begin, submit_environment
+from gpuq.domain.partitions import parse_partitions
 from gpuq.domain.units import parse_duration
 from gpuq.errors import InvalidInput
 from gpuq.options import BY_FLAG, BY_NAME, GROUP_OF, SUBMIT_LONG_FLAGS
@@ -293,20 +293,20 @@ def _text(values: dict[str, Any], key: str) -> str | None:
 
 
 def _placement(values: dict[str, Any]) -> Placement:
-    """--nodelist, --exclude, --constraint and --partition (a node feature, with the
-    constraint: `-C a|b -p p` is `a&p|b&p`). Node ranges (n[1-4]) are expanded here."""
+    """--nodelist, --exclude, --constraint and --partition (any of its names; the
+    coordinator checks them against its `[partitions.NAME]`, or, where it has none, reads
+    them as node features). Node ranges (n[1-4]) are expanded here."""
     nodelist = _text(values, "nodelist")
     exclude = _text(values, "exclude")
     constraint = _text(values, "constraint")
     if constraint is not None:
         constraint = check_feature_expression(constraint.strip())
     partition = _text(values, "partition")
-    if partition is not None:
-        constraint = with_partitions(constraint, partition)
     return Placement(
         nodelist=expand_nodes(nodelist, "--nodelist") if nodelist else (),
         exclude=expand_nodes(exclude, "--exclude") if exclude else (),
         constraint=constraint,
+        partitions=parse_partitions(partition) if partition is not None else (),
     )
 
 

@@ -157,7 +157,14 @@ def queue(
         lines = render.format_lines(parts, jobs, now, colour=look.colour, header=not noheader)
         click.echo("\n".join(lines), color=look.colour)
         return 0
-    columns = [*QUEUE_COLUMNS, *(LONG_COLUMNS if long_ else ()), render.Column("NODE/REASON")]
+    # PARTITION only where some job has one (a site without partitions sees no change)
+    parted = any(j.spec.placement.partitions for j in jobs)
+    columns = [
+        *QUEUE_COLUMNS,
+        *((render.Column("PARTITION", shrink=6, drop=2),) if parted else ()),
+        *(LONG_COLUMNS if long_ else ()),
+        render.Column("NODE/REASON"),
+    ]
     rows = []
     for j in jobs:
         row = [
@@ -168,6 +175,7 @@ def queue(
             render.elapsed(j, now),
             f"1 ({j.spec.resources.mig})" if j.spec.resources.mig else _gpus(j),
             j.qos,
+            *((render.partition_text(j),) if parted else ()),
         ]
         if long_:
             row += [render.priority(j), render.factors(j), render.estimated_start(j)]
@@ -351,6 +359,8 @@ def node_dict(node: Any) -> dict[str, Any]:
         "driver": node.driver or None,
         "gpu_problem": node.gpu_problem or None,
         "features": list(node.features),
+        "partitions": list(node.partitions),
+        "default_partition": node.default_partition or None,
         "gpu_types": _gpu_types(node),
         "drain": (
             {"reason": node.drain_reason, "by": node.drained_by, "at": node.drained_at}
@@ -423,6 +433,12 @@ def node_facts(node: Any) -> str:
     return ", ".join(facts)
 
 
+def _partitions(node: Any) -> str:
+    """ "debug*,gpu": a node's partitions, `*` after the default one (as sinfo marks it)."""
+    marked = [p + ("*" if p == node.default_partition else "") for p in node.partitions]
+    return ",".join(marked) or "-"
+
+
 def unit_health_text(node: Any, gpu: Any) -> str:
     """`ok`, or `drained by admin: fan (root, 2026-11-30 13:40:00)`, `dirty: pid 4242 ...`,
     with the agent's notes (e.g. a foreign process) after them."""
@@ -468,6 +484,7 @@ def nodes(obj: Any, /, as_json: bool) -> int:
     if as_json:
         click.echo(render.dumps([node_dict(n) for n in found]))
         return 0
+    parted = any(n.partitions for n in found)  # sinfo's PARTITION, where there are any
     rows = [
         (
             n.name,
@@ -477,13 +494,13 @@ def nodes(obj: Any, /, as_json: bool) -> int:
             f"{render.size(n.mem_used)}/{render.size(n.mem)}",
             render.size(_vram(n.gpus)) if n.gpus else "-",
             ", ".join(sorted({g.name for g in n.gpus})) or "-",
+            *((_partitions(n),) if parted else ()),
             n.reason,
         )
         for n in found
     ]
-    lines = [
-        render.table(("NODE", "STATE", "GPUS", "CPUS", "MEM", "GPU MEM", "MODEL", "NOTE"), rows)
-    ]
+    headers = ("NODE", "STATE", "GPUS", "CPUS", "MEM", "GPU MEM", "MODEL")
+    lines = [render.table((*headers, *(("PARTITION",) if parted else ()), "NOTE"), rows)]
     for n in found:
         facts = node_facts(n)
         if not n.gpus and not facts:

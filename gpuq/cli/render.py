@@ -148,6 +148,7 @@ def job_dict(job: Any) -> dict[str, Any]:
         "mig": job.spec.resources.mig or None,
         "gpu_type": job.spec.resources.gpu_type or None,
         "placement": placement_dict(job.spec.placement),
+        "partitions": list(job.spec.placement.partitions),
         "cpus": job.spec.resources.cpus,
         "mem": job.spec.resources.mem if job.spec.resources.HasField("mem") else None,
         "time_limit": job.spec.resources.time_limit
@@ -187,19 +188,28 @@ def job_dict(job: Any) -> dict[str, Any]:
 
 
 def placement_dict(placement: Any) -> dict[str, Any] | None:
-    """A job's --nodelist, --exclude and --constraint (None: anywhere)."""
-    if not (placement.nodelist or placement.exclude or placement.constraint):
+    """A job's --nodelist, --exclude, --constraint and partitions (None: anywhere)."""
+    given = (placement.nodelist, placement.exclude, placement.constraint, placement.partitions)
+    if not any(given):
         return None
     return {
         "nodelist": list(placement.nodelist),
         "exclude": list(placement.exclude),
         "constraint": placement.constraint or None,
+        "partitions": list(placement.partitions),
     }
 
 
+def partition_text(job: Any) -> str:
+    """A job's partitions as squeue's PARTITION shows them: `debug`, `debug,gpu`, `-`."""
+    return ",".join(job.spec.placement.partitions) or "-"
+
+
 def placement_text(placement: Any) -> str:
-    """ "nodelist n1,n2; exclude n3; constraint nvlink&ib", or "anywhere"."""
+    """ "partition gpu; nodelist n1,n2; exclude n3; constraint nvlink&ib", or "anywhere"."""
     parts = []
+    if placement.partitions:
+        parts.append("partition " + ",".join(placement.partitions))
     if placement.nodelist:
         parts.append("nodelist " + ",".join(placement.nodelist))
     if placement.exclude:

@@ -24,15 +24,18 @@ from gpuq.config.settings import (
     default_home,
 )
 from gpuq.config.value_checks import RULES, TIER_NAME, check_home, check_setting, check_table
+from gpuq.domain.partitions import PARTITION_NAME_RE, Partition, default_partition
 from gpuq.domain.policy import FENCE_MARGIN, QosTier, SchedulerSettings, fence_wait
+from gpuq.domain.units import format_duration
 from gpuq.errors import ConfigError, InvalidInput
 
-TOP_LEVEL = ("home", "coordinator", "agent", "client", "qos", "scheduler")
+TOP_LEVEL = ("home", "coordinator", "agent", "client", "qos", "scheduler", "partitions")
 # the sections' names for RULES (a [qos.NAME] section has the rules of "qos")
 _SECTION_CLASSES: dict[type[Any], str] = {
     CoordinatorSettings: "coordinator",
     SchedulerSettings: "scheduler",
     QosTier: "qos",
+    Partition: "partitions",
     AgentSettings: "agent",
     ClientSettings: "client",
 }
@@ -78,8 +81,43 @@ def load_settings(config: Path | None = None, home: Path | None = None) -> Setti
         agent=_section(AgentSettings, data.get("agent", {}), "agent", source),
         client=_section(ClientSettings, data.get("client", {}), "client", source),
     )
+    if "partitions" in data:
+        coordinator = settings.coordinator
+        partitions = _partitions(data["partitions"], coordinator.qos, source)
+        settings = replace(settings, coordinator=replace(coordinator, partitions=partitions))
     _check_fence(settings, data, source)
     return _apply_env(settings)
+
+
+def _partitions(raw: Any, tiers: dict[str, QosTier], source: str) -> dict[str, Partition]:
+    """`[partitions.NAME]` tables: each checked key by key; a partition needs `nodes`, its QOS
+    must be a tier, its default_time no longer than its max_time, and at most one is the
+    default (as SLURM's Default=YES)."""
+    partitions: dict[str, Partition] = {}
+    for name, values in check_table(raw, source, "[partitions]").items():
+        section = f"partitions.{name}"
+        if not PARTITION_NAME_RE.fullmatch(name):
+            raise ConfigError(
+                source, f"[{section}]", values, "a partition name is letters, digits, _ . -"
+            )
+        check_table(values, source, f"[{section}]")
+        if "nodes" not in values:
+            raise ConfigError(source, f"[{section}] nodes", None, "missing: which nodes are in it")
+        made: Partition = _section(Partition, values, section, source, name=name)
+        if made.qos is not None and made.qos not in tiers:
+            known = ", ".join(tiers) or "none"
+            raise ConfigError(
+                source, f"[{section}] qos", made.qos, f"no such qos tier (tiers: {known})"
+            )
+        if made.default and (other := default_partition(partitions)) is not None:
+            raise ConfigError(
+                source,
+                f"[{section}] default",
+                True,
+                f"partition {other.name} is the default already: at most one may be",
+            )
+        partitions[name] = made
+    return partitions
 
 
 def _check_fence(settings: Settings, raw: dict[str, Any], source: str) -> None:
@@ -161,14 +199,15 @@ def _section(cls: type[Any], raw: dict[str, Any], section: str, source: str, **e
             raise ConfigError(source, f"[{section}] {key}", value, _unknown("setting", key, rules))
         values[key] = rules[key](value, source, f"[{section}] {key}")
     made = cls(**values)
-    if isinstance(made, QosTier):
+    if isinstance(made, QosTier | Partition):
         limit, default = made.max_time, made.default_time
+        what = "tier" if isinstance(made, QosTier) else "partition"
         if limit is not None and default is not None and default > limit:
             raise ConfigError(
                 source,
                 f"[{section}] default_time",
-                default,
-                f"longer than this tier's max_time ({limit})",
+                raw.get("default_time", default),
+                f"longer than this {what}'s max_time ({format_duration(limit)})",
             )
     return made
 

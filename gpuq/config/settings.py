@@ -13,6 +13,7 @@ import socket
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from gpuq.domain.partitions import Partition
 from gpuq.domain.policy import QosTier, SchedulerSettings, default_qos_tiers
 from gpuq.run_root import recorded_root
 
@@ -119,6 +120,8 @@ class CoordinatorSettings:
     # URLs told of node and GPU health changes (an admin's own: any address)
     admin_webhooks: tuple[str, ...] = ()
     qos: dict[str, QosTier] = field(default_factory=default_qos_tiers)
+    # [partitions.NAME], in the file's order; none: --partition is a node feature
+    partitions: dict[str, Partition] = field(default_factory=dict)
     scheduler: SchedulerSettings = field(default_factory=SchedulerSettings)
 
 

@@ -284,6 +284,49 @@ def _features(value: Any, source: str, key: str) -> tuple[str, ...]:
         raise ConfigError(source, key, exc.value, exc.problem) from None
 
 
+def _node_patterns(value: Any, source: str, key: str) -> tuple[str, ...]:
+    """A partition's nodes: names, SLURM host ranges (gpu[01-04]) or shell patterns (gpu*)."""
+    from gpuq.domain.partitions import check_node_pattern
+
+    if not isinstance(value, list) or not value:
+        raise ConfigError(
+            source, key, value, 'expected a list such as ["gpu[01-04]", "big*"] (not empty)'
+        )
+    for item in value:
+        if not isinstance(item, str):
+            raise ConfigError(source, key, item, f"expected a node name, not {_kind(item)}")
+        try:
+            check_node_pattern(item)
+        except InvalidInput as exc:
+            raise ConfigError(source, key, item, exc.problem) from None
+    return tuple(dict.fromkeys(value))
+
+
+def _slurm_time(value: Any, source: str, key: str) -> int:
+    """A SLURM time limit ("30", "1:00:00", "2-00:00:00"), in seconds, at most MAX_TIME_LIMIT."""
+    from gpuq.domain.units import parse_duration
+
+    if not isinstance(value, str):
+        example = 'a time such as "1:00:00" or "7-00:00:00"'
+        raise ConfigError(source, key, value, f"expected {example}, not {_kind(value)}")
+    try:
+        seconds = parse_duration(value, key)
+    except InvalidInput as exc:
+        raise ConfigError(source, key, value, exc.problem) from None
+    if seconds > MAX_TIME_LIMIT:
+        raise ConfigError(source, key, value, "at most 366 days")
+    return seconds
+
+
+def _groups(value: Any, source: str, key: str) -> tuple[str, ...]:
+    if not isinstance(value, list):
+        raise ConfigError(source, key, value, f'expected a list such as ["ml"], not {_kind(value)}')
+    for item in value:
+        if not isinstance(item, str) or not _GROUP_NAME.fullmatch(item):
+            raise ConfigError(source, key, item, "expected a Unix group name")
+    return tuple(dict.fromkeys(value))
+
+
 def _web_url(value: Any, source: str, key: str) -> str:
     text = _string(value, source, key)
     parts = urllib.parse.urlsplit(text)
@@ -407,6 +450,14 @@ RULES: dict[str, dict[str, Check]] = {
         "idle_action": _choice("flag", "cancel"),
         "hung_window": _integer(0, MAX_TIME_LIMIT, "seconds"),
         "max_output": _output_limit,
+    },
+    "partitions": {
+        "nodes": _node_patterns,
+        "default_time": _slurm_time,
+        "max_time": _slurm_time,
+        "allow_groups": _groups,
+        "qos": _pattern(TIER_NAME, "the name of a [qos.NAME] tier"),
+        "default": _boolean,
     },
     "agent": {
         "node_name": _pattern(

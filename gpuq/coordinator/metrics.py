@@ -115,7 +115,12 @@ _PREFIXES = (
 
 def reason_category(reason: str) -> str:
     """One scheduler reason's category (see REASONS); a shortage or reservation is
-    "resources"."""
+    "resources". A reason said of a job's partitions ("partition gpu: ...") counts as what
+    it says after that."""
+    if reason.startswith("partition "):
+        reason = reason.partition(": ")[2]
+        if reason == "no node is in it":
+            return "placement"
     if reason.startswith("qos ") and " limit:" in reason:
         return "qos_limit"
     for prefix, category in _PREFIXES:

@@ -151,7 +151,7 @@ def assemble(
     writer = StoreWriter(store, bus.committed, settings.store_write_timeout)
     inputs = SchedulerInputs(settings)
     jobs = LiveJobs(inputs.key, lambda job: inputs.priority(job, inputs.ranked_at))
-    nodes = NodeTable()
+    nodes = NodeTable(settings.partitions)
     loader = MemoryLoader(writer, jobs, nodes, inputs, clock)
     requests = PassRequests()
     wake = requests.wake

@@ -83,6 +83,7 @@ def _placement_dict(placement: Placement) -> dict[str, Any]:
         "nodelist": list(placement.nodelist),
         "exclude": list(placement.exclude),
         "constraint": placement.constraint,
+        **({"partitions": list(placement.partitions)} if placement.partitions else {}),
     }
 
 
@@ -154,6 +155,7 @@ def spec_from_dict(data: dict[str, Any], *, checked: bool = False) -> JobSpec:
                 nodelist=tuple(placed.get("nodelist", ())),
                 exclude=tuple(placed.get("exclude", ())),
                 constraint=placed.get("constraint"),
+                partitions=tuple(placed.get("partitions", ())),
             )
             if (placed := data.get("placement"))
             else Placement()

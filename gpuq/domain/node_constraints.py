@@ -1,5 +1,6 @@
 """Where a job may run: the pure rules behind `--nodelist`, `--exclude`, `--constraint` and
-`--partition`, and the Placement that holds them.
+`--partition` (a node feature where no partition is configured; gpuq.domain.partitions), and
+the Placement that holds them.
 
 Node features are the labels an admin gives a node in `[agent] features`; a node also has the
 types of its GPUs as features (gpuq.domain.gpu_types).
@@ -17,6 +18,7 @@ from gpuq.errors import InvalidInput
 MAX_PLACEMENT_NODES = 1024  # names in --nodelist or --exclude, ranges expanded
 MAX_CONSTRAINT = 1024  # characters of a --constraint expression
 MAX_NODE_FEATURES = 64  # labels in a node's [agent] features
+MAX_PARTITIONS = 64  # partitions a job may name (-p a,b,...)
 FEATURE_RE = re.compile(r"[A-Za-z0-9_.+-]{1,64}")
 NODE_NAME_RE = re.compile(rf"[A-Za-z0-9_.-]{{1,{MAX_NODE_NAME}}}")
 
@@ -225,25 +227,36 @@ class Placement:
     `nodelist` is the nodes a job may run on (any one of them, or any `--nodes N` of them),
     not sbatch's "all of these must be in the allocation". `constraint` matches a node's
     features: its `[agent] features` and the types of its GPUs (a node with an A100 has the
-    feature a100)."""
+    feature a100). `partitions` are the `[partitions.NAME]` it may run in (any one of them;
+    the coordinator says which partitions a node is in); empty: any node."""
 
     nodelist: tuple[str, ...] = ()
     exclude: tuple[str, ...] = ()
     constraint: str | None = None
+    partitions: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         _check_nodes("--nodelist", self.nodelist)
         _check_nodes("--exclude", self.exclude)
         if self.constraint is not None:
             check_feature_expression(self.constraint)
+        if not isinstance(self.partitions, tuple) or len(self.partitions) > MAX_PARTITIONS:
+            raise InvalidInput("--partition", shown(self.partitions), "too many partitions")
+        for name in self.partitions:
+            if not isinstance(name, str) or not FEATURE_RE.fullmatch(name):
+                raise InvalidInput("--partition", shown(name), "not a partition name")
 
     def __bool__(self) -> bool:
-        return bool(self.nodelist or self.exclude or self.constraint)
+        return bool(self.nodelist or self.exclude or self.constraint or self.partitions)
 
-    def node_problem(self, node: str, features: Iterable[str] | None) -> str | None:
+    def node_problem(
+        self, node: str, features: Iterable[str] | None, partitions: Iterable[str] = ()
+    ) -> str | None:
         """Why this placement rules out node `node` with `features` (None: unknown yet, as
-        for a node that has not registered since the coordinator started: it may match), or
-        None when it allows it."""
+        for a node that has not registered since the coordinator started: it may match) in
+        `partitions`, or None when it allows it."""
+        if self.partitions and not set(self.partitions) & set(partitions):
+            return f"node {node} is not in partition {','.join(self.partitions)}"
         if self.nodelist and node not in self.nodelist:
             return f"node {node} is not in --nodelist"
         if node in self.exclude:
@@ -259,6 +272,8 @@ class Placement:
     def describe(self) -> str:
         """ "nodelist n1,n2; exclude n3; constraint nvlink&ib" (how `gpuq show` prints it)."""
         parts = []
+        if self.partitions:
+            parts.append("partition " + ",".join(self.partitions))
         if self.nodelist:
             parts.append("nodelist " + ",".join(self.nodelist))
         if self.exclude:

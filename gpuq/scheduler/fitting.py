@@ -73,6 +73,8 @@ class NodeView:
     # its `[agent] features`; None: not known yet (its agent has not registered since the
     # coordinator started), so any constraint may match it
     features: frozenset[str] | None = frozenset()
+    # the `[partitions.NAME]` it is in (none configured: none)
+    partitions: frozenset[str] = frozenset()
 
     def distance(self, a: str, b: str) -> int:
         return self.distances.get((a, b) if a < b else (b, a), DISTANCE_SYSTEM)
@@ -109,7 +111,7 @@ def allowed(node: NodeView, placement: Placement) -> str | None:
     """Why `placement` rules `node` out (None: the job may run there)."""
     if not placement:
         return None
-    return placement.node_problem(node.name, node_features(node))
+    return placement.node_problem(node.name, node_features(node), node.partitions)
 
 
 def typed(need: Resources) -> str:
@@ -209,6 +211,25 @@ def placement_reason(nodes: Sequence[NodeView], placement: Placement) -> str | N
     in --nodelist, nodes excluded, features no node has."""
     if not placement or any(allowed(n, placement) is None for n in nodes):
         return None
+    if not placement.partitions:
+        return _ruled_out(nodes, placement)
+    named = f"partition {','.join(placement.partitions)}"
+    inside = [n for n in nodes if set(placement.partitions) & n.partitions]
+    if not inside:
+        return f"{named}: no node is in it"
+    return f"{named}: {_ruled_out(inside, placement)}"
+
+
+def in_partition(placement: Placement, reason: str) -> str:
+    """A waiting job's reason, said of its partitions ("partition debug: no node is up"), as
+    squeue's reasons are read against the job's PARTITION."""
+    if not placement.partitions or reason.startswith("partition "):
+        return reason
+    return f"partition {','.join(placement.partitions)}: {reason}"
+
+
+def _ruled_out(nodes: Sequence[NodeView], placement: Placement) -> str:
+    """Why --nodelist, --exclude or --constraint rule out every one of `nodes`."""
     known = {n.name for n in nodes}
     if placement.nodelist:
         unknown = [n for n in placement.nodelist if n not in known]

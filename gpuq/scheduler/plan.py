@@ -30,6 +30,7 @@ from gpuq.scheduler.fitting import (
     ShareUse,
     allowed,
     choose_units,
+    in_partition,
     misfit,
     never_fits,
     never_fits_reason,
@@ -300,7 +301,7 @@ class _Pass:
 
     def _why_not(self, job: PendingJob, key: FitKey) -> str:
         if key not in self.unfit and gang.is_gang(job.need):
-            self.unfit[key] = self._why_not_gang(job)
+            self.unfit[key] = in_partition(job.placement, self._why_not_gang(job))
         if key not in self.unfit:
             only = self._allowed(job.placement)
             ruled_out = placement_reason(self.views, job.placement) if self.views else None
@@ -332,7 +333,7 @@ class _Pass:
                 reason = f"resources reserved for job {self.top.job_id} (it starts by {when})"
             else:
                 reason = shortage(free_now, job.need, job.user)
-            self.unfit[key] = reason
+            self.unfit[key] = in_partition(job.placement, reason)
         return self.unfit[key]
 
     def _why_not_gang(self, job: PendingJob) -> str:

@@ -293,7 +293,7 @@ class ListNodesRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class NodeInfo(_message.Message):
-    __slots__ = ("name", "state", "cpus", "mem", "gpus", "fake", "last_seen", "reason", "usage", "running_jobs", "cpus_used", "mem_used", "gpus_used", "health", "isolation", "driver", "gpu_problem", "drain_reason", "drained_by", "drained_at", "features")
+    __slots__ = ("name", "state", "cpus", "mem", "gpus", "fake", "last_seen", "reason", "usage", "running_jobs", "cpus_used", "mem_used", "gpus_used", "health", "isolation", "driver", "gpu_problem", "drain_reason", "drained_by", "drained_at", "features", "partitions", "default_partition")
     NAME_FIELD_NUMBER: _ClassVar[int]
     STATE_FIELD_NUMBER: _ClassVar[int]
     CPUS_FIELD_NUMBER: _ClassVar[int]
@@ -315,6 +315,8 @@ class NodeInfo(_message.Message):
     DRAINED_BY_FIELD_NUMBER: _ClassVar[int]
     DRAINED_AT_FIELD_NUMBER: _ClassVar[int]
     FEATURES_FIELD_NUMBER: _ClassVar[int]
+    PARTITIONS_FIELD_NUMBER: _ClassVar[int]
+    DEFAULT_PARTITION_FIELD_NUMBER: _ClassVar[int]
     name: str
     state: str
     cpus: int
@@ -336,7 +338,9 @@ class NodeInfo(_message.Message):
     drained_by: str
     drained_at: float
     features: _containers.RepeatedScalarFieldContainer[str]
-    def __init__(self, name: _Optional[str] = ..., state: _Optional[str] = ..., cpus: _Optional[int] = ..., mem: _Optional[int] = ..., gpus: _Optional[_Iterable[_Union[_types_pb2.GpuUnit, _Mapping]]] = ..., fake: _Optional[bool] = ..., last_seen: _Optional[float] = ..., reason: _Optional[str] = ..., usage: _Optional[_Iterable[_Union[_types_pb2.GpuUsage, _Mapping]]] = ..., running_jobs: _Optional[_Iterable[int]] = ..., cpus_used: _Optional[int] = ..., mem_used: _Optional[int] = ..., gpus_used: _Optional[_Iterable[str]] = ..., health: _Optional[_Iterable[_Union[UnitHealth, _Mapping]]] = ..., isolation: _Optional[str] = ..., driver: _Optional[str] = ..., gpu_problem: _Optional[str] = ..., drain_reason: _Optional[str] = ..., drained_by: _Optional[str] = ..., drained_at: _Optional[float] = ..., features: _Optional[_Iterable[str]] = ...) -> None: ...
+    partitions: _containers.RepeatedScalarFieldContainer[str]
+    default_partition: str
+    def __init__(self, name: _Optional[str] = ..., state: _Optional[str] = ..., cpus: _Optional[int] = ..., mem: _Optional[int] = ..., gpus: _Optional[_Iterable[_Union[_types_pb2.GpuUnit, _Mapping]]] = ..., fake: _Optional[bool] = ..., last_seen: _Optional[float] = ..., reason: _Optional[str] = ..., usage: _Optional[_Iterable[_Union[_types_pb2.GpuUsage, _Mapping]]] = ..., running_jobs: _Optional[_Iterable[int]] = ..., cpus_used: _Optional[int] = ..., mem_used: _Optional[int] = ..., gpus_used: _Optional[_Iterable[str]] = ..., health: _Optional[_Iterable[_Union[UnitHealth, _Mapping]]] = ..., isolation: _Optional[str] = ..., driver: _Optional[str] = ..., gpu_problem: _Optional[str] = ..., drain_reason: _Optional[str] = ..., drained_by: _Optional[str] = ..., drained_at: _Optional[float] = ..., features: _Optional[_Iterable[str]] = ..., partitions: _Optional[_Iterable[str]] = ..., default_partition: _Optional[str] = ...) -> None: ...
 
 class UnitHealth(_message.Message):
     __slots__ = ("uuid", "health", "reason", "drained_by", "drained_at")

@@ -39,14 +39,16 @@ class Resources(_message.Message):
     def __init__(self, gpus: _Optional[int] = ..., gpu_mem: _Optional[int] = ..., cpus: _Optional[int] = ..., mem: _Optional[int] = ..., time_limit: _Optional[int] = ..., mig: _Optional[str] = ..., gpu_share: _Optional[int] = ..., gpu_type: _Optional[str] = ..., nodes: _Optional[int] = ..., tasks_per_node: _Optional[int] = ..., gpus_per_task: _Optional[int] = ..., exclusive: _Optional[bool] = ..., mem_all: _Optional[bool] = ..., explicit_tasks: _Optional[bool] = ...) -> None: ...
 
 class Placement(_message.Message):
-    __slots__ = ("nodelist", "exclude", "constraint")
+    __slots__ = ("nodelist", "exclude", "constraint", "partitions")
     NODELIST_FIELD_NUMBER: _ClassVar[int]
     EXCLUDE_FIELD_NUMBER: _ClassVar[int]
     CONSTRAINT_FIELD_NUMBER: _ClassVar[int]
+    PARTITIONS_FIELD_NUMBER: _ClassVar[int]
     nodelist: _containers.RepeatedScalarFieldContainer[str]
     exclude: _containers.RepeatedScalarFieldContainer[str]
     constraint: str
-    def __init__(self, nodelist: _Optional[_Iterable[str]] = ..., exclude: _Optional[_Iterable[str]] = ..., constraint: _Optional[str] = ...) -> None: ...
+    partitions: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, nodelist: _Optional[_Iterable[str]] = ..., exclude: _Optional[_Iterable[str]] = ..., constraint: _Optional[str] = ..., partitions: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class Terminal(_message.Message):
     __slots__ = ("rows", "cols", "term", "stdin_tty", "stdout_tty")

@@ -112,7 +112,9 @@ def test_submit_options_and_directives_carry_types_and_placement(tmp_path: Path)
         warnings=notes,
     )
     assert (spec.resources.gpu_type, spec.resources.gpus) == ("h100", 2)
-    assert spec.placement == Placement(("n1", "n2", "n3"), ("n2",), "nvlink&debug|ib&debug")
+    # -p is kept as partitions: the coordinator reads them against its [partitions.NAME], or
+    # as node features where it has none (tests/store/test_placement_coordinator.py)
+    assert spec.placement == Placement(("n1", "n2", "n3"), ("n2",), "nvlink|ib", ("debug",))
     assert notes == []
     script = tmp_path / "job.sh"
     script.write_text(
@@ -120,7 +122,7 @@ def test_submit_options_and_directives_carry_types_and_placement(tmp_path: Path)
     )
     spec = build_spec(str(script), warnings=notes)
     assert (spec.resources.gpu_type, spec.resources.gpus) == ("a100", 2)  # #GPUQ wins
-    assert spec.placement == Placement(("b1",), ("a2",), "ib&gpu")
+    assert spec.placement == Placement(("b1",), ("a2",), "ib", ("gpu",))
     assert notes == []
     typed = build_spec(wrap="true", gpus="a100-80gb:1", mig="3g.40gb", warnings=notes)
     assert (typed.resources.gpu_type, typed.resources.mig) == ("a100", "3g.40gb")

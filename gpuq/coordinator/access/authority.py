@@ -165,6 +165,23 @@ class Authority:
         return sign_credential(self.key, uid, self.clock())
 
 
+def user_groups(user: str) -> frozenset[str]:
+    """The Unix groups `user` is in on the coordinator's machine (its primary group
+    included; none for a user unknown here): what `[partitions.NAME] allow_groups` checks."""
+    try:
+        gid = pwd.getpwnam(user).pw_gid
+        gids = os.getgrouplist(user, gid)
+    except (KeyError, OSError):
+        return frozenset()
+    names = set()
+    for each in gids:
+        try:
+            names.add(grp.getgrgid(each).gr_name)
+        except KeyError:
+            continue
+    return frozenset(names)
+
+
 def _user_name(uid: int) -> str | None:
     try:
         return pwd.getpwuid(uid).pw_name

@@ -31,6 +31,7 @@ from gpuq.coordinator.workload.array_tasks import ArrayTasks
 from gpuq.coordinator.workload.running_telemetry import RunningTelemetry
 from gpuq.domain.limits import MAX_JOB_ID, check_text
 from gpuq.domain.model import Job, JobEvent, NodeState, SeriesPoint
+from gpuq.domain.partitions import default_in, node_partitions
 from gpuq.domain.states import JobState, parse_states
 from gpuq.errors import InvalidInput, NotFound
 from gpuq.identity import Caller
@@ -203,6 +204,8 @@ class QueueQueries:
                     drained_by=admin.by if admin is not None else "",
                     drained_at=admin.at if admin is not None else None,
                     features=list(node.features),
+                    partitions=node_partitions(self.nodes.partitions, name),
+                    default_partition=default_in(self.nodes.partitions, name),
                 )
             )
         return queue_pb2.ListNodesReply(nodes=infos)

@@ -8,11 +8,12 @@ listings read. It changes only after a write committed.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
 from gpuq.coordinator.nodes.agent_session import AgentSession
 from gpuq.domain.model import Drain, Health, Job, Node, NodeState
+from gpuq.domain.partitions import Partition, node_partitions
 from gpuq.scheduler.fitting import NodeView, ShareUse
 from gpuq.v1 import types_pb2 as pb
 
@@ -119,9 +120,21 @@ class NodeTable:
     """Every node the coordinator knows, and admins' drains (gpuq drain) as the store has
     them: (node, unit uuid or "") -> drain."""
 
-    def __init__(self) -> None:
+    def __init__(self, partitions: Mapping[str, Partition] | None = None) -> None:
         self.nodes: dict[str, NodeEntry] = {}
         self.drains: dict[tuple[str, str], Drain] = {}
+        # `[partitions.NAME]`, and each node's partitions as computed from them (the config
+        # is fixed while the coordinator runs)
+        self.partitions: Mapping[str, Partition] = partitions or {}
+        self._in_partitions: dict[str, frozenset[str]] = {}
+
+    def partitions_of(self, name: str) -> frozenset[str]:
+        """The partitions node `name` is in (none configured: none)."""
+        found = self._in_partitions.get(name)
+        if found is None:
+            found = frozenset(node_partitions(self.partitions, name))
+            self._in_partitions[name] = found
+        return found
 
     def get(self, name: str) -> NodeEntry | None:
         return self.nodes.get(name)
@@ -183,6 +196,7 @@ class NodeTable:
                     distances=entry.distances,
                     shares={unit: tuple(uses) for unit, uses in shares[name].items()},
                     features=frozenset(entry.node.features) if entry.registered else None,
+                    partitions=self.partitions_of(name),
                     unhealthy={
                         uuid: state.reason
                         for uuid, state in states.items()

@@ -5,8 +5,10 @@ of the queue), request keys that make a retried submission idempotent, and the n
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import replace
 
 from gpuq.config.settings import CoordinatorSettings
+from gpuq.coordinator.access.authority import user_groups
 from gpuq.coordinator.changes.effects import Cause, Created, Effects
 from gpuq.coordinator.changes.job_changes import JobChanges
 from gpuq.coordinator.changes.store_writer import StoreWriter
@@ -14,6 +16,8 @@ from gpuq.coordinator.memory.live_jobs import LiveJobs, spec_size
 from gpuq.coordinator.memory.node_table import NodeTable
 from gpuq.coordinator.workload.array_tasks import ArrayTasks
 from gpuq.domain.model import Job, JobSpec
+from gpuq.domain.node_constraints import with_partitions
+from gpuq.domain.partitions import admit
 from gpuq.domain.states import JobState
 from gpuq.domain.units import format_duration, format_size
 from gpuq.errors import GpuqError, InvalidInput, Unsatisfiable
@@ -54,8 +58,36 @@ class Submissions:
         self._keys: dict[tuple[str, str], tuple[list[int], float]] = {}
         self._keys_purge_at = 0.0
 
-    async def check(self, spec: JobSpec, user: str) -> tuple[str, int]:
-        """The job's qos and stored priority; raises for what can never run."""
+    def in_partitions(self, spec: JobSpec, user: str) -> JobSpec:
+        """The spec with its partitions settled: checked against `[partitions.NAME]` (the
+        default partition for none; its default time and QOS filled in), or, where no
+        partition is configured, read as node features, as they always were."""
+        placement, partitions = spec.placement, self.settings.partitions
+        if not partitions:
+            if not placement.partitions:
+                return spec
+            constraint = with_partitions(placement.constraint, ",".join(placement.partitions))
+            return replace(spec, placement=replace(placement, constraint=constraint, partitions=()))
+        restricted = any(p.allow_groups for p in partitions.values())
+        admitted = admit(
+            partitions,
+            placement.partitions,
+            spec.resources.time_limit,
+            spec.qos,
+            user,
+            user_groups(user) if restricted else (),
+        )
+        return replace(
+            spec,
+            placement=replace(placement, partitions=admitted.partitions),
+            resources=replace(spec.resources, time_limit=admitted.time_limit),
+            qos=admitted.qos,
+        )
+
+    async def check(self, spec: JobSpec, user: str) -> tuple[JobSpec, str, int]:
+        """The job's spec as it is kept (its partitions settled), qos and stored priority;
+        raises for what can never run."""
+        spec = self.in_partitions(spec, user)
         qos = spec.qos or self.settings.default_qos
         tier = self.settings.qos.get(qos)
         if tier is None:
@@ -89,7 +121,7 @@ class Submissions:
         missing = await self.arrays.load_dependencies(spec.dependencies)
         if missing:
             raise InvalidInput("--after", missing[0], "no such job or array task")
-        return qos, tier.priority - spec.nice
+        return spec, qos, tier.priority - spec.nice
 
     def _check_share(self, spec: JobSpec, user: str, adding: int) -> None:
         """A user's queued and running jobs are bounded in number and in bytes held."""
@@ -131,7 +163,7 @@ class Submissions:
             if known is not None and known[1] > self.clock() - KEY_TTL:
                 return list(known[0])
         try:
-            qos, priority = await self.check(spec, user)
+            spec, qos, priority = await self.check(spec, user)
         except GpuqError:
             # the first request's own job may be why its retry no longer passes (a full queue)
             if key is not None:

@@ -183,7 +183,9 @@ def plan_update(
         was, now = old.placement.constraint or "none", update.constraint or "none"
         changes.append(f"constraint {was} -> {now}")
     if placement is not old.placement:
-        placement = Placement(placement.nodelist, placement.exclude, placement.constraint)
+        placement = Placement(
+            placement.nodelist, placement.exclude, placement.constraint, placement.partitions
+        )
     name = old.name
     if update.name is not None and update.name != old.name:
         changes.append(f"name {old.name} -> {update.name}")
