@@ -42,5 +42,10 @@ def test_placement_flags_reach_the_coordinator_and_are_shown(placed: Cluster) ->
     features = {n.name: list(n.features) for n in placed.client().nodes()}
     assert features == {"mixed": ["nvlink", "ib"]}
 
+    # without [partitions.NAME], -p is a node feature, as it always was (issue 25)
     result = placed.gpuq("submit", "-p", "nope", "--wrap", "true")
     assert result.returncode == 2 and "no node has nope" in result.stderr, result.stderr
+    result = placed.gpuq("submit", "-p", "ib", "--parsable", "--wrap", "true")
+    assert placed.wait_state(int(result.stdout), "completed").node == "mixed"
+    assert "PARTITION" not in placed.gpuq("nodes").stdout
+    assert "PARTITION" not in placed.gpuq("queue").stdout
