@@ -169,7 +169,7 @@ _SBATCH_OPTIONS = {
     "-x": "exclude",
     "--constraint": "constraint",
     "-C": "constraint",
-    "--partition": "partition",  # a node feature in gpuq (gpuq.domain.node_constraints)
+    "--partition": "partition",  # [partitions.NAME], else a node feature (domain.partitions)
     "-p": "partition",
     "--mail-type": "mail_type",
     "--mail-user": "mail_user",

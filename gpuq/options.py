@@ -63,7 +63,7 @@ OPTIONS: tuple[Option, ...] = (
     Option(
         "partition",
         ("--partition", "-p"),
-        "a node with this feature (partitions are node features here); P,Q: any of them",
+        "a partition ([partitions.NAME]; none configured: a node feature); P,Q: any of them",
         "P",
     ),
     Option(

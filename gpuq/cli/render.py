@@ -541,6 +541,7 @@ FORMAT_CODES = {
     "e": ("END_TIME", "when ended"),
     "Q": ("PRIORITY", "the priority"),
     "q": ("QOS", "the QOS"),
+    "P": ("PARTITION", "the partition(s)"),
     "C": ("CPUS", "CPUs"),
     "m": ("MIN_MEMORY", "host memory"),
 }
@@ -628,6 +629,7 @@ def field_value(job: Any, code: str, now: float) -> str:
         "e": lambda: _stamp(job, "end_time"),
         "Q": lambda: priority(job) if job.HasField("pending") else str(job.priority),
         "q": lambda: job.qos,
+        "P": lambda: partition_text(job),
         "C": lambda: str(res.cpus * node_count(res)),
         "m": lambda: size(res.mem if res.HasField("mem") else None),
     }
