@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 from gpuq.domain.node_constraints import FEATURE_RE, MAX_PARTITIONS, expand_nodes
 from gpuq.domain.units import format_duration
-from gpuq.errors import InvalidInput, PermissionDenied
+from gpuq.errors import GpuqError, InvalidInput, PermissionDenied
 
 PARTITION_NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,31}")
 _GLOB_CHARS = frozenset("*?")
@@ -113,44 +113,46 @@ def admit(
     groups: Collection[str],
 ) -> Admitted:
     """A submission to `asked` (empty: the default partition, else anywhere) by `user` in
-    `groups`: refused with a line naming the partition for an unknown one, one the user may
-    not use, or a --time over its max_time. With several partitions (`-p a,b`), each must
-    admit the job (SLURM refuses too, unless told to skip), and the first one's defaults
-    apply."""
+    `groups`. An unknown partition is refused with a line naming the partitions there are.
+    Of the ones named, the job keeps those that admit it (the user is in its allow_groups,
+    its --time within its max_time), as SLURM's EnforcePartLimits=ANY: `-p debug,gpu -t 3-0`
+    runs in gpu alone; when none does, the first one's refusal is the answer. The first kept
+    partition's default_time and qos apply where the job says none."""
     if not asked:
         chosen = default_partition(partitions)
         if chosen is None:
             return Admitted((), time_limit, qos)
         asked = (chosen.name,)
-    found = []
     for name in asked:
-        partition = partitions.get(name)
-        if partition is None:
+        if name not in partitions:
             line = f"no partition {name}; partitions: {', '.join(partitions)}"
             raise InvalidInput("--partition", name, "no such partition", line=line)
-        _check_groups(partition, user, groups)
-        _check_time(partition, time_limit)
-        found.append(partition)
+    refusals = {name: _refusal(partitions[name], time_limit, user, groups) for name in asked}
+    found = [partitions[name] for name, refused in refusals.items() if refused is None]
+    if not found:
+        raise next(r for r in refusals.values() if r is not None)
     first = found[0]
     return Admitted(
-        asked,
+        tuple(p.name for p in found),
         time_limit if time_limit is not None else first.default_time,
         qos if qos is not None else first.qos,
     )
 
 
-def _check_groups(partition: Partition, user: str, groups: Collection[str]) -> None:
+def _refusal(
+    partition: Partition, time_limit: int | None, user: str, groups: Collection[str]
+) -> GpuqError | None:
+    """Why `partition` will not take the job (None: it will): the user is not in its
+    allow_groups, or its --time is over its max_time."""
     if partition.allow_groups and not set(partition.allow_groups) & set(groups):
         mine = ", ".join(sorted(groups)) or "no group"
-        raise PermissionDenied(
+        return PermissionDenied(
             f"partition {partition.name} is for groups {', '.join(partition.allow_groups)}: "
             f"{user} is in {mine}"
         )
-
-
-def _check_time(partition: Partition, time_limit: int | None) -> None:
     most = partition.max_time
     if most is not None and time_limit is not None and time_limit > most:
         asked, name = format_duration(time_limit), partition.name
         line = f"--time {asked} is over partition {name}'s max_time {format_duration(most)}"
-        raise InvalidInput("--time", asked, f"over partition {partition.name}", line=line)
+        return InvalidInput("--time", asked, f"over partition {name}", line=line)
+    return None

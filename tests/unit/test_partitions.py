@@ -147,6 +147,11 @@ def test_admit_checks_names_groups_and_times_and_fills_defaults() -> None:
     without_default = {k: v for k, v in PARTS.items() if k != "gpu"}
     assert admit(without_default, (), 60, None, "bob", ()).partitions == ()  # anywhere
 
+    # -p a,b keeps the partitions that take the job (SLURM's EnforcePartLimits=ANY)
+    got = admit(PARTS, ("debug", "cpu"), 2 * 86400, None, "alice", ())
+    assert (got.partitions, got.time_limit, got.qos) == (("cpu",), 2 * 86400, None)
+    assert admit(PARTS, ("gpu", "debug"), None, None, "alice", ()).partitions == ("debug",)
+
     with pytest.raises(InvalidInput) as unknown:
         admit(PARTS, ("debug", "nope"), None, None, "alice", ())
     assert str(unknown.value) == "no partition nope; partitions: debug, gpu, cpu"
@@ -158,6 +163,8 @@ def test_admit_checks_names_groups_and_times_and_fills_defaults() -> None:
     assert str(outside.value) == "partition gpu is for groups ml: alice is in alice, users"
     with pytest.raises(PermissionDenied, match="partition gpu is for groups ml"):
         admit(PARTS, (), None, None, "alice", ())
+    with pytest.raises(PermissionDenied, match="partition gpu is for groups ml"):
+        admit(PARTS, ("gpu", "debug"), 86400, None, "alice", ())  # the first one's refusal
 
 
 def test_dash_p_is_kept_as_partition_names() -> None:
