@@ -294,7 +294,7 @@ def job_lines(job: Any) -> list[list[tuple[str, str]]]:
     nodes = node_text(job) or "(null)"
     return [
         [("JobId", str(job.id)), ("JobName", job.spec.name)],
-        [("UserId", job.user), *array],
+        [("UserId", _user_id(job.user)), *array],
         [("Priority", str(job.priority)), ("Nice", str(job.spec.nice)), ("QOS", job.qos)],
         [("JobState", LONG_STATE.get(job.state, job.state.upper())), ("Reason", reason_word(job))],
         [("Requeue", "0" if job.spec.no_requeue else "1"), ("Restarts", str(job.requeue_count))],
@@ -309,6 +309,17 @@ def job_lines(job: Any) -> list[list[tuple[str, str]]]:
         [("WorkDir", job.spec.workdir)],
         [("StdErr", job.stderr_path or job.stdout_path), ("StdOut", job.stdout_path)],
     ]
+
+
+def _user_id(user: str) -> str:
+    """`alice(1000)`, as scontrol prints a user (the name alone where this machine has no
+    such account)."""
+    import pwd
+
+    try:
+        return f"{user}({pwd.getpwnam(user).pw_uid})"
+    except KeyError:
+        return user
 
 
 def srun(argv: Sequence[str]) -> int:

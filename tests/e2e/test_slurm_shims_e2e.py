@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import getpass
 import os
+import re
 import stat
 import subprocess
 import time
@@ -232,3 +233,41 @@ def test_a_slurm_launcher_runs_unchanged(slurm: tuple[Cluster, dict[str, str]]) 
     wait_for(lambda: launcher.state(slow) == "RUNNING", what="the slow job to run")
     launcher.cancel(slow)
     assert launcher.wait(slow) == "CANCELLED"
+
+
+def test_srun_is_gpuq_run_outside_a_job_and_a_step_inside(
+    slurm: tuple[Cluster, dict[str, str]],
+) -> None:
+    cluster, env = slurm
+    root = cluster.root
+    outside = subprocess.run(
+        ["srun", "-Q", "-J", "probe", "--pty", "sh", "-c", "echo hi from $SLURM_JOB_NAME; exit 4"],
+        env=env,
+        cwd=root,
+        stdin=subprocess.DEVNULL,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert (outside.returncode, outside.stdout) == (4, "hi from probe\n"), outside.stderr
+    shim = root / "bin" / "srun"  # called by its path: in a job, gpuq's own shims come first
+    inside = call(
+        env,
+        root,
+        "sbatch",
+        "--parsable",
+        "-o",
+        "step.out",
+        "--wrap",
+        f"{shim} sh -c 'echo step=$SLURM_STEP_ID'",
+    )
+    job_id = inside.stdout.strip()
+    wait_for(
+        lambda: sacct_state(env, root, job_id) == f"{job_id}|COMPLETED|0:0",
+        what="the job with a step to complete",
+    )
+    # a step sets SLURM_STEP_ID; a job of its own (gpuq run) would not
+    assert re.fullmatch(r"step=[0-9]+\n", (root / "step.out").read_text())
+    refused = call(env, root, "salloc", "hostname")
+    assert refused.returncode == 1 and "not supported by gpuq's salloc" in refused.stderr
