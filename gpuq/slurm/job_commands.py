@@ -12,6 +12,7 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
+from gpuq.errors import InvalidInput
 from gpuq.slurm.arguments import Refused, context, given, last, options, split_list, values
 from gpuq.slurm.formats import LONG_STATE, exit_code_text, parse_states, slurm_duration, slurm_time
 
@@ -53,11 +54,22 @@ def submit_options(command: str, pairs: Sequence[tuple[str, str]]) -> dict[str, 
     if not tokens:
         return {}
     notes: list[str] = []
-    header = Header(f"#!/bin/sh\n{SBATCH} {shlex.join(tokens)}\n", notes)
+    try:
+        header = Header(f"#!/bin/sh\n{SBATCH} {shlex.join(tokens)}\n", notes)
+    except InvalidInput as exc:  # said of the command line, not of a script's line 2
+        raise InvalidInput(_unlined(exc.field), exc.value, exc.problem) from None
     for note in notes:  # a value gpuq reads only in part (--gres=gpu:1,mps:10)
-        shown = note.replace(f"{SBATCH} ", "").replace(" (line 2)", "")
-        sys.stderr.write(f"{command}: warning: {_printable(shown)}\n")
+        sys.stderr.write(f"{command}: warning: {_printable(_unlined(note))}\n")
     return dict(header.sbatch)
+
+
+def _unlined(text: str) -> str:
+    """A note or field of the one `#SBATCH` line the command line was read as, without it."""
+    from gpuq.directives import SBATCH
+
+    for where in (f" ({SBATCH} line 2)", f"{SBATCH} (line 2)", " (line 2)", f"{SBATCH} "):
+        text = text.replace(where, "")
+    return text.strip() or "option"
 
 
 def _is_flag(flag: str) -> bool:
