@@ -156,20 +156,12 @@ def scancel(argv: Sequence[str]) -> int:
 
 
 def _matching(client: Any, ids: list[str], user: str, name: str, states: list[str]) -> list[str]:
-    """Those of `ids` whose live job matches the filters."""
-    from gpuq.cli.render import job_id_text
-    from gpuq.domain.dependencies import parse_job_ref
+    """Those of `ids` that name a live job matching the filters."""
+    from gpuq.slurm.listing_commands import jobs_by_ids, names_job
 
-    jobs = client.list_raw(
-        states=states,
-        users=[user] if user else [],
-        names=[name] if name else [],
-        job_ids=[parse_job_ref(i)[0] for i in ids],
-        expand_arrays=True,
-    )
-    shown = {job_id_text(j) for j in jobs} | {str(j.id) for j in jobs}
-    shown |= {str(j.array_job_id) for j in jobs if j.HasField("array_job_id")}
-    return [i for i in ids if i in shown]
+    jobs = jobs_by_ids(client, ids, users=[user] if user else [], names=[name] if name else [])
+    jobs = [j for j in jobs if j.state in (states or ("pending", "held", "running"))]
+    return [i for i in ids if any(names_job(j, [i]) for j in jobs)]
 
 
 def _me() -> str:

@@ -145,7 +145,9 @@ def squeue_value(job: Any, code: str, now: float) -> str:
         "i": lambda: job_id_text(job),
         "A": lambda: job.id,
         "F": lambda: job.array_job_id if job.HasField("array_job_id") else job.id,
-        "K": lambda: job.array_task_id if job.HasField("array_job_id") else "N/A",
+        "K": lambda: (
+            job.array_tasks or job.array_task_id if job.HasField("array_job_id") else "N/A"
+        ),
         "j": lambda: job.spec.name,
         "u": lambda: job.user,
         "T": lambda: LONG_STATE.get(job.state, job.state.upper()),
@@ -216,21 +218,20 @@ def squeue(argv: Sequence[str]) -> int:
     asked = values(pairs, "-t", "--states", "--state")
     states = parse_states(asked) if asked else frozenset(live)
     ids = split_list(values(pairs, "-j", "--jobs", "--job"))
-    jobs = (
-        context()
-        .client()
-        .list_raw(
-            users=users,
-            names=split_list(values(pairs, "-n", "--name")),
-            nodes=split_list(values(pairs, "-w", "--nodelist", "--nodes")),
-            job_ids=_numbers(ids),
-            expand_arrays=given(pairs, "-r", "--array"),
-        )
-    )
+    client = context().client()
+    filters = {
+        "users": users,
+        "names": split_list(values(pairs, "-n", "--name")),
+        "nodes": split_list(values(pairs, "-w", "--nodelist", "--nodes")),
+    }
+    if ids:
+        jobs = jobs_by_ids(client, ids, **filters)
+    else:
+        jobs = client.list_raw(expand_arrays=given(pairs, "-r", "--array"), **filters)
     # live jobs only, ended ones asked for by id too (sacct lists those, as SLURM's does
     # once they are old)
     jobs = [j for j in jobs if j.state in live and j.state in states]
-    jobs = [j for j in jobs if _wanted(j, ids) and _in_partitions(j, pairs)]
+    jobs = [j for j in jobs if names_job(j, ids) and _in_partitions(j, pairs)]
     qos = split_list(values(pairs, "-q", "--qos"))
     jobs = [j for j in jobs if not qos or j.qos in qos]
     now = time.time()
@@ -249,13 +250,20 @@ def _fields(parts: Sequence[str | Field]) -> list[Field]:
     return [p for p in parts if isinstance(p, Field)]
 
 
-def _numbers(ids: Sequence[str]) -> list[int]:
+def jobs_by_ids(client: Any, ids: Sequence[str], **filters: Any) -> list[Any]:
+    """The jobs `ids` name, in any state, that match `filters` (list_raw's): an array's id
+    names each of its tasks, as in SLURM (`40` is 40_0, 40_1...; `40_3` one task)."""
     from gpuq.domain.dependencies import parse_job_ref
 
-    return [parse_job_ref(i)[0] for i in ids]
+    numbers = sorted({parse_job_ref(i)[0] for i in ids})
+    found = {j.id: j for j in client.list_raw(job_ids=numbers, **filters)}
+    arrays = sorted({j.array_job_id for j in found.values() if j.HasField("array_job_id")})
+    for array in arrays:
+        found.update((j.id, j) for j in client.list_raw(array_job_id=array, **filters))
+    return [found[k] for k in sorted(found) if names_job(found[k], ids)]
 
 
-def _wanted(job: Any, ids: Sequence[str]) -> bool:
+def names_job(job: Any, ids: Sequence[str]) -> bool:
     """Whether `job` is one of `ids` (`40` is the whole array 40, `40_3` one task)."""
     from gpuq.cli.render import job_id_text
 
@@ -407,12 +415,11 @@ def _sacct_jobs(pairs: Sequence[tuple[str, str]], now: float) -> list[Any]:
     states = parse_states(values(pairs, "-s", "--state"))
     live_states = {s for s in states if s in ("pending", "held", "running")}
     ended_states = states - live_states
-    filters = {
-        "users": users,
-        "names": split_list(values(pairs, "--name")),
-        "job_ids": _numbers(ids),
-    }
+    filters = {"users": users, "names": split_list(values(pairs, "--name"))}
     client = context().client()
+    if ids:
+        picked = jobs_by_ids(client, ids, since=since, until=until, **filters)
+        return [j for j in picked if not states or j.state in states]
     jobs: dict[int, Any] = {}
     if not states or ended_states:
         for job in client.list_raw(
@@ -422,7 +429,7 @@ def _sacct_jobs(pairs: Sequence[tuple[str, str]], now: float) -> list[Any]:
     if not states or live_states:
         for job in client.list_raw(states=sorted(live_states), expand_arrays=True, **filters):
             jobs[job.id] = job
-    return [jobs[k] for k in sorted(jobs) if _wanted(jobs[k], ids)]
+    return [jobs[k] for k in sorted(jobs)]
 
 
 # ---- sinfo ---------------------------------------------------------------------------------

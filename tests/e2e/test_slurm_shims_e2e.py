@@ -271,3 +271,26 @@ def test_srun_is_gpuq_run_outside_a_job_and_a_step_inside(
     assert re.fullmatch(r"step=[0-9]+\n", (root / "step.out").read_text())
     refused = call(env, root, "salloc", "hostname")
     assert refused.returncode == 1 and "not supported by gpuq's salloc" in refused.stderr
+
+
+def test_an_array_is_listed_task_by_task(slurm: tuple[Cluster, dict[str, str]]) -> None:
+    cluster, env = slurm
+    root = cluster.root
+    submitted = call(
+        env, root, "sbatch", "--parsable", "-a", "0-2", "-o", "arr_%A_%a.out", "--wrap", "true"
+    )
+    array = submitted.stdout.strip()
+    done = {f"{array}_{t}|COMPLETED" for t in range(3)}
+    wait_for(
+        lambda: (
+            set(
+                call(env, root, "sacct", "-j", array, "-P", "-n", "-X", "-o", "JobID,State")
+                .stdout.strip()
+                .splitlines()
+            )
+            == done
+        ),
+        what="sacct to list each task of the array completed",
+    )
+    one = call(env, root, "sacct", "-j", f"{array}_1", "-P", "-n", "-o", "JobID,State")
+    assert one.stdout == f"{array}_1|COMPLETED\n"
