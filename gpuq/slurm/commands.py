@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import sys
+import traceback
 from collections.abc import Callable, Sequence
 
 from gpuq.errors import GpuqError
@@ -58,6 +59,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 141
     except OSError as exc:
         return _say(name, f"error: {_printable(exc.strerror or exc)}: {exc.filename or ''}")
+    except Exception as exc:  # a bug: one line, as gpuq's own CLI says it (gpuq.cli.group)
+        if os.environ.get("GPUQ_DEBUG"):
+            traceback.print_exc()
+        return _say(name, f"internal error: {type(exc).__name__}: {_printable(exc)}")
 
 
 def _say(name: str, line: str) -> int:
