@@ -188,6 +188,8 @@ _SBATCH_NO_VALUE = frozenset(
 # gpuq takes each as --exclusive, the stricter whole nodes
 _EXCLUSIVE_KINDS = frozenset({"user", "mcs", "topo"})
 _SBATCH_DEFAULTS = frozenset({"--requeue"})  # what gpuq does anyway
+# sbatch's own command line (gpuq.slurm.job_commands) takes these flags, read as these lines are
+SBATCH_OPTIONS = _SBATCH_OPTIONS
 
 
 def _sbatch_line(line: str, number: int, notes: list[str]) -> list[tuple[str, Any]]:

@@ -75,7 +75,7 @@ class LazyGroup(click.Group):
         module = VERBS.get(name)
         if module is None:
             return None
-        command = getattr(importlib.import_module(module), name)
+        command = getattr(importlib.import_module(module), name.replace("-", "_"))
         assert isinstance(command, click.Command)
         return command
 

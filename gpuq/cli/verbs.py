@@ -2,12 +2,12 @@
 must start fast; gpuq.cli.group's LazyGroup reads this table).
 
 Adding a verb: define it as any click command or group, a module-level object named like the
-verb, in a module of gpuq.cli; add one line here, `"verb": "gpuq.cli.module"`. That is all:
-the verb then runs in-process and through the CLI helper alike (gpuq.cli.fast: its helper
-loads every module named here before the first call, and runs each call through
-gpuq.cli.group.run, as the in-process path does). Nothing in gpuq.cli.fast names a verb.
-What a verb must keep, as any well-behaved click command does: its module is imported once,
-in the helper, under the first caller's environment, and the helper forks every call from
+verb (a `-` in it as `_`: slurm_shims), in a module of gpuq.cli; add one line here, `"verb":
+"gpuq.cli.module"`. That is all: the verb then runs in-process and through the CLI helper alike
+(gpuq.cli.fast: its helper loads every module named here before the first call, and runs each
+call through gpuq.cli.group.run, as the in-process path does). Nothing in gpuq.cli.fast names a
+verb. What a verb must keep, as any well-behaved click command does: its module is imported
+once, in the helper, under the first caller's environment, and the helper forks every call from
 it; so read the environment, the working folder and the umask when the verb runs (never at
 import), and start no thread or gRPC channel at import.
 
@@ -46,6 +46,7 @@ VERBS = {
     "drain": "gpuq.cli.drain_verbs",
     "resume": "gpuq.cli.drain_verbs",
     "admin": "gpuq.cli.security",
+    "slurm-shims": "gpuq.cli.slurm_verb",
     "serve": "gpuq.cli.daemon_verbs",
     "coordinator": "gpuq.cli.daemon_verbs",
     "agent": "gpuq.cli.daemon_verbs",
