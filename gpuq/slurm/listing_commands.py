@@ -24,13 +24,25 @@ from gpuq.slurm.formats import (
     slurm_time,
 )
 
-# gpuq has one partition until jobs carry their own (issue 25 part 1): its name everywhere
+# the one partition SLURM's tools see on a site without [partitions.NAME]
 DEFAULT_PARTITION = "gpuq"
 
 
 def partition(job: Any) -> str:
-    """The job's partition: its own where the wire has one, else gpuq's one."""
-    return str(getattr(job, "partition", "") or DEFAULT_PARTITION)
+    """The job's partitions as squeue shows them (`debug`, `debug,gpu`), or gpuq's one where
+    the site has none."""
+    return ",".join(job.spec.placement.partitions) or DEFAULT_PARTITION
+
+
+def node_partitions(node: Any) -> list[str]:
+    """A node's partitions (the config's order), or gpuq's one where the site has none."""
+    return list(node.partitions) or [DEFAULT_PARTITION]
+
+
+def marked_partitions(node: Any) -> str:
+    """sinfo's %P: the default partition marked with `*`."""
+    default = node.default_partition or (DEFAULT_PARTITION if not node.partitions else "")
+    return ",".join(p + ("*" if p == default else "") for p in node_partitions(node))
 
 
 def reason_word(job: Any) -> str:
@@ -277,7 +289,7 @@ def names_job(job: Any, ids: Sequence[str]) -> bool:
 
 def _in_partitions(job: Any, pairs: Sequence[tuple[str, str]]) -> bool:
     wanted = split_list(values(pairs, "-p", "--partition"))
-    return not wanted or partition(job) in wanted
+    return not wanted or bool(set(wanted) & set(partition(job).split(",")))
 
 
 def _escaped(line: str) -> str:
@@ -499,8 +511,8 @@ def sinfo_value(nodes: Sequence[Any], code: str) -> str:
     values: dict[str, Callable[[], object]] = {
         "N": lambda: compress_nodes(n.name for n in nodes),
         "n": lambda: ",".join(n.name for n in nodes),
-        "P": lambda: f"{DEFAULT_PARTITION}*",
-        "R": lambda: DEFAULT_PARTITION,
+        "P": lambda: marked_partitions(node),
+        "R": lambda: ",".join(node_partitions(node)),
         "T": lambda: state,
         "t": lambda: SHORT_NODE_STATE[state],
         "G": lambda: node_gres(node),
@@ -544,13 +556,16 @@ def sinfo(argv: Sequence[str]) -> int:
     partitions = split_list(values(pairs, "-p", "--partition"))
     nodes = sorted(context().client().nodes(), key=lambda n: n.name)
     nodes = [n for n in nodes if not wanted or n.name in wanted]
-    if partitions and DEFAULT_PARTITION not in partitions:
-        nodes = []
+    if partitions:
+        nodes = [n for n in nodes if set(partitions) & set(node_partitions(n))]
     groups: list[list[Any]] = [[n] for n in nodes]
     if not per_node:
         by_state: dict[str, list[Any]] = {}
         for node in nodes:
-            by_state.setdefault(node_state(node), []).append(node)
+            key = (
+                f"{node_state(node)} {marked_partitions(node)}"  # one line per state and partitions
+            )
+            by_state.setdefault(key, []).append(node)
         groups = list(by_state.values())
     if not given(pairs, "-h", "--noheader"):
         print(percent_line(parts, {f.key: SINFO_CODES[f.key] for f in _fields(parts)}))

@@ -86,3 +86,28 @@ def test_partitions_place_refuse_and_show(parted: Cluster, tmp_path: Path) -> No
     assert found["gpu01"]["partitions"] == ["gpu", "closed"]
     assert found["gpu01"]["default_partition"] == "gpu"
     assert found["dbg1"]["default_partition"] is None
+
+
+def test_slurms_commands_show_the_partitions(parted: Cluster, tmp_path: Path) -> None:
+    """squeue's %P, sinfo's %P (the default marked `*`) and -p filters, through the shims."""
+    import os
+    import subprocess
+
+    made = parted.gpuq("slurm-shims", str(tmp_path / "bin"))
+    assert made.returncode == 0, made.stderr
+    env = {**parted.env, "PATH": f"{tmp_path / 'bin'}:{os.environ['PATH']}"}
+
+    def call(*argv: str) -> str:
+        done = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=60)
+        assert done.returncode == 0, done.stderr
+        return done.stdout
+
+    held = parted.gpuq("submit", "--parsable", "--hold", "-p", "debug", "--wrap", "true")
+    job = held.stdout.strip()
+    assert call("squeue", "-h", "-o", "%i %P").split() == [job, "debug"]
+    assert call("squeue", "-h", "-p", "gpu", "-o", "%i").strip() == ""
+    assert call("squeue", "-h", "-p", "gpu,debug", "-o", "%i").strip() == job
+    rows = dict(line.split() for line in call("sinfo", "-N", "-h", "-o", "%N %P").splitlines())
+    assert rows == {"dbg1": "debug", "gpu01": "gpu*,closed"}, rows
+    assert call("sinfo", "-N", "-h", "-p", "debug", "-o", "%N").split() == ["dbg1"]
+    assert call("scontrol", "show", "job", job).count("Partition=debug") == 1
