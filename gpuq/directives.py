@@ -63,6 +63,7 @@ class Header:
             at = f"{SBATCH} line {number}"
             if _is_directive(line, SBATCH):
                 for item in _sbatch_line(line, number, notes):
+                    given.pop(item.long, None)  # in the order last given
                     given[item.long] = (item.flag, at)
                     if item.name == WAIT:
                         self.wait = True
@@ -92,8 +93,11 @@ _EXCLUSIVE_PAIRS = (
 
 
 def _refuse_pairs(given: dict[str, tuple[str, str]]) -> None:
-    for first, second in _EXCLUSIVE_PAIRS:
-        if first in given and second in given:
+    """An InvalidInput for the first pair sbatch refuses, naming the later option of it."""
+    order = list(given)
+    for pair in _EXCLUSIVE_PAIRS:
+        if all(long in given for long in pair):
+            first, second = sorted(pair, key=order.index)
             (one, one_at), (other, other_at) = given[first], given[second]
             raise InvalidInput(
                 f"{other} ({other_at})",

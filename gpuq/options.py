@@ -179,7 +179,7 @@ def long_matches(flag: str, flags: Mapping[str, Hashable]) -> tuple[str, ...]:
 
 def ambiguous(flag: str, candidates: tuple[str, ...]) -> str:
     """getopt_long's refusal of a prefix of several options, as one line."""
-    return f"{flag} is ambiguous: {', '.join(candidates)}"
+    return f"{flag} is ambiguous: {', '.join(sorted(candidates))}"
 
 
 # `gpuq submit`'s long flags, by meaning: what a prefix (`--part`, `--err`) is matched against
