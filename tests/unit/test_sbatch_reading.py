@@ -110,7 +110,8 @@ def test_short_options_group_as_getopt_groups_them(tmp_path: Path) -> None:
 def test_gpuq_lines_and_the_command_line_take_prefixes_of_gpuq_options(tmp_path: Path) -> None:
     built = spec(tmp_path, "#GPUQ --part debug --err e.txt --no-req")
     assert (built.error, built.placement.constraint, built.requeue) == ("e.txt", "debug", False)
-    assert "--gpu is ambiguous: --gpu-mem, --gpu-share, --gpus," in refusal(tmp_path, "#GPUQ --gpu 2")
+    text = refusal(tmp_path, "#GPUQ --gpu 2")
+    assert "--gpu is ambiguous: --gpu-mem, --gpu-share, --gpus," in text
     words, spelled = resolve_submit_args(["--part", "p", "-G", "2", "--ti=5", "x.sh", "--part"])
     assert words == ["--partition", "p", "-G", "2", "--time=5", "x.sh", "--part"]
     assert spelled == {"partition": "--partition", "gpus": "-G", "time": "--time"}
