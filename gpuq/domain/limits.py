@@ -135,9 +135,9 @@ def check_name(value: str, field_name: str = "--name") -> str:
     return value
 
 
-_PLAIN_NAME_RE = re.compile(r"[A-Za-z0-9_.+@=:-]+")  # no comma: changes are comma-separated
+_PLAIN_NAME_RE = re.compile(r"[A-Za-z0-9_.+@=:,-]+")  # what names were before any was quoted
 # a job name as name_in_text writes it: plain, or quoted (what job_messages.hide_names finds)
-NAME_IN_TEXT = r"(?:[A-Za-z0-9_.+@=:-]+|'(?:[^'\\]|\\.)*')"
+NAME_IN_TEXT = r"(?:[A-Za-z0-9_.+@=:,-]+|'(?:[^'\\]|\\.)*')"
 
 
 def name_in_text(name: str) -> str:

@@ -14,7 +14,7 @@ import pytest
 from gpuq.coordinator.front.job_messages import hide_names
 from gpuq.directives import asks_to_wait
 from gpuq.domain.file_patterns import Fields, expand
-from gpuq.domain.limits import name_in_text
+from gpuq.domain.limits import check_name, name_in_text
 from gpuq.domain.model import JobSpec, output_paths
 from gpuq.domain.units import parse_time_limit
 from gpuq.errors import InvalidInput
@@ -231,8 +231,8 @@ def test_names_in_reasons_are_quoted_and_hidden_whole() -> None:
     reason = f"singleton: job 4 named {name_in_text(name)} is running"
     assert reason == "singleton: job 4 named 'CS 601 it\\'s, hw5' is running"
     assert hide_names(reason) == "singleton: job 4 named (hidden) is running"
-    change = f"updated: name {name_in_text('a b')} -> {name_in_text('plain')}, nice 1 -> 2"
-    assert hide_names(change) == "updated: name (hidden) -> (hidden), nice 1 -> 2"
+    change = f"updated: name {name_in_text('a b')} -> {name_in_text('plain')}; nice 1 -> 2"
+    assert hide_names(change) == "updated: name (hidden) -> (hidden); nice 1 -> 2"
     assert name_in_text("plain-name_1.2") == "plain-name_1.2"
 
 
@@ -284,3 +284,15 @@ def test_the_readme_table_of_sbatch_support_is_the_codes() -> None:
         assert long in LONG  # gpuq uses only options sbatch has
     for short, long in SHORT.items():
         assert long in LONG and re.fullmatch(r"[A-Za-z]", short)
+
+
+def test_the_dashboard_shows_names_as_text_never_as_html() -> None:
+    """A name may hold `<`, `&` and quotes: the dashboard builds its page from DOM text
+    nodes (textContent), never from HTML strings, so a name cannot become markup."""
+    static = Path(__file__).parents[2] / "gpuq" / "web" / "static"
+    for script in static.glob("*.js"):
+        code = script.read_text()
+        for sink in ("innerHTML", "outerHTML", "insertAdjacentHTML", "document.write"):
+            assert sink not in code, f"{script.name} uses {sink}"
+    assert "document.createTextNode(String(child))" in (static / "app.js").read_text()
+    assert check_name("<b>x</b> & 'y'") == "<b>x</b> & 'y'"
