@@ -108,10 +108,18 @@ OPTIONS: tuple[Option, ...] = (
         "whole nodes: every GPU, CPU and byte of each node, shared with no other job",
         is_flag=True,
     ),
-    Option("time", ("--time", "-t"), "time limit: MM, HH:MM:SS, D-HH[:MM[:SS]]", "TIME"),
+    Option(
+        "time",
+        ("--time", "-t"),
+        "time limit, whole minutes (seconds round up): MM, MM:SS, HH:MM:SS, D-HH[:MM[:SS]]",
+        "TIME",
+    ),
     Option("name", ("--name", "-J"), "job name (default: the script's file name)", "NAME"),
     Option(
-        "output", ("--output", "-o"), "stdout file; %j %A %a %x %u %N (default gpuq-%j.out)", "PATH"
+        "output",
+        ("--output", "-o"),
+        "stdout file; sbatch's %j %J %A %a %x %u %N %s %%, %3a pads (default gpuq-%j.out)",
+        "PATH",
     ),
     Option("error", ("--error", "-e"), "stderr file (default: into the output file)", "PATH"),
     Option("qos", ("--qos", "-q"), "QOS tier, e.g. high, normal, low", "QOS"),
