@@ -4,20 +4,26 @@ Like sbatch: directives come from the comment block at the top of the script (up
 command), and a flag on the command line overrides the same directive (gpuq.submission merges
 them). `#SBATCH` lines are read too, for the options gpuq shares with sbatch (with sbatch's meaning:
 `--gres=gpu:8` and `--mem` are per node); `#GPUQ` lines win
-over them, and every `#SBATCH` option gpuq does not use is a warning, never silence and never
-an error. `#GPUQ` lines take gpuq's own flags, from the one table in gpuq.options.
+over them. `#SBATCH` lines are read as sbatch reads them, with sbatch's own option table
+(gpuq.sbatch_table): a long option may be any unambiguous prefix (`--err`), an option sbatch
+does not know (`--workdir`) or an ambiguous prefix (`--ti`) is an error, as is a pair of
+options sbatch refuses together (`--gres=gpu:2` with `--gpus-per-node`); an option sbatch
+takes that gpuq does not use is a warning, never silence. `#GPUQ` lines take gpuq's own flags,
+from the one table in gpuq.options, with the same prefix rule.
 """
 
 from __future__ import annotations
 
 import re
 import shlex
+from dataclasses import dataclass
 from typing import Any
 
 from gpuq.domain.limits import brief
 from gpuq.domain.parsing import parse_dependencies, submit_environment
 from gpuq.errors import InvalidInput
-from gpuq.options import BY_FLAG, BY_NAME
+from gpuq.options import BY_FLAG, BY_NAME, ambiguous, long_matches
+from gpuq.sbatch_table import LONG, MEANINGS, NONE, OPTIONAL, QUIET, REMOVED, SHORT, USED, WAIT
 
 DIRECTIVE = "#GPUQ"
 SBATCH = "#SBATCH"
@@ -40,23 +46,69 @@ def _is_directive(line: str, prefix: str) -> bool:
 
 class Header:
     """Options from a script's header: `#SBATCH` ones (those gpuq shares with sbatch), and
-    `#GPUQ` ones; with the line each single-valued one came from."""
+    `#GPUQ` ones; with the line each single-valued one came from, the flag each was written
+    as (so an error names `--gres` or `-G`, not the gpuq option it became), and whether an
+    `#SBATCH --wait` (`-W`) asks `gpuq submit` to wait."""
 
     def __init__(self, script: str, notes: list[str]) -> None:
         self.sbatch: dict[str, Any] = {}
         self.sbatch_origins: dict[str, str] = {}
         self.gpuq: dict[str, Any] = {}
         self.gpuq_origins: dict[str, str] = {}
+        self.sbatch_written: dict[str, str] = {}  # option name -> its flag as written
+        self.gpuq_written: dict[str, str] = {}
+        self.wait = False
+        given: dict[str, tuple[str, str]] = {}  # sbatch option -> (as written, where)
         for number, line in _header_lines(script):
+            at = f"{SBATCH} line {number}"
             if _is_directive(line, SBATCH):
-                for name, value in _sbatch_line(line, number, notes):
-                    _put(self.sbatch, self.sbatch_origins, name, value, f"{SBATCH} line {number}")
+                for item in _sbatch_line(line, number, notes):
+                    given.pop(item.long, None)  # in the order last given
+                    given[item.long] = (item.flag, at)
+                    if item.name == WAIT:
+                        self.wait = True
+                        continue
+                    _put(self.sbatch, self.sbatch_origins, item.name, item.value, at, item.flag)
+                    self.sbatch_written[item.name] = item.flag
             elif line.startswith(DIRECTIVE):
-                for name, value in _gpuq_line(line, number):
-                    _put(self.gpuq, self.gpuq_origins, name, value, f"{DIRECTIVE} line {number}")
+                for flag, name, value in _gpuq_line(line, number):
+                    where = f"{DIRECTIVE} line {number}"
+                    _put(self.gpuq, self.gpuq_origins, name, value, where, flag)
+                    self.gpuq_written[name] = flag
+        _refuse_pairs(given)
+
+    @property
+    def written(self) -> dict[str, str]:
+        """Each option's flag as the header wrote it (a `#GPUQ` line's wins, as its value)."""
+        return {**self.sbatch_written, **self.gpuq_written}
 
 
-def _put(found: dict[str, Any], origins: dict[str, str], name: str, value: Any, at: str) -> None:
+# pairs of options sbatch refuses together (slurm_opt.c: "... are mutually exclusive")
+_EXCLUSIVE_PAIRS = (
+    ("gres", "gpus-per-node"),
+    ("mem", "mem-per-cpu"),
+    ("mem", "mem-per-gpu"),
+    ("mem-per-cpu", "mem-per-gpu"),
+)
+
+
+def _refuse_pairs(given: dict[str, tuple[str, str]]) -> None:
+    """An InvalidInput for the first pair sbatch refuses, naming the later option of it."""
+    order = list(given)
+    for pair in _EXCLUSIVE_PAIRS:
+        if all(long in given for long in pair):
+            first, second = sorted(pair, key=order.index)
+            (one, one_at), (other, other_at) = given[first], given[second]
+            raise InvalidInput(
+                f"{other} ({other_at})",
+                f"with {one} ({one_at})",
+                "sbatch refuses the two together (they say one thing); give one",
+            )
+
+
+def _put(
+    found: dict[str, Any], origins: dict[str, str], name: str, value: Any, at: str, flag: str = ""
+) -> None:
     if BY_NAME[name].multiple:
         # checked here, where the line is known: the values of all lines add up later
         try:
@@ -67,14 +119,14 @@ def _put(found: dict[str, Any], origins: dict[str, str], name: str, value: Any, 
         except InvalidInput as exc:
             if not at:
                 raise
-            raise InvalidInput(f"{exc.field} ({at})", exc.value, exc.problem) from None
+            raise InvalidInput(f"{flag or exc.field} ({at})", exc.value, exc.problem) from None
         found.setdefault(name, []).append(value)
     else:
         found[name] = value
         origins[name] = at
 
 
-def _gpuq_line(line: str, number: int) -> list[tuple[str, Any]]:
+def _gpuq_line(line: str, number: int) -> list[tuple[str, str, Any]]:
     where = f"{DIRECTIVE} (line {number})"
     try:
         tokens = shlex.split(line[len(DIRECTIVE) :])
@@ -88,189 +140,206 @@ def parse_directives(script: str) -> dict[str, Any]:
     found: dict[str, Any] = {}
     for number, line in _header_lines(script):
         if line.startswith(DIRECTIVE):
-            for name, value in _gpuq_line(line, number):
+            for _, name, value in _gpuq_line(line, number):
                 _put(found, {}, name, value, "")
     return found
 
 
-def parse_tokens(tokens: list[str], where: str) -> list[tuple[str, Any]]:
-    """gpuq's own options in a `#GPUQ` line: `--gpus 2`, `--gpus=2`, `-G 2` or `-G2`."""
-    pairs: list[tuple[str, Any]] = []
+def parse_tokens(tokens: list[str], where: str) -> list[tuple[str, str, Any]]:
+    """gpuq's own options in a `#GPUQ` line: `--gpus 2`, `--gpus=2`, `-G 2`, `-G2`, or a prefix
+    of one (`--part gpu`), as getopt_long takes it: (the flag resolved, option name, value)."""
+    triples: list[tuple[str, str, Any]] = []
     index = 0
     while index < len(tokens):
         flag, has_value, value = tokens[index].partition("=")
-        option = BY_FLAG.get(flag)
+        option = _gpuq_option(flag, where, tokens[index])
         if option is None and not flag.startswith("--") and BY_FLAG.get(flag[:2]):
             option, has_value, value = BY_FLAG[flag[:2]], "=", tokens[index][2:]
+            flag = flag[:2]
             if option.is_flag:
                 option = None
         if option is None:
             raise InvalidInput(where, brief(tokens[index]), "unknown option")
+        if flag.startswith("--"):
+            flag = next(f for f in option.flags if f.startswith(flag))
         if option.is_flag:
             if has_value:
                 raise InvalidInput(where, brief(tokens[index]), "takes no value")
-            pairs.append((option.name, True))
+            triples.append((flag, option.name, True))
         elif has_value:
-            pairs.append((option.name, value))
+            triples.append((flag, option.name, value))
         elif index + 1 < len(tokens):
             index += 1
-            pairs.append((option.name, tokens[index]))
+            triples.append((flag, option.name, tokens[index]))
         else:
             raise InvalidInput(where, brief(flag), "needs a value")
         index += 1
-    return pairs
+    return triples
 
 
-# sbatch's spelling of the options gpuq shares with it -> the gpuq option
-_SBATCH_OPTIONS = {
-    "--gpus": "gpus",
-    "-G": "gpus",
-    "--gpus-per-node": "gpus_per_node",
-    "--gres": "gpus_per_node",  # sbatch's --gres is per node
-    "--gpus-per-task": "gpus_per_task",
-    "--nodes": "nodes",
-    "-N": "nodes",
-    "--ntasks": "ntasks",
-    "-n": "ntasks",
-    "--ntasks-per-node": "ntasks_per_node",
-    "--cpus-per-task": "cpus",
-    "-c": "cpus",
-    "--mem": "mem",  # per node; 0: all of each node's memory
-    "--mem-per-gpu": "mem_per_gpu",
-    "--mem-per-cpu": "mem_per_cpu",
-    "--exclusive": "exclusive",
-    "--time": "time",
-    "-t": "time",
-    "--job-name": "name",
-    "-J": "name",
-    "--output": "output",
-    "-o": "output",
-    "--error": "error",
-    "-e": "error",
-    "--qos": "qos",
-    "-q": "qos",
-    "--array": "array",
-    "-a": "array",
-    "--dependency": "after",
-    "-d": "after",
-    "--hold": "hold",
-    "-H": "hold",
-    "--begin": "begin",
-    "-b": "begin",
-    "--signal": "signal",
-    "--no-requeue": "no_requeue",
-    "--chdir": "chdir",
-    "-D": "chdir",
-    "--nice": "nice",
-    "--export": "export",
-    "--nodelist": "nodelist",
-    "-w": "nodelist",
-    "--exclude": "exclude",
-    "-x": "exclude",
-    "--constraint": "constraint",
-    "-C": "constraint",
-    "--partition": "partition",  # [partitions.NAME], else a node feature (domain.partitions)
-    "-p": "partition",
-    "--mail-type": "mail_type",
-    "--mail-user": "mail_user",
-}
-# take no value (so an unknown one among them does not swallow the next word)
-_SBATCH_NO_VALUE = frozenset(
-    {
-        *("--hold", "-H", "--no-requeue", "--requeue", "--contiguous", "--exclusive"),
-        *("--overcommit", "-O", "--oversubscribe", "-s", "--parsable", "--quiet", "-Q"),
-        *("--test-only", "--verbose", "-v", "--wait", "-W", "--ignore-pbs", "--no-kill", "-k"),
-        *("--spread-job", "--use-min-nodes", "--usage", "--help", "-h", "--version", "-V"),
-        *("--get-user-env", "--reboot"),
-    }
-)
-# sbatch's --exclusive=user|mcs|topo: nodes shared only with the user's own jobs (or ...);
-# gpuq takes each as --exclusive, the stricter whole nodes
-_EXCLUSIVE_KINDS = frozenset({"user", "mcs", "topo"})
-_SBATCH_DEFAULTS = frozenset({"--requeue"})  # what gpuq does anyway
-# sbatch's own command line (gpuq.slurm.job_commands) takes these flags, read as these lines are
-SBATCH_OPTIONS = _SBATCH_OPTIONS
+_GPUQ_MEANINGS = {flag: o.name for o in BY_NAME.values() for flag in o.flags if flag[1] == "-"}
 
 
-def _sbatch_line(line: str, number: int, notes: list[str]) -> list[tuple[str, Any]]:
-    """The gpuq options in one `#SBATCH` line; a warning in `notes` for each other one."""
+def _gpuq_option(flag: str, where: str, token: str) -> Any:
+    """The gpuq option a `#GPUQ` flag names (a long one by any unambiguous prefix); None."""
+    if not flag.startswith("--"):
+        return BY_FLAG.get(flag)
+    found = long_matches(flag, _GPUQ_MEANINGS)
+    if len(found) > 1:
+        raise InvalidInput(where, brief(token), ambiguous(flag, found))
+    return BY_FLAG[found[0]] if found else None
+
+
+@dataclass(frozen=True, slots=True)
+class _Given:
+    """One option of an `#SBATCH` line, as sbatch reads it."""
+
+    long: str  # sbatch's long name of it ("gres")
+    flag: str  # as written, a prefix resolved: "--gres", "-G"
+    name: str  # the gpuq option it sets (gpuq.sbatch_table.USED), or WAIT
+    value: Any
+
+
+def _sbatch_line(line: str, number: int, notes: list[str]) -> list[_Given]:
+    """The options of one `#SBATCH` line that gpuq uses; a warning in `notes` for each other
+    option sbatch takes, an InvalidInput for one sbatch would refuse."""
     at = f"(line {number})"
     try:
         tokens = shlex.split(line[len(SBATCH) :], comments=True)
     except ValueError as exc:
         notes.append(f"{SBATCH} line {number} is not used by gpuq: {exc}")
         return []
-    pairs: list[tuple[str, Any]] = []
+    found: list[_Given] = []
+    for long, flag, value, shown in _getopt(tokens, at, notes):
+        shown = brief(shown)
+        if long not in USED:
+            if long not in QUIET:
+                notes.append(f"{SBATCH} {shown} {at} is not used by gpuq")
+            continue
+        name = USED[long][0]
+        if name == WAIT or (name in BY_NAME and BY_NAME[name].is_flag and long != "exclusive"):
+            found.append(_Given(long, flag, name, True))
+            continue
+        if long == "exclusive":
+            if value is not None and not _exclusive_kind(value, shown, at, notes):
+                continue
+            found.append(_Given(long, flag, name, True))
+            continue
+        if value is None and long == "nice":
+            value = "100"  # sbatch's --nice without a value
+        translated = _sbatch_value(long, str(value), shown, at, notes)
+        if translated is not None:
+            found.append(_Given(long, flag, name, translated))
+    return found
+
+
+def _getopt(tokens: list[str], at: str, notes: list[str]) -> list[tuple[str, str, Any, str]]:
+    """The options in an `#SBATCH` line's words as getopt_long reads them with sbatch's table:
+    (long name, the flag as written and resolved, value or None, the words as written)."""
+    where = f"{SBATCH} {at}"
+    options: list[tuple[str, str, Any, str]] = []
     index = 0
     while index < len(tokens):
         token = tokens[index]
         index += 1
-        if token.startswith("--"):
+        if token.startswith("--") and len(token) > 2:
             flag, eq, value = token.partition("=")
-            has_value = bool(eq)
-        elif token.startswith("-") and len(token) > 1:
-            flag, value = token[:2], token[2:].removeprefix("=")
-            has_value = bool(value)
+            long = _sbatch_long(flag, token, where)
+            kind = LONG[long]
+            if kind == NONE and eq:
+                raise InvalidInput(where, brief(token), f"--{long} takes no value")
+            if eq or kind == NONE:
+                options.append((long, f"--{long}", value if eq else None, token))
+            elif kind == OPTIONAL:
+                if long == "nice":  # read as before: a number after it is its value
+                    nice_given = index < len(tokens) and re.fullmatch(r"[+-]?[0-9]+", tokens[index])
+                    if nice_given:
+                        options.append((long, "--nice", tokens[index], f"{token} {tokens[index]}"))
+                        index += 1
+                        continue
+                options.append((long, f"--{long}", None, token))
+            elif index < len(tokens):
+                options.append((long, f"--{long}", tokens[index], f"{token} {tokens[index]}"))
+                index += 1
+            else:
+                raise InvalidInput(where, brief(flag), "needs a value")
+        elif token.startswith("-") and len(token) > 1 and token != "--":
+            index = _short_options(tokens, index, where, options)
         else:
             notes.append(f"{SBATCH} {brief(token)} {at} is not an option; not used by gpuq")
-            continue
-        name = _SBATCH_OPTIONS.get(flag)
-        shown = token
-        if not has_value and flag not in _SBATCH_NO_VALUE:
-            if flag == "--nice":  # sbatch's --nice has an optional value, 100 when absent
-                nice_given = index < len(tokens) and re.fullmatch(r"[+-]?[0-9]+", tokens[index])
-                value = tokens[index] if nice_given else "100"
-                index += 1 if nice_given else 0
-                shown = f"{token} {value}" if nice_given else token
-            elif index < len(tokens) and (name is not None or not tokens[index].startswith("-")):
-                value = tokens[index]
-                index += 1
-                shown = f"{token} {value}"
-            elif name is not None:
-                raise InvalidInput(f"{SBATCH} {at}", brief(flag), "needs a value")
-        shown = brief(shown)
-        if name is None:
-            if flag not in _SBATCH_DEFAULTS:
-                notes.append(f"{SBATCH} {shown} {at} is not used by gpuq")
-            continue
-        if flag == "--exclusive" and has_value:
-            if value.strip().lower() not in _EXCLUSIVE_KINDS:
-                notes.append(f"{SBATCH} {shown} {at} is not used by gpuq: expected user or mcs")
-                continue
-            notes.append(
-                f"{SBATCH} {shown} {at}: gpuq takes it as --exclusive (whole nodes, shared "
-                "with no other job)"
-            )
-            pairs.append((name, True))
-            continue
-        if BY_NAME[name].is_flag:
-            if has_value:
-                raise InvalidInput(f"{SBATCH} {at}", brief(token), "takes no value")
-            pairs.append((name, True))
-            continue
-        translated = _sbatch_value(flag, value, shown, at, notes)
-        if translated is not None:
-            pairs.append((name, translated))
-    return pairs
+    return options
 
 
-def _sbatch_value(flag: str, value: str, shown: str, at: str, notes: list[str]) -> str | None:
+def _short_options(
+    tokens: list[str], index: int, where: str, options: list[tuple[str, str, Any, str]]
+) -> int:
+    """The short options in `tokens[index - 1]` (`-H`, `-t5`, `-t 5`, `-HW`); the next index."""
+    token = tokens[index - 1]
+    for position in range(1, len(token)):
+        letter = token[position]
+        long = SHORT.get(letter)
+        if long is None:
+            raise InvalidInput(where, brief(token), f"sbatch has no option -{letter}")
+        rest = token[position + 1 :]
+        if LONG[long] == NONE:
+            options.append((long, f"-{letter}", None, f"-{letter}"))
+            continue
+        if rest or LONG[long] == OPTIONAL:
+            value = rest.removeprefix("=") or None
+            options.append((long, f"-{letter}", value, token))
+        elif index < len(tokens):
+            options.append((long, f"-{letter}", tokens[index], f"{token} {tokens[index]}"))
+            index += 1
+        else:
+            raise InvalidInput(where, brief(token), "needs a value")
+        break
+    return index
+
+
+def _sbatch_long(flag: str, token: str, where: str) -> str:
+    """sbatch's long option that `flag` (`--err`) names, or an InvalidInput as sbatch refuses."""
+    found = long_matches(flag, MEANINGS)
+    if len(found) > 1:
+        raise InvalidInput(where, brief(token), ambiguous(flag, found))
+    if not found:
+        hint = REMOVED.get(flag[2:])
+        raise InvalidInput(
+            where, brief(token), f"sbatch has no option {flag}" + (f": {hint}" if hint else "")
+        )
+    return found[0][2:]
+
+
+# sbatch's --exclusive=user|mcs|topo: nodes shared only with the user's own jobs (or ...);
+# gpuq takes each as --exclusive, the stricter whole nodes
+_EXCLUSIVE_KINDS = frozenset({"user", "mcs", "topo"})
+
+
+def _exclusive_kind(value: str, shown: str, at: str, notes: list[str]) -> bool:
+    if value.strip().lower() not in _EXCLUSIVE_KINDS:
+        notes.append(f"{SBATCH} {shown} {at} is not used by gpuq: expected user or mcs")
+        return False
+    notes.append(
+        f"{SBATCH} {shown} {at}: gpuq takes it as --exclusive (whole nodes, shared "
+        "with no other job)"
+    )
+    return True
+
+
+def _sbatch_value(long: str, value: str, shown: str, at: str, notes: list[str]) -> str | None:
     """sbatch's value as gpuq takes it; None (and a warning) when gpuq cannot use it."""
-    if flag == "--gres":
+    if long == "gres":
         gpus: str | None = None
         for item in value.split(","):
             kind, _, rest = item.partition(":")
             if kind.strip().lower() != "gpu":
                 notes.append(f"{SBATCH} {shown} {at}: {item} is not used by gpuq")
                 continue
-            gpus = _typed_count(rest or "1", gres=True)
+            gpus = rest or "1"
         return gpus
-    if flag in ("--gpus", "-G", "--gpus-per-node", "--gpus-per-task"):
-        return _typed_count(value, gres=False)
-    if flag in ("--time", "-t") and value.strip().lower() in ("unlimited", "infinite"):
+    if long == "time" and value.strip().lower() in ("unlimited", "infinite"):
         notes.append(f"{SBATCH} {shown} {at} is not used by gpuq: the QOS default applies")
         return None
-    if flag == "--export":
+    if long == "export":
         head, *items = value.split(",")
         if head.strip().upper() not in ("ALL", "NONE") or any("=" not in i for i in items):
             notes.append(
@@ -281,9 +350,6 @@ def _sbatch_value(flag: str, value: str, shown: str, at: str, notes: list[str]) 
     return value
 
 
-def _typed_count(value: str, *, gres: bool) -> str:
-    """sbatch's `N` or `TYPE:N` GPUs, as gpuq's --gpus takes them (gpuq.submission checks
-    them). In a --gres a bare type (`gpu:a100`) means one GPU of it."""
-    if gres and re.fullmatch(r"[A-Za-z][\w.-]*", value.strip()):
-        return f"{value.strip()}:1"
-    return value
+def asks_to_wait(script: str) -> bool:
+    """Whether the script's header has `#SBATCH --wait` (`-W`): `gpuq submit` then waits."""
+    return Header(script, []).wait

@@ -7,6 +7,7 @@ three. Kept alone and light: the CLI imports it at start.
 
 from __future__ import annotations
 
+from collections.abc import Hashable, Mapping
 from dataclasses import dataclass
 
 
@@ -107,10 +108,18 @@ OPTIONS: tuple[Option, ...] = (
         "whole nodes: every GPU, CPU and byte of each node, shared with no other job",
         is_flag=True,
     ),
-    Option("time", ("--time", "-t"), "time limit: MM, HH:MM:SS, D-HH[:MM[:SS]]", "TIME"),
+    Option(
+        "time",
+        ("--time", "-t"),
+        "time limit, whole minutes (seconds round up): MM, MM:SS, HH:MM:SS, D-HH[:MM[:SS]]",
+        "TIME",
+    ),
     Option("name", ("--name", "-J"), "job name (default: the script's file name)", "NAME"),
     Option(
-        "output", ("--output", "-o"), "stdout file; %j %A %a %x %u %N (default gpuq-%j.out)", "PATH"
+        "output",
+        ("--output", "-o"),
+        "stdout file; sbatch's %j %J %A %a %x %u %N %s %%, %3a pads (default gpuq-%j.out)",
+        "PATH",
     ),
     Option("error", ("--error", "-e"), "stderr file (default: into the output file)", "PATH"),
     Option("qos", ("--qos", "-q"), "QOS tier, e.g. high, normal, low", "QOS"),
@@ -160,8 +169,69 @@ GROUPS: tuple[tuple[str, ...], ...] = (
 GROUP_OF = {name: group for group in GROUPS for name in group}
 BY_FLAG = {flag: option for option in OPTIONS for flag in option.flags}
 BY_NAME = {option.name: option for option in OPTIONS}
+
+
+def long_matches(flag: str, flags: Mapping[str, Hashable]) -> tuple[str, ...]:
+    """The long options `flag` names, as getopt_long reads it (sbatch parses with it): an exact
+    match, or every option it is a prefix of, one per meaning (`flags` maps each long flag to
+    its meaning, so two spellings of one option are not ambiguous). One: that option; none:
+    unknown; more: ambiguous (see `ambiguous`)."""
+    if flag in flags:
+        return (flag,)
+    found: dict[Hashable, str] = {}
+    for candidate in flags:
+        if candidate.startswith(flag) and len(flag) > 2:
+            found.setdefault(flags[candidate], candidate)
+    return tuple(found.values())
+
+
+def ambiguous(flag: str, candidates: tuple[str, ...]) -> str:
+    """getopt_long's refusal of a prefix of several options, as one line."""
+    return f"{flag} is ambiguous: {', '.join(sorted(candidates))}"
+
+
+# `gpuq submit`'s long flags, by meaning: what a prefix (`--part`, `--err`) is matched against
+SUBMIT_MEANINGS: dict[str, Hashable] = {
+    **{flag: o.name for o in OPTIONS for flag in o.flags if flag.startswith("--")},
+    "--wrap": "wrap",
+    "--wait": "wait",
+    "--parsable": "parsable",
+    "--help": "help",
+}
 # the long flags of `gpuq submit`: after the script they are the script's arguments (warned)
-SUBMIT_LONG_FLAGS = frozenset(
-    {flag for option in OPTIONS for flag in option.flags if flag.startswith("--")}
-    | {"--wrap", "--wait", "--parsable"}
+SUBMIT_LONG_FLAGS = frozenset(SUBMIT_MEANINGS) - {"--help"}
+_SUBMIT_FLAGS_ALONE = frozenset(
+    {"--wait", "-W", "--parsable", "--help", "-h"}
+    | {flag for option in OPTIONS if option.is_flag for flag in option.flags}
 )
+
+
+def resolve_submit_args(args: list[str]) -> tuple[list[str], dict[str, str]]:
+    """`gpuq submit`'s words with each long option's prefix written out (`--part gpu` is
+    `--partition gpu`), up to the script (what follows is the script's own), and how each
+    option was written (`{"partition": "-p"}`), for errors to name it so. ValueError (one
+    line) for an ambiguous prefix."""
+    out: list[str] = []
+    spelled: dict[str, str] = {}
+    index = 0
+    while index < len(args):
+        word = args[index]
+        index += 1
+        if word == "--" or not word.startswith("-") or word == "-":
+            return [*out, word, *args[index:]], spelled
+        flag, eq, value = word.partition("=") if word.startswith("--") else (word[:2], "", "")
+        if flag.startswith("--"):
+            found = long_matches(flag, SUBMIT_MEANINGS)
+            if len(found) > 1:
+                raise ValueError(ambiguous(flag, found))
+            flag = found[0] if found else flag
+            word = flag + eq + value
+        out.append(word)
+        option = BY_FLAG.get(flag)
+        if option is not None:
+            spelled[option.name] = flag
+        alone = eq or len(word) > len(flag) or flag in _SUBMIT_FLAGS_ALONE
+        if not alone and index < len(args):  # its value, whatever it looks like
+            out.append(args[index])
+            index += 1
+    return out, spelled

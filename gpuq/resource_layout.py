@@ -143,9 +143,9 @@ def _tasks(values: dict[str, Any]) -> tuple[int, int, bool]:
 def _gpu_request(
     values: dict[str, Any], key: str, flag: str, notes: list[str]
 ) -> tuple[str | None, int] | None:
-    """`N` or `TYPE:N` (or an int): (type, count); None when not given. A type typed with
-    more than the model (a100-80gb) is noted: the model is what is matched; memory is
-    --gpu-mem."""
+    """`N`, `TYPE:N` or `TYPE` (one) (or an int): (type, count); None when not given. A type
+    typed with more than the model (a100-80gb) is noted: the model is what is matched; memory
+    is --gpu-mem."""
     value = values.get(key)
     if value is None or value == "":
         return None
@@ -155,7 +155,7 @@ def _gpu_request(
     if ":" not in text and not re.match(r"\s*[A-Za-z]", text):
         return None, whole_number(values, key, flag, 0)
     gpu_type, count = parse_gpu_request(text, flag)
-    typed = text.rpartition(":")[0].strip().lower()
+    typed = (text.rpartition(":")[0] if ":" in text else text).strip().lower()
     if gpu_type is not None and typed != gpu_type:
         notes.append(
             f"{flag} {brief(text)}: the GPU type is {gpu_type} (any {gpu_type}, whatever its "

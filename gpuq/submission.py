@@ -10,7 +10,6 @@ option, and the directive line it came from, never another exception.
 from __future__ import annotations
 
 import os
-import re
 import warnings as _warnings
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -29,7 +28,7 @@ from gpuq.domain.node_constraints import (
 from gpuq.domain.notify import parse_mail_types
 from gpuq.domain.parsing import collect_dependencies, parse_begin, submit_environment
 from gpuq.domain.partitions import parse_partitions
-from gpuq.domain.units import parse_duration
+from gpuq.domain.units import parse_time_limit
 from gpuq.errors import InvalidInput
 from gpuq.options import BY_FLAG, BY_NAME, GROUP_OF, SUBMIT_LONG_FLAGS
 from gpuq.resource_layout import layout as _layout
@@ -51,6 +50,7 @@ def build_spec(
     now: float | None = None,
     warnings: list[str] | None = None,
     defaults: Mapping[str, Any] | None = None,
+    spelled: Mapping[str, str] | None = None,
     **options: Any,
 ) -> JobSpec:
     """A validated JobSpec; raises InvalidInput naming the option for anything wrong.
@@ -60,11 +60,12 @@ def build_spec(
     the submitter's umask is recorded. `defaults` (options by name, e.g. the user's
     `[client] mail_type`) apply where neither a directive nor `options` sets one. What gpuq
     does not use (an `#SBATCH --account`, a `--gres` other than gpu) is appended to
-    `warnings`, one line each; without a list each is issued as a SubmitWarning.
+    `warnings`, one line each; without a list each is issued as a SubmitWarning. `spelled`:
+    how the command line wrote an option (`{"partition": "-p"}`), for the errors to say so.
     """
     notes: list[str] = [] if warnings is None else warnings
     first = len(notes)
-    spec = _build(script, args, wrap, environ, now, notes, options, defaults or {})
+    spec = _build(script, args, wrap, environ, now, notes, options, defaults or {}, spelled)
     if warnings is None:
         for note in notes[first:]:
             _warnings.warn(note, SubmitWarning, stacklevel=2)
@@ -80,6 +81,7 @@ def _build(
     notes: list[str],
     options: dict[str, Any],
     defaults: Mapping[str, Any],
+    spelled: Mapping[str, str] | None,
 ) -> JobSpec:
     unknown = (set(options) | set(defaults)) - set(BY_NAME)
     if unknown:
@@ -100,18 +102,34 @@ def _build(
     header = Header(text, notes)
     merged = merge(merge(merge(dict(defaults), header.sbatch), header.gpuq), options)
     origins = {**header.sbatch_origins, **header.gpuq_origins}
+    written = {**header.written}
     for name, value in options.items():
         if value is not None and value is not False and value != ():
             origins.pop(name, None)
+            written.pop(name, None)
+    written.update(spelled or {})
     try:
         return _spec(text, source, default_name, args, merged, environ, now, notes)
     except InvalidInput as exc:
-        # a bad value from a directive: say which line it came from
-        option = BY_FLAG.get((exc.field.split() or [""])[0])
-        origin = origins.get(option.name) if option is not None else None
-        if origin is None:
-            raise
-        raise InvalidInput(f"{exc.field} ({origin})", exc.value, exc.problem) from None
+        raise _as_written(exc, origins, written) from None
+
+
+def _as_written(
+    exc: InvalidInput, origins: Mapping[str, str], written: Mapping[str, str]
+) -> InvalidInput:
+    """The error naming the option as the user wrote it (`--gres`, `-p`, not the gpuq option
+    it became), and for a value from a directive, the line it came from."""
+    word, _, rest = exc.field.partition(" ")
+    option = BY_FLAG.get(word)
+    if option is None:
+        return exc
+    field = " ".join(filter(None, (written.get(option.name, word), rest)))
+    origin = origins.get(option.name)
+    if origin is not None:
+        field = f"{field} ({origin})"
+    if field == exc.field:
+        return exc
+    return InvalidInput(field, exc.value, exc.problem)
 
 
 def _spec(
@@ -282,7 +300,9 @@ def _workdir(chdir: str | None) -> str:
 
 
 def _safe_name(name: str) -> str:
-    return re.sub(r"[^A-Za-z0-9_.+@=:,-]", "_", name)[:128] or "job"
+    """The script's file name as the default job name, as sbatch takes it; what a name may
+    not hold (a control character) becomes `_`."""
+    return "".join(c if c.isprintable() else "_" for c in name)[:128] or "job"
 
 
 def _text(values: dict[str, Any], key: str) -> str | None:
@@ -321,12 +341,14 @@ def _share(values: dict[str, Any]) -> int | None:
 
 
 def _duration(values: dict[str, Any], key: str, flag: str) -> int | None:
+    """--time: text as sbatch reads it (whole minutes, seconds rounded up); an int is seconds
+    exactly (the Python API's, e.g. a test's 2-second limit)."""
     value = values.get(key)
     if value is None or value == "":
         return None
     if isinstance(value, int) and not isinstance(value, bool):
         return value
-    return parse_duration(str(value), flag)
+    return parse_time_limit(str(value), flag)
 
 
 def _array(value: Any) -> ArraySpec | None:

@@ -13,7 +13,7 @@ import click
 
 from gpuq.cli import render
 from gpuq.domain.units import format_duration
-from gpuq.options import OPTIONS
+from gpuq.options import OPTIONS, resolve_submit_args
 
 
 def submit_options(
@@ -39,7 +39,23 @@ def submit_options(
     return command
 
 
-@click.command(context_settings={"allow_interspersed_args": False})
+class SubmitCommand(click.Command):
+    """`gpuq submit`, whose long options may be written as any unambiguous prefix
+    (`--part`, `--err`), as sbatch (getopt_long) takes its own."""
+
+    def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
+        try:
+            resolved, spelled = resolve_submit_args(args)
+        except ValueError as exc:
+            raise click.UsageError(str(exc), ctx) from None
+        ctx.meta[_SPELLED] = spelled
+        return super().parse_args(ctx, resolved)
+
+
+_SPELLED = "gpuq.submit.spelled"  # how the command line wrote each option, for errors
+
+
+@click.command(cls=SubmitCommand, context_settings={"allow_interspersed_args": False})
 @click.argument("script", required=False)
 @click.argument("args", nargs=-1)
 @click.option("--wrap", metavar="CMD", help="run CMD with /bin/sh instead of a script")
@@ -72,8 +88,17 @@ def submit(
             f"{flag} after the script is passed to the script; put gpuq options before the script",
         )
     spec = build_spec_warning(
-        "gpuq submit", script=script, args=args, wrap=wrap, defaults=_defaults(obj), **options
+        "gpuq submit",
+        script=script,
+        args=args,
+        wrap=wrap,
+        defaults=_defaults(obj),
+        spelled=click.get_current_context().meta.get(_SPELLED),
+        **options,
     )
+    from gpuq.directives import asks_to_wait
+
+    wait = wait or asks_to_wait(spec.script)  # `#SBATCH --wait` (-W), as sbatch
     client = obj.client()
     ids = client.submit_spec(spec)
     job_id = ids[0]  # an array's id, for an array

@@ -67,23 +67,24 @@ def check_gpu_type(value: object) -> str:
 
 
 def parse_gpu_request(text: str, flag: str = "--gpus") -> tuple[str | None, int]:
-    """`N` or `TYPE:N` (sbatch's --gpus), as (type, count). A type is normalised as NVML names
-    are (`A100` and `a100-sxm4` are a100), so a user may type the model as the card says."""
+    """`N`, `TYPE:N` or `TYPE` (sbatch's --gpus: a type alone is one GPU of it, as in SLURM,
+    where `--gpus-per-node=a100` and `--gres=gpu:a100` are one a100), as (type, count). A type
+    is normalised as NVML names are (`A100` and `a100-sxm4` are a100), so a user may type the
+    model as the card says."""
     raw = text.strip()
     kind, colon, count = raw.rpartition(":")
-    if not colon:
+    if not colon and raw[:1].isalpha():
+        kind, count = raw, "1"
+    elif not colon:
         kind, count = "", raw
     if not re.fullmatch(r"\+?[0-9]{1,6}", count.strip()):
-        hint = (
-            f"; one {raw.lower()} GPU is {raw.lower()}:1"
-            if re.fullmatch(r"[A-Za-z]\S*", raw)
-            else ""
-        )
-        raise InvalidInput(flag, shown(text), f"expected N or TYPE:N (e.g. 2 or a100:2){hint}")
-    if not colon:
+        raise InvalidInput(flag, shown(text), "expected N, TYPE:N or TYPE (e.g. 2, a100:2, a100)")
+    if not kind and not colon:
         return None, int(count)
     if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9 ._-]{0,63}", kind.strip()):
         raise InvalidInput(
-            flag, shown(text), "expected N or TYPE:N, TYPE a model such as a100 (see gpuq nodes)"
+            flag,
+            shown(text),
+            "expected N, TYPE:N or TYPE, TYPE a model such as a100 (see gpuq nodes)",
         )
     return check_gpu_type(gpu_type(kind.strip())), int(count)

@@ -57,7 +57,6 @@ MAX_REQUEST_BYTES = (
 # MAX_REQUEST_BYTES.)
 MAX_AGENT_MESSAGE_BYTES = 16 << 20
 BEGIN_MAX_AHEAD = 366 * 86400  # --begin further ahead than this is surely a typo
-_NAME_RE = re.compile(r"[A-Za-z0-9_.+@=:,-]{1,128}")
 _QOS_RE = re.compile(r"[A-Za-z0-9_.+-]{1,64}")
 # characters that must never reach a terminal raw: C0 (newline, tab, ESC...), DEL, C1, and the
 # Unicode ones that reorder or break what follows (bidi embeddings, overrides and isolates,
@@ -120,23 +119,34 @@ def check_text(name: str, value: object, limit: int) -> None:
 
 
 def check_name(value: str, field_name: str = "--name") -> str:
-    """A job name: 1 to 128 ASCII letters, digits or `_ . + @ = : , -`."""
-    if isinstance(value, str) and _NAME_RE.fullmatch(value):
-        return value
+    """A job name: 1 to 128 printable characters, as SLURM takes them (spaces, `*`, `/` and
+    any script's language included: `CS 601.471/671 homework5`); never a control character,
+    a bidi override or anything else a terminal would act on. Wherever a name is shown it is
+    shown as text (CLI listings through printable(), the dashboard as DOM text); in a file
+    name (`%x`) its `/` becomes `_` (gpuq.domain.model.output_paths)."""
     if not isinstance(value, str) or not value:
         raise InvalidInput(field_name, shown(value), "is empty")
     if len(value) > 128:
         raise InvalidInput(field_name, shown(value), "is longer than 128 characters")
-    bad = next(c for c in value if not _NAME_RE.fullmatch(c))
-    if _CONTROL_RE.fullmatch(bad):
-        why = f"contains the control character {bad!r}"
-    elif not bad.isascii():
-        why = f"contains the non-ASCII character {bad!r}"
-    else:
-        why = f"contains {bad!r}"
-    raise InvalidInput(
-        field_name, shown(value), f"{why}; use 1 to 128 letters, digits or _ . + @ = : , -"
-    )
+    bad = next((c for c in value if not c.isprintable()), None)
+    if bad is not None:
+        kind = "control" if _CONTROL_RE.fullmatch(bad) or bad < " " else "unprintable"
+        raise InvalidInput(field_name, shown(value), f"contains the {kind} character {bad!a}")
+    return value
+
+
+_PLAIN_NAME_RE = re.compile(r"[A-Za-z0-9_.+@=:,-]+")  # what names were before any was quoted
+# a job name as name_in_text writes it: plain, or quoted (what job_messages.hide_names finds)
+NAME_IN_TEXT = r"(?:[A-Za-z0-9_.+@=:,-]+|'(?:[^'\\]|\\.)*')"
+
+
+def name_in_text(name: str) -> str:
+    """A job name inside a sentence (a reason, an event): as is when it is one plain word,
+    else in quotes (`'CS 601 hw5'`, `\\` and `'` escaped), so where a name ends stays clear,
+    to a reader and to hiding it from those who may not see names."""
+    if _PLAIN_NAME_RE.fullmatch(name):
+        return name
+    return "'" + name.replace("\\", "\\\\").replace("'", "\\'") + "'"
 
 
 def check_qos(value: object) -> None:

@@ -16,6 +16,8 @@ from enum import StrEnum
 
 from gpuq.domain.array_specs import ArraySpec, format_indices
 from gpuq.domain.dependencies import Dependency
+from gpuq.domain.file_patterns import Fields
+from gpuq.domain.file_patterns import expand as expand_pattern
 from gpuq.domain.gpu_types import check_gpu_type
 from gpuq.domain.interactive_jobs import Terminal
 from gpuq.domain.limits import (
@@ -585,27 +587,25 @@ def output_paths(
     array: tuple[int, int | str] | None = None,
     name: str | None = None,
 ) -> tuple[str, str]:
-    """The job's stdout and stderr files, with sbatch's `%` patterns filled in (for an array's
-    record of tasks not yet started, `array` is (id, "%a"): each task's files differ; `name`:
-    what `%x` shows instead of the job's name, for a caller from whom names are hidden).
-
-    `%j` job id, `%A`/`%a` array job id and task index, `%x` name, `%u` user, `%N` node,
-    `%%` a percent sign; relative paths are relative to the submit folder. Without --error,
+    """The job's stdout and stderr files, with sbatch's `%` patterns filled in
+    (gpuq.domain.file_patterns; for an array's record of tasks not yet started, `array` is
+    (id, "%a"): each task's files differ; `name`: what `%x` shows instead of the job's name,
+    for a caller from whom names are hidden; `node`: None before the job runs, `%N` then
+    shows "unknown"). Relative paths are relative to the submit folder. Without --error,
     stderr goes to the output file, as with sbatch.
     """
     default = "gpuq-%A_%a.out" if array else "gpuq-%j.out"
-    values = {
-        "j": str(job_id),
-        "A": str(array[0]) if array else str(job_id),
-        "a": str(array[1]) if array else "0",
-        "x": spec.name if name is None else name,
-        "u": user,
-        "N": node or "unknown",
-        "%": "%",
-    }
+    fields = Fields(
+        job_id=job_id,
+        user=user,
+        name=spec.name if name is None else name,
+        node=node or "unknown",
+        array_id=array[0] if array else None,
+        task=array[1] if array else None,
+    )
 
     def expand(pattern: str) -> str:
-        text = re.sub(r"%([jAaxuN%])", lambda m: values[m.group(1)], pattern)
+        text = expand_pattern(pattern, fields)
         return text if text.startswith("/") else f"{spec.workdir.rstrip('/')}/{text}"
 
     stdout = expand(spec.output or default)

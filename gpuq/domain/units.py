@@ -91,6 +91,13 @@ def parse_duration(text: str, field: str = "time") -> int:
     return total
 
 
+def parse_time_limit(text: str, field: str = "--time") -> int:
+    """Seconds in a time limit as sbatch reads it: a duration (parse_duration's forms; `0:05`
+    is minutes:seconds) rounded up to whole minutes, since SLURM's limits are whole minutes
+    (`0:05` and `1` are 60, `1:30` is 120)."""
+    return -(-parse_duration(text, field) // 60) * 60
+
+
 def _check_below(field: str, text: str, limits: list[tuple[int, int, str]]) -> None:
     for value, limit, name in limits:
         if value >= limit:

@@ -9,6 +9,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 
 from gpuq.domain.dependencies import DependencyKind
+from gpuq.domain.limits import name_in_text
 from gpuq.domain.policy import QosTier
 from gpuq.domain.states import JobState
 from gpuq.scheduler.snapshot import Dependency, PendingJob, RunningJob
@@ -95,7 +96,7 @@ def blockers(job: PendingJob, usage: Usage, tier: QosTier | None, now: float) ->
         reasons.append(f"array limit: at most {limit} tasks of array {array} run at once")
     if job.singleton and (job.user, job.name) in usage.singletons:
         other = usage.singletons[(job.user, job.name)]
-        reasons.append(f"singleton: job {other} named {job.name} is running")
+        reasons.append(f"singleton: job {other} named {name_in_text(job.name)} is running")
     return reasons
 
 

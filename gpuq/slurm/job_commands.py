@@ -16,39 +16,61 @@ from gpuq.errors import InvalidInput
 from gpuq.slurm.arguments import Refused, context, given, last, options, split_list, values
 from gpuq.slurm.formats import LONG_STATE, exit_code_text, parse_states, slurm_duration, slurm_time
 
+# sbatch's options that change what sbatch itself does (check instead of submitting, print
+# help): refused, since taking them as unused options would submit the job
+NOT_RUN = frozenset({"test-only", "usage", "help", "version"})
 # sbatch's flags that are sbatch's own, not a submit option
 SBATCH_SHORT = "WQ"
 SBATCH_LONG = ("parsable", "wrap=", "wait", "quiet", "requeue")
 
 
 def _flag_specs(skip: frozenset[str] = frozenset()) -> tuple[str, list[str]]:
-    """getopt's short and long specs of every flag `#SBATCH` lines take (but `skip`)."""
-    from gpuq.directives import SBATCH_OPTIONS
-    from gpuq.options import BY_NAME
+    """getopt's short and long specs of every option sbatch has (gpuq.sbatch_table), but those
+    whose gpuq meaning is in `skip`: the command line then goes through the `#SBATCH` reader,
+    which takes what gpuq uses, warns of what it does not, and refuses what sbatch would.
+    getopt has no optional values: those take none here (`--nice` needs its value)."""
+    from gpuq.sbatch_table import LONG, NONE, OPTIONAL, SHORT, USED
 
-    short, long = "", []
-    for flag, name in SBATCH_OPTIONS.items():
-        if name in skip:
-            continue
-        value = not BY_NAME[name].is_flag
-        if flag.startswith("--"):
-            long.append(flag[2:] + ("=" if value else ""))
-        else:
-            short += flag[1] + (":" if value else "")
+    def takes_value(name: str) -> bool:
+        return LONG[name] != NONE and not (LONG[name] == OPTIONAL and name != "nice")
+
+    def skipped(name: str) -> bool:
+        return name in USED and USED[name][0] in skip
+
+    long = [
+        n + ("=" if takes_value(n) else "") for n in LONG if not skipped(n) and n not in NOT_RUN
+    ]
+    short = "".join(
+        letter + (":" if takes_value(name) else "")
+        for letter, name in SHORT.items()
+        if not skipped(name) and name not in NOT_RUN
+    )
     return short, long
 
 
-def submit_options(command: str, pairs: Sequence[tuple[str, str]]) -> dict[str, Any]:
+def own_flags(short: str, long: Sequence[str]) -> frozenset[str]:
+    """The flags of getopt specs (`"WQ"`, `["parsable", "wrap="]`) as written: -W, --wrap."""
+    return frozenset(
+        [f"-{c}" for c in short if c != ":"] + [f"--{name.rstrip('=')}" for name in long]
+    )
+
+
+SBATCH_OWN = own_flags(SBATCH_SHORT, SBATCH_LONG)
+
+
+def submit_options(
+    command: str, pairs: Sequence[tuple[str, str]], own: frozenset[str] = SBATCH_OWN
+) -> dict[str, Any]:
     """The submit flags among `pairs`, as gpuq options by name: read by the code that reads
     `#SBATCH` lines, so `sbatch --gres=gpu:2` means what `#SBATCH --gres=gpu:2` means."""
-    from gpuq.directives import SBATCH, SBATCH_OPTIONS, Header
+    from gpuq.directives import SBATCH, Header
 
     tokens = []
     for flag, value in pairs:
-        if flag not in SBATCH_OPTIONS:
+        if flag in own:  # the command's own flag (--parsable, srun's --pty), not the job's
             continue
         if flag.startswith("--"):
-            tokens.append(f"{flag}={value}" if value or not _is_flag(flag) else flag)
+            tokens.append(f"{flag}={value}" if value else flag)
         else:
             tokens.append(flag + value)
     if not tokens:
@@ -72,13 +94,6 @@ def _unlined(text: str) -> str:
     return text.strip() or "option"
 
 
-def _is_flag(flag: str) -> bool:
-    from gpuq.directives import SBATCH_OPTIONS
-    from gpuq.options import BY_NAME
-
-    return BY_NAME[SBATCH_OPTIONS[flag]].is_flag
-
-
 def sbatch(argv: Sequence[str]) -> int:
     """`sbatch [options] script [args]` or `sbatch [options] --wrap CMD`: prints
     `Submitted batch job N` (`--parsable`: `N`); `--wait` exits as the job did."""
@@ -86,7 +101,11 @@ def sbatch(argv: Sequence[str]) -> int:
 
     short, long = _flag_specs()
     pairs, rest = options(
-        "sbatch", argv, short + SBATCH_SHORT, [*long, *SBATCH_LONG], interspersed=False
+        "sbatch",
+        argv,
+        short + SBATCH_SHORT,
+        list(dict.fromkeys([*long, *SBATCH_LONG])),
+        interspersed=False,
     )
     wrap = last(pairs, "--wrap")
     script, args = (rest[0], rest[1:]) if rest else (None, [])
@@ -370,7 +389,7 @@ def _interactive(
     pairs, rest = options(
         command, argv, flags_short + short + "Q", [*flags_long, *long, "quiet"], interspersed=False
     )
-    return pairs, rest, submit_options(command, pairs)
+    return pairs, rest, submit_options(command, pairs, own_flags(short + "Q", [*long, "quiet"]))
 
 
 def _printable(text: object) -> str:

@@ -70,7 +70,8 @@ def test_submit_wait_returns_the_exit_code(cluster: Cluster) -> None:
         (["--gpuz", "2", "--wrap", "true"], "No such option"),
         (["--mem", "40X", "--wrap", "true"], "invalid --mem '40X'"),
         (["--time", "1:99", "--wrap", "true"], "invalid --time '1:99'"),
-        (["--gpus", "two", "--wrap", "true"], "invalid --gpus 'two'"),
+        (["--gpus", "2x", "--wrap", "true"], "invalid --gpus '2x'"),
+        (["-G", "h100", "--wrap", "true"], "--gpus h100:1 can never run"),  # a type alone: one
         (["missing.sh"], "invalid script 'missing.sh': no such file"),
         (["."], "is a folder"),
         (["--gpus", "5", "--wrap", "true"], "--gpus 5 can never run: the largest node (a) has 4"),

@@ -139,7 +139,7 @@ def test_cancelling_a_pending_future_cancels_its_job(cluster: Cluster) -> None:
 
 def test_a_job_killed_by_its_time_limit_raises_naming_timeout(cluster: Cluster) -> None:
     with executor_for(cluster) as executor:
-        future = executor.submit(time.sleep, 60, time="0:02")
+        future = executor.submit(time.sleep, 60, time=2)  # seconds
         with pytest.raises(JobFailed) as caught:
             future.result(timeout=60)
     error = caught.value

@@ -41,7 +41,7 @@ def test_cancel_pending_and_running_kills_the_whole_tree(cluster: Cluster) -> No
 
 
 def test_time_limit_ends_a_job_as_timeout(cluster: Cluster) -> None:
-    job_id = cluster.submit("sleep 60", time="0:02")
+    job_id = cluster.submit("sleep 60", time=2)  # seconds (text is whole minutes)
     job = cluster.wait_state(job_id, "timeout", timeout=20)
     assert job.start_time is not None and job.end_time is not None
     assert 1.5 < job.end_time - job.start_time < 10

@@ -237,7 +237,7 @@ def test_signal_and_umask_through_the_queue(bare_cluster: Cluster) -> None:
     body = "touch made; echo ready\n" + TRAPS
     spec = build_spec(
         wrap=body,
-        time="0:03",
+        time=3,  # seconds: an int is exact (text is whole minutes, as sbatch)
         signal="USR1@1",
         output="job-%j.out",
         environ=cluster.env,

@@ -86,7 +86,7 @@ def test_a_bad_value_in_an_sbatch_line_names_the_line(queue: Cluster) -> None:
     script = queue.root / "bad-sbatch.sh"
     script.write_text("#!/bin/bash\n#SBATCH --dependency=after:12\ntrue\n")
     line = refused_with_one_line(queue, str(script))
-    assert "invalid --after (#SBATCH line 2) 'after:12'" in line
+    assert "invalid --dependency (#SBATCH line 2) 'after:12'" in line  # as the line wrote it
     assert "afterok" in line
 
 
@@ -127,7 +127,9 @@ def test_options_after_the_script_go_to_the_script_with_a_warning(queue: Cluster
         (["--time", "99999999999"], "must be from 1 second to 366 days"),
         (["--gpus", "99999999999999999999999"], "invalid --gpus"),
         (["--name", "two\nlines"], "contains the control character '\\n'"),
-        (["--name", "caf\u00e9"], "non-ASCII"),
+        (["--name", "a\u202eb"], "contains the control character '\\u202e'"),
+        (["--gpu", "2"], "--gpu is ambiguous: --gpu-mem, --gpu-share, --gpus, --gpus-per-node"),
+        (["-G", "2x"], "invalid -G '2x'"),  # named as written
         (["--output", "a\nb"], "invalid --output"),
         (["--env", "1X=2"], "invalid --env '1X=2'"),
         (["--after", "after:12"], "after: (start once JOB has started) is not supported"),

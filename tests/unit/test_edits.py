@@ -83,7 +83,7 @@ def test_the_new_spec_is_validated_as_a_whole() -> None:
     with pytest.raises(InvalidInput, match="--gpu-mem"):
         plan_update(job(), Update(gpus=0, gpu_mem=2**30), "alice", False, TIERS)
     with pytest.raises(InvalidInput, match="--name"):
-        plan_update(job(), Update(name="bad name!"), "alice", False, TIERS)
+        plan_update(job(), Update(name="bad\tname"), "alice", False, TIERS)
     with pytest.raises(InvalidInput, match="itself"):
         plan_update(
             job(), Update(set_dependencies=True, dependencies=(Dependency(5),)), "a", True, TIERS

@@ -70,7 +70,7 @@ def test_spec_needs_a_shebang_and_an_absolute_workdir() -> None:
     with pytest.raises(InvalidInput, match="workdir"):
         JobSpec(name="x", script="#!/bin/sh\n", workdir="relative")
     with pytest.raises(InvalidInput, match="--name"):
-        JobSpec(name="has space", script="#!/bin/sh\n", workdir="/tmp")
+        JobSpec(name="new\nline", script="#!/bin/sh\n", workdir="/tmp")
     with pytest.raises(InvalidInput, match="--env"):
         JobSpec(name="x", script="#!/bin/sh\n", workdir="/tmp", env={"A=B": "1"})
 

@@ -306,8 +306,8 @@ def test_gpuq_lines_and_the_command_line_override_sbatch_ones(tmp_path: Path) ->
 def test_a_bad_directive_names_its_line(tmp_path: Path) -> None:
     text = refused("--nodes (#SBATCH line 2)", script=header(tmp_path, "#SBATCH --nodes=2-4"))
     assert "(2-4 is a range)" in text
-    refused("--gpus (#SBATCH line 3)", script=header(tmp_path, "#SBATCH -N 2", "#SBATCH -G 3"))
-    refused("--ntasks (#GPUQ line 2)", script=header(tmp_path, "#GPUQ -N 2 -n 3"))
+    refused("-G (#SBATCH line 3)", script=header(tmp_path, "#SBATCH -N 2", "#SBATCH -G 3"))
+    refused("-n (#GPUQ line 2)", script=header(tmp_path, "#GPUQ -N 2 -n 3"))
 
 
 # ---- the wire and the store ------------------------------------------------------------------

@@ -20,6 +20,7 @@ from gpuq.coordinator.access.permissions import hides_name, is_owner_or_admin
 from gpuq.coordinator.cron_service import next_fire
 from gpuq.coordinator.memory.node_table import UnitState
 from gpuq.coordinator.scheduling.scheduling_pass import PendingDetail
+from gpuq.domain.limits import NAME_IN_TEXT
 from gpuq.domain.model import CronEntry, GpuUnit, Job, JobEvent, output_paths
 from gpuq.domain.states import JobState
 from gpuq.identity import Caller
@@ -30,7 +31,7 @@ from gpuq.v1 import types_pb2 as pb
 # webhook's URL, an environment's keys)
 PRIVATE = ("script", "args", "env", "notify_url", "mail_user")
 HIDDEN = "(hidden)"  # a job name shown to a caller from whom names are hidden
-_NAME = r"[A-Za-z0-9_.+@=:,-]+"  # what a job name may hold (gpuq.domain.limits.check_name)
+_NAME = NAME_IN_TEXT  # a job name as reasons write it (gpuq.domain.limits.name_in_text)
 _NAMED = re.compile(rf"\b(?:name {_NAME} -> {_NAME}|named {_NAME})")
 
 

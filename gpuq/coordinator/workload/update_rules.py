@@ -18,7 +18,7 @@ from dataclasses import dataclass, replace
 
 from gpuq.coordinator.access.permissions import check_lowers_nice, check_raises_time_limit
 from gpuq.domain.dependencies import Dependency
-from gpuq.domain.limits import check_qos
+from gpuq.domain.limits import check_qos, name_in_text
 from gpuq.domain.model import Job, JobSpec, Resources
 from gpuq.domain.node_constraints import Placement
 from gpuq.domain.policy import QosTier
@@ -188,7 +188,7 @@ def plan_update(
         )
     name = old.name
     if update.name is not None and update.name != old.name:
-        changes.append(f"name {old.name} -> {update.name}")
+        changes.append(f"name {name_in_text(old.name)} -> {name_in_text(update.name)}")
         name = update.name
     dependencies = old.dependencies
     if update.set_dependencies and update.dependencies != old.dependencies:
