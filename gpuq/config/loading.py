@@ -124,6 +124,7 @@ def _unknown(what: str, key: str, known: Iterable[str]) -> str:
 def _coordinator_settings(
     raw: dict[str, Any], qos: Any, scheduler: dict[str, Any], source: str
 ) -> CoordinatorSettings:
+    raw = _folded_hide_job_names(raw, source)
     settings: CoordinatorSettings = _section(CoordinatorSettings, raw, "coordinator", source)
     settings = replace(
         settings, scheduler=_section(SchedulerSettings, scheduler, "scheduler", source)
@@ -151,6 +152,20 @@ def _coordinator_settings(
             f"no such qos tier (tiers: {', '.join(settings.qos) or 'none'})",
         )
     return settings
+
+
+def _folded_hide_job_names(raw: dict[str, Any], source: str) -> dict[str, Any]:
+    """`hide_job_names = true`, the setting private_data replaced, still works: it adds
+    "names" to private_data (false adds nothing), so old config files keep their meaning."""
+    if "hide_job_names" not in raw:
+        return raw
+    rest = {k: v for k, v in raw.items() if k != "hide_job_names"}
+    if not check_setting("coordinator", "hide_job_names", raw["hide_job_names"], source):
+        return rest
+    private = rest.get("private_data", [])
+    if isinstance(private, list) and "names" not in private:
+        rest["private_data"] = [*private, "names"]
+    return rest
 
 
 def _section(cls: type[Any], raw: dict[str, Any], section: str, source: str, **extra: Any) -> Any:

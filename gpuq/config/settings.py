@@ -41,6 +41,13 @@ def default_home() -> Path:
     return Path.home() / ".local" / "share" / "gpuq"
 
 
+# what `[coordinator] private_data` may hide from other users, as SLURM's PrivateData:
+# "names": others' job names show as "(hidden)" (listings, show, pending reasons, Watch, the
+# dashboard); "usage": others' usage (report rows, fair share, GPUs held per user, and the
+# per-user metrics families, which nobody signs in to read). Who holds a job is never hidden.
+PRIVATE_DATA = ("names", "usage")
+
+
 @dataclass(frozen=True, slots=True)
 class CoordinatorSettings:
     database_url: str | None = None  # None: SQLite file gpuq.db in GPUQ_HOME
@@ -82,7 +89,11 @@ class CoordinatorSettings:
     # None: only root serves everyone (a user's own coordinator serves only that user)
     service_user: str | None = None
     allow_root_jobs: bool = False  # may root submit jobs (they would run as root)
-    hide_job_names: bool = False  # listings show other users' job names as "(hidden)"
+    # what other users do not see of a user's jobs (README "Security"; the one rule:
+    # gpuq.coordinator.access.permissions.sees): "names" (shown as "(hidden)"), "usage"
+    # (report rows, fair share, per-user metrics); (): a lab server's default, every job's
+    # user and name visible to all. The old `hide_job_names = true` means ["names"]
+    private_data: tuple[str, ...] = ()
     # TLS for the TCP port: the coordinator's certificate and key (PEM files); the CA that
     # signed the nodes' client certificates (agents on agent_listen must present one)
     tls_cert: str | None = None

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 import signal
 import subprocess
 import sys
@@ -135,6 +136,35 @@ def test_listings_have_json(cluster: Cluster) -> None:
     text = cluster.gpuq("status").stdout
     assert f"job {running}" in text and "4/4 GPUs in use" in text
     gate.touch()
+
+
+def test_the_readmes_first_example_runs_on_fake_gpus(cluster: Cluster) -> None:
+    """The Quick start's `gpuq submit` line, as written, on a machine without a GPU: the job
+    prints its GPU; once it ended, `gpuq status` still shows it, with its end state."""
+    readme = (Path(__file__).parents[2] / "README.md").read_text()
+    quick_start = readme.split("## Quick start", 1)[1].split("## User guide", 1)[0]
+    line = next(x for x in quick_start.splitlines() if x.startswith("gpuq submit "))
+    result = cluster.gpuq(*shlex.split(line)[1:])
+    assert result.returncode == 0, result.stderr
+    job_id = int(result.stdout.split()[-1])
+    output = cluster.root / f"gpuq-{job_id}.out"
+    wait_for(lambda: output.exists() and "my GPU: GPU-" in output.read_text(), what="its GPU")
+    assert cluster.gpuq("cancel", str(job_id)).returncode == 0
+    cluster.wait_state(job_id, "cancelled")
+    failed = cluster.submit("exit 3")
+    cluster.wait_state(failed, "failed")
+    text = cluster.gpuq("status").stdout
+    assert "2 ended in the last hour" in text, text
+    ended = text.split("Ended in the last hour", 1)[1].splitlines()[1:]
+    assert [line.split()[:1] + line.split()[2:3] for line in ended] == [
+        [str(failed), "F"],
+        [str(job_id), "CA"],
+    ], text
+    status = json.loads(cluster.gpuq("status", "--json").stdout)
+    assert [(j["id"], j["state"]) for j in status["ended"]] == [
+        (failed, "failed"),
+        (job_id, "cancelled"),
+    ]
 
 
 def test_logs_follow_until_the_job_ends(cluster: Cluster) -> None:

@@ -93,6 +93,7 @@ def test_owners_may_only_lower_what_admins_limit() -> None:
 
 
 def test_names_are_hidden_from_others_only_where_the_admin_hides_them() -> None:
-    assert hides_name(BOB, "alice", True) and not hides_name(BOB, "alice", False)
-    assert not hides_name(ALICE, "alice", True) and not hides_name(ADMIN, "alice", True)
+    names = ("names",)
+    assert hides_name(BOB, "alice", names) and not hides_name(BOB, "alice", ())
+    assert not hides_name(ALICE, "alice", names) and not hides_name(ADMIN, "alice", names)
     assert is_owner_or_admin(ALICE, "alice") and not is_owner_or_admin(BOB, "alice")

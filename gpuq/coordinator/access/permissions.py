@@ -1,13 +1,15 @@
 """Who may do what, as named checks (SLURM's validate_operator and friends): every decision
 about a caller's rights is made here, and nowhere else.
 
-README "Security": everyone sees every job in listings, but a job's script, arguments,
-environment, webhook and mail address only its owner and admins; cancel, hold, release,
-requeue and update: the owner or an admin (what an admin does to another's job is logged; an
-owner's update may only lower what admins limit); attaching to an interactive job's terminal:
-its owner only; drain, resume and tokens: admins; submitting as root: only where the admin
-allows root's jobs. Admins are root, the coordinator's own user and members of the admin group
-(gpuq.coordinator.access.authority decides who a caller is and whether they are an admin).
+README "Security": everyone sees every job in listings (who holds each GPU, and what the job is
+named), less what `[coordinator] private_data` hides from other users (`sees`, the one privacy
+rule); a job's script, arguments, environment, webhook and mail address only its owner and
+admins; cancel, hold, release, requeue and update: the owner or an admin (what an admin does to
+another's job is logged; an owner's update may only lower what admins limit); attaching to an
+interactive job's terminal: its owner only; drain, resume and tokens: admins; submitting as
+root: only where the admin allows root's jobs. Admins are root, the coordinator's own user and
+members of the admin group (gpuq.coordinator.access.authority decides who a caller is and
+whether they are an admin).
 """
 
 from __future__ import annotations
@@ -103,6 +105,15 @@ def check_lowers_nice(admin: bool, display_id: str, old: int, new: int) -> None:
         )
 
 
-def hides_name(caller: Caller, owner: str, hide_job_names: bool) -> bool:
-    """Where the admin hides job names, another user's job shows as `(hidden)`."""
-    return hide_job_names and not caller.admin and owner != caller.user
+def sees(caller: Caller | None, owner: str, what: str, private_data: tuple[str, ...]) -> bool:
+    """The one privacy rule: may `caller` see `what` ("names", "usage") of `owner`'s jobs?
+    Always unless the admin made it private; then only the owner and admins. `caller` None:
+    an anonymous reader (a Prometheus scrape), who sees nothing private."""
+    if what not in private_data:
+        return True
+    return caller is not None and is_owner_or_admin(caller, owner)
+
+
+def hides_name(caller: Caller, owner: str, private_data: tuple[str, ...]) -> bool:
+    """Another user's job name shows as `(hidden)` (private_data holds "names")."""
+    return not sees(caller, owner, "names", private_data)
