@@ -356,3 +356,24 @@ def test_cli_says_one_line_and_exits_2(tmp_path: Path, text: str) -> None:
         lines = result.stderr.strip().splitlines()
         assert len(lines) == 1 and "Traceback" not in result.stderr, result.stderr
         assert lines[0].startswith(f"gpuq: error: config {config}: ["), lines[0]
+
+
+@pytest.mark.parametrize(
+    ("text", "private"),
+    [
+        ("", ()),
+        ('private_data = ["names", "usage"]', ("names", "usage")),
+        ("hide_job_names = true", ("names",)),  # the old spelling keeps its meaning
+        ("hide_job_names = false", ()),
+        ('hide_job_names = true\nprivate_data = ["usage"]', ("usage", "names")),
+    ],
+)
+def test_private_data_and_the_old_hide_job_names(
+    tmp_path: Path, text: str, private: tuple[str, ...]
+) -> None:
+    assert load(tmp_path, f"[coordinator]\n{text}\n").coordinator.private_data == private
+
+
+def test_private_data_names_its_vocabulary(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match=r'private_data.*"jobs".*expected "names", "usage"'):
+        load(tmp_path, '[coordinator]\nprivate_data = ["jobs"]\n')
