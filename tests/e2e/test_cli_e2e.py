@@ -185,6 +185,19 @@ def test_logs_follow_until_the_job_ends(cluster: Cluster) -> None:
     assert follower.wait(20) == 0
 
 
+def test_a_refused_action_names_the_job_once(lone_coordinator: Cluster) -> None:
+    cluster = lone_coordinator
+    job_id = cluster.submit("true", hold=True)
+    result = cluster.gpuq("hold", str(job_id))
+    assert result.returncode == 2
+    assert result.stderr == f"gpuq hold: job {job_id}: cannot go from held to held\n"
+    result = cluster.gpuq("update", str(job_id), "--nice", "5")
+    assert result.returncode == 0 and result.stdout.count(f"job {job_id}") == 1, result
+    cluster.gpuq("cancel", str(job_id))
+    result = cluster.gpuq("update", str(job_id), "--nice", "6")
+    assert result.returncode == 2 and result.stderr.count(f"job {job_id}") == 1, result
+
+
 def test_cancel_unknown_job_is_bad_input(lone_coordinator: Cluster) -> None:
     cluster = lone_coordinator
     result = cluster.gpuq("cancel", "424242")

@@ -116,18 +116,18 @@ class QueueCommands:
         job = self.jobs.jobs.get(request.job_id)
         named = str(request.job_id)
         if job is None or job.state is not JobState.RUNNING:
-            return action_reply([Outcome(named, False, f"job {named} is not running")])
+            return action_reply([Outcome(named, False, "not running")])
         check_acts_on(caller, job.user, named)
         if request.attempt and request.attempt != job.start_count:
-            return action_reply([Outcome(named, False, f"job {named} was started again since")])
+            return action_reply([Outcome(named, False, "started again since")])
         cause = request_cause("FailJob", caller)
         lost = self.node_admin.out_of_touch(job.node_names)
         if lost:  # its part there was fenced: the node failed, not the step
             await self.endings.parts_lost(job, lost, reason or "a step failed", cause)
-            return action_reply([Outcome(named, True, f"job {named} ends node_fail")])
+            return action_reply([Outcome(named, True, "ends node_fail")])
         ending = Ending(job.id, JobState.FAILED, reason or "a step failed", attempt=job.start_count)
         await self.endings.record([ending], cause)
-        return action_reply([Outcome(named, True, f"job {named} ends failed")])
+        return action_reply([Outcome(named, True, "ends failed")])
 
     async def update(
         self, caller: Caller, request: queue_pb2.UpdateRequest
