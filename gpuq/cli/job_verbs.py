@@ -12,6 +12,7 @@ from typing import Any
 import click
 
 from gpuq.cli import render
+from gpuq.cli.group import EXIT_INTERRUPTED
 from gpuq.domain.units import format_duration
 from gpuq.options import OPTIONS
 
@@ -85,7 +86,16 @@ def submit(
         click.echo(f"Submitted job {job_id}")
     if not wait:
         return 0
-    return ended_exit(client.wait(job_id), job_id)
+    try:
+        ended = client.wait(job_id)
+    except KeyboardInterrupt:  # Ctrl-C stops the waiting, not the job: say so, and how
+        click.echo(
+            f"\ngpuq submit: stopped waiting; job {job_id} keeps running; "
+            f"gpuq cancel {job_id} stops it",
+            err=True,
+        )
+        return EXIT_INTERRUPTED
+    return ended_exit(ended, job_id)
 
 
 def ended_exit(job: Any, job_id: object) -> int:

@@ -167,6 +167,27 @@ def test_the_readmes_first_example_runs_on_fake_gpus(cluster: Cluster) -> None:
     ]
 
 
+def test_ctrl_c_on_submit_wait_says_the_job_runs_on(cluster: Cluster) -> None:
+    waiting = subprocess.Popen(
+        [sys.executable, "-m", "gpuq.cli.main", "submit", "--wait", "--wrap", "sleep 60"],
+        cwd=cluster.root,
+        env=cluster.env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    assert waiting.stdout is not None and waiting.stderr is not None
+    job_id = int(waiting.stdout.readline().split()[-1])
+    cluster.wait_state(job_id, "running")
+    waiting.send_signal(signal.SIGINT)
+    assert waiting.wait(20) == 130
+    assert waiting.stderr.read() == (
+        f"\ngpuq submit: stopped waiting; job {job_id} keeps running; "
+        f"gpuq cancel {job_id} stops it\n"
+    )
+    assert cluster.job(job_id).state.value == "running"
+
+
 def test_logs_follow_until_the_job_ends(cluster: Cluster) -> None:
     gate = cluster.root / "gate"
     job_id = cluster.submit(f"echo first; while [ ! -e {gate} ]; do sleep 0.05; done; echo last")
