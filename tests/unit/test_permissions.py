@@ -78,8 +78,10 @@ def test_admin_only_verbs_name_the_group() -> None:
 def test_root_submits_only_where_the_admin_allows_it() -> None:
     check_may_submit(ALICE, allow_root_jobs=False)
     for root in (ROOT, Caller("root", None, how="token"), Caller("x", 0)):
-        with pytest.raises(PermissionDenied, match="root may not submit jobs here"):
+        with pytest.raises(PermissionDenied, match="root may not submit jobs here") as refused:
             check_may_submit(root, allow_root_jobs=False)
+        # following the advice must work: it names both settings root's jobs need
+        assert "under both [coordinator] and [agent]" in str(refused.value)
         check_may_submit(root, allow_root_jobs=True)
 
 

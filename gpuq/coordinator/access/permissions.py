@@ -28,11 +28,14 @@ def is_owner_or_admin(caller: Caller, owner: str) -> bool:
 
 
 def check_may_submit(caller: Caller, allow_root_jobs: bool) -> None:
-    """Root's jobs would run as root: only where the admin allows it."""
+    """Root's jobs would run as root: only where the admin allows it. The refusal names both
+    settings: the coordinator's lets root submit, each node's lets its agent launch as root
+    (one alone ends in a launch failure)."""
     if (caller.uid == 0 or caller.user == "root") and not allow_root_jobs:
         raise PermissionDenied(
             "root may not submit jobs here (they would run as root); submit as an ordinary "
-            "user, or an admin sets [coordinator] allow_root_jobs = true"
+            "user, or an admin sets allow_root_jobs = true under both [coordinator] and "
+            "[agent] (each node's)"
         )
 
 
