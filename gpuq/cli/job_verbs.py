@@ -208,7 +208,8 @@ def _act(
     **kwargs: Any,
 ) -> int:
     check_selection(verb, job_ids, user, states, name)
-    outcomes = getattr(obj.client(), verb)(*job_ids, user=user, states=states, name=name, **kwargs)
+    act = getattr(obj.client(), verb)  # every outcome, an unknown job's too: one line each
+    outcomes = act(*job_ids, user=user, states=states, name=name, missing_ok=True, **kwargs)
     return report(verb, outcomes, verbose, bulk=bool(user or states or name))
 
 

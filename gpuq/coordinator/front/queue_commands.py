@@ -199,7 +199,9 @@ def check_drain_request(request: queue_pb2.DrainRequest) -> None:
 def action_reply(outcomes: Sequence[Outcome]) -> queue_pb2.ActionReply:
     return queue_pb2.ActionReply(
         outcomes=[
-            queue_pb2.ActionOutcome(job_id=o.job_id, done=o.done, message=o.message)
+            queue_pb2.ActionOutcome(
+                job_id=o.job_id, done=o.done, message=o.message, error_kind=o.kind
+            )
             for o in outcomes
         ]
     )

@@ -37,7 +37,14 @@ from gpuq.coordinator.workload.update_rules import (
 )
 from gpuq.domain.model import Job
 from gpuq.domain.states import JobState
-from gpuq.errors import GpuqError, InvalidInput, PermissionDenied, StorageUnavailable, Unsatisfiable
+from gpuq.errors import (
+    GpuqError,
+    InvalidInput,
+    PermissionDenied,
+    StorageUnavailable,
+    Unsatisfiable,
+    error_kind,
+)
 from gpuq.identity import Caller
 from gpuq.scheduler.fitting import never_fits, never_fits_reason
 from gpuq.store.records import JobEdit
@@ -58,17 +65,21 @@ class Outcome:
     job_id: str
     done: bool
     message: str
+    kind: str = ""  # a failure's error kind (gpuq.errors.ERROR_KINDS): "not_found", ...
 
 
-def failed(job_id: str, error: BaseException | str) -> Outcome:
+def failed(job_id: str, error: BaseException, kind: str = "") -> Outcome:
     """A failed outcome from an error whose text may name the job already ("job 33: cannot
-    go from held to held", "job 33 belongs to bob"): named once, by the outcome's job_id."""
+    go from held to held", "job 33 belongs to bob"): named once, by the outcome's job_id;
+    with the error's kind, so that a client raises what a single call would have."""
     text = str(error)
     for named in (f"job {job_id}: ", f"job {job_id} "):
         if text.startswith(named):
             text = text[len(named) :]
             break
-    return Outcome(job_id, False, text)
+    if not kind and isinstance(error, GpuqError):
+        kind = error_kind(error)
+    return Outcome(job_id, False, text, kind)
 
 
 class JobActions:
