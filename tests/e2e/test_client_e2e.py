@@ -116,11 +116,11 @@ def test_every_verb_raises_not_found_for_a_job_that_does_not_exist(
         "update": lambda *ids: client.update(*ids, nice=5),
     }
     for act in verbs.values():
-        with pytest.raises(gpuq.NotFound, match="^no job 99999$"):
+        with pytest.raises(gpuq.NotFound, match=r"^no job 99999$"):
             act(99999)
     # the others named are acted on all the same; missing_ok: every outcome, none raised
     held = lone_coordinator.submit("true", hold=True)
-    with pytest.raises(gpuq.NotFound, match="^no job 99999$"):
+    with pytest.raises(gpuq.NotFound, match=r"^no job 99999$"):
         client.update(held, 99999, nice=7)
     assert client.get(held).spec.nice == 7
     outcomes = client.cancel(held, 99999, missing_ok=True)

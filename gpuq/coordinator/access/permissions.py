@@ -39,6 +39,15 @@ def check_may_submit(caller: Caller, allow_root_jobs: bool) -> None:
         )
 
 
+def check_sets_nice(admin: bool, nice: int) -> None:
+    """Negative nice raises a job above others': for admins only, at submit (flags, script
+    headers, arrays, cron entries) as at update (check_lowers_nice)."""
+    if nice < 0 and not admin:
+        raise PermissionDenied(
+            f"only admins may give a negative nice ({nice}); use 0 or more (a lower priority)"
+        )
+
+
 def check_admin(caller: Caller, what: str, admin_group: str) -> None:
     """Admins only: draining and resuming nodes, issuing and revoking tokens."""
     if not caller.admin:

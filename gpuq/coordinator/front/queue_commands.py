@@ -12,7 +12,12 @@ from typing import Any
 
 from gpuq.config.settings import CoordinatorSettings
 from gpuq.convert import spec_from_proto
-from gpuq.coordinator.access.permissions import check_acts_on, check_admin, check_may_submit
+from gpuq.coordinator.access.permissions import (
+    check_acts_on,
+    check_admin,
+    check_may_submit,
+    check_sets_nice,
+)
 from gpuq.coordinator.access.user_tokens import UserTokens
 from gpuq.coordinator.changes.effects import Cause
 from gpuq.coordinator.changes.transitions import Ending
@@ -75,6 +80,7 @@ class QueueCommands:
             check_may_submit(caller, self.settings.allow_root_jobs)
             key = request.request_key or None  # empty: no key
             spec = spec_from_proto(request.spec)
+            check_sets_nice(caller.admin, spec.nice)
             check_interactive_spec(spec)
             cause = request_cause("Submit", caller)
             ids = await self.submissions.submit(spec, caller.user, cause, key, fail_fast=True)
@@ -168,7 +174,9 @@ class QueueCommands:
         self, caller: Caller, request: queue_pb2.AddCronRequest
     ) -> queue_pb2.CronEntry:
         check_may_submit(caller, self.settings.allow_root_jobs)
-        entry = await self.cron.add(request.schedule, spec_from_proto(request.spec), caller.user)
+        spec = spec_from_proto(request.spec)
+        check_sets_nice(caller.admin, spec.nice)
+        entry = await self.cron.add(request.schedule, spec, caller.user)
         return cron_message(entry)
 
     async def remove_cron(
