@@ -219,6 +219,16 @@ def test_a_refused_action_names_the_job_once(lone_coordinator: Cluster) -> None:
     assert result.returncode == 2 and result.stderr.count(f"job {job_id}") == 1, result
 
 
+def test_a_request_too_big_names_the_largest_node(lone_coordinator: Cluster) -> None:
+    cluster = lone_coordinator
+    args = ["agent", "--node-name", "a", "--fake-gpus", "2xL4-24GB", "--mem", "23.5G"]
+    cluster.agents["a"] = cluster._spawn([*args, "--cpus", "4"], "agent-a")
+    cluster.wait_node("a", "up")
+    result = cluster.gpuq("submit", "--mem", "30G", "--wrap", "true")
+    assert "--mem 30G can never run: the largest node (a) has 23.5G" in one_line_error(result)
+    assert cluster.client().list_raw() == []
+
+
 def test_cancel_unknown_job_is_bad_input(lone_coordinator: Cluster) -> None:
     cluster = lone_coordinator
     result = cluster.gpuq("cancel", "424242")
