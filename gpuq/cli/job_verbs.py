@@ -75,6 +75,8 @@ def submit(
     spec = build_spec_warning(
         "gpuq submit", script=script, args=args, wrap=wrap, defaults=_defaults(obj), **options
     )
+    if spec.mail_types and (missing := no_mail_program(obj.settings())):
+        _warn("gpuq submit", missing)
     client = obj.client()
     ids = client.submit_spec(spec)
     job_id = ids[0]  # an array's id, for an array
@@ -479,6 +481,23 @@ def _copy_from(path: Path, offset: int) -> int:
     sys.stdout.buffer.write(data)
     sys.stdout.flush()
     return offset + len(data)
+
+
+def no_mail_program(settings: Any) -> str | None:
+    """Why --mail-type will send nothing, where that can be seen from here: the coordinator
+    runs on this machine (its Unix socket) and its [coordinator] mail_program, which sends
+    every mail (gpuq.coordinator.notification_sending), is missing. A coordinator reached
+    over TCP is on another machine: not checked."""
+    if not settings.coordinator_address.startswith("unix:"):
+        return None
+    program = settings.coordinator.mail_program
+    if os.access(program, os.X_OK):
+        return None
+    return (
+        f"--mail-type: no mail will be sent: this machine has no mail program "
+        f"([coordinator] mail_program {program} is missing); the admin installs one (a "
+        "sendmail-compatible MTA: postfix, msmtp-mta) or sets mail_program"
+    )
 
 
 def _defaults(obj: Any) -> dict[str, Any]:

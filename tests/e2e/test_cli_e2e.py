@@ -229,6 +229,26 @@ def test_a_request_too_big_names_the_largest_node(lone_coordinator: Cluster) -> 
     assert cluster.client().list_raw() == []
 
 
+@pytest.mark.parametrize(
+    ("program", "warned"), [("/nonexistent/sendmail", True), ("/bin/true", False)]
+)
+def test_mail_types_without_a_mail_program_warn_at_submit(
+    tmp_path: Path, program: str, warned: bool
+) -> None:
+    cluster = Cluster(tmp_path, f'mail_program = "{program}"\n')
+    try:
+        cluster.start_coordinator()
+        result = cluster.gpuq("submit", "--hold", "--mail-type", "END", "--wrap", "true")
+        assert result.returncode == 0, result.stderr
+        warning = "gpuq submit: warning: --mail-type: no mail will be sent: this machine has no "
+        assert (warning in result.stderr) is warned, result.stderr
+        if warned:
+            assert f"mail_program {program} is missing" in result.stderr
+        assert cluster.gpuq("submit", "--hold", "--wrap", "true").stderr == ""
+    finally:
+        cluster.close()
+
+
 def test_cancel_unknown_job_is_bad_input(lone_coordinator: Cluster) -> None:
     cluster = lone_coordinator
     result = cluster.gpuq("cancel", "424242")
