@@ -55,7 +55,7 @@ class Client:
         timeout: float = 30.0,
     ) -> None:
         settings = settings or load_settings()
-        addresses = split_addresses(address or settings.coordinator_address)
+        addresses = split_addresses(address or settings.client_address())
         self._connection = Connection(addresses, token, settings.token_file, settings.client.tls_ca)
         self.timeout = timeout
         self._connection.stub_at(0)

@@ -488,7 +488,7 @@ def no_mail_program(settings: Any) -> str | None:
     runs on this machine (its Unix socket) and its [coordinator] mail_program, which sends
     every mail (gpuq.coordinator.notification_sending), is missing. A coordinator reached
     over TCP is on another machine: not checked."""
-    if not settings.coordinator_address.startswith("unix:"):
+    if not settings.client_address().startswith("unix:"):
         return None
     program = settings.coordinator.mail_program
     if os.access(program, os.X_OK):

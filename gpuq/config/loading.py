@@ -189,11 +189,12 @@ def _section(cls: type[Any], raw: dict[str, Any], section: str, source: str, **e
 
 
 def _apply_env(settings: Settings) -> Settings:
-    coordinator, agent = settings.coordinator, settings.agent
+    coordinator, agent, client = settings.coordinator, settings.agent, settings.client
     if url := os.environ.get("GPUQ_DATABASE_URL"):
         url = check_setting("coordinator", "database_url", url, "environment", "GPUQ_DATABASE_URL")
         coordinator = replace(coordinator, database_url=url)
     if address := os.environ.get("GPUQ_COORDINATOR"):
         address = check_setting("agent", "coordinator", address, "environment", "GPUQ_COORDINATOR")
         agent = replace(agent, coordinator=address)
-    return replace(settings, coordinator=coordinator, agent=agent)
+        client = replace(client, coordinator=address)  # for commands too (a job's own gpuq)
+    return replace(settings, coordinator=coordinator, agent=agent, client=client)

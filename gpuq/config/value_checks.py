@@ -452,6 +452,7 @@ RULES: dict[str, dict[str, Check]] = {
         "max_output": _output_limit,
     },
     "client": {
+        "coordinator": _coordinator_address,
         "tls_ca": _absolute_path,
         "token_file": _absolute_path,
         "notify_url": _notify_url,
