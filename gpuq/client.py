@@ -32,7 +32,7 @@ import grpc
 
 from gpuq.client_attach import Attachment
 from gpuq.client_connection import Connection
-from gpuq.client_errors import STATUS_CODES, error_for, unreachable
+from gpuq.client_errors import STATUS_CODES, error_for, outcomes_of, unreachable
 from gpuq.client_submit import Submissions
 from gpuq.config.loading import load_settings
 from gpuq.config.settings import Settings, split_addresses
@@ -55,7 +55,7 @@ class Client:
         timeout: float = 30.0,
     ) -> None:
         settings = settings or load_settings()
-        addresses = split_addresses(address or settings.coordinator_address)
+        addresses = split_addresses(address or settings.client_address())
         self._connection = Connection(addresses, token, settings.token_file, settings.client.tls_ca)
         self.timeout = timeout
         self._connection.stub_at(0)
@@ -256,21 +256,40 @@ class Client:
         user: str = "",
         states: Iterable[str] = (),
         name: str = "",
+        missing_ok: bool = False,
     ) -> builtins.list[queue_pb2.ActionOutcome]:
         """Cancel the jobs named, or (with no ids) every live job matching all the filters
         given: `user` (another's needs an admin), `states` (e.g. ["PD"]), `name` (a shell
-        pattern). One request, whatever the number of jobs."""
-        return self._action("Cancel", job_ids, reason, user=user, states=states, name=name)
+        pattern). One request, whatever the number of jobs. Each verb raises NotFound when
+        a job named does not exist (the others named are acted on all the same) unless
+        `missing_ok`: then that job's outcome says so (error_kind "not_found")."""
+        return self._action(
+            "Cancel", job_ids, reason, user=user, states=states, name=name, missing_ok=missing_ok
+        )
 
     def hold(
-        self, *job_ids: int | str, user: str = "", states: Iterable[str] = (), name: str = ""
+        self,
+        *job_ids: int | str,
+        user: str = "",
+        states: Iterable[str] = (),
+        name: str = "",
+        missing_ok: bool = False,
     ) -> builtins.list[queue_pb2.ActionOutcome]:
-        return self._action("Hold", job_ids, user=user, states=states, name=name)
+        return self._action(
+            "Hold", job_ids, user=user, states=states, name=name, missing_ok=missing_ok
+        )
 
     def release(
-        self, *job_ids: int | str, user: str = "", states: Iterable[str] = (), name: str = ""
+        self,
+        *job_ids: int | str,
+        user: str = "",
+        states: Iterable[str] = (),
+        name: str = "",
+        missing_ok: bool = False,
     ) -> builtins.list[queue_pb2.ActionOutcome]:
-        return self._action("Release", job_ids, user=user, states=states, name=name)
+        return self._action(
+            "Release", job_ids, user=user, states=states, name=name, missing_ok=missing_ok
+        )
 
     def requeue(
         self,
@@ -279,12 +298,23 @@ class Client:
         user: str = "",
         states: Iterable[str] = (),
         name: str = "",
+        missing_ok: bool = False,
     ) -> builtins.list[queue_pb2.ActionOutcome]:
         """Back to the queue with the same ids: running jobs are stopped first, ended ones
         are queued again; `hold`: held instead of pending."""
-        return self._action("Requeue", job_ids, user=user, states=states, name=name, hold=hold)
+        return self._action(
+            "Requeue",
+            job_ids,
+            user=user,
+            states=states,
+            name=name,
+            hold=hold,
+            missing_ok=missing_ok,
+        )
 
-    def update(self, *job_ids: int | str, **changes: Any) -> builtins.list[queue_pb2.ActionOutcome]:
+    def update(
+        self, *job_ids: int | str, missing_ok: bool = False, **changes: Any
+    ) -> builtins.list[queue_pb2.ActionOutcome]:
         """Change waiting jobs: keyword arguments are UpdateRequest's fields (time_limit in
         seconds, qos, nice, hold, name, gpus, cpus, mem and gpu_mem in bytes, ...);
         `dependencies=[...]` (Dependency messages or dicts) replaces them, [] clears them;
@@ -301,7 +331,7 @@ class Client:
                     getattr(request, key).extend(value)
             else:
                 setattr(request, key, value)
-        return list(self._call("Update", request).outcomes)
+        return outcomes_of(self._call("Update", request), missing_ok)
 
     def fail_job(self, job_id: int, reason: str, attempt: int = 0) -> queue_pb2.ActionOutcome:
         """End a running job of yours as failed, on every node, with `reason` (what srun does
@@ -321,6 +351,7 @@ class Client:
         states: Iterable[str] = (),
         name: str = "",
         hold: bool = False,
+        missing_ok: bool = False,
     ) -> builtins.list[queue_pb2.ActionOutcome]:
         request = queue_pb2.JobSelection(
             job_ids=[str(j) for j in job_ids],
@@ -330,7 +361,7 @@ class Client:
             name=name,
             hold=hold,
         )
-        return list(self._call(method, request).outcomes)
+        return outcomes_of(self._call(method, request), missing_ok)
 
     def watch(
         self, job_ids: Iterable[int] = (), timeout: float | None = None

@@ -26,6 +26,18 @@ from gpuq.errors import (
     StorageUnavailable,
     Unsatisfiable,
 )
+from gpuq.v1 import queue_pb2
+
+
+def outcomes_of(reply: queue_pb2.ActionReply, missing_ok: bool) -> list[queue_pb2.ActionOutcome]:
+    """An action's outcomes; NotFound where a job named does not exist (unless missing_ok),
+    as a call about one job (client.get) raises it: the coordinator acted on the others."""
+    outcomes = list(reply.outcomes)
+    missing = [o.message for o in outcomes if o.error_kind == "not_found"]
+    if missing and not missing_ok:
+        raise NotFound("; ".join(missing))
+    return outcomes
+
 
 HOW_TO_START = "start it with `gpuq serve` (or `systemctl start gpuq-coordinator` on a server)"
 STATUS_CODES = {code.value[0]: code for code in grpc.StatusCode}  # a SubmitResult's code

@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from gpuq.admin.unit_templates import AGENT, COORDINATOR, JOBS
-from gpuq.config.settings import AgentSettings, CoordinatorSettings
+from gpuq.config.settings import SYSTEM_HOME, AgentSettings, CoordinatorSettings
 from gpuq.config.value_checks import check_setting
 from gpuq.errors import GpuqError, InvalidInput, PermissionDenied
 from gpuq.identity import Unauthenticated, check_node_name, create_key_file
@@ -37,7 +37,7 @@ from gpuq.identity import Unauthenticated, check_node_name, create_key_file
 Role = Literal["coordinator", "agent", "both"]
 ROLES: tuple[Role, ...] = ("coordinator", "agent", "both")
 CONFIG = Path("/etc/gpuq/config.toml")
-COORDINATOR_HOME = Path("/var/lib/gpuq")
+COORDINATOR_HOME = SYSTEM_HOME  # where clients with no config of their own look too
 AGENT_HOME = Path("/var/lib/gpuq-agent")
 UNIT_DIR = Path("/etc/systemd/system")
 REMOTE_NODE_KEY = Path("/etc/gpuq/node.key")
@@ -137,7 +137,7 @@ def config_text(plan: InstallPlan) -> str:
     lines += ["", "[agent]"]
     if plan.runs_coordinator:
         lines += [
-            "# where this machine's agent and users' commands reach the coordinator",
+            "# where this machine's agent reaches the coordinator",
             f'coordinator = "unix:{COORDINATOR_HOME / "gpuq.sock"}"',
         ]
     elif plan.coordinator:
@@ -160,6 +160,14 @@ def config_text(plan: InstallPlan) -> str:
                 f'# tls_cert = "/etc/gpuq/tls/node-{plan.node}.pem"',
                 f'# tls_key = "/etc/gpuq/tls/node-{plan.node}.key"',
             ]
+    lines += ["", "[client]", "# where users' gpuq commands and gpuq.Client reach the coordinator"]
+    if plan.runs_coordinator:
+        lines += [f'coordinator = "unix:{COORDINATOR_HOME / "gpuq.sock"}"']
+    else:
+        lines += [
+            '# coordinator = "HOST:7817"   # its listen port (TLS: tls_ca; users need a token,',
+            "#                             # gpuq admin token USER)",
+        ]
     return "\n".join(lines) + "\n"
 
 
@@ -171,6 +179,8 @@ def config_gaps(plan: InstallPlan, existing: dict[str, Any]) -> list[str]:
     defaults = {"coordinator": CoordinatorSettings(), "agent": AgentSettings()}
     gaps = []
     for section, wanted in tomllib.loads(config_text(plan)).items():
+        if section not in defaults:  # [client]: no unit reads it (commands fall back to [agent])
+            continue
         have = existing.get(section, {})
         for key, value in wanted.items():
             missing = key not in have and value != getattr(defaults[section], key)

@@ -113,7 +113,7 @@ def update(obj: Any, /, job_ids: tuple[str, ...], verbose: bool, **flags: Any) -
     fields = update_fields(**flags)
     if not fields:
         raise click.UsageError("say what to change, e.g. gpuq update JOB --time 1:00:00")
-    outcomes = obj.client().update(*job_ids, **fields)
+    outcomes = obj.client().update(*job_ids, missing_ok=True, **fields)
     return report("update", outcomes, verbose)
 
 

@@ -12,6 +12,7 @@ from typing import Any
 import click
 
 from gpuq.cli import render
+from gpuq.cli.group import EXIT_INTERRUPTED
 from gpuq.domain.units import format_duration
 from gpuq.options import OPTIONS, resolve_submit_args
 
@@ -99,6 +100,8 @@ def submit(
     from gpuq.directives import asks_to_wait
 
     wait = wait or asks_to_wait(spec.script)  # `#SBATCH --wait` (-W), as sbatch
+    if spec.mail_types and (missing := no_mail_program(obj.settings())):
+        _warn("gpuq submit", missing)
     client = obj.client()
     ids = client.submit_spec(spec)
     job_id = ids[0]  # an array's id, for an array
@@ -110,7 +113,16 @@ def submit(
         click.echo(f"Submitted job {job_id}")
     if not wait:
         return 0
-    return ended_exit(client.wait(job_id), job_id)
+    try:
+        ended = client.wait(job_id)
+    except KeyboardInterrupt:  # Ctrl-C stops the waiting, not the job: say so, and how
+        click.echo(
+            f"\ngpuq submit: stopped waiting; job {job_id} keeps running; "
+            f"gpuq cancel {job_id} stops it",
+            err=True,
+        )
+        return EXIT_INTERRUPTED
+    return ended_exit(ended, job_id)
 
 
 def ended_exit(job: Any, job_id: object) -> int:
@@ -223,7 +235,8 @@ def _act(
     **kwargs: Any,
 ) -> int:
     check_selection(verb, job_ids, user, states, name)
-    outcomes = getattr(obj.client(), verb)(*job_ids, user=user, states=states, name=name, **kwargs)
+    act = getattr(obj.client(), verb)  # every outcome, an unknown job's too: one line each
+    outcomes = act(*job_ids, user=user, states=states, name=name, missing_ok=True, **kwargs)
     return report(verb, outcomes, verbose, bulk=bool(user or states or name))
 
 
@@ -493,6 +506,23 @@ def _copy_from(path: Path, offset: int) -> int:
     sys.stdout.buffer.write(data)
     sys.stdout.flush()
     return offset + len(data)
+
+
+def no_mail_program(settings: Any) -> str | None:
+    """Why --mail-type will send nothing, where that can be seen from here: the coordinator
+    runs on this machine (its Unix socket) and its [coordinator] mail_program, which sends
+    every mail (gpuq.coordinator.notification_sending), is missing. A coordinator reached
+    over TCP is on another machine: not checked."""
+    if not settings.client_address().startswith("unix:"):
+        return None
+    program = settings.coordinator.mail_program
+    if os.access(program, os.X_OK):
+        return None
+    return (
+        f"--mail-type: no mail will be sent: this machine has no mail program "
+        f"([coordinator] mail_program {program} is missing); the admin installs one (a "
+        "sendmail-compatible MTA: postfix, msmtp-mta) or sets mail_program"
+    )
 
 
 def _defaults(obj: Any) -> dict[str, Any]:

@@ -517,25 +517,34 @@ def nodes(obj: Any, /, as_json: bool) -> int:
     return 0
 
 
+RECENT, RECENT_MAX = 3600, 5  # `gpuq status` shows my jobs that ended this long ago, this many
+
+
 @click.command()
 @colour_option
 @json_option
 @click.pass_obj
 def status(obj: Any, /, colour_mode: str, as_json: bool) -> int:
-    """At a glance: every GPU (who holds it, memory in use) and my jobs; lines fit the
-    terminal (cut with an ellipsis)."""
+    """At a glance: every GPU (which user's job holds it, memory in use), my jobs, and mine
+    that ended in the last hour (the last few); lines fit the terminal (cut with an
+    ellipsis). Others' job names show as the coordinator's privacy rule allows
+    ([coordinator] private_data)."""
     client = obj.client()
     found = client.nodes()
     me = getpass.getuser()
     jobs = client.list_raw(user=me)
+    running = client.list_raw(states=["running"])
+    ended = client.list_raw(user=me, finished=True, since=time.time() - RECENT, limit=RECENT_MAX)
     if as_json:
-        click.echo(
-            render.dumps(
-                {"nodes": [node_dict(n) for n in found], "jobs": [render.job_dict(j) for j in jobs]}
-            )
-        )
+        data = {
+            "nodes": [node_dict(n) for n in found],
+            "jobs": [render.job_dict(j) for j in jobs],
+            "running": [render.job_dict(j) for j in running],
+            "ended": [render.job_dict(j) for j in ended],
+        }
+        click.echo(render.dumps(data))
         return 0
-    holder = {uuid: j for j in jobs for uuid in j.gpus if j.state == "running"}
+    holder = {uuid: j for j in running for uuid in j.gpus}
     lines = []
     for node in found:
         fake = " (FAKE GPUs)" if node.fake else ""
@@ -556,7 +565,7 @@ def status(obj: Any, /, colour_mode: str, as_json: bool) -> int:
             )
             owner = holder.get(gpu.uuid)
             who = (
-                f"job {render.job_id_text(owner)} ({owner.spec.name})"
+                f"{owner.user}: job {render.job_id_text(owner)} ({owner.spec.name})"
                 if owner
                 else "in use"
                 if gpu.uuid in node.gpus_used
@@ -572,12 +581,17 @@ def status(obj: Any, /, colour_mode: str, as_json: bool) -> int:
     for job in jobs:
         counts[job.state] = counts.get(job.state, 0) + 1
     summary = ", ".join(f"{n} {state}" for state, n in sorted(counts.items())) or "none"
+    if ended:
+        summary += f"; {len(ended)} ended in the last hour"
     lines.append(f"My jobs ({me}): {summary}")
     look = Look(colour_mode)
     # every line is one line of its own: what a user or an agent said is escaped in it
     out = [look.clip(render.printable(line)) for line in lines]
-    id_width = max([8, *(len(render.printable(render.job_id_text(j))) for j in jobs)])
+    id_width = max([8, *(len(render.printable(render.job_id_text(j))) for j in [*jobs, *ended])])
     out += [_status_job_line(job, look, id_width) for job in jobs]
+    if ended:
+        out.append(look.clip(f"Ended in the last hour (the last {RECENT_MAX} at most):"))
+        out += [_status_job_line(job, look, id_width) for job in ended]
     click.echo("\n".join(out), color=look.colour)
     return 0
 

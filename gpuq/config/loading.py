@@ -162,6 +162,7 @@ def _unknown(what: str, key: str, known: Iterable[str]) -> str:
 def _coordinator_settings(
     raw: dict[str, Any], qos: Any, scheduler: dict[str, Any], source: str
 ) -> CoordinatorSettings:
+    raw = _folded_hide_job_names(raw, source)
     settings: CoordinatorSettings = _section(CoordinatorSettings, raw, "coordinator", source)
     settings = replace(
         settings, scheduler=_section(SchedulerSettings, scheduler, "scheduler", source)
@@ -191,6 +192,20 @@ def _coordinator_settings(
     return settings
 
 
+def _folded_hide_job_names(raw: dict[str, Any], source: str) -> dict[str, Any]:
+    """`hide_job_names = true`, the setting private_data replaced, still works: it adds
+    "names" to private_data (false adds nothing), so old config files keep their meaning."""
+    if "hide_job_names" not in raw:
+        return raw
+    rest = {k: v for k, v in raw.items() if k != "hide_job_names"}
+    if not check_setting("coordinator", "hide_job_names", raw["hide_job_names"], source):
+        return rest
+    private = rest.get("private_data", [])
+    if isinstance(private, list) and "names" not in private:
+        rest["private_data"] = [*private, "names"]
+    return rest
+
+
 def _section(cls: type[Any], raw: dict[str, Any], section: str, source: str, **extra: Any) -> Any:
     rules = RULES[_SECTION_CLASSES[cls]]
     values = dict(extra)
@@ -213,11 +228,12 @@ def _section(cls: type[Any], raw: dict[str, Any], section: str, source: str, **e
 
 
 def _apply_env(settings: Settings) -> Settings:
-    coordinator, agent = settings.coordinator, settings.agent
+    coordinator, agent, client = settings.coordinator, settings.agent, settings.client
     if url := os.environ.get("GPUQ_DATABASE_URL"):
         url = check_setting("coordinator", "database_url", url, "environment", "GPUQ_DATABASE_URL")
         coordinator = replace(coordinator, database_url=url)
     if address := os.environ.get("GPUQ_COORDINATOR"):
         address = check_setting("agent", "coordinator", address, "environment", "GPUQ_COORDINATOR")
         agent = replace(agent, coordinator=address)
-    return replace(settings, coordinator=coordinator, agent=agent)
+        client = replace(client, coordinator=address)  # for commands too (a job's own gpuq)
+    return replace(settings, coordinator=coordinator, agent=agent, client=client)

@@ -34,12 +34,23 @@ DEFAULT_JOB_ENV = {
 ALLOCATOR_NAMES = ("PYTORCH_CUDA_ALLOC_CONF", "PYTORCH_ALLOC_CONF")
 
 
+# the machine's gpuq home: root's default, and the installed coordinator's (gpuq admin install)
+SYSTEM_HOME = Path("/var/lib/gpuq")
+
+
 def default_home() -> Path:
     if env := os.environ.get("GPUQ_HOME"):
         return Path(env).expanduser().absolute()
     if os.geteuid() == 0:
-        return Path("/var/lib/gpuq")
+        return SYSTEM_HOME
     return Path.home() / ".local" / "share" / "gpuq"
+
+
+# what `[coordinator] private_data` may hide from other users, as SLURM's PrivateData:
+# "names": others' job names show as "(hidden)" (listings, show, pending reasons, Watch, the
+# dashboard); "usage": others' usage (report rows, fair share, GPUs held per user, and the
+# per-user metrics families, which nobody signs in to read). Who holds a job is never hidden.
+PRIVATE_DATA = ("names", "usage")
 
 
 @dataclass(frozen=True, slots=True)
@@ -83,7 +94,11 @@ class CoordinatorSettings:
     # None: only root serves everyone (a user's own coordinator serves only that user)
     service_user: str | None = None
     allow_root_jobs: bool = False  # may root submit jobs (they would run as root)
-    hide_job_names: bool = False  # listings show other users' job names as "(hidden)"
+    # what other users do not see of a user's jobs (README "Security"; the one rule:
+    # gpuq.coordinator.access.permissions.sees): "names" (shown as "(hidden)"), "usage"
+    # (report rows, fair share, per-user metrics); (): a lab server's default, every job's
+    # user and name visible to all. The old `hide_job_names = true` means ["names"]
+    private_data: tuple[str, ...] = ()
     # TLS for the TCP port: the coordinator's certificate and key (PEM files); the CA that
     # signed the nodes' client certificates (agents on agent_listen must present one)
     tls_cert: str | None = None
@@ -199,6 +214,11 @@ class ClientSettings:
     """How `gpuq` commands and gpuq.Client reach a coordinator over TCP (a Unix socket needs
     none of this: the kernel says who calls)."""
 
+    # where `gpuq` commands and gpuq.Client reach the coordinator: "unix:PATH" or "HOST:PORT"
+    # (its listen port; several comma-separated: a leader and its standbys). None: [agent]
+    # coordinator where set (the older place for it), else a coordinator on this machine
+    # (Settings.client_address)
+    coordinator: str | None = None
     tls_ca: str | None = None  # the site CA that signed the coordinator's certificate
     # a per-user token an admin issued (`gpuq admin token USER`); None: ~/.config/gpuq/token
     token_file: str | None = None
@@ -273,9 +293,23 @@ class Settings:
 
     @property
     def coordinator_address(self) -> str:
-        """Where clients and a local agent reach the coordinator (several addresses are
+        """Where this machine's agent reaches the coordinator (several addresses are
         separated by commas: see split_addresses)."""
         return self.agent.coordinator or f"unix:{self.socket_path}"
+
+    def client_address(self) -> str:
+        """Where `gpuq` commands and gpuq.Client reach the coordinator: [client] coordinator,
+        else [agent] coordinator (where configs said it before [client] had it), else this
+        home's socket where a coordinator listens on it (`gpuq serve`), else the machine's
+        (SYSTEM_HOME, the installed coordinator's) where one listens there: a user with no
+        config of their own finds the machine's queue. Else this home's socket (nothing
+        listens: the error says how to start one)."""
+        if address := self.client.coordinator or self.agent.coordinator:
+            return address
+        system = SYSTEM_HOME / self.socket_path.name
+        if not self.socket_path.exists() and system.exists():
+            return f"unix:{system}"
+        return f"unix:{self.socket_path}"
 
 
 def auth_socket_for(socket_path: Path) -> Path:

@@ -15,7 +15,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, NoReturn
 
-from gpuq.config.settings import ALLOCATOR_NAMES, DEFAULT_JOB_ENV
+from gpuq.config.settings import ALLOCATOR_NAMES, DEFAULT_JOB_ENV, PRIVATE_DATA
 from gpuq.domain.notify import check_mail_user, check_notify_url, parse_mail_types
 from gpuq.domain.policy import DAY
 from gpuq.errors import ConfigError, InvalidInput
@@ -356,6 +356,16 @@ def _networks(value: Any, source: str, key: str) -> tuple[str, ...]:
     return tuple(found)
 
 
+def _private_data(value: Any, source: str, key: str) -> tuple[str, ...]:
+    options = ", ".join(f'"{o}"' for o in PRIVATE_DATA)
+    if not isinstance(value, list):
+        raise ConfigError(source, key, value, f"expected a list of {options} (or [])")
+    for item in value:
+        if item not in PRIVATE_DATA:
+            raise ConfigError(source, key, item, f"expected {options}")
+    return tuple(dict.fromkeys(value))
+
+
 def _webhooks(value: Any, source: str, key: str) -> tuple[str, ...]:
     if not isinstance(value, list):
         raise ConfigError(source, key, value, 'expected a list of URLs, e.g. ["https://..."]')
@@ -410,7 +420,8 @@ RULES: dict[str, dict[str, Check]] = {
         "admin_group": _pattern(_GROUP_NAME, "a Unix group name"),
         "service_user": _pattern(_GROUP_NAME, "a Unix user name"),
         "allow_root_jobs": _boolean,
-        "hide_job_names": _boolean,
+        "private_data": _private_data,
+        "hide_job_names": _boolean,  # the old spelling of private_data = ["names"]
         "tls_cert": _absolute_path,
         "tls_key": _absolute_path,
         "tls_ca": _absolute_path,
@@ -492,6 +503,7 @@ RULES: dict[str, dict[str, Check]] = {
         "max_output": _output_limit,
     },
     "client": {
+        "coordinator": _coordinator_address,
         "tls_ca": _absolute_path,
         "token_file": _absolute_path,
         "notify_url": _notify_url,

@@ -32,6 +32,7 @@ from prometheus_client.exposition import choose_encoder
 from prometheus_client.metrics_core import CounterMetricFamily, GaugeMetricFamily, Metric
 
 from gpuq.config.settings import CoordinatorSettings
+from gpuq.coordinator.access.permissions import sees
 from gpuq.coordinator.memory.live_jobs import LiveJobs
 from gpuq.coordinator.memory.node_table import NodeEntry, NodeTable
 from gpuq.coordinator.memory.scheduler_inputs import SchedulerInputs
@@ -447,7 +448,11 @@ class StateCollector:
         yield from (utilization, used, capacity)
 
     def _users(self) -> Iterator[Metric]:
+        """Per-user families; none where private_data holds "usage" (a scrape signs in as
+        nobody: permissions.sees)."""
         co = self.co
+        if not sees(None, "", "usage", co.settings.private_data):
+            return
         usage = GaugeMetricFamily(
             "gpuq_user_fairshare_usage_gpu_seconds",
             "The user's GPU-seconds with the fair-share half-life's decay applied, as the "

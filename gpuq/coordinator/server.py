@@ -179,7 +179,7 @@ def assemble(
     )
     cron = CronService(writer, submissions, chores, clock)
     messages = JobMessages(
-        settings.hide_job_names, idle.flags, scheduling.pending_detail, scheduling.explained
+        settings.private_data, idle.flags, scheduling.pending_detail, scheduling.explained
     )
     queries = QueueQueries(
         settings, writer, jobs, nodes, arrays, telemetry, watchers, cron, messages, inputs

@@ -339,6 +339,12 @@ async def _start_http(
         running.http.append(endpoint)
         dashboard.address, dashboard.secure = endpoint.address, context is not None
         running.coordinator.commands.web_login = dashboard.login_link
+        # where it is and how one gets in: else a new admin hunts for the port and the way in
+        log.info(
+            "web dashboard at %s: users sign in with the one-time link `gpuq web` prints "
+            "(or a token from `gpuq admin token USER`)",
+            dashboard.base_url(),
+        )
 
 
 def on_the_loop(function: Callable[[], None]) -> Callable[[], Coroutine[Any, Any, None]]:

@@ -326,7 +326,26 @@ def never_fits_reason(
             f"--cpus {need.cpus} can never run: the largest node ({most_cpus.name}) "
             f"has {most_cpus.cpus} CPUs"
         )
-    return "the request can never run: no node has that combination of GPUs, CPUs and memory"
+    most_mem = max(nodes, key=lambda n: (n.mem, n.name))
+    if need.mem is not None and need.mem > most_mem.mem:
+        return (
+            f"--mem {format_size(need.mem)} can never run: the largest node ({most_mem.name}) "
+            f"has {format_size(most_mem.mem)}"
+        )
+    return (
+        "the request can never run: no node has that combination of GPUs, CPUs and memory "
+        f"(the largest: {', '.join(node_size(n) for n in sorted(nodes, key=_size)[-2:][::-1])})"
+    )
+
+
+def _size(node: NodeView) -> tuple[int, int, int, str]:
+    return (len(node.units), node.cpus, node.mem, node.name)
+
+
+def node_size(node: NodeView) -> str:
+    """`a: 4 GPUs, 16 CPUs, 23.5G`: what a node offers, to say why a request never fits."""
+    gpus = len(node.units)
+    return f"{node.name}: {gpus} GPU{'s' * (gpus != 1)}, {node.cpus} CPUs, {format_size(node.mem)}"
 
 
 def choose_units(node: NodeView, need: Resources, user: str = "") -> tuple[str, ...]:

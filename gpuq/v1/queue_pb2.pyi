@@ -261,14 +261,16 @@ class JobSelection(_message.Message):
     def __init__(self, job_ids: _Optional[_Iterable[str]] = ..., reason: _Optional[str] = ..., user: _Optional[str] = ..., states: _Optional[_Iterable[str]] = ..., name: _Optional[str] = ..., hold: _Optional[bool] = ...) -> None: ...
 
 class ActionOutcome(_message.Message):
-    __slots__ = ("job_id", "done", "message")
+    __slots__ = ("job_id", "done", "message", "error_kind")
     JOB_ID_FIELD_NUMBER: _ClassVar[int]
     DONE_FIELD_NUMBER: _ClassVar[int]
     MESSAGE_FIELD_NUMBER: _ClassVar[int]
+    ERROR_KIND_FIELD_NUMBER: _ClassVar[int]
     job_id: str
     done: bool
     message: str
-    def __init__(self, job_id: _Optional[str] = ..., done: _Optional[bool] = ..., message: _Optional[str] = ...) -> None: ...
+    error_kind: str
+    def __init__(self, job_id: _Optional[str] = ..., done: _Optional[bool] = ..., message: _Optional[str] = ..., error_kind: _Optional[str] = ...) -> None: ...
 
 class ActionReply(_message.Message):
     __slots__ = ("outcomes",)

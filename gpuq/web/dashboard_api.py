@@ -74,10 +74,12 @@ async def log(
 
 
 async def user(access: QueueAccess, caller: Caller, name: str, now: float) -> dict[str, Any]:
-    """A user's page: their usage report, fair share, GPUs in use and live jobs."""
+    """A user's page: their usage report, fair share, GPUs in use and live jobs (usage null
+    where [coordinator] private_data hides it from `caller`)."""
     check_text("user", name, 64)
     report = await access.report(caller, name)
     row = next((r for r in report.rows if r.user == name), None)
+    shown = access.sees_usage(caller, name)
     usage, factor = access.fair_share(name, now)
     texts, token = await access.jobs_json(
         caller, queue_pb2.ListJobsRequest(user=name, with_pending_info=True)
@@ -85,8 +87,8 @@ async def user(access: QueueAccess, caller: Caller, name: str, now: float) -> di
     return {
         "user": name,
         "report": proto_json(row) if row is not None else None,
-        "fairshare": {"usage": usage, "factor": factor},
-        "running_gpus": access.running_gpus(name),
+        "fairshare": {"usage": usage, "factor": factor} if shown else None,
+        "running_gpus": access.running_gpus(name) if shown else None,
         "jobs": [json.loads(text) for text in texts],
         "more": bool(token),  # a page: `gpuq queue -u NAME` lists them all
     }

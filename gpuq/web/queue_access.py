@@ -116,7 +116,11 @@ class QueueAccess:
         return await self._queries.series(int(detail.job.id))
 
     async def report(self, caller: Caller, user: str) -> queue_pb2.ReportReply:
-        return await self._queries.report(queue_pb2.ReportRequest(user=user))
+        return await self._queries.report(caller, queue_pb2.ReportRequest(user=user))
+
+    def sees_usage(self, caller: Caller, user: str) -> bool:
+        """Whether the user page shows `user`'s fair share and GPUs to `caller`."""
+        return self._queries.sees_usage(caller, user)
 
     def fair_share(self, user: str, now: float) -> tuple[float, float]:
         """(decayed GPU-seconds, fair-share factor) of `user`, as the scheduler ranks now."""

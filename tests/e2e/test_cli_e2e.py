@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 import signal
 import subprocess
 import sys
@@ -138,6 +139,56 @@ def test_listings_have_json(cluster: Cluster) -> None:
     gate.touch()
 
 
+def test_the_readmes_first_example_runs_on_fake_gpus(cluster: Cluster) -> None:
+    """The Quick start's `gpuq submit` line, as written, on a machine without a GPU: the job
+    prints its GPU; once it ended, `gpuq status` still shows it, with its end state."""
+    readme = (Path(__file__).parents[2] / "README.md").read_text()
+    quick_start = readme.split("## Quick start", 1)[1].split("## User guide", 1)[0]
+    line = next(x for x in quick_start.splitlines() if x.startswith("gpuq submit "))
+    result = cluster.gpuq(*shlex.split(line)[1:])
+    assert result.returncode == 0, result.stderr
+    job_id = int(result.stdout.split()[-1])
+    output = cluster.root / f"gpuq-{job_id}.out"
+    wait_for(lambda: output.exists() and "my GPU: GPU-" in output.read_text(), what="its GPU")
+    assert cluster.gpuq("cancel", str(job_id)).returncode == 0
+    cluster.wait_state(job_id, "cancelled")
+    failed = cluster.submit("exit 3")
+    cluster.wait_state(failed, "failed")
+    text = cluster.gpuq("status").stdout
+    assert "2 ended in the last hour" in text, text
+    ended = text.split("Ended in the last hour", 1)[1].splitlines()[1:]
+    assert [line.split()[:1] + line.split()[2:3] for line in ended] == [
+        [str(failed), "F"],
+        [str(job_id), "CA"],
+    ], text
+    status = json.loads(cluster.gpuq("status", "--json").stdout)
+    assert [(j["id"], j["state"]) for j in status["ended"]] == [
+        (failed, "failed"),
+        (job_id, "cancelled"),
+    ]
+
+
+def test_ctrl_c_on_submit_wait_says_the_job_runs_on(cluster: Cluster) -> None:
+    waiting = subprocess.Popen(
+        [sys.executable, "-m", "gpuq.cli.main", "submit", "--wait", "--wrap", "sleep 60"],
+        cwd=cluster.root,
+        env=cluster.env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    assert waiting.stdout is not None and waiting.stderr is not None
+    job_id = int(waiting.stdout.readline().split()[-1])
+    cluster.wait_state(job_id, "running")
+    waiting.send_signal(signal.SIGINT)
+    assert waiting.wait(20) == 130
+    assert waiting.stderr.read() == (
+        f"\ngpuq submit: stopped waiting; job {job_id} keeps running; "
+        f"gpuq cancel {job_id} stops it\n"
+    )
+    assert cluster.job(job_id).state.value == "running"
+
+
 def test_logs_follow_until_the_job_ends(cluster: Cluster) -> None:
     gate = cluster.root / "gate"
     job_id = cluster.submit(f"echo first; while [ ! -e {gate} ]; do sleep 0.05; done; echo last")
@@ -154,6 +205,49 @@ def test_logs_follow_until_the_job_ends(cluster: Cluster) -> None:
     gate.touch()
     assert follower.stdout.read() == "last\n"
     assert follower.wait(20) == 0
+
+
+def test_a_refused_action_names_the_job_once(lone_coordinator: Cluster) -> None:
+    cluster = lone_coordinator
+    job_id = cluster.submit("true", hold=True)
+    result = cluster.gpuq("hold", str(job_id))
+    assert result.returncode == 2
+    assert result.stderr == f"gpuq hold: job {job_id}: cannot go from held to held\n"
+    result = cluster.gpuq("update", str(job_id), "--nice", "5")
+    assert result.returncode == 0 and result.stdout.count(f"job {job_id}") == 1, result
+    cluster.gpuq("cancel", str(job_id))
+    result = cluster.gpuq("update", str(job_id), "--nice", "6")
+    assert result.returncode == 2 and result.stderr.count(f"job {job_id}") == 1, result
+
+
+def test_a_request_too_big_names_the_largest_node(lone_coordinator: Cluster) -> None:
+    cluster = lone_coordinator
+    args = ["agent", "--node-name", "a", "--fake-gpus", "2xL4-24GB", "--mem", "23.5G"]
+    cluster.agents["a"] = cluster._spawn([*args, "--cpus", "4"], "agent-a")
+    cluster.wait_node("a", "up")
+    result = cluster.gpuq("submit", "--mem", "30G", "--wrap", "true")
+    assert "--mem 30G can never run: the largest node (a) has 23.5G" in one_line_error(result)
+    assert cluster.client().list_raw() == []
+
+
+@pytest.mark.parametrize(
+    ("program", "warned"), [("/nonexistent/sendmail", True), ("/bin/true", False)]
+)
+def test_mail_types_without_a_mail_program_warn_at_submit(
+    tmp_path: Path, program: str, warned: bool
+) -> None:
+    cluster = Cluster(tmp_path, f'mail_program = "{program}"\n')
+    try:
+        cluster.start_coordinator()
+        result = cluster.gpuq("submit", "--hold", "--mail-type", "END", "--wrap", "true")
+        assert result.returncode == 0, result.stderr
+        warning = "gpuq submit: warning: --mail-type: no mail will be sent: this machine has no "
+        assert (warning in result.stderr) is warned, result.stderr
+        if warned:
+            assert f"mail_program {program} is missing" in result.stderr
+        assert cluster.gpuq("submit", "--hold", "--wrap", "true").stderr == ""
+    finally:
+        cluster.close()
 
 
 def test_cancel_unknown_job_is_bad_input(lone_coordinator: Cluster) -> None:

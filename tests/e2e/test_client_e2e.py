@@ -102,3 +102,29 @@ def test_a_thread_that_ends_takes_its_submission_stream_along(cluster: Cluster) 
         lambda: threading.active_count() <= baseline, what="the ended threads' streams to close"
     )
     client.cancel(*(str(j.id) for j in client.list(states=[JobState.HELD])))
+
+
+def test_every_verb_raises_not_found_for_a_job_that_does_not_exist(
+    lone_coordinator: Cluster,
+) -> None:
+    client = lone_coordinator.client()
+    verbs = {  # each verb, as a call about one job that does not exist
+        "cancel": client.cancel,
+        "hold": client.hold,
+        "release": client.release,
+        "requeue": client.requeue,
+        "update": lambda *ids: client.update(*ids, nice=5),
+    }
+    for act in verbs.values():
+        with pytest.raises(gpuq.NotFound, match=r"^no job 99999$"):
+            act(99999)
+    # the others named are acted on all the same; missing_ok: every outcome, none raised
+    held = lone_coordinator.submit("true", hold=True)
+    with pytest.raises(gpuq.NotFound, match=r"^no job 99999$"):
+        client.update(held, 99999, nice=7)
+    assert client.get(held).spec.nice == 7
+    outcomes = client.cancel(held, 99999, missing_ok=True)
+    assert [(o.job_id, o.done, o.error_kind) for o in outcomes] == [
+        ("99999", False, "not_found"),
+        (str(held), True, ""),
+    ]

@@ -401,3 +401,32 @@ def test_the_admin_may_hide_other_users_job_names(
         assert "thesis-v3" in cluster.gpuq("queue").stdout  # root is an admin
     finally:
         cluster.close()
+
+
+def test_negative_nice_is_for_admins_at_submit_as_at_update(
+    shared_root: Path, users: tuple[UnixUser, UnixUser]
+) -> None:
+    alice, _ = users
+    cluster = start(shared_root)
+    try:
+        script = shared_root / "boost.sh"
+        script.write_text("#!/bin/bash\n#SBATCH --nice=-100\ntrue\n")
+        script.chmod(0o755)
+        for args in (
+            ("--nice", "-100", "--wrap", "true"),  # a flag
+            (str(script),),  # a script's header
+            ("--array", "0-3", "--nice", "-1", "--wrap", "true"),  # an array
+        ):
+            code, out, err = gpuq_as(alice, cluster.home, "submit", "--hold", *args)
+            assert code != 0 and "only admins may give a negative nice" in err, (args, out, err)
+        assert cluster.client().list_raw() == []  # nothing was made
+        code, out, err = gpuq_as(
+            alice, cluster.home, "submit", "--hold", "--nice", "5", "--wrap", "true"
+        )
+        assert code == 0, err
+        code, out, err = gpuq_as(alice, cluster.home, "update", "1", "--nice", "-5")
+        assert code != 0 and "only admins may lower nice" in err, err
+        # root is an admin: a negative nice is its to give
+        assert cluster.gpuq("submit", "--hold", "--nice", "-100", "--wrap", "true").returncode == 0
+    finally:
+        cluster.close()

@@ -339,6 +339,18 @@ def test_dashboard_is_off_by_default(tmp_path: Path) -> None:
         cluster.close()
 
 
+def test_the_log_says_where_the_dashboard_is_and_how_to_sign_in(tmp_path: Path) -> None:
+    cluster = Cluster(tmp_path, 'web_listen = "127.0.0.1:0"\n')
+    try:
+        cluster.start_coordinator()
+        url = f"http://{web_address(cluster)}"
+        said = f"web dashboard at {url}: users sign in with the one-time link `gpuq web`"
+        wait_for(lambda: said in (tmp_path / "coordinator.log").read_text(), what="the line")
+        assert cluster.gpuq("web").stdout.startswith(f"{url}/login#ticket=")
+    finally:
+        cluster.close()
+
+
 def test_public_dashboard_needs_tls(tmp_path: Path) -> None:
     cluster = Cluster(tmp_path, f'web_listen = "0.0.0.0:{free_port()}"\n')
     try:

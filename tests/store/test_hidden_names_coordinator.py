@@ -1,4 +1,4 @@
-"""`[coordinator] hide_job_names`: a user who is neither the owner nor an admin never sees
+"""`[coordinator] private_data = ["names"]`: a user who is neither the owner nor an admin never sees
 another user's job name, wherever it would show: the job itself, `%x` in its output paths, its
 history's reasons (an update's "name X -> Y"), and the events of Watch streams and the
 dashboard's feed (one source: QueueQueries.job_events). Through the assembled coordinator, in
@@ -60,7 +60,7 @@ def test_names_are_hidden_from_other_users_everywhere(store: Store) -> None:
         for task in (*feeds, wire):
             task.cancel()
 
-    run(store, body, CoordinatorSettings(hide_job_names=True))
+    run(store, body, CoordinatorSettings(private_data=("names",)))
     for name in ("alice", "root"):  # the owner and an admin see the names
         text = "\n".join(seen[name])
         assert "thesis-v3" in seen[name][0] and "/tmp/thesis-v3-" in seen[name][1], text

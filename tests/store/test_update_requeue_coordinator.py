@@ -91,8 +91,10 @@ def test_a_running_job_is_not_updated_but_requeued(store: Store) -> None:
         first = await agent.started(job)
         [outcome] = await root.update_as_typed(job, time="10")
         assert not outcome.done
-        assert outcome.message == (
-            f"job {job} is running: only pending or held jobs can be updated"
+        # the outcome names the job once, by its job_id (the CLI: "job 1: is running: ...")
+        assert (outcome.job_id, outcome.message) == (
+            str(job),
+            "is running: only pending or held jobs can be updated",
         )
         # requeue: stopped, back to the queue with the same id, and it runs again
         assert all(o.done for o in await root.requeue(job))

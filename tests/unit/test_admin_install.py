@@ -62,6 +62,7 @@ def test_a_machine_with_both_services(tmp_path: Path) -> None:
     assert settings.coordinator.service_user == "gpuq"
     assert settings.coordinator.admin_group == "gpuq-admin"
     assert settings.coordinator_address == "unix:/var/lib/gpuq/gpuq.sock"
+    assert settings.client.coordinator == "unix:/var/lib/gpuq/gpuq.sock"  # users' commands
     assert settings.agent.node_name == "gpu1"
     assert settings.node_key_path == Path("/var/lib/gpuq/nodes/gpu1.key")
     assert settings.agent.cgroup_parent == "system.slice/gpuq-jobs.service"
@@ -100,6 +101,8 @@ def test_an_agent_only_node(tmp_path: Path) -> None:
     settings = load_settings(tmp_path / "etc/gpuq/config.toml", home=tmp_path / "h")
     assert settings.coordinator.service_user is None
     assert settings.coordinator_address == "head:7818"
+    assert settings.client.coordinator is None  # users need the listen port and a token
+    assert '# coordinator = "HOST:7817"' in (tmp_path / "etc/gpuq/config.toml").read_text()
     assert settings.node_key_path == Path("/etc/gpuq/node.key")
     assert settings.agent.cgroup_parent == "system.slice/gpuq-jobs.service"
 

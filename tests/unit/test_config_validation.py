@@ -356,3 +356,50 @@ def test_cli_says_one_line_and_exits_2(tmp_path: Path, text: str) -> None:
         lines = result.stderr.strip().splitlines()
         assert len(lines) == 1 and "Traceback" not in result.stderr, result.stderr
         assert lines[0].startswith(f"gpuq: error: config {config}: ["), lines[0]
+
+
+@pytest.mark.parametrize(
+    ("text", "private"),
+    [
+        ("", ()),
+        ('private_data = ["names", "usage"]', ("names", "usage")),
+        ("hide_job_names = true", ("names",)),  # the old spelling keeps its meaning
+        ("hide_job_names = false", ()),
+        ('hide_job_names = true\nprivate_data = ["usage"]', ("usage", "names")),
+    ],
+)
+def test_private_data_and_the_old_hide_job_names(
+    tmp_path: Path, text: str, private: tuple[str, ...]
+) -> None:
+    assert load(tmp_path, f"[coordinator]\n{text}\n").coordinator.private_data == private
+
+
+def test_private_data_names_its_vocabulary(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match=r'private_data.*"jobs".*expected "names", "usage"'):
+        load(tmp_path, '[coordinator]\nprivate_data = ["jobs"]\n')
+
+
+def test_clients_find_the_machines_coordinator_with_no_config_of_their_own(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A user with no config and no coordinator of their own reaches the machine's (the
+    installed one's socket in /var/lib/gpuq); their own `gpuq serve` wins where it listens;
+    [client] coordinator, else the older [agent] coordinator, wins over both."""
+    import gpuq.config.settings as settings_module
+
+    system = tmp_path / "system"
+    system.mkdir()
+    monkeypatch.setattr(settings_module, "SYSTEM_HOME", system)
+    mine = load(tmp_path, "")
+    assert mine.client_address() == f"unix:{mine.socket_path}"  # none listens: say how to start
+    (system / "gpuq.sock").touch()
+    assert mine.client_address() == f"unix:{system / 'gpuq.sock'}"
+    mine.home.mkdir()
+    mine.socket_path.touch()  # the user's own gpuq serve
+    assert mine.client_address() == f"unix:{mine.socket_path}"
+    assert load(tmp_path, '[agent]\ncoordinator = "head:7817"').client_address() == "head:7817"
+    both = '[agent]\ncoordinator = "head:7818"\n[client]\ncoordinator = "head:7817"'
+    settings = load(tmp_path, both)
+    assert (settings.client_address(), settings.coordinator_address) == ("head:7817", "head:7818")
+    monkeypatch.setenv("GPUQ_COORDINATOR", "unix:/run/x.sock")  # a job's own gpuq: it wins
+    assert load(tmp_path, both).client_address() == "unix:/run/x.sock"

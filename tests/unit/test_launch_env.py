@@ -154,7 +154,10 @@ def refusal(account: Account | None, **given: object) -> str | None:
 def test_who_a_node_runs_jobs_for() -> None:
     assert refusal(ALICE) is None
     assert refusal(None) == "user 'ghost' has no account on node n1"
-    assert refusal(ROOT) == "node n1 does not run jobs as root ([agent] allow_root_jobs is false)"
+    assert refusal(ROOT) == (
+        "node n1 does not run jobs as root ([agent] allow_root_jobs is false there; "
+        "root's jobs need it and [coordinator] allow_root_jobs)"
+    )
     assert refusal(ROOT, allow_root_jobs=True) is None
     # an agent that is not root runs only its own user's jobs
     assert refusal(ALICE, agent_uid=1001) is None

@@ -78,8 +78,10 @@ def test_admin_only_verbs_name_the_group() -> None:
 def test_root_submits_only_where_the_admin_allows_it() -> None:
     check_may_submit(ALICE, allow_root_jobs=False)
     for root in (ROOT, Caller("root", None, how="token"), Caller("x", 0)):
-        with pytest.raises(PermissionDenied, match="root may not submit jobs here"):
+        with pytest.raises(PermissionDenied, match="root may not submit jobs here") as refused:
             check_may_submit(root, allow_root_jobs=False)
+        # following the advice must work: it names both settings root's jobs need
+        assert "under both [coordinator] and [agent]" in str(refused.value)
         check_may_submit(root, allow_root_jobs=True)
 
 
@@ -93,6 +95,7 @@ def test_owners_may_only_lower_what_admins_limit() -> None:
 
 
 def test_names_are_hidden_from_others_only_where_the_admin_hides_them() -> None:
-    assert hides_name(BOB, "alice", True) and not hides_name(BOB, "alice", False)
-    assert not hides_name(ALICE, "alice", True) and not hides_name(ADMIN, "alice", True)
+    names = ("names",)
+    assert hides_name(BOB, "alice", names) and not hides_name(BOB, "alice", ())
+    assert not hides_name(ALICE, "alice", names) and not hides_name(ADMIN, "alice", names)
     assert is_owner_or_admin(ALICE, "alice") and not is_owner_or_admin(BOB, "alice")

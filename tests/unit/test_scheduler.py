@@ -12,6 +12,7 @@ from gpuq.domain.dependencies import DependencyKind
 from gpuq.domain.model import Resources
 from gpuq.domain.policy import QosTier, default_qos_tiers
 from gpuq.domain.states import JobState
+from gpuq.scheduler.fitting import never_fits_reason
 from gpuq.scheduler.plan import fit_key, plan
 from gpuq.scheduler.snapshot import Dependency, PendingJob, Policy, RunningJob
 
@@ -260,4 +261,22 @@ def test_cpu_and_memory_fit() -> None:
     assert decided.waiting[1].reasons == (
         "no node that is up can ever run it (--cpus 8 can never run: the largest node (a) "
         "has 4 CPUs)",
+    )
+
+
+GiB = 1 << 30
+
+
+def test_a_request_no_one_node_can_hold_names_the_largest_nodes() -> None:
+    """Each part fits some node, none fits all at once: the two largest nodes say why."""
+    [a] = views({"a": 4}, cpus=4, mem=24 * GiB)
+    [b] = views({"b": 1}, cpus=32, mem=256 * GiB)
+    [c] = views({"c": 1}, cpus=2, mem=8 * GiB)
+    need = Resources(gpus=2, cpus=16)
+    assert never_fits_reason([c, b, a], need) == (
+        "the request can never run: no node has that combination of GPUs, CPUs and memory "
+        "(the largest: a: 4 GPUs, 4 CPUs, 24G, b: 1 GPU, 32 CPUs, 256G)"
+    )
+    assert never_fits_reason([replace(a, mem=int(23.5 * GiB))], Resources(mem=30 * GiB)) == (
+        "--mem 30G can never run: the largest node (a) has 23.5G"
     )

@@ -94,5 +94,8 @@ def launch_refusal(
             f"only that user's jobs, not those of {account.name} (uid {account.uid})"
         )
     if account.uid == 0 and agent_uid == 0 and not allow_root_jobs:
-        return f"node {node} does not run jobs as root ({ROOT_JOBS_SETTING} is false)"
+        return (
+            f"node {node} does not run jobs as root ({ROOT_JOBS_SETTING} is false there; "
+            "root's jobs need it and [coordinator] allow_root_jobs)"
+        )
     return None

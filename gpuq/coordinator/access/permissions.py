@@ -1,13 +1,15 @@
 """Who may do what, as named checks (SLURM's validate_operator and friends): every decision
 about a caller's rights is made here, and nowhere else.
 
-README "Security": everyone sees every job in listings, but a job's script, arguments,
-environment, webhook and mail address only its owner and admins; cancel, hold, release,
-requeue and update: the owner or an admin (what an admin does to another's job is logged; an
-owner's update may only lower what admins limit); attaching to an interactive job's terminal:
-its owner only; drain, resume and tokens: admins; submitting as root: only where the admin
-allows root's jobs. Admins are root, the coordinator's own user and members of the admin group
-(gpuq.coordinator.access.authority decides who a caller is and whether they are an admin).
+README "Security": everyone sees every job in listings (who holds each GPU, and what the job is
+named), less what `[coordinator] private_data` hides from other users (`sees`, the one privacy
+rule); a job's script, arguments, environment, webhook and mail address only its owner and
+admins; cancel, hold, release, requeue and update: the owner or an admin (what an admin does to
+another's job is logged; an owner's update may only lower what admins limit); attaching to an
+interactive job's terminal: its owner only; drain, resume and tokens: admins; submitting as
+root: only where the admin allows root's jobs. Admins are root, the coordinator's own user and
+members of the admin group (gpuq.coordinator.access.authority decides who a caller is and
+whether they are an admin).
 """
 
 from __future__ import annotations
@@ -26,11 +28,23 @@ def is_owner_or_admin(caller: Caller, owner: str) -> bool:
 
 
 def check_may_submit(caller: Caller, allow_root_jobs: bool) -> None:
-    """Root's jobs would run as root: only where the admin allows it."""
+    """Root's jobs would run as root: only where the admin allows it. The refusal names both
+    settings: the coordinator's lets root submit, each node's lets its agent launch as root
+    (one alone ends in a launch failure)."""
     if (caller.uid == 0 or caller.user == "root") and not allow_root_jobs:
         raise PermissionDenied(
             "root may not submit jobs here (they would run as root); submit as an ordinary "
-            "user, or an admin sets [coordinator] allow_root_jobs = true"
+            "user, or an admin sets allow_root_jobs = true under both [coordinator] and "
+            "[agent] (each node's)"
+        )
+
+
+def check_sets_nice(admin: bool, nice: int) -> None:
+    """Negative nice raises a job above others': for admins only, at submit (flags, script
+    headers, arrays, cron entries) as at update (check_lowers_nice)."""
+    if nice < 0 and not admin:
+        raise PermissionDenied(
+            f"only admins may give a negative nice ({nice}); use 0 or more (a lower priority)"
         )
 
 
@@ -103,6 +117,15 @@ def check_lowers_nice(admin: bool, display_id: str, old: int, new: int) -> None:
         )
 
 
-def hides_name(caller: Caller, owner: str, hide_job_names: bool) -> bool:
-    """Where the admin hides job names, another user's job shows as `(hidden)`."""
-    return hide_job_names and not caller.admin and owner != caller.user
+def sees(caller: Caller | None, owner: str, what: str, private_data: tuple[str, ...]) -> bool:
+    """The one privacy rule: may `caller` see `what` ("names", "usage") of `owner`'s jobs?
+    Always unless the admin made it private; then only the owner and admins. `caller` None:
+    an anonymous reader (a Prometheus scrape), who sees nothing private."""
+    if what not in private_data:
+        return True
+    return caller is not None and is_owner_or_admin(caller, owner)
+
+
+def hides_name(caller: Caller, owner: str, private_data: tuple[str, ...]) -> bool:
+    """Another user's job name shows as `(hidden)` (private_data holds "names")."""
+    return not sees(caller, owner, "names", private_data)

@@ -92,7 +92,7 @@ class QueueServicer(queue_pb2_grpc.QueueServicer):  # type: ignore[misc]
 
     @unary
     async def Report(self, request: queue_pb2.ReportRequest, caller: Caller) -> Any:
-        return await self.queries.report(request)
+        return await self.queries.report(caller, request)
 
     @unary
     async def ListCron(self, request: queue_pb2.ListCronRequest, caller: Caller) -> Any:

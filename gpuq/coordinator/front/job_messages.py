@@ -3,10 +3,10 @@ script, arguments, environment, webhook or mail address; no name where the admin
 what a listing carries (nothing private, for anyone), why a pending job waits, and an array's
 waiting tasks collapsed into one entry as squeue shows them.
 
-Where the admin hides job names (`[coordinator] hide_job_names`), a caller who is neither the
-owner nor an admin sees `(hidden)` wherever another user's job name would show: the spec's
-name, `%x` in its output paths, its pending reasons ("named X"), and its events' reasons (an
-update's "name X -> Y"), in GetJob, listings, Watch streams and the dashboard's feed.
+Where the admin hides job names (`[coordinator] private_data` holds "names"), a caller who is
+neither the owner nor an admin sees `(hidden)` wherever another user's job name would show: the
+spec's name, `%x` in its output paths, its pending reasons ("named X"), and its events' reasons
+(an update's "name X -> Y"), in GetJob, listings, Watch streams and the dashboard's feed.
 """
 
 from __future__ import annotations
@@ -47,12 +47,12 @@ def hide_names(text: str) -> str:
 class JobMessages:
     def __init__(
         self,
-        hide_job_names: bool,
+        private_data: tuple[str, ...],
         flags: Callable[[int, int], tuple[str, ...]],
         pending_detail: Callable[[Job], PendingDetail | None],
         explanation: Callable[[], object] = object,
     ) -> None:
-        self.hide_job_names = hide_job_names
+        self.private_data = private_data  # what others' jobs hide (permissions.sees)
         self.flags = flags  # a running job's idle and hung flags (job id, its start)
         self.pending_detail = pending_detail
         # the queue's explanation now (a new object each time it is made anew): a job's
@@ -61,7 +61,7 @@ class JobMessages:
 
     def full(self, job: Job, caller: Caller, explained: Job | None = None) -> pb.Job:
         """GetJob's: everything `caller` may see of the job."""
-        hidden = hides_name(caller, job.user, self.hide_job_names)
+        hidden = hides_name(caller, job.user, self.private_data)
         message = self.with_pending(job, explained, hidden)
         if is_owner_or_admin(caller, job.user):
             return message
@@ -115,7 +115,7 @@ class JobMessages:
 
     def event(self, event: JobEvent, owner: str, caller: Caller) -> JobEvent:
         """An event of a job of `owner` as `caller` may see it (its reason's names hidden)."""
-        if hides_name(caller, owner, self.hide_job_names):
+        if hides_name(caller, owner, self.private_data):
             return replace(event, reason=hide_names(event.reason))
         return event
 

@@ -154,7 +154,7 @@ class JobPages:
             yield job, explained, self._hidden(caller, job)
 
     def _hidden(self, caller: Caller, job: Job) -> bool:
-        return self.messages.hide_job_names and hides_name(caller, job.user, True)
+        return hides_name(caller, job.user, self.messages.private_data)
 
     async def _select(self, request: queue_pb2.ListJobsRequest, wanted: Wanted) -> tuple[Page, str]:
         """The page's entries, and the next page's token ("" after the last)."""

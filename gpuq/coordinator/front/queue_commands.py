@@ -12,7 +12,12 @@ from typing import Any
 
 from gpuq.config.settings import CoordinatorSettings
 from gpuq.convert import spec_from_proto
-from gpuq.coordinator.access.permissions import check_acts_on, check_admin, check_may_submit
+from gpuq.coordinator.access.permissions import (
+    check_acts_on,
+    check_admin,
+    check_may_submit,
+    check_sets_nice,
+)
 from gpuq.coordinator.access.user_tokens import UserTokens
 from gpuq.coordinator.changes.effects import Cause
 from gpuq.coordinator.changes.transitions import Ending
@@ -75,6 +80,7 @@ class QueueCommands:
             check_may_submit(caller, self.settings.allow_root_jobs)
             key = request.request_key or None  # empty: no key
             spec = spec_from_proto(request.spec)
+            check_sets_nice(caller.admin, spec.nice)
             check_interactive_spec(spec)
             cause = request_cause("Submit", caller)
             ids = await self.submissions.submit(spec, caller.user, cause, key, fail_fast=True)
@@ -116,18 +122,18 @@ class QueueCommands:
         job = self.jobs.jobs.get(request.job_id)
         named = str(request.job_id)
         if job is None or job.state is not JobState.RUNNING:
-            return action_reply([Outcome(named, False, f"job {named} is not running")])
+            return action_reply([Outcome(named, False, "not running")])
         check_acts_on(caller, job.user, named)
         if request.attempt and request.attempt != job.start_count:
-            return action_reply([Outcome(named, False, f"job {named} was started again since")])
+            return action_reply([Outcome(named, False, "started again since")])
         cause = request_cause("FailJob", caller)
         lost = self.node_admin.out_of_touch(job.node_names)
         if lost:  # its part there was fenced: the node failed, not the step
             await self.endings.parts_lost(job, lost, reason or "a step failed", cause)
-            return action_reply([Outcome(named, True, f"job {named} ends node_fail")])
+            return action_reply([Outcome(named, True, "ends node_fail")])
         ending = Ending(job.id, JobState.FAILED, reason or "a step failed", attempt=job.start_count)
         await self.endings.record([ending], cause)
-        return action_reply([Outcome(named, True, f"job {named} ends failed")])
+        return action_reply([Outcome(named, True, "ends failed")])
 
     async def update(
         self, caller: Caller, request: queue_pb2.UpdateRequest
@@ -168,7 +174,9 @@ class QueueCommands:
         self, caller: Caller, request: queue_pb2.AddCronRequest
     ) -> queue_pb2.CronEntry:
         check_may_submit(caller, self.settings.allow_root_jobs)
-        entry = await self.cron.add(request.schedule, spec_from_proto(request.spec), caller.user)
+        spec = spec_from_proto(request.spec)
+        check_sets_nice(caller.admin, spec.nice)
+        entry = await self.cron.add(request.schedule, spec, caller.user)
         return cron_message(entry)
 
     async def remove_cron(
@@ -199,7 +207,9 @@ def check_drain_request(request: queue_pb2.DrainRequest) -> None:
 def action_reply(outcomes: Sequence[Outcome]) -> queue_pb2.ActionReply:
     return queue_pb2.ActionReply(
         outcomes=[
-            queue_pb2.ActionOutcome(job_id=o.job_id, done=o.done, message=o.message)
+            queue_pb2.ActionOutcome(
+                job_id=o.job_id, done=o.done, message=o.message, error_kind=o.kind
+            )
             for o in outcomes
         ]
     )

@@ -13,6 +13,7 @@ from typing import Any
 
 from gpuq.config.settings import CoordinatorSettings
 from gpuq.convert import event_to_proto
+from gpuq.coordinator.access.permissions import sees
 from gpuq.coordinator.changes.store_writer import StoreWriter
 from gpuq.coordinator.changes.watchers import Watchers
 from gpuq.coordinator.cron_service import CronService
@@ -125,7 +126,7 @@ class QueueQueries:
         if any(not 1 <= i <= MAX_JOB_ID for i in ids):
             raise InvalidInput("job id", max(ids), f"job ids go from 1 to {MAX_JOB_ID}")
         filters = list_filters(request)
-        if self.settings.hide_job_names and not caller.admin:
+        if "names" in self.settings.private_data and not caller.admin:
             filters = filters.hiding_names(caller.user)
         owner = request.user or None if filters.users is None else None  # else in users
         states = parse_states(request.states) if request.states else None
@@ -210,9 +211,12 @@ class QueueQueries:
             )
         return queue_pb2.ListNodesReply(nodes=infos)
 
-    async def report(self, request: queue_pb2.ReportRequest) -> queue_pb2.ReportReply:
+    async def report(
+        self, caller: Caller, request: queue_pb2.ReportRequest
+    ) -> queue_pb2.ReportReply:
         """Usage per user (gpuq report): anyone may see anyone's, as sreport shows by default,
-        since listings already show every job's times, GPUs and telemetry."""
+        since listings already show every job's times, GPUs and telemetry; where private_data
+        holds "usage", others' rows only admins (permissions.sees)."""
         check_text("user", request.user, 64)
         since = request.since if request.HasField("since") else None
         if since is not None and not math.isfinite(since):
@@ -230,6 +234,7 @@ class QueueQueries:
                     util_gpu_seconds=r.util_gpu_seconds,
                 )
                 for r in rows
+                if sees(caller, r.user, "usage", self.settings.private_data)
             ]
         )
 
@@ -245,6 +250,10 @@ class QueueQueries:
         stored = await self.writer.read(lambda s: s.series(job_id))
         last = stored[-1].at if stored else float("-inf")
         return [*stored, *(p for p in self.telemetry.recent(job_id) if p.at > last)]
+
+    def sees_usage(self, caller: Caller, user: str) -> bool:
+        """May `caller` see `user`'s usage (private_data "usage": only the user and admins)."""
+        return sees(caller, user, "usage", self.settings.private_data)
 
     def fair_share(self, user: str, now: float) -> tuple[float, float]:
         """The user's fair-share usage at `now` (GPU-seconds, decayed) and factor."""

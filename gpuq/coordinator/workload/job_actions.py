@@ -37,7 +37,14 @@ from gpuq.coordinator.workload.update_rules import (
 )
 from gpuq.domain.model import Job
 from gpuq.domain.states import JobState
-from gpuq.errors import GpuqError, InvalidInput, PermissionDenied, StorageUnavailable, Unsatisfiable
+from gpuq.errors import (
+    GpuqError,
+    InvalidInput,
+    PermissionDenied,
+    StorageUnavailable,
+    Unsatisfiable,
+    error_kind,
+)
 from gpuq.identity import Caller
 from gpuq.scheduler.fitting import never_fits, never_fits_reason
 from gpuq.store.records import JobEdit
@@ -52,11 +59,27 @@ Action = Callable[[list[Job]], Awaitable[list[Answer]]]
 
 @dataclass(frozen=True, slots=True)
 class Outcome:
-    """What an action (cancel, hold, release, requeue, update) did to one job."""
+    """What an action (cancel, hold, release, requeue, update) did to one job. `message`
+    does not name the job: every reader puts `job_id` before it ("job 33: held")."""
 
     job_id: str
     done: bool
     message: str
+    kind: str = ""  # a failure's error kind (gpuq.errors.ERROR_KINDS): "not_found", ...
+
+
+def failed(job_id: str, error: BaseException, kind: str = "") -> Outcome:
+    """A failed outcome from an error whose text may name the job already ("job 33: cannot
+    go from held to held", "job 33 belongs to bob"): named once, by the outcome's job_id;
+    with the error's kind, so that a client raises what a single call would have."""
+    text = str(error)
+    for named in (f"job {job_id}: ", f"job {job_id} "):
+        if text.startswith(named):
+            text = text[len(named) :]
+            break
+    if not kind and isinstance(error, GpuqError):
+        kind = error_kind(error)
+    return Outcome(job_id, False, text, kind)
 
 
 class JobActions:
@@ -275,7 +298,7 @@ class JobActions:
         outcomes: list[Outcome] = []
         async with self.arrays.splitting:  # no task leaves an array between select and action
             jobs, unselected = await self.selections.resolve(selection, caller, applies_to, cause)
-            outcomes += [Outcome(u.named, False, u.why) for u in unselected]
+            outcomes += [failed(u.named, u.why) for u in unselected]
             for job in jobs:
                 check_selected(caller, job.user, job.display_id)
             self._log_admin(verb, caller, jobs)
@@ -286,7 +309,7 @@ class JobActions:
                 raise
         for job, result in zip(jobs, results, strict=True):
             if isinstance(result, BaseException):
-                outcomes.append(Outcome(job.display_id, False, str(result)))
+                outcomes.append(failed(job.display_id, result))
             else:
                 outcomes.append(Outcome(job.display_id, True, result))
         self.wake()

@@ -17,7 +17,7 @@ from gpuq.domain.dependencies import parse_job_ref
 from gpuq.domain.limits import brief
 from gpuq.domain.model import Job
 from gpuq.domain.states import JobState
-from gpuq.errors import InvalidInput, NotFound
+from gpuq.errors import GpuqError, InvalidInput, NotFound
 from gpuq.identity import Caller
 from gpuq.store.records import JobQuery
 
@@ -73,7 +73,7 @@ class Unselected:
     """An id that names no job (or names it wrongly): its answer."""
 
     named: str
-    why: str
+    why: GpuqError  # NotFound, or InvalidInput for an id that is not one
 
 
 class SelectionResolver:
@@ -142,7 +142,7 @@ class SelectionResolver:
                     unknown.append((text, job_id))
                     continue
             except (InvalidInput, NotFound) as exc:
-                failed.append(Unselected(text, str(exc)))
+                failed.append(Unselected(text, exc))
                 continue
             for job in found:
                 jobs.setdefault(job.id, job)
@@ -153,7 +153,7 @@ class SelectionResolver:
                 if job_id in stored:
                     jobs.setdefault(job_id, stored[job_id])
                 else:
-                    failed.append(Unselected(text, f"no job {job_id}"))
+                    failed.append(Unselected(text, NotFound(f"no job {job_id}")))
         return list(jobs.values()), failed
 
     async def _task(self, array: int, task: int, caller: Caller, cause: Cause) -> Job:

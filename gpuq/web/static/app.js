@@ -462,7 +462,8 @@ async function jobView(id) {
 async function userView(name) {
   const data = await api(`/api/users/${encodeURIComponent(name)}`);
   const report = data.report || {};
-  const fair = data.fairshare || {};
+  // null where [coordinator] private_data hides another user's usage
+  const fair = data.fairshare || { usage: "private", factor: "private" };
   const jobs = data.jobs || [];
   const fairText = (key) => (typeof fair[key] === "number" ? fair[key].toFixed(3) : fair[key]);
   render(
@@ -474,7 +475,7 @@ async function userView(name) {
       ["Mean GPU utilisation", report.util_mean !== undefined ? `${report.util_mean.toFixed(0)} %` : "unknown"],
       ["Fair-share usage", fairText("usage")],
       ["Fair-share factor", fairText("factor")],
-      ["Running GPUs", String(num(data.running_gpus))],
+      ["Running GPUs", data.running_gpus === null ? "private" : String(num(data.running_gpus))],
     ]),
     h("h2", {}, "Live jobs"),
     jobs.length
