@@ -60,9 +60,10 @@ SBATCH_OWN = own_flags(SBATCH_SHORT, SBATCH_LONG)
 
 def submit_options(
     command: str, pairs: Sequence[tuple[str, str]], own: frozenset[str] = SBATCH_OWN
-) -> dict[str, Any]:
-    """The submit flags among `pairs`, as gpuq options by name: read by the code that reads
-    `#SBATCH` lines, so `sbatch --gres=gpu:2` means what `#SBATCH --gres=gpu:2` means."""
+) -> tuple[dict[str, Any], dict[str, str]]:
+    """The submit flags among `pairs`, as gpuq options by name, and how each was written (for
+    errors: `-J`, not `--name`): read by the code that reads `#SBATCH` lines, so `sbatch
+    --gres=gpu:2` means what `#SBATCH --gres=gpu:2` means."""
     from gpuq.directives import SBATCH, Header
 
     tokens = []
@@ -74,7 +75,7 @@ def submit_options(
         else:
             tokens.append(flag + value)
     if not tokens:
-        return {}
+        return {}, {}
     notes: list[str] = []
     try:
         header = Header(f"#!/bin/sh\n{SBATCH} {shlex.join(tokens)}\n", notes)
@@ -82,7 +83,7 @@ def submit_options(
         raise InvalidInput(_unlined(exc.field), exc.value, exc.problem) from None
     for note in notes:  # a value gpuq reads only in part (--gres=gpu:1,mps:10)
         sys.stderr.write(f"{command}: warning: {_printable(_unlined(note))}\n")
-    return dict(header.sbatch)
+    return dict(header.sbatch), dict(header.sbatch_written)
 
 
 def _unlined(text: str) -> str:
@@ -116,13 +117,15 @@ def sbatch(argv: Sequence[str]) -> int:
             "error: a script on stdin is not supported by gpuq's sbatch: give a file or --wrap"
         )
     obj = context()
+    submit, spelled = submit_options("sbatch", pairs)
     spec = build_spec_warning(
         "sbatch",
         script=script,
         args=tuple(args),
         wrap=wrap,
         defaults=_defaults(obj),
-        **submit_options("sbatch", pairs),
+        spelled=spelled,
+        **submit,
     )
     client = obj.client()
     job_id = client.submit_spec(spec)[0]
@@ -389,7 +392,8 @@ def _interactive(
     pairs, rest = options(
         command, argv, flags_short + short + "Q", [*flags_long, *long, "quiet"], interspersed=False
     )
-    return pairs, rest, submit_options(command, pairs, own_flags(short + "Q", [*long, "quiet"]))
+    submit, _spelled = submit_options(command, pairs, own_flags(short + "Q", [*long, "quiet"]))
+    return pairs, rest, submit
 
 
 def _printable(text: object) -> str:

@@ -43,6 +43,18 @@ from gpuq.slurm.shim_files import is_shim, shim_text, write_shims
             "(use srun CMD for a command)",
         ),
         (["sbatch", "--time"], "sbatch: error: option --time requires an argument"),
+        (
+            ["sbatch", "--test-only", "x.sh"],
+            "sbatch: --test-only is not supported by gpuq's sbatch",
+        ),
+        (
+            ["sbatch", "-J", "a\tb", "--wrap", "true"],
+            "sbatch: error: invalid -J 'a\\tb': contains the control character '\\t'",
+        ),
+        (
+            ["sbatch", "--workdir=/tmp", "--wrap", "true"],
+            "sbatch: --workdir is not supported by gpuq's sbatch",
+        ),
     ],
 )
 def test_refusals_are_one_line_and_exit_1(
