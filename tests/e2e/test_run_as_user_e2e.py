@@ -254,7 +254,8 @@ def test_an_agent_refuses_root_jobs_unless_allowed(tmp_path: Path) -> None:
         ends = {job_id: agent.reports.unacked[job_id] for job_id in (1, 2)}
         assert (ends[1].end_state, ends[1].reason) == (
             "failed",
-            "node n1 does not run jobs as root ([agent] allow_root_jobs is false)",
+            "node n1 does not run jobs as root ([agent] allow_root_jobs is false there; "
+            "root's jobs need it and [coordinator] allow_root_jobs)",
         )
         assert ends[2].reason == "user 'gpuqt_nosuchuser' has no account on node n1"
 
