@@ -21,8 +21,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-
-from tests.e2e.e2e_cluster import Cluster, wait_for
+from e2e_cluster import Cluster, wait_for
 
 FINAL = frozenset(
     {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "OUT_OF_MEMORY", "NODE_FAIL", "PREEMPTED"}
