@@ -105,15 +105,15 @@ def submit(
     client = obj.client()
     ids = client.submit_spec(spec)
     job_id = ids[0]  # an array's id, for an array
-    if parsable:
-        click.echo(str(job_id))
-    elif spec.array is not None:
-        click.echo(f"Submitted array job {job_id} ({len(spec.array.indices)} tasks)")
-    else:
-        click.echo(f"Submitted job {job_id}")
-    if not wait:
-        return 0
-    try:
+    try:  # from here on the job exists: a Ctrl-C anywhere below leaves it running, and says so
+        if parsable:
+            click.echo(str(job_id))
+        elif spec.array is not None:
+            click.echo(f"Submitted array job {job_id} ({len(spec.array.indices)} tasks)")
+        else:
+            click.echo(f"Submitted job {job_id}")
+        if not wait:
+            return 0
         ended = client.wait(job_id)
     except KeyboardInterrupt:  # Ctrl-C stops the waiting, not the job: say so, and how
         click.echo(

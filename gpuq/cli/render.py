@@ -13,6 +13,7 @@ from gpuq.domain.limits import CONTROL_RE
 from gpuq.domain.node_constraints import compress_nodes
 from gpuq.domain.states import SHORT_STATE as STATE_CODES
 from gpuq.domain.units import format_duration, format_size
+from gpuq.slurm.formats import Field  # one %code of a --format (squeue's, as the shim's)
 
 SHORT_STATE = {state.value: code for state, code in STATE_CODES.items()}
 _NAMED_ESCAPES = {"\n": "\\n", "\r": "\\r", "\t": "\\t"}
@@ -545,40 +546,18 @@ FORMAT_CODES = {
     "C": ("CPUS", "CPUs"),
     "m": ("MIN_MEMORY", "host memory"),
 }
-_FIELD_RE = re.compile(r"%([.-]?)([0-9]{0,3})([A-Za-z%])")
-
-
-@dataclass(frozen=True, slots=True)
-class Field:
-    """One %code of a --format; `width` None: as wide as the column's longest value."""
-
-    code: str
-    width: int | None = None
-    right: bool = False
 
 
 def parse_format(text: str) -> list[str | Field]:
     """A --format string as literal text and fields: `%.10i %-20j %t` (squeue's codes,
-    FORMAT_CODES; `%%` is a percent sign). ValueError names an unknown code."""
-    parts: list[str | Field] = []
-    at = 0
-    for match in _FIELD_RE.finditer(text):
-        if match.start() > at:
-            parts.append(text[at : match.start()])
-        at = match.end()
-        align, digits, code = match.groups()
-        if code == "%":
-            parts.append("%")
-            continue
-        if code not in FORMAT_CODES:
-            raise ValueError(f"unknown field %{code}; known: " + " ".join(FORMAT_CODES))
-        parts.append(Field(code, int(digits) if digits else None, align == "."))
-    if at < len(text):
-        tail = text[at:]
-        if "%" in tail:
-            raise ValueError(f"a % without a field code in {tail!r}")
-        parts.append(tail)
-    return parts
+    FORMAT_CODES; `%%` is a percent sign), read as the squeue shim reads its -o
+    (gpuq.slurm.formats). ValueError names an unknown code or a width past 1000."""
+    from gpuq.slurm.formats import FormatError, parse_percent
+
+    try:
+        return parse_percent(text, FORMAT_CODES, stray_percent=False)
+    except FormatError as exc:
+        raise ValueError(f"{exc}; known: " + " ".join(FORMAT_CODES)) from None
 
 
 def _stamp(message: Any, field: str) -> str:
@@ -648,8 +627,8 @@ def format_lines(
     one without takes its column's longest value; the state fields are coloured after
     padding. Literal text is printed as given (escaped)."""
     fields = [p for p in parts if isinstance(p, Field)]
-    values = [[printable(field_value(j, f.code, now)) for f in fields] for j in jobs]
-    heads = [FORMAT_CODES[f.code][0] for f in fields]
+    values = [[printable(field_value(j, f.key, now)) for f in fields] for j in jobs]
+    heads = [FORMAT_CODES[f.key][0] for f in fields]
     widths = [
         f.width
         if f.width is not None
@@ -672,7 +651,7 @@ def format_lines(
                 if n == last_field and part.width is None
                 else text.ljust(w)
             )
-            out.append(paint(padded, state, colour) if state and part.code in "tT" else padded)
+            out.append(paint(padded, state, colour) if state and part.key in "tT" else padded)
             k += 1
         return "".join(out)
 

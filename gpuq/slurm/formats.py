@@ -97,11 +97,24 @@ class Field:
 
 
 _PERCENT = re.compile(r"%([.-]?)([0-9]*)([A-Za-z%])")
+MAX_WIDTH = 1000  # a field's width at most: `%.99999999999i` would pad to 100 GB
 
 
-def parse_percent(text: str, known: Mapping[str, str]) -> list[str | Field]:
+def _width(digits: str) -> int | None:
+    """A field's width as written ("" : none); FormatError past MAX_WIDTH."""
+    if not digits:
+        return None
+    if len(digits) > 4 or int(digits) > MAX_WIDTH:
+        raise FormatError(f"Invalid field width {digits}: at most {MAX_WIDTH}")
+    return int(digits)
+
+
+def parse_percent(
+    text: str, known: Mapping[str, object], *, stray_percent: bool = True
+) -> list[str | Field]:
     """squeue's or sinfo's `-o "%.18i %9P %j"` as literal text and fields (`known`: the
-    codes, with their headers). `.` right-justifies; a width pads and cuts to it."""
+    codes). `.` right-justifies; a width pads and cuts to it. `stray_percent` False: a `%`
+    that starts no field (`"50%"`) is refused rather than printed (`gpuq queue --format`)."""
     parts: list[str | Field] = []
     at = 0
     for match in _PERCENT.finditer(text):
@@ -114,8 +127,10 @@ def parse_percent(text: str, known: Mapping[str, str]) -> list[str | Field]:
         elif code not in known:
             raise FormatError(f"Invalid format specification: %{code} is not supported by gpuq")
         else:
-            parts.append(Field(code, int(digits) if digits else None, align == "."))
+            parts.append(Field(code, _width(digits), align == "."))
     if at < len(text):
+        if not stray_percent and "%" in text[at:]:
+            raise FormatError(f"a % without a field code in {text[at:]!r}")
         parts.append(text[at:])
     return parts
 
@@ -155,7 +170,7 @@ def parse_names(
             right = right or bool(dot)
             if digits.startswith("-"):  # sacct: a negative width left-justifies
                 right, digits = False, digits[1:]
-            width = int(digits) if digits else width
+            width = _width(digits) if digits else width
             if width_mark == "%" and suffix:
                 raise FormatError(f"Invalid field requested: {item}")
         fields.append(Field(name, width, right, suffix))

@@ -34,7 +34,7 @@ def test_format_reads_squeue_codes_widths_and_literals() -> None:
     assert parse_format("id=%i") == ["id=", Field("i")]
 
 
-@pytest.mark.parametrize("bad", ["%Z", "%i %", "%.x", "50%"])
+@pytest.mark.parametrize("bad", ["%Z", "%i %", "%.x", "50%", "%.99999999999i"])
 def test_format_refuses_unknown_codes(bad: str) -> None:
     with pytest.raises(ValueError):
         parse_format(bad)

@@ -93,3 +93,12 @@ def test_times_and_exit_codes_as_slurm_prints_them() -> None:
     assert slurm_duration(None, compact=True) == "0:00"
     assert exit_code_text(3, None) == "3:0"
     assert exit_code_text(None, 9) == "0:9"
+
+
+@pytest.mark.parametrize("text", ["%.99999999999i", "%1001i", "%.5000j"])
+def test_a_width_past_1000_is_refused_not_padded(text: str) -> None:
+    """`squeue -o "%.99999999999i"` would pad every line to 100 GB."""
+    with pytest.raises(FormatError, match="at most 1000"):
+        parse_percent(text, {"i": "JOBID", "j": "NAME"})
+    with pytest.raises(FormatError, match="at most 1000"):
+        parse_names("JobID:.99999999", {"JobID": "JOBID"}, width_mark=":", default_width=None)
