@@ -39,7 +39,6 @@ def outcomes_of(reply: queue_pb2.ActionReply, missing_ok: bool) -> list[queue_pb
     return outcomes
 
 
-HOW_TO_START = "start it with `gpuq serve` (or `systemctl start gpuq-coordinator` on a server)"
 STATUS_CODES = {code.value[0]: code for code in grpc.StatusCode}  # a SubmitResult's code
 _TRANSIENT = frozenset({grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED})
 _ERRORS: dict[grpc.StatusCode, type[GpuqError]] = {
@@ -80,7 +79,9 @@ def translate(error: grpc.RpcError, address: str, tls_on: bool = False) -> GpuqE
         tls_problem = explain_unavailable(details, tls_on=tls_on)
         if tls_problem is not None:
             return ServerUnavailable(f"cannot talk to the coordinator at {address}: {tls_problem}")
-        return ServerUnavailable(f"no gpuq coordinator at {address}; {HOW_TO_START}")
+        from gpuq.config.settings import how_to_start
+
+        return ServerUnavailable(f"no gpuq coordinator at {address}; {how_to_start(address)}")
     return error_for(code, details, kind)
 
 

@@ -117,9 +117,11 @@ def fetch_credential(auth_socket: Path, timeout: float = HANDSHAKE_TIMEOUT) -> s
                 f"cannot reach {auth_socket}: this coordinator is private to another user"
             ) from None
         except OSError:  # no such socket, nobody listening, no answer in time
+            from gpuq.config.settings import how_to_start
+
+            address = f"unix:{auth_socket.with_name(auth_socket.stem)}"
             raise ServerUnavailable(
-                f"no gpuq coordinator at unix:{auth_socket.with_name(auth_socket.stem)}; "
-                "start it with `gpuq serve` (or `systemctl start gpuq-coordinator` on a server)"
+                f"no gpuq coordinator at {address}; {how_to_start(address)}"
             ) from None
     text = data.decode("ascii", "replace").strip()
     if text.startswith("refused: "):

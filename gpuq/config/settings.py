@@ -312,6 +312,25 @@ class Settings:
         return f"unix:{self.socket_path}"
 
 
+def how_to_start(address: str) -> str:
+    """What to do about an address where no coordinator answers: the machine's queue (its
+    socket in /var/lib/gpuq, or a configured TCP address) is an admin's to start; a socket of
+    the user's own home is a private queue they may start themselves."""
+    addresses = address.split(",")
+    private = all(
+        a.startswith("unix:") and not a.startswith(f"unix:{SYSTEM_HOME}/") for a in addresses
+    )
+    if private:
+        return (
+            "no queue runs here for you: start your own with `gpuq serve` (a private one), or "
+            "point [client] coordinator at your site's"
+        )
+    return (
+        "the machine's queue is not running: an admin starts it (`systemctl start "
+        "gpuq-coordinator`; `gpuq admin doctor` says what is wrong)"
+    )
+
+
 def auth_socket_for(socket_path: Path) -> Path:
     """The handshake socket beside a coordinator's gRPC socket."""
     return socket_path.with_name(socket_path.name + ".auth")

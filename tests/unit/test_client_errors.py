@@ -75,3 +75,15 @@ def test_a_coordinator_that_does_not_say_the_kind_is_read_by_status() -> None:
     refused = error_for(grpc.StatusCode.FAILED_PRECONDITION, "job 3: cannot go from a to b")
     assert type(refused) is IllegalTransition
     assert type(error_for(grpc.StatusCode.FAILED_PRECONDITION, "no room")) is Unsatisfiable
+
+
+def test_no_coordinator_says_whose_queue_to_start() -> None:
+    """The machine's queue (its socket in /var/lib/gpuq, or a TCP address) is an admin's to
+    start; a socket in the user's own home is a private queue they may start themselves."""
+    from gpuq.config.settings import how_to_start
+
+    assert "an admin starts it" in how_to_start("unix:/var/lib/gpuq/gpuq.sock")
+    assert "an admin starts it" in how_to_start("head:7817,spare:7817")
+    assert "an admin starts it" in how_to_start("unix:/home/a/.local/share/gpuq/gpuq.sock,h:1")
+    private = how_to_start("unix:/home/a/.local/share/gpuq/gpuq.sock")
+    assert "gpuq serve" in private and "admin" not in private
