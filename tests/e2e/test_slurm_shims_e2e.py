@@ -126,12 +126,19 @@ def test_sbatch_squeue_sacct_scancel(slurm: tuple[Cluster, dict[str, str]]) -> N
         what="sacct to report the job failed with exit code 3",
     )
 
+    # every filter must match: not this name, so nothing is cancelled. A held job is cancelled
+    # at once when it is (no agent to wait for), so its state right after scancel says it all
+    held = call(env, root, "sbatch", "--parsable", "-H", "-J", "held", "--wrap", "true")
+    held_id = held.stdout.strip()
+    assert call(env, root, "scancel", "-n", "other", held_id).returncode == 0
+    assert cluster.job(int(held_id)).state.value == "held"
+    assert call(env, root, "scancel", "-n", "held", held_id).returncode == 0
+    assert cluster.job(int(held_id)).state.value == "cancelled"
+
     sleeper = call(env, root, "sbatch", "--parsable", "-J", "sleeper", "--wrap", "sleep 300")
     sleeper_id = sleeper.stdout.strip()
     wait_for(lambda: cluster.job(int(sleeper_id)).state.value == "running", what="running")
-    # every filter must match: not this name, so nothing is cancelled
     assert call(env, root, "scancel", "-n", "other", sleeper_id).returncode == 0
-    time.sleep(0.5)
     assert sacct_state(env, root, sleeper_id) == f"{sleeper_id}|RUNNING|0:0"
     cancelled = call(env, root, "scancel", "-n", "sleeper", sleeper_id)
     assert cancelled.returncode == 0 and cancelled.stdout == "", cancelled.stderr
