@@ -117,21 +117,25 @@ def _public_bytes(public_key: Any) -> bytes:
     return data
 
 
+def cert_pair(
+    cert: str | Path | None, key: str | Path | None, section: str
+) -> tuple[str, str] | None:
+    """A certificate and its key file, both or neither ([SECTION] tls_cert, tls_key): None
+    when neither is set, a ConfigError naming the missing one when only one is."""
+    if not cert and not key:
+        return None
+    if not cert or not key:
+        given, missing = ("tls_cert", "tls_key") if cert else ("tls_key", "tls_cert")
+        raise ConfigError(
+            "config", f"[{section}] {given}", str(cert or key), f"needs [{section}] {missing} too"
+        )
+    return str(cert), str(key)
+
+
 def coordinator_cert_files(settings: Settings) -> tuple[str, str] | None:
     """The coordinator's certificate and key files ([coordinator] tls_cert, tls_key), which
     every TCP port of it presents; None when neither is set."""
-    cfg = settings.coordinator
-    if not cfg.tls_cert and not cfg.tls_key:
-        return None
-    if not cfg.tls_cert or not cfg.tls_key:
-        given, missing = ("tls_cert", "tls_key") if cfg.tls_cert else ("tls_key", "tls_cert")
-        raise ConfigError(
-            "config",
-            f"[coordinator] {given}",
-            cfg.tls_cert or cfg.tls_key,
-            f"needs [coordinator] {missing} too",
-        )
-    return cfg.tls_cert, cfg.tls_key
+    return cert_pair(settings.coordinator.tls_cert, settings.coordinator.tls_key, "coordinator")
 
 
 def server_credentials(settings: Settings) -> grpc.ServerCredentials | None:
@@ -171,13 +175,9 @@ def channel_credentials(
     and `key` this side presents a client certificate too (an agent on agent_listen).
     `section` names the settings in errors ("agent", "client")."""
     root = read_pem(ca, f"[{section}] tls_ca")
-    if (cert is None) != (key is None):
-        given, missing = ("tls_cert", "tls_key") if cert is not None else ("tls_key", "tls_cert")
-        raise ConfigError(
-            "config", f"[{section}] {given}", str(cert or key), f"needs [{section}] {missing} too"
-        )
-    if cert is not None and key is not None:
-        private, chain = load_key_pair(str(cert), str(key), section)
+    pair = cert_pair(cert, key, section)
+    if pair is not None:
+        private, chain = load_key_pair(*pair, section)
         return grpc.ssl_channel_credentials(root, private, chain)
     return grpc.ssl_channel_credentials(root)
 

@@ -93,18 +93,11 @@ def _pair_check(name: str, files: TlsFiles, ca: Any, now: datetime.datetime) -> 
     certificate's, valid now), then what they do not check: its CA and its time left."""
     from cryptography import x509
 
-    from gpuq.errors import ConfigError
-    from gpuq.tls import load_key_pair
+    from gpuq.tls import cert_pair, load_key_pair
 
-    if not files.cert or not files.key:
-        given, missing = ("tls_cert", "tls_key") if files.cert else ("tls_key", "tls_cert")
-        raise ConfigError(
-            "config",
-            f"[{files.section}] {given}",
-            files.cert or files.key,
-            f"needs [{files.section}] {missing} too",
-        )
-    _key, chain = load_key_pair(files.cert, files.key, files.section)
+    pair = cert_pair(files.cert, files.key, files.section)
+    assert pair is not None  # only a section with a certificate or a key is checked
+    _key, chain = load_key_pair(*pair, files.section)
     certificate = x509.load_pem_x509_certificate(chain)
     if ca is not None:
         try:

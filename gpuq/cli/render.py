@@ -13,7 +13,7 @@ from gpuq.domain.limits import CONTROL_RE
 from gpuq.domain.node_constraints import compress_nodes
 from gpuq.domain.states import SHORT_STATE as STATE_CODES
 from gpuq.domain.units import format_duration, format_size
-from gpuq.slurm.formats import Field  # one %code of a --format (squeue's, as the shim's)
+from gpuq.slurm.formats import Field, FormatError, parse_percent  # squeue's %codes, as the shim's
 
 SHORT_STATE = {state.value: code for state, code in STATE_CODES.items()}
 _NAMED_ESCAPES = {"\n": "\\n", "\r": "\\r", "\t": "\\t"}
@@ -552,8 +552,6 @@ def parse_format(text: str) -> list[str | Field]:
     """A --format string as literal text and fields: `%.10i %-20j %t` (squeue's codes,
     FORMAT_CODES; `%%` is a percent sign), read as the squeue shim reads its -o
     (gpuq.slurm.formats). ValueError names an unknown code or a width past 1000."""
-    from gpuq.slurm.formats import FormatError, parse_percent
-
     try:
         return parse_percent(text, FORMAT_CODES, stray_percent=False)
     except FormatError as exc:
