@@ -13,6 +13,7 @@ import socket
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from gpuq.domain.gpu_history import DEFAULT_HISTORY_DAYS
 from gpuq.domain.partitions import Partition
 from gpuq.domain.policy import QosTier, SchedulerSettings, default_qos_tiers
 from gpuq.run_root import recorded_root
@@ -123,6 +124,9 @@ class CoordinatorSettings:
     # the dashboard's address as browsers reach it (a proxy, a DNS name), for `gpuq web`'s
     # links; None: from web_listen
     web_url: str | None = None
+    # days of per-GPU history the dashboard's heat map can show (5-minute buckets of each
+    # GPU's utilisation and memory, and who held it); older buckets are pruned every hour
+    gpu_history_days: float = DEFAULT_HISTORY_DAYS
     # notifications (README "Notifications"): the local MTA, called as `mail_program -oi --
     # RECIPIENT` with the message on stdin, as SLURM's MailProg
     mail_program: str = "/usr/sbin/sendmail"

@@ -432,6 +432,7 @@ RULES: dict[str, dict[str, Check]] = {
         "metrics_listen": _listen,
         "web_listen": _listen,
         "web_url": _web_url,
+        "gpu_history_days": _number(0.25, 3650, "days"),
         "mail_program": _absolute_path,
         "mail_from": _mail_from,
         "notify_allow": _networks,

@@ -9,7 +9,7 @@ The parts, by what each owns (docs/ARCHITECTURE.md has the map):
 - changes: the StoreWriter (group commit), JobChanges (the one applier of every job change),
   the EventBus and its Watchers;
 - workload: Submissions, JobActions (user verbs over a Selection), JobEndings, ArrayTasks,
-  JobSamples (idle rules, GPU telemetry);
+  JobSamples (idle rules, GPU telemetry), GpuHistory (each GPU's, for the dashboard);
 - scheduling: SchedulingPass and SchedulingLoop;
 - nodes: AgentLink (agent streams), AgentCommands (what agents are told), NodeAdmin;
 - access: UserTokens (the Authority and the permissions are the front's);
@@ -33,6 +33,7 @@ from gpuq.coordinator.changes.job_changes import JobChanges
 from gpuq.coordinator.changes.store_writer import StoreWriter
 from gpuq.coordinator.changes.watchers import Watchers
 from gpuq.coordinator.cron_service import CronService
+from gpuq.coordinator.front.cluster_history import ClusterHistory
 from gpuq.coordinator.front.job_messages import JobMessages
 from gpuq.coordinator.front.queue_commands import QueueCommands
 from gpuq.coordinator.front.queue_queries import QueueQueries
@@ -48,6 +49,7 @@ from gpuq.coordinator.scheduling.scheduling_loop import PassRequests, Scheduling
 from gpuq.coordinator.scheduling.scheduling_pass import SchedulingPass
 from gpuq.coordinator.terminal_relay import Terminals
 from gpuq.coordinator.workload.array_tasks import ArrayTasks
+from gpuq.coordinator.workload.gpu_history import GpuHistory
 from gpuq.coordinator.workload.idle_rules import IdleWatch
 from gpuq.coordinator.workload.job_actions import JobActions
 from gpuq.coordinator.workload.job_endings import JobEndings
@@ -81,6 +83,7 @@ class Coordinator:
     actions: JobActions
     endings: JobEndings
     telemetry: RunningTelemetry
+    history: GpuHistory
     idle: IdleWatch
     samples: JobSamples
     terminals: Terminals
@@ -122,6 +125,7 @@ class Coordinator:
             if entry.session is not None:
                 entry.session.close()
         await self.telemetry.close()
+        await self.history.close()
         await self.notifier.close()
         await self.writer.close()
 
@@ -164,9 +168,10 @@ def assemble(
     selections = SelectionResolver(writer, jobs, arrays)
     actions = JobActions(settings, jobs, nodes, arrays, selections, changes, wake)
     telemetry = RunningTelemetry(writer, jobs, clock)
+    history = GpuHistory(writer, jobs, settings.gpu_history_days, clock)
     idle = IdleWatch()
     endings = JobEndings(settings, jobs, inputs, telemetry, changes, wake)
-    samples = JobSamples(settings, jobs, idle, telemetry, actions, changes, clock)
+    samples = JobSamples(settings, jobs, idle, telemetry, history, actions, changes, clock)
     terminals = Terminals(writer, jobs, nodes, actions, clock)
     notifier = Notifier(settings, writer, jobs, nodes, inputs, clock)
     watchers = Watchers(jobs.is_live)
@@ -181,8 +186,9 @@ def assemble(
     messages = JobMessages(
         settings.private_data, idle.flags, scheduling.pending_detail, scheduling.explained
     )
+    cluster = ClusterHistory(writer, jobs, nodes, history, settings.private_data, clock)
     queries = QueueQueries(
-        settings, writer, jobs, nodes, arrays, telemetry, watchers, cron, messages, inputs
+        settings, writer, jobs, nodes, arrays, telemetry, watchers, cron, messages, inputs, cluster
     )
     commands = QueueCommands(
         settings, submissions, actions, node_admin, tokens, cron, jobs, endings
@@ -214,6 +220,7 @@ def assemble(
         actions=actions,
         endings=endings,
         telemetry=telemetry,
+        history=history,
         idle=idle,
         samples=samples,
         terminals=terminals,

@@ -56,6 +56,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 PERIODIC_PASS = 2.0  # seconds between passes when nothing happens (begin times, aging)
+HISTORY_PRUNE = 3600.0  # seconds between two prunes of the per-GPU history
 MAX_STREAMS_PER_CONNECTION = 100  # calls at once on one client connection
 GIL_SWITCH = 0.0005  # seconds (see start_coordinator)
 
@@ -284,6 +285,10 @@ async def _serve(
         seconds=PERIODIC_PASS,
         max_instances=1,
         coalesce=True,
+    )
+    # per-GPU history past [coordinator] gpu_history_days goes
+    chores.add_job(
+        coordinator.history.prune, "interval", seconds=HISTORY_PRUNE, max_instances=1, coalesce=True
     )
     # interactive jobs nobody attached to within the grace are cancelled
     chores.add_job(

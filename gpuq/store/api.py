@@ -6,8 +6,8 @@ transaction; anything it refuses raises and rolls the whole transaction back, so
 batches (the coordinator does, under load) gets all of a batch or none of it.
 
 Both are front doors only: their methods live in one module per thing stored (job_reads,
-job_submissions, job_transitions, node_rows, accounting_rows, outbox_rows, cron_rows,
-token_rows), mixed in here so that callers see one API, `store.list_jobs(...)`,
+job_submissions, job_transitions, node_rows, accounting_rows, gpu_history_rows, outbox_rows,
+cron_rows, token_rows), mixed in here so that callers see one API, `store.list_jobs(...)`,
 `tx.transition(...)`, whatever the table behind it.
 """
 
@@ -23,6 +23,7 @@ from sqlalchemy.engine import Connection
 from gpuq.store.accounting_rows import AccountingReads, AccountingWrites
 from gpuq.store.cron_rows import CronReads, CronWrites
 from gpuq.store.engine import WRITE, make_engine
+from gpuq.store.gpu_history_rows import GpuHistoryReads, GpuHistoryWrites
 from gpuq.store.job_reads import JobReads
 from gpuq.store.job_submissions import JobSubmissions
 from gpuq.store.job_transitions import JobTransitions
@@ -32,7 +33,9 @@ from gpuq.store.outbox_rows import OutboxReads, OutboxWrites
 from gpuq.store.token_rows import TokenReads, TokenWrites
 
 
-class Store(JobReads, NodeReads, AccountingReads, OutboxReads, CronReads, TokenReads):
+class Store(
+    JobReads, NodeReads, AccountingReads, GpuHistoryReads, OutboxReads, CronReads, TokenReads
+):
     """The reads, each on a connection of its own, and the one way to write: `transaction()`."""
 
     def __init__(self, engine: Engine) -> None:
@@ -59,6 +62,7 @@ class StoreTx(
     JobTransitions,
     NodeWrites,
     AccountingWrites,
+    GpuHistoryWrites,
     OutboxWrites,
     CronWrites,
     TokenWrites,

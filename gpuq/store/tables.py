@@ -275,3 +275,22 @@ notifications = Table(
     Column("created_at", Float, nullable=False),
 )
 Index("ix_notifications_next_at", notifications.c.next_at)
+
+# per-GPU history (the dashboard's heat map, gpuq.domain.gpu_history): what each job did on
+# each unit in each 5-minute bucket, written once the bucket is over (by
+# gpuq.coordinator.workload.gpu_history, in the writer's group commit), pruned past
+# [coordinator] gpu_history_days. A unit no job held has no row: it was free.
+gpu_usage = Table(
+    "gpu_usage",
+    metadata,
+    Column("node", String(128), primary_key=True),
+    Column("unit", String(96), primary_key=True),  # GPU or MIG UUID
+    Column("at", BigInteger, primary_key=True, autoincrement=False),  # the bucket's start
+    Column("job_id", BigInteger, primary_key=True, autoincrement=False),
+    Column("user", String(64), nullable=False),
+    Column("samples", Integer, nullable=False),
+    Column("util_sum", Float, nullable=False),  # percent, over the samples that knew it
+    Column("util_samples", Integer, nullable=False),
+    Column("peak_mem", BigInteger, nullable=False),  # bytes its processes held there
+)
+Index("ix_gpu_usage_at", gpu_usage.c.at)

@@ -1,9 +1,10 @@
 """The web dashboard's server side ([coordinator] web_listen; README "Dashboard").
 
-Pages (`/`, `/jobs/<id>`, `/users/<name>`, `/login`) are the one page in gpuq/web/static; its
-script reads the JSON API below. Every API answer is what the gRPC servicer answers the same
-user (gpuq.web.queue_access), as proto3 JSON (gpuq.web.dashboard_api), so the dashboard shows
-exactly what `gpuq` would: who sees scripts, hidden names, who may cancel.
+Pages (`/`, `/queue`, `/history`, `/jobs/<id>`, `/users/<name>`, `/login`) are the one page
+in gpuq/web/static; its script reads the JSON API below. Every API answer is what the gRPC
+servicer answers the same user (gpuq.web.queue_access), as proto3 JSON
+(gpuq.web.dashboard_api), so the dashboard shows exactly what `gpuq` would: who sees
+scripts, hidden names, who may cancel.
 
 A browser signs in with a one-time link from `gpuq web`, or a pasted per-user token, and then
 carries a session cookie (gpuq.web.sessions); admin rights are decided on each request.
@@ -131,7 +132,7 @@ class Dashboard:
                 raise HttpError(404, "not found")
             return found
         if (
-            parts in ([""], ["login"])
+            parts in ([""], ["login"], ["queue"], ["history"])
             or (len(parts) == 2 and parts[0] == "jobs" and api.JOB_ID.fullmatch(parts[1]))
             or (len(parts) == 2 and parts[0] == "users" and parts[1])
         ):
@@ -163,6 +164,12 @@ class Dashboard:
         if parts == ["events"]:
             _method(method, "GET")
             return self._events(request, caller)
+        if parts == ["history"]:
+            _method(method, "GET")
+            return _json(200, await api.history(access, caller, request.query))
+        if parts == ["queue"]:
+            _method(method, "GET")
+            return Response(200, await api.queue(access, caller, request.query), JSON_TYPE)
         if parts == ["jobs"]:
             _method(method, "GET")
             return Response(200, await api.jobs(access, caller, request.query), JSON_TYPE)

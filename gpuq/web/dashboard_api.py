@@ -15,6 +15,7 @@ from typing import Any, TypeVar
 from google.protobuf.json_format import MessageToDict
 from google.protobuf.message import Message
 
+from gpuq.domain.gpu_history import RANGES
 from gpuq.domain.limits import MAX_JOB_ID, check_text
 from gpuq.errors import InvalidInput, NotFound, PermissionDenied
 from gpuq.identity import Caller
@@ -24,6 +25,7 @@ from gpuq.web.queue_access import QueueAccess
 
 M = TypeVar("M", bound=Message)
 FINISHED_LIMIT, FINISHED_MAX = 50, 500
+QUEUE_LIMIT = 200  # entries of the Queue page (it says when more match)
 JOB_ID = re.compile(r"([0-9]{1,19})(?:_([0-9]{1,9}))?")  # 12, or an array's task: 12_3
 
 
@@ -153,3 +155,61 @@ def _count(query: dict[str, str], name: str) -> int:
     if text and not (text.isascii() and text.isdigit() and len(text) <= 12):
         raise InvalidInput(name, text[:20], "expected a number of jobs")
     return min(int(text or 0), 2**32 - 1)
+
+
+async def history(access: QueueAccess, caller: Caller, query: dict[str, str]) -> dict[str, Any]:
+    """`/api/history?range=6h|24h|7d`: each GPU's heat map row, grouped by node, and each
+    user's GPU time over the range (gpuq.coordinator.front.cluster_history). A row's `cells`
+    are its held columns only, each `[column, util % (null: unknown), peak memory bytes,
+    holder (an index into `holders`; -1: hidden), jobs that held it]`; other columns were free."""
+    view = await access.cluster_history(caller, query.get("range", "24h"))
+    mapped = view.map
+    holders: dict[tuple[str, int], int] = {}
+    nodes: dict[str, list[dict[str, Any]]] = {}
+    for row in mapped.rows:
+        cells = []
+        for c in row.cells:
+            holder = holders.setdefault((c.user, c.job_id), len(holders)) if c.user else -1
+            util = None if c.util is None else round(c.util, 1)
+            cells.append([c.column, util, c.peak_mem, holder, c.holders])
+        unit = row.unit
+        nodes.setdefault(unit.node, []).append(
+            {
+                "uuid": unit.uuid,
+                "index": unit.index,
+                "name": unit.name,
+                "memory": unit.memory,
+                "cells": cells,
+            }
+        )
+    return {
+        "range": view.range,
+        "ranges": list(RANGES),
+        "now": view.now,
+        "start": mapped.frame.start,
+        "width": mapped.frame.width,
+        "columns": mapped.frame.columns,
+        "cut": mapped.cut,
+        "nodes": [{"name": name, "gpus": gpus} for name, gpus in nodes.items()],
+        "holders": [{"user": u, "job_id": j} for u, j in holders],
+        "users": [
+            {
+                "user": u.user,
+                "gpu_hours": round(u.gpu_seconds / 3600, 2),
+                "running_gpus": u.running_gpus,
+                "running_jobs": u.running_jobs,
+                "util_mean": None if u.util_mean is None else round(u.util_mean, 1),
+            }
+            for u in view.users
+        ],
+    }
+
+
+async def queue(access: QueueAccess, caller: Caller, query: dict[str, str]) -> bytes:
+    """`/api/queue?user=&state=&partition=&name=&limit=`: live jobs in the order the
+    scheduler ranks them (gpuq.coordinator.front.ranked_queue), as listing entries, and
+    `more` when more than `limit` (QUEUE_LIMIT; at most 1,000) match."""
+    words = {key: query.get(key, "") for key in ("user", "state", "partition", "name")}
+    limit = _count(query, "limit") or QUEUE_LIMIT
+    texts, more = await access.ranked_queue_json(caller, words, limit)
+    return ('{"jobs":[' + ",".join(texts) + '],"more":' + json.dumps(more) + "}").encode()

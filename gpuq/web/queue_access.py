@@ -17,6 +17,8 @@ import grpc
 
 from gpuq.coordinator.access.authority import Authority, user_uid
 from gpuq.coordinator.access.permissions import check_reads_log
+from gpuq.coordinator.front.cluster_history import ClusterView
+from gpuq.coordinator.front.ranked_queue import MAX_RANKED, queue_filter
 from gpuq.coordinator.front.rpc_calls import StreamCount, error_status
 from gpuq.coordinator.server import Coordinator
 from gpuq.domain.model import JobEvent, SeriesPoint
@@ -114,6 +116,18 @@ class QueueAccess:
         recent points not stored yet."""
         detail = await self.job(caller, request)
         return await self._queries.series(int(detail.job.id))
+
+    async def cluster_history(self, caller: Caller, range_name: str) -> ClusterView:
+        """Each GPU's history and each user's GPU time over the range, as `caller` may see."""
+        return await self._queries.cluster_history(caller, range_name)
+
+    async def ranked_queue_json(
+        self, caller: Caller, words: dict[str, str], limit: int
+    ) -> tuple[list[str], bool]:
+        """Live jobs in rank order, filtered by `words` (user, state, partition, name: ""
+        any), at most `limit` (and MAX_RANKED); whether more match."""
+        wanted = queue_filter(words["user"], words["state"], words["partition"], words["name"])
+        return await self._queries.ranked_queue_json(caller, wanted, min(limit, MAX_RANKED))
 
     async def report(self, caller: Caller, user: str) -> queue_pb2.ReportReply:
         return await self._queries.report(caller, queue_pb2.ReportRequest(user=user))

@@ -123,9 +123,13 @@ class JobPages:
         array's list of task indices: its summary, array_tasks), and the next page's token.
         Kept as the bytes are: protobuf's JSON printer costs 50 us an entry."""
         page, token = await self._select(request, wanted)
+        return await self.entries_json(caller, page.entries), token
+
+    async def entries_json(self, caller: Caller, entries: list[Entry]) -> list[str]:
+        """These entries as the dashboard's JSON texts (kept, as a page's are)."""
         texts: list[str] = []
         async with self._lane:
-            async for job, explained, hidden in self._in_turns(caller, page.entries):
+            async for job, explained, hidden in self._in_turns(caller, entries):
                 kept = self._kept_entry(job, hidden)
                 if kept.json is None:
                     message = pb.Job.FromString(kept.body)
@@ -139,7 +143,7 @@ class JobPages:
                 if wait.json is None:
                     wait.json = json_text(pb.Job.FromString(wait.body).pending)
                 texts.append(f'{kept.json[:-1]},"pending":{wait.json}}}')  # one more member
-        return texts, token
+        return texts
 
     async def _in_turns(
         self, caller: Caller, entries: list[Entry]

@@ -17,6 +17,7 @@ from gpuq.coordinator.access.permissions import sees
 from gpuq.coordinator.changes.store_writer import StoreWriter
 from gpuq.coordinator.changes.watchers import Watchers
 from gpuq.coordinator.cron_service import CronService
+from gpuq.coordinator.front.cluster_history import ClusterHistory, ClusterView
 from gpuq.coordinator.front.job_messages import (
     JobMessages,
     cron_message,
@@ -25,6 +26,7 @@ from gpuq.coordinator.front.job_messages import (
 )
 from gpuq.coordinator.front.job_pages import JobPages, Wanted
 from gpuq.coordinator.front.listing_filters import ListFilters, list_filters
+from gpuq.coordinator.front.ranked_queue import QueueFilter, ranked
 from gpuq.coordinator.memory.live_jobs import LiveJobs
 from gpuq.coordinator.memory.node_table import NodeTable, drained_text, unit_states
 from gpuq.coordinator.memory.scheduler_inputs import SchedulerInputs
@@ -57,6 +59,7 @@ class QueueQueries:
         cron: CronService,
         messages: JobMessages,
         inputs: SchedulerInputs,
+        history: ClusterHistory,
     ) -> None:
         self.settings = settings
         self.writer = writer
@@ -68,6 +71,7 @@ class QueueQueries:
         self.cron = cron
         self.messages = messages
         self.inputs = inputs
+        self.history = history
         self.pages = JobPages(settings.list_page_size, jobs, writer, messages)
 
     async def get_job(
@@ -250,6 +254,21 @@ class QueueQueries:
         stored = await self.writer.read(lambda s: s.series(job_id))
         last = stored[-1].at if stored else float("-inf")
         return [*stored, *(p for p in self.telemetry.recent(job_id) if p.at > last)]
+
+    async def cluster_history(self, caller: Caller, range_name: str) -> ClusterView:
+        """Each GPU's history and each user's GPU time over the last `range_name` ("6h",
+        "24h", "7d"), less what `caller` may not see (gpuq.coordinator.front.cluster_history)."""
+        return await self.history.view(caller, range_name)
+
+    async def ranked_queue_json(
+        self, caller: Caller, wanted: QueueFilter, limit: int
+    ) -> tuple[list[str], bool]:
+        """Live jobs in the order the scheduler ranks them (gpuq.coordinator.front.ranked_queue),
+        as the dashboard's JSON texts, and whether more than `limit` match."""
+        found, more = await ranked(
+            self.jobs, wanted.for_caller(caller, self.settings.private_data), limit
+        )
+        return await self.pages.entries_json(caller, [(job, None) for job in found]), more
 
     def sees_usage(self, caller: Caller, user: str) -> bool:
         """May `caller` see `user`'s usage (private_data "usage": only the user and admins)."""

@@ -167,6 +167,11 @@ class LiveJobs:
         pending = self._by_state[JobState.PENDING]
         return (pending[key[-1]] for key in list(self._queue))
 
+    def queue_order(self) -> list[QueueKey]:
+        """The pending jobs' places in the queue, in order (a copy: the job id is each
+        key's last part), for a walk that lets the loop run between steps."""
+        return list(self._queue)
+
     def running_on(self, node: str) -> list[Job]:
         return [j for j in self.in_state(JobState.RUNNING) if node in j.node_names]
 

@@ -1,5 +1,6 @@
 """Running jobs' samples from their agents' heartbeats: fed to the idle and hung rules
-(gpuq.coordinator.workload.idle_rules) and to the running jobs' GPU telemetry, and acted on: a
+(gpuq.coordinator.workload.idle_rules), to the running jobs' GPU telemetry and to the per-GPU
+history (gpuq.coordinator.workload.gpu_history), and acted on: a
 flag set or cleared is noted in the job's events, and a job its QOS says to cancel is
 cancelled through the normal cancel path, by the coordinator itself.
 """
@@ -17,6 +18,7 @@ from gpuq.coordinator.changes.effects import Cause, Effects, Note
 from gpuq.coordinator.changes.job_changes import JobChanges
 from gpuq.coordinator.memory.live_jobs import LiveJobs
 from gpuq.coordinator.nodes.agent_input import MAX_JOB_SAMPLES, sample_from_proto
+from gpuq.coordinator.workload.gpu_history import GpuHistory
 from gpuq.coordinator.workload.idle_rules import Decision, IdleWatch
 from gpuq.coordinator.workload.job_actions import JobActions
 from gpuq.coordinator.workload.running_telemetry import RunningTelemetry
@@ -38,6 +40,7 @@ class JobSamples:
         jobs: LiveJobs,
         idle: IdleWatch,
         telemetry: RunningTelemetry,
+        history: GpuHistory,
         actions: JobActions,
         changes: JobChanges,
         clock: Callable[[], float],
@@ -46,6 +49,7 @@ class JobSamples:
         self.jobs = jobs
         self.idle = idle
         self.telemetry = telemetry
+        self.history = history
         self.actions = actions
         self.changes = changes
         self.clock = clock
@@ -57,6 +61,7 @@ class JobSamples:
         """A heartbeat's samples of the jobs running on `node`."""
         self._idle_rules(node, samples)
         self.telemetry.running(node, samples)  # GPU telemetry so far
+        self.history.heard(node, samples)  # each unit's history
 
     def _idle_rules(self, node: str, samples: Sequence[apb.JobSample]) -> None:
         """Samples of jobs running here (and not being stopped) go to the idle and hung
