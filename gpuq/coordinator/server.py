@@ -49,7 +49,7 @@ from gpuq.coordinator.scheduling.scheduling_loop import PassRequests, Scheduling
 from gpuq.coordinator.scheduling.scheduling_pass import SchedulingPass
 from gpuq.coordinator.terminal_relay import Terminals
 from gpuq.coordinator.workload.array_tasks import ArrayTasks
-from gpuq.coordinator.workload.gpu_history import GpuHistory
+from gpuq.coordinator.workload.history_buckets import GpuHistory
 from gpuq.coordinator.workload.idle_rules import IdleWatch
 from gpuq.coordinator.workload.job_actions import JobActions
 from gpuq.coordinator.workload.job_endings import JobEndings

@@ -1,6 +1,6 @@
 """Per-GPU history (the dashboard's heat map): what each GPU unit did, in 5-minute buckets,
 and the map a range of them makes. Pure: the coordinator gathers buckets from heartbeats
-(gpuq.coordinator.workload.gpu_history), the store keeps them (table gpu_usage) and sums them
+(gpuq.coordinator.workload.history_buckets), the store keeps them (table gpu_usage) and sums them
 into columns; this module says what a bucket and a column are and merges them into cells.
 
 A unit no job held has no row in a bucket: it shows as free. A held unit whose jobs left it

@@ -278,7 +278,7 @@ Index("ix_notifications_next_at", notifications.c.next_at)
 
 # per-GPU history (the dashboard's heat map, gpuq.domain.gpu_history): what each job did on
 # each unit in each 5-minute bucket, written once the bucket is over (by
-# gpuq.coordinator.workload.gpu_history, in the writer's group commit), pruned past
+# gpuq.coordinator.workload.history_buckets, in the writer's group commit), pruned past
 # [coordinator] gpu_history_days. A unit no job held has no row: it was free.
 gpu_usage = Table(
     "gpu_usage",

@@ -1,8 +1,11 @@
 """The web dashboard in a real browser (issue 14): headless Chromium against a running
 coordinator and agent with fake GPUs. The page signs in through a real one-time ticket, shows a
 card per GPU and a running job as its holder, updates over server-sent events when the job ends
-(no reload: the page's load marker stays), and renders the job's chart and log tail. Screenshots
-go to $GPUQ_TEST_ARTIFACTS (else <repo>/.artifacts)."""
+(no reload: the page's load marker stays), and renders the job's chart and log tail. Every page
+(cluster, queue, history, a job with GPUs and one without, a user's) renders at a desktop's and
+a phone's width, none wider than a phone's screen; the history's heat map has the past day and
+the running job now, the queue comes in rank order and filters. Screenshots go to
+$GPUQ_TEST_ARTIFACTS (else <repo>/.artifacts)."""
 
 from __future__ import annotations
 
@@ -18,6 +21,13 @@ from typing import Any
 import pytest
 from browser import console_errors, quit_driver, require_browser, screenshot, start_chromium
 from e2e_cluster import Cluster
+from helpers import make_spec
+
+from gpuq.domain.gpu_history import BUCKET, UnitUse, bucket_of
+from gpuq.domain.model import JobResult
+from gpuq.domain.states import JobState
+from gpuq.store.api import Store
+from gpuq.store.records import JobStart, NewJob, StateChange
 
 GIB = 1024**3
 
@@ -196,3 +206,150 @@ def test_dashboard_shows_gpus_and_a_job_live_with_its_chart(cluster: Cluster, dr
     until(driver, f"{state} === 'cancelled'", "the page to show it cancelled")
     assert not driver.find_elements("css selector", "button[data-action]")
     assert console_errors(driver) == []
+
+
+# ---- every page at a desktop's and a phone's width (issue 26) ------------------------------
+
+WIDTHS = {
+    "desktop": {"width": 1280, "height": 900, "deviceScaleFactor": 1, "mobile": False},
+    "phone": {"width": 390, "height": 844, "deviceScaleFactor": 2, "mobile": True},
+}
+HOUR = 3600.0
+LOAD_TIME = 15.0  # seconds: a page's load, on a busy machine
+
+
+def seed_past(cluster: Cluster, uuids: list[str], now: float) -> None:
+    """The past day, as the store would hold it had the cluster run: ended jobs of alice and
+    bob on node a's GPUs, and their 5-minute buckets (alice's busy, bob's held but idle).
+    Written into the running coordinator's store before any job of the test holds a GPU."""
+    store = Store.open(f"sqlite:///{cluster.home / 'gpuq.db'}")
+    past = [
+        ("alice", "train-big", uuids[0], now - 20 * HOUR, now - 9 * HOUR, 85.0, 60 * GIB),
+        ("bob", "notebook", uuids[1], now - 18 * HOUR, now - 4 * HOUR, 2.0, 3 * GIB),
+        ("alice", "finetune", uuids[0], now - 7 * HOUR, now - 2 * HOUR, 50.0, 30 * GIB),
+    ]
+    try:
+        for owner, name, unit, start, end, util, memory in past:
+            new = NewJob(make_spec(name, gpus=1), user=owner, qos="normal", priority=0)
+            with store.transaction() as tx:
+                [[job_id]] = tx.add_jobs([new], start - 60)
+            with store.transaction() as tx:
+                tx.start_jobs([JobStart(job_id, "a", (unit,))], now=start)
+            with store.transaction() as tx:
+                ok = JobResult(0, None, "")
+                tx.transition([StateChange(job_id, JobState.COMPLETED, "exit code 0", ok)], end)
+            uses = []
+            for at in range(bucket_of(start), int(end), BUCKET):
+                use = UnitUse("a", unit, at, job_id, owner)
+                wave = (at // BUCKET) % 12 - 6  # some life in the figures
+                use.add(max(0.0, min(100.0, util + wave * util / 20)), memory + wave * GIB)
+                uses.append(use)
+            with store.transaction() as tx:
+                tx.add_gpu_usage(uses)
+    finally:
+        store.close()
+
+
+def at_width(driver: Any, width: str) -> None:
+    driver.execute_cdp_cmd("Emulation.setDeviceMetricsOverride", WIDTHS[width])
+
+
+def open_page(driver: Any, url: str, ready: str, what: str) -> None:
+    """Load `url` and wait until `ready`: within LOAD_TIME, or a load stalled (as every load
+    did after six, while the pages left behind held their live streams open)."""
+    started = time.monotonic()
+    driver.get(url)
+    until(driver, "Number(document.body.dataset.loaded || 0) >= 1", f"{what} to load")
+    until(driver, ready, what)
+    took = time.monotonic() - started
+    assert took < LOAD_TIME, f"{what} took {took:.0f} s"
+
+
+def no_page_overflow(driver: Any) -> bool:
+    """Nothing is wider than the window (tables and the map scroll in their own boxes)."""
+    return bool(
+        driver.execute_script(
+            "return document.documentElement.scrollWidth <= window.innerWidth "
+            "&& document.body.scrollWidth <= window.innerWidth;"
+        )
+    )
+
+
+def test_every_page_at_desktop_and_phone_widths_with_the_cluster_history(
+    cluster: Cluster, driver: Any
+) -> None:
+    base = web_base(cluster)
+    me = pwd.getpwuid(os.getuid()).pw_name
+    uuids = sorted(u.uuid for n in cluster.client().nodes() for u in n.gpus)
+    seed_past(cluster, uuids, time.time())
+    gpu_job = cluster.submit(f"{sys.executable} -c '{JOB}'", gpus=1, name="browser-gpu")
+    (unit,) = cluster.wait_state(gpu_job, "running").gpus
+    cpu_job = cluster.submit("echo no GPUs here", gpus=0, name="cpu-only")
+    cluster.wait_state(cpu_job, "completed")
+    # the queue: behind the running job, two 2-GPU jobs wait (high first), one is held
+    low = cluster.submit("true", gpus=2, name="sweep-low", qos="low")
+    high = cluster.submit("true", gpus=2, name="sweep-high", qos="high")
+    held = cluster.submit("true", gpus=2, name="later", hold=True)
+    for job in (low, high):
+        cluster.wait_state(job, "pending")
+
+    driver.get(sign_in_link(cluster))
+    until(driver, "location.pathname === '/' && location.hash === ''", "the sign-in")
+    pages = {
+        "cluster": ("/", "document.querySelectorAll('[data-gpu-uuid]').length === 2"),
+        "queue": ("/queue", "document.querySelectorAll('#ranked tr[data-job-id]').length === 4"),
+        "history": ("/history", "Number(document.querySelector('svg.heat')?.dataset.cells) > 0"),
+        "job-gpu": (f"/jobs/{gpu_job}", "document.querySelector('svg.chart')"),
+        "job-cpu": (f"/jobs/{cpu_job}", "document.getElementById('no-gpus')"),
+        "user": (f"/users/{me}", "document.querySelector('#queue tr[data-job-id]')"),
+    }
+    shots = []
+    for width in WIDTHS:
+        at_width(driver, width)
+        for page, (path, ready) in pages.items():
+            open_page(driver, base + path, ready, f"the {page} page at {width} width")
+            if width == "phone":
+                assert no_page_overflow(driver), f"the {page} page scrolls sideways on a phone"
+            shots.append(screenshot(driver, f"dashboard-{page}-{width}.png").name)
+    assert console_errors(driver) == []
+
+    # the queue, as the scheduler ranks it: high before low, then held, then running
+    at_width(driver, "desktop")
+    rows = "[...document.querySelectorAll('#ranked tr[data-job-id]')].map(r => r.dataset.jobId)"
+    open_page(driver, base + "/queue", f"{rows}.length === 4", "the queue")
+    assert driver.execute_script(f"return {rows};") == [str(i) for i in (high, low, held, gpu_job)]
+    driver.find_element("css selector", "#queue-form input[name=name]").send_keys("SWEEP")
+    click(driver, "#queue-form button[type=submit]")
+    until(driver, f"{rows}.length === 2", "the name filter")
+    assert driver.execute_script(f"return {rows};") == [str(high), str(low)]
+    assert driver.execute_script("return location.search;") == "?name=SWEEP"
+
+    # the history: the past day and the running job now, bob's held-but-idle GPU named
+    open_page(driver, base + "/history?range=24h", "document.querySelector('svg.heat')", "map")
+    row = f"document.querySelector('g.gpu-row[data-gpu-uuid=\"{unit}\"]')"
+    cells = f"{row}.querySelectorAll('rect.cell')"
+    until(driver, f"{cells}.length > 1", "the running job's GPU's cells")
+    tap = "new MouseEvent('click', {bubbles: true})"
+    driver.execute_script(f"const c = {cells}; c[c.length - 1].dispatchEvent({tap});")
+    tip = "document.getElementById('heat-tip').textContent"
+    until(driver, f"{tip}.includes('job {gpu_job}')", "the tooltip of the live cell")
+    assert f"{me}, job {gpu_job}" in driver.execute_script(f"return {tip};")
+    assert "util 70 %" in driver.execute_script(f"return {tip};")
+    idle = driver.find_element("id", "idle-gpus").text
+    assert "Held but idle" in idle and "a GPU" in idle
+    users = driver.execute_script(
+        "return Object.fromEntries([...document.querySelectorAll('#usage tr[data-user]')]"
+        ".map(r => [r.dataset.user, [...r.cells].map(c => c.textContent)]));"
+    )
+    assert users["alice"][1] == "16.0"  # 11 h and 5 h of one GPU, all in the last 24 h
+    assert users["bob"][1] == "14.0" and users["bob"][4] == "2 %"
+    assert users[me][2] == "1"  # running now
+    click(driver, "button[data-metric=memory]")
+    until(driver, "document.querySelector('button[data-metric=memory]').ariaPressed === 'true'", "")
+    click(driver, "button[data-range='7d']")
+    until(driver, "location.search === '?range=7d'", "the week's map")
+    until(driver, "Number(document.querySelector('svg.heat')?.dataset.cells) > 0", "its cells")
+    shots.append(screenshot(driver, "dashboard-history-7d-memory-desktop.png").name)
+    assert console_errors(driver) == []
+    print("screenshots:", ", ".join(shots))
+    (cluster.root / "release").touch()

@@ -7,12 +7,14 @@ it, with its filters."""
 
 from __future__ import annotations
 
+import pytest
 from harness import GIB, Clock, FakeAgent, InProcessClient, eventually, run, user
 
 from gpuq.config.settings import CoordinatorSettings
 from gpuq.coordinator.front.ranked_queue import queue_filter
 from gpuq.coordinator.server import Coordinator
-from gpuq.domain.gpu_history import BUCKET, MAX_COLUMNS, RANGES, frame
+from gpuq.domain.gpu_history import MAX_COLUMNS, RANGES, UnitUse, bucket_of, frame
+from gpuq.errors import InvalidInput
 from gpuq.store.api import Store
 from gpuq.v1 import agent_pb2 as apb
 
@@ -46,11 +48,11 @@ def test_heartbeats_make_a_bounded_private_history_that_is_pruned(store: Store) 
         for _ in range(12):  # 12 minutes: two buckets over, at least
             beat(co, agent, clock, {busy: 90.0, idle: 2.0})
 
-        async def stored() -> list[object]:
+        async def stored() -> list[UnitUse]:
             return await co.writer.read(lambda s: s.gpu_history(frame(3600, clock())))
 
         rows = await eventually(stored)
-        assert {(r.job_id, r.user) for r in rows} == {(busy, "alice"), (idle, "bob")}  # type: ignore[attr-defined]
+        assert {(r.job_id, r.user) for r in rows} == {(busy, "alice"), (idle, "bob")}
 
         view = await co.queries.cluster_history(ADMIN, "6h")
         assert [r.unit.node for r in view.map.rows] == ["a"] * 3
@@ -61,7 +63,7 @@ def test_heartbeats_make_a_bounded_private_history_that_is_pruned(store: Store) 
         assert all(c.util == 90.0 for c in cells if c.job_id == busy)  # hot
         assert all(c.util == 2.0 and c.peak_mem == 4 * GIB for c in cells if c.job_id == idle)
         # the current bucket (not stored yet) is on the map too
-        assert max(c.column for c in cells) == view.map.frame.column(int(clock()) // BUCKET * BUCKET)
+        assert max(c.column for c in cells) == view.map.frame.column(bucket_of(clock()))
         usage = {u.user: u for u in view.users}
         assert usage["alice"].running_gpus == 1 and usage["alice"].gpu_seconds >= 12 * 60
         assert usage["bob"].util_mean == 2.0 and usage["alice"].util_mean == 90.0
@@ -72,6 +74,9 @@ def test_heartbeats_make_a_bounded_private_history_that_is_pruned(store: Store) 
             assert wide.map.frame.columns <= MAX_COLUMNS
             assert wide.map.frame.columns * wide.map.frame.width >= span
             assert all(len(r.cells) <= wide.map.frame.columns for r in wide.map.rows)
+
+        with pytest.raises(InvalidInput):
+            await co.queries.cluster_history(ADMIN, "1y")
 
         # private usage: bob sees alice's GPU's figures but not whose it was
         seen = await co.queries.cluster_history(bob.caller, "24h")

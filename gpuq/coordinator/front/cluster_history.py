@@ -17,7 +17,7 @@ from gpuq.coordinator.access.permissions import sees
 from gpuq.coordinator.changes.store_writer import StoreWriter
 from gpuq.coordinator.memory.live_jobs import LiveJobs
 from gpuq.coordinator.memory.node_table import NodeTable
-from gpuq.coordinator.workload.gpu_history import GpuHistory
+from gpuq.coordinator.workload.history_buckets import GpuHistory
 from gpuq.domain.gpu_history import (
     RANGES,
     HistoryMap,

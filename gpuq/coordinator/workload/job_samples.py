@@ -1,6 +1,6 @@
 """Running jobs' samples from their agents' heartbeats: fed to the idle and hung rules
 (gpuq.coordinator.workload.idle_rules), to the running jobs' GPU telemetry and to the per-GPU
-history (gpuq.coordinator.workload.gpu_history), and acted on: a
+history (gpuq.coordinator.workload.history_buckets), and acted on: a
 flag set or cleared is noted in the job's events, and a job its QOS says to cancel is
 cancelled through the normal cancel path, by the coordinator itself.
 """
@@ -18,7 +18,7 @@ from gpuq.coordinator.changes.effects import Cause, Effects, Note
 from gpuq.coordinator.changes.job_changes import JobChanges
 from gpuq.coordinator.memory.live_jobs import LiveJobs
 from gpuq.coordinator.nodes.agent_input import MAX_JOB_SAMPLES, sample_from_proto
-from gpuq.coordinator.workload.gpu_history import GpuHistory
+from gpuq.coordinator.workload.history_buckets import GpuHistory
 from gpuq.coordinator.workload.idle_rules import Decision, IdleWatch
 from gpuq.coordinator.workload.job_actions import JobActions
 from gpuq.coordinator.workload.running_telemetry import RunningTelemetry

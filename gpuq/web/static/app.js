@@ -1,5 +1,8 @@
 // The gpuq dashboard: plain DOM, no framework, no build step. Every bit of server text goes
 // in through textContent or attributes (job names and reasons are users' text), never as HTML.
+// Every moment is written by dates.js's `when`, the dashboard's one date format.
+
+import { when } from "/static/dates.js";
 
 window.__loadId = `${Date.now()}-${Math.random()}`;
 
@@ -103,15 +106,6 @@ function gib(bytes) {
   return g >= 10 || g === 0 ? g.toFixed(0) : g.toFixed(1);
 }
 
-function clock(seconds) {
-  if (!seconds) return "";
-  const date = new Date(seconds * 1000);
-  const today = new Date().toDateString() === date.toDateString();
-  return today
-    ? date.toLocaleTimeString([], { hour12: false })
-    : `${date.toLocaleDateString()} ${date.toLocaleTimeString([], { hour12: false })}`;
-}
-
 function span(seconds) {
   let s = Math.max(0, Math.round(seconds));
   const days = Math.floor(s / 86400);
@@ -136,13 +130,18 @@ const jobLink = (job) => h("a", { href: `/jobs/${job.id}`, "data-job-link": job.
 const userLink = (user) => h("a", { href: `/users/${encodeURIComponent(user)}` }, user);
 const stateBadge = (state) => h("span", { class: `state state-${state}`, "data-state": state }, state);
 
+// a table scrolls inside its box on a narrow screen, never the page
 function table(caption, headers, rows, props = {}) {
   return h(
-    "table",
-    props,
-    h("caption", { class: "sr" }, caption),
-    h("thead", {}, h("tr", {}, headers.map((name) => h("th", { scope: "col" }, name)))),
-    h("tbody", {}, rows),
+    "div",
+    { class: "table-box" },
+    h(
+      "table",
+      props,
+      h("caption", { class: "sr" }, caption),
+      h("thead", {}, h("tr", {}, headers.map((name) => h("th", { scope: "col" }, name)))),
+      h("tbody", {}, rows),
+    ),
   );
 }
 
@@ -170,7 +169,7 @@ function pendingText(job) {
   if (job.pending && job.pending.reasons) parts.push(job.pending.reasons.join("; "));
   else if (job.reason) parts.push(job.reason);
   if (job.pending && job.pending.estimated_start) {
-    parts.push(`est. start ${clock(job.pending.estimated_start)}`);
+    parts.push(`est. start ${when(job.pending.estimated_start)}`);
   }
   return parts.join(" · ");
 }
@@ -229,7 +228,7 @@ function queueRow(job) {
   const running = job.state === "running";
   const time = running && job.start_time
     ? span(now() - job.start_time)
-    : `submitted ${clock(job.submit_time)}`;
+    : `submitted ${when(job.submit_time)}`;
   const resources = (job.spec && job.spec.resources) || {};
   return h(
     "tr",
@@ -253,7 +252,7 @@ function finishedRow(job) {
     h("td", {}, userLink(job.user)),
     h("td", { class: "name" }, (job.spec && job.spec.name) || ""),
     h("td", {}, stateBadge(job.state)),
-    h("td", { class: "num" }, clock(job.end_time)),
+    h("td", { class: "num" }, when(job.end_time)),
     h("td", { class: "num" }, elapsed),
     h("td", { class: "reason" }, resultText(job)),
   );
@@ -324,7 +323,7 @@ async function clusterView() {
     h("h1", {}, "Cluster"),
     summary,
     sections.length ? sections : h("p", { class: "muted" }, "No nodes have registered."),
-    h("h2", {}, "Queue"),
+    h("h2", {}, "Queue", h("a", { href: "/queue", class: "why" }, "in priority order, with filters")),
     jobs.length
       ? table("Live jobs", ["Job", "User", "Name", "State", "GPUs", "Time", "Reason / node"], jobs.map(queueRow), { id: "queue" })
       : h("p", { class: "muted", id: "queue-empty" }, "No jobs are waiting or running."),
@@ -380,10 +379,12 @@ async function jobView(id) {
   const tail = asked.then((d) =>
     d.job.start_time || d.job.start_count ? optional(`/api/jobs/${id}/log`) : { error: "No output yet: the job has not started." },
   );
-  const [{ seriesChart }, detail, series, log, nodes] = await Promise.all([
-    import("/static/chart.js"), // only the job page draws a chart
+  // a job without GPUs has no GPU figures to chart: neither the chart nor its points
+  const withGpus = asked.then((d) => totalGpus((d.job.spec || {}).resources || {}) > 0);
+  const [charts, detail, series, log, nodes] = await Promise.all([
+    withGpus.then((yes) => (yes ? import("/static/chart.js") : null)), // only here a chart
     asked,
-    optional(`/api/jobs/${id}/series`),
+    withGpus.then((yes) => (yes ? optional(`/api/jobs/${id}/series`) : null)),
     tail,
     optional("/api/nodes"),
   ]);
@@ -407,6 +408,12 @@ async function jobView(id) {
       ])
     : h("p", { class: "muted" }, "No GPU figures (yet).");
   const points = (series && series.points) || [];
+  const gpuFigures = charts
+    ? [
+        efficiency,
+        h("figure", { class: "chart-box" }, charts.seriesChart(points, gpuMem), h("figcaption", { class: "muted" }, series.error ? series.error : `${points.length} sample${points.length === 1 ? "" : "s"}${job.state === "running" ? " (the latest every few seconds)" : ""}`)),
+      ]
+    : h("p", { class: "muted", id: "no-gpus" }, "This job has no GPUs: no GPU figures.");
   const events = detail.events || [];
   const logBody = log.error || log.missing
     ? h("p", { class: "muted", id: "log-error" }, log.error || log.missing)
@@ -422,9 +429,9 @@ async function jobView(id) {
       ["State", job.state + (job.reason && job.reason !== job.state ? ` (${job.reason})` : "")],
       ["Waiting for", job.state === "pending" ? pendingText(job) : ""],
       ["Result", resultText(job)],
-      ["Submitted", clock(job.submit_time)],
-      ["Started", clock(job.start_time)],
-      ["Ended", clock(job.end_time)],
+      ["Submitted", when(job.submit_time)],
+      ["Started", when(job.start_time)],
+      ["Ended", when(job.end_time)],
       ["Elapsed", elapsed],
       ["QOS", job.qos || spec.qos],
       ["Flags", (job.flags || []).join("; ")],
@@ -442,13 +449,12 @@ async function jobView(id) {
       ["Enforcement", job.gpu_enforcement],
     ]),
     h("h2", {}, "Efficiency"),
-    efficiency,
-    h("figure", { class: "chart-box" }, seriesChart(points, gpuMem), h("figcaption", { class: "muted" }, series.error ? series.error : `${points.length} sample${points.length === 1 ? "" : "s"}${job.state === "running" ? " (the latest every few seconds)" : ""}`)),
+    gpuFigures,
     h("h2", {}, "State history"),
     table(
       "State history",
       ["Time", "From", "To", "Reason", "Cause"],
-      events.map((e) => h("tr", {}, h("td", {}, clock(e.at)), h("td", {}, e.from_state || "—"), h("td", {}, stateBadge(e.to_state)), h("td", { class: "reason" }, e.reason || ""), h("td", { class: "muted" }, e.cause || ""))),
+      events.map((e) => h("tr", {}, h("td", { class: "num" }, when(e.at)), h("td", {}, e.from_state || "—"), h("td", {}, stateBadge(e.to_state)), h("td", { class: "reason" }, e.reason || ""), h("td", { class: "muted" }, e.cause || ""))),
       { id: "events" },
     ),
     h("h2", {}, "Log"),
@@ -483,6 +489,175 @@ async function userView(name) {
       : h("p", { class: "muted" }, "No jobs are waiting or running."),
     data.more ? h("p", { class: "muted", id: "queue-more" }, `The first ${jobs.length} entries: gpuq queue -u ${data.user || name} lists them all.`) : "",
   );
+}
+
+// ---- the queue, in priority order ------------------------------------------------------
+
+const QUEUE_FILTERS = ["user", "state", "partition", "name"];
+
+function rankedRow(job, rank) {
+  const res = (job.spec && job.spec.resources) || {};
+  const partitions = (job.spec && job.spec.placement && job.spec.placement.partitions) || [];
+  const running = job.state === "running";
+  const priority = job.pending && typeof job.pending.priority === "number" ? job.pending.priority.toFixed(0) : "";
+  return h(
+    "tr",
+    { "data-job-id": job.id, "data-state": job.state },
+    h("td", { class: "num" }, rank ? String(rank) : ""),
+    h("td", {}, jobLink(job)),
+    h("td", {}, userLink(job.user)),
+    h("td", { class: "name" }, (job.spec && job.spec.name) || ""),
+    h("td", {}, stateBadge(job.state)),
+    h("td", { class: "num" }, priority),
+    h("td", { class: "num" }, String(totalGpus(res))),
+    h("td", {}, partitions.join(",")),
+    h("td", { class: "num" }, when(job.submit_time)),
+    h("td", { class: "reason" }, running ? nodeText(job) : pendingText(job)),
+  );
+}
+
+function queueForm(params, partitions) {
+  const field = (label, input) => h("label", { class: "field" }, h("span", {}, label), input);
+  const choice = (name, options) =>
+    h("select", { name, onchange: (e) => e.target.form.requestSubmit() }, options.map(([value, text]) => h("option", { value, selected: params.get(name) === value }, text)));
+  return h(
+    "form",
+    {
+      id: "queue-form",
+      class: "filters",
+      role: "search",
+      onsubmit: (event) => {
+        event.preventDefault();
+        const wanted = new URLSearchParams();
+        for (const [key, value] of new FormData(event.target)) if (value) wanted.set(key, value);
+        history.replaceState(null, "", `/queue${wanted.toString() ? `?${wanted}` : ""}`);
+        refresh();
+      },
+    },
+    field("User", h("input", { name: "user", value: params.get("user") || "", autocomplete: "off", size: 10 })),
+    field("State", choice("state", [["", "any"], ["pending", "pending"], ["held", "held"], ["running", "running"]])),
+    field("Partition", choice("partition", [["", "any"], ...partitions.map((p) => [p, p])])),
+    field("Name contains", h("input", { name: "name", value: params.get("name") || "", autocomplete: "off", size: 12 })),
+    h("button", { type: "submit" }, "Filter"),
+  );
+}
+
+async function queueView() {
+  const params = new URLSearchParams(location.search);
+  const query = new URLSearchParams();
+  for (const key of QUEUE_FILTERS) if (params.get(key)) query.set(key, params.get(key));
+  const [data, nodes] = await Promise.all([api(`/api/queue?${query}`), api("/api/nodes")]);
+  const partitions = [...new Set((nodes.nodes || []).flatMap((n) => n.partitions || []))].sort();
+  const jobs = data.jobs || [];
+  let rank = 0;
+  const rows = jobs.map((job) => rankedRow(job, job.state === "pending" ? ++rank : 0));
+  // the form stays while live updates redraw the list (what is being typed is kept)
+  let results = document.getElementById("queue-results");
+  if (!results) {
+    results = h("div", { id: "queue-results" });
+    render(
+      h("h1", {}, "Queue"),
+      h("p", { class: "muted" }, "Pending jobs in the order the scheduler ranks them (priority, then submission), then held and running ones."),
+      queueForm(params, partitions),
+      results,
+    );
+  }
+  results.replaceChildren(
+    ...[
+      jobs.length
+        ? table("Queue in priority order", ["#", "Job", "User", "Name", "State", "Priority", "GPUs", "Partition", "Submitted", "Reason / node"], rows, { id: "ranked" })
+        : h("p", { class: "muted", id: "ranked-empty" }, "No live job matches."),
+      data.more ? h("p", { class: "muted", id: "ranked-more" }, `The first ${jobs.length} matching jobs: gpuq queue lists them all.`) : null,
+    ].filter(Boolean),
+  );
+}
+
+// ---- the cluster's history -------------------------------------------------------------
+
+let heatMetric = "util";
+
+// GPUs held over at least two columns of the range at under 10 % on average: the idle ones
+function idleGpus(data) {
+  const idle = [];
+  for (const node of data.nodes) {
+    for (const gpu of node.gpus) {
+      const known = gpu.cells.filter((c) => c[1] !== null);
+      if (gpu.cells.length < 2 || !known.length) continue;
+      const mean = known.reduce((sum, c) => sum + c[1], 0) / known.length;
+      if (mean < 10) idle.push(`${node.name} GPU ${gpu.index >= 0 ? gpu.index : gpu.uuid} (${mean.toFixed(0)} %)`);
+    }
+  }
+  return idle;
+}
+
+async function historyView() {
+  const params = new URLSearchParams(location.search);
+  const range = params.get("range") || "24h";
+  const [{ heatMap, heat }, data] = await Promise.all([
+    import("/static/heatmap.js"), // only this page draws the map
+    api(`/api/history?range=${encodeURIComponent(range)}`),
+  ]);
+  const tip = h("p", { class: "heat-tip muted", id: "heat-tip", "aria-live": "polite" }, "Point at (or tap) a cell for its figures.");
+  const choose = (value) => {
+    history.replaceState(null, "", `/history?range=${value}`);
+    refresh();
+  };
+  const toggle = (value, label) =>
+    h("button", { type: "button", "aria-pressed": String(heatMetric === value), "data-metric": value, onclick: () => { heatMetric = value; refresh(); } }, label);
+  const idle = idleGpus(data);
+  const swatch = (cls, label) => h("span", { class: "swatch" }, h("i", { class: cls }), label);
+  const memory = heatMetric === "memory";
+  const legend = h(
+    "p",
+    { class: "legend" },
+    swatch("free", "free"),
+    swatch("cold", memory ? "little memory" : "held, idle"),
+    swatch("hot", memory ? "memory full" : "busy"),
+    swatch("unknown", "unknown"),
+  );
+  // the swatches' colours come from the map's own scale
+  legend.querySelector("i.cold").style.background = heat(0);
+  legend.querySelector("i.hot").style.background = heat(1);
+  const users = data.users || [];
+  render(
+    h("h1", {}, "History"),
+    h(
+      "div",
+      { class: "toolbar" },
+      h("span", { class: "group", role: "group", "aria-label": "Range" }, (data.ranges || []).map((r) => h("button", { type: "button", "aria-pressed": String(r === data.range), "data-range": r, onclick: () => choose(r) }, `last ${r}`))),
+      h("span", { class: "group", role: "group", "aria-label": "Colour by" }, toggle("util", "Utilisation"), toggle("memory", "Memory")),
+    ),
+    data.nodes.length
+      ? heatMap(data, heatMetric, (text) => (tip.textContent = text))
+      : h("p", { class: "muted" }, "No nodes have registered."),
+    tip,
+    legend,
+    data.cut ? h("p", { class: "muted" }, `${data.cut} more GPUs are not shown.`) : null,
+    h("p", { id: "idle-gpus" }, idle.length ? `Held but idle (under 10 % on average): ${idle.join(", ")}` : "No GPU sat idle while held."),
+    h("h2", {}, `Usage per user, last ${data.range}`),
+    users.length
+      ? table(
+          "Usage per user",
+          ["User", "GPU-hours", "Running GPUs", "Running jobs", "Mean GPU util"],
+          users.map((u) =>
+            h(
+              "tr",
+              { "data-user": u.user },
+              h("td", {}, userLink(u.user)),
+              h("td", { class: "num" }, u.gpu_hours.toFixed(1)),
+              h("td", { class: "num" }, String(u.running_gpus)),
+              h("td", { class: "num" }, String(u.running_jobs)),
+              h("td", { class: "num" }, u.util_mean === null ? "unknown" : `${u.util_mean.toFixed(0)} %`),
+            ),
+          ),
+          { id: "usage" },
+        )
+      : h("p", { class: "muted" }, "Nobody used a GPU in this range."),
+  );
+  // on a narrow screen the map scrolls in its box: show its newest end first
+  const box = main.querySelector(".heat-box");
+  if (box) box.scrollLeft = box.scrollWidth;
+  view.poll = 60;
 }
 
 // ---- signing in ------------------------------------------------------------------------
@@ -655,6 +830,10 @@ async function whoAmI() {
 }
 
 async function start() {
+  // a page left (or kept in the back-forward cache) lets its live stream go: a browser keeps
+  // six connections to one site, and streams held by pages left behind stalled the next load
+  window.addEventListener("pagehide", closeEvents);
+  window.addEventListener("pageshow", (event) => event.persisted && view && !events && (openEvents(), soon()));
   document.getElementById("logout").addEventListener("click", async () => {
     try {
       await fetch("/api/logout", { method: "POST", credentials: "same-origin", headers: { "X-Gpuq": "1" } });
@@ -674,6 +853,12 @@ async function start() {
     const id = match[1];
     document.title = `gpuq: job ${id}`;
     view = { load: () => jobView(id) };
+  } else if (path === "/queue") {
+    document.title = "gpuq: queue";
+    view = { load: queueView };
+  } else if (path === "/history") {
+    document.title = "gpuq: history";
+    view = { load: historyView };
   } else if ((match = path.match(/^\/users\/([^/]+)\/?$/))) {
     const name = decodeURIComponent(match[1]);
     document.title = `gpuq: ${name}`;
