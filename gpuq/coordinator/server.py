@@ -168,7 +168,7 @@ def assemble(
     selections = SelectionResolver(writer, jobs, arrays)
     actions = JobActions(settings, jobs, nodes, arrays, selections, changes, wake)
     telemetry = RunningTelemetry(writer, jobs, clock)
-    history = GpuHistory(writer, jobs, settings.gpu_history_days, clock)
+    history = GpuHistory(writer, jobs, nodes, settings.gpu_history_days, clock)
     idle = IdleWatch()
     endings = JobEndings(settings, jobs, inputs, telemetry, changes, wake)
     samples = JobSamples(settings, jobs, idle, telemetry, history, actions, changes, clock)

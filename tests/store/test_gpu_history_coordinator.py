@@ -7,6 +7,8 @@ it, with its filters."""
 
 from __future__ import annotations
 
+import asyncio
+
 import pytest
 from harness import GIB, Clock, FakeAgent, InProcessClient, eventually, run, user
 
@@ -45,11 +47,19 @@ def test_heartbeats_make_a_bounded_private_history_that_is_pruned(store: Store) 
         for job in (busy, idle):
             await agent.started(job)
             await alice.wait_state(job, "running")
-        for _ in range(12):  # 12 minutes: two buckets over, at least
-            beat(co, agent, clock, {busy: 90.0, idle: 2.0})
 
         async def stored() -> list[UnitUse]:
             return await co.writer.read(lambda s: s.gpu_history(frame(3600, clock())))
+
+        # within a bucket: shown, not written (a write per bucket, never per heartbeat)
+        assert bucket_of(clock() + 120) == bucket_of(clock())
+        beat(co, agent, clock, {busy: 90.0, idle: 2.0})
+        await asyncio.sleep(0.05)
+        assert await stored() == []
+        now = await co.queries.cluster_history(ADMIN, "6h")
+        assert sum(len(r.cells) for r in now.map.rows) == 2
+        for _ in range(12):  # 12 minutes: two buckets over, at least
+            beat(co, agent, clock, {busy: 90.0, idle: 2.0})
 
         rows = await eventually(stored)
         assert {(r.job_id, r.user) for r in rows} == {(busy, "alice"), (idle, "bob")}

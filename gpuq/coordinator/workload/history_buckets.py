@@ -5,7 +5,7 @@ coordinator's writer (its group commit), never a write per heartbeat. Reads add 
 not stored yet, so the map shows what GPUs do now. Buckets past [coordinator]
 gpu_history_days are pruned by a chore (gpuq.coordinator.serving).
 
-Only a unit the job holds on the reporting node is taken, with each figure checked: a
+Only a unit of the reporting node that the job holds is taken, with each figure checked: a
 heartbeat is never refused for its samples, and an agent cannot write rows for another node's
 units or another job's.
 """
@@ -19,6 +19,7 @@ from collections.abc import Callable, Sequence
 
 from gpuq.coordinator.changes.store_writer import StoreWriter
 from gpuq.coordinator.memory.live_jobs import LiveJobs
+from gpuq.coordinator.memory.node_table import NodeTable
 from gpuq.domain.gpu_history import BUCKET, UnitUse, bucket_of
 from gpuq.domain.limits import MAX_NODE_UNITS
 from gpuq.domain.states import JobState
@@ -31,25 +32,36 @@ MAX_MEMORY = 2**62  # bytes: anything more is an agent's nonsense
 
 class GpuHistory:
     def __init__(
-        self, writer: StoreWriter, jobs: LiveJobs, days: float, clock: Callable[[], float]
+        self,
+        writer: StoreWriter,
+        jobs: LiveJobs,
+        nodes: NodeTable,
+        days: float,
+        clock: Callable[[], float],
     ) -> None:
         self.writer = writer
         self.jobs = jobs
+        self.nodes = nodes
         self.days = days
         self.clock = clock
         self._open: dict[tuple[str, str, int, int], UnitUse] = {}  # buckets being summed
+        self._oldest: int | None = None  # the oldest bucket in _open
         self._writing: list[UnitUse] = []  # over, on their way to the store
         self._flushing: asyncio.Task[None] | None = None
 
     def heard(self, node: str, samples: Sequence[apb.JobSample]) -> None:
-        """A heartbeat's samples of the jobs running on `node`."""
-        now = self.clock()
-        bucket = bucket_of(now)
+        """A heartbeat's samples of the jobs running on `node`: of each job, the units it
+        holds there."""
+        entry = self.nodes.nodes.get(node)
+        if entry is None or not samples:
+            return
+        bucket = bucket_of(self.clock())
+        units = {u.uuid for u in entry.node.units}
         for sample in samples[:MAX_NODE_UNITS]:
             job = self.jobs.jobs.get(sample.job_id)
             if job is None or job.state is not JobState.RUNNING or node not in job.node_names:
                 continue
-            held = set(job.gpus)
+            held = units.intersection(job.gpus)
             for unit in sample.units[:MAX_NODE_UNITS]:
                 if unit.uuid not in held:
                     continue
@@ -57,8 +69,9 @@ class GpuHistory:
                 use = self._open.get(key)
                 if use is None:
                     use = self._open[key] = UnitUse(node, unit.uuid, bucket, job.id, job.user)
+                    self._oldest = min(bucket, self._oldest if self._oldest is not None else bucket)
                 use.add(_util(unit), min(unit.memory, MAX_MEMORY))
-        if self._flushing is None and any(key[2] < bucket for key in self._open):
+        if self._flushing is None and self._oldest is not None and self._oldest < bucket:
             self._flushing = asyncio.get_running_loop().create_task(self._flush(bucket))
 
     def unstored(self) -> list[UnitUse]:
@@ -71,6 +84,7 @@ class GpuHistory:
         try:
             over = [key for key in self._open if key[2] < bucket]
             self._writing = [self._open.pop(key) for key in over]
+            self._oldest = min((key[2] for key in self._open), default=None)
             uses = self._writing
             await self.writer.write(lambda tx: tx.add_gpu_usage(uses))
         except asyncio.CancelledError:
@@ -95,6 +109,7 @@ class GpuHistory:
             await asyncio.gather(self._flushing, return_exceptions=True)
         uses = list(self._open.values())
         self._open.clear()
+        self._oldest = None
         if not uses:
             return
         try:
