@@ -18,8 +18,8 @@ from google.protobuf.message import Message
 from gpuq.domain.limits import MAX_JOB_ID, check_text
 from gpuq.errors import InvalidInput, NotFound, PermissionDenied
 from gpuq.identity import Caller
-from gpuq.v1 import queue_pb2
 from gpuq.output_tail import read_tail
+from gpuq.v1 import queue_pb2
 from gpuq.web.queue_access import QueueAccess
 
 M = TypeVar("M", bound=Message)
