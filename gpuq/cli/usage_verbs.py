@@ -162,8 +162,8 @@ def efficiency_text(reply: Any, data: dict[str, Any]) -> str:
     else:
         asked = data["gpu_mem_asked"]
         base = f"{_size(asked)} asked" if asked else f"its {_size(data['card_mem'])} GPU"
-        used = data["gpu_mem_used_percent"]
-        share = f" ({used:.0f}%)" if used is not None else ""
+        peak, whole = data["gpu_mem_peak"], asked or data["card_mem"]
+        share = f" ({100 * peak / whole:.0f}%)" if peak is not None and whole else ""
         lines.append(("GPU memory", f"peak {_size(data['gpu_mem_peak'])} of {base}{share}"))
         util, p95 = data["util_mean"], data["util_p95"]
         lines.append(
@@ -176,7 +176,7 @@ def efficiency_text(reply: Any, data: dict[str, Any]) -> str:
         )
         for unit in data["telemetry"]["units"]:
             mean = "unknown" if unit["util_mean"] is None else f"{unit['util_mean']:.0f}%"
-            lines.append(("  unit", f"{unit['uuid']}: peak {_size(unit['peak_mem'])}, {mean}"))
+            lines.append(("unit", f"{unit['uuid']}: peak {_size(unit['peak_mem'])}, mean {mean}"))
         kwh = data["energy_kwh"]
         lines.append(
             ("Energy", "unknown" if kwh is None else render.energy_text(kwh * 3.6e6) + so_far)
