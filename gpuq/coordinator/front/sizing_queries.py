@@ -62,7 +62,7 @@ class SizingQueries:
         """What job `job_id` asked for against what it used (NotFound: no such job)."""
         job, _, _ = await self.job_detail(job_id)
         self._check_sees(caller, job.user, f"job {job.display_id}")
-        run = self.past_run(job)
+        run = self.past_run(job, self.card_memory())
         return queue_pb2.JobEfficiency(
             job=self.messages.full(job, caller),
             time_limit=int(self.inputs.time_limit(job) or 0),
@@ -89,7 +89,8 @@ class SizingQueries:
         jobs, usage = await self.writer.read(
             lambda s: (s.list_jobs(query), s.usage_report(None, since))
         )
-        runs = [run for job in jobs if (run := self.past_run(job)) is not None]
+        memory = self.card_memory()
+        runs = [run for job in jobs if (run := self.past_run(job, memory)) is not None]
         hidden = hides_name(caller, user, self.settings.private_data)
         advice = [_advice_message(a, hidden) for a in advise(runs, self.offer())]
         idle = [
@@ -118,8 +119,13 @@ class SizingQueries:
                     profiles[unit.mig_profile] = min(known, unit.memory)
         return Offer(mig=tuple(sorted(profiles.items())), shares=shares)
 
-    def past_run(self, job: Job) -> PastRun | None:
-        """A job that started as right-sizing reads it (None: it never started)."""
+    def card_memory(self) -> dict[str, int]:
+        """Each unit's memory (bytes), by UUID, over the nodes the coordinator knows."""
+        return {u.uuid: u.memory for e in self.nodes.nodes.values() for u in e.node.units}
+
+    def past_run(self, job: Job, memory: dict[str, int]) -> PastRun | None:
+        """A job that started as right-sizing reads it (None: it never started); `memory`:
+        card_memory's."""
         if job.start_time is None:
             return None
         res = job.spec.resources
@@ -128,7 +134,6 @@ class SizingQueries:
         if measured is not None:
             peaks = [u.peak_mem for u in measured.units]
             peak = max(peaks) if peaks else measured.peak_gpu_mem // max(1, len(job.gpus))
-        memory = {u.uuid: u.memory for e in self.nodes.nodes.values() for u in e.node.units}
         cards = [memory[u] for u in job.gpus if u in memory]
         end = job.end_time if job.end_time is not None else self.clock()
         return PastRun(
