@@ -114,6 +114,7 @@ class Coordinator:
         self.wake()
 
     async def close(self) -> None:
+        await self.loop.close()
         await self.scheduling.close()
         for task in self._tasks:
             task.cancel()
@@ -182,7 +183,7 @@ def assemble(
         settings.private_data, idle.flags, scheduling.pending_detail, scheduling.explained
     )
     queries = QueueQueries(
-        settings, writer, jobs, nodes, arrays, telemetry, watchers, cron, messages, inputs
+        settings, writer, jobs, nodes, arrays, telemetry, watchers, cron, messages, inputs, clock
     )
     commands = QueueCommands(
         settings, submissions, actions, node_admin, tokens, cron, jobs, endings
