@@ -134,12 +134,12 @@ def test_the_dashboard_shows_a_jobs_progress_in_the_queue_and_on_its_page(tmp_pa
         wait_for(lambda: progress_now(cluster, job) is not None, 20, "progress")
         driver = start_chromium(profile)
         driver.get(str(cluster.client().web_login().url))
-        cell = until(
-            driver,
-            f"document.querySelector('[data-progress=\"{job}\"]')?.textContent",
-            "the queue's progress",
-        )
+        cell_text = f"document.querySelector('[data-progress=\"{job}\"]')?.textContent"
+        cell = until(driver, cell_text, "the queue's progress")
         assert "10 it/s ETA 00:0" in cell and "%" in cell, cell
+        # progress moves without a job event: the page follows (nodes events, every 5 s)
+        moved = f"{cell_text} && {cell_text} !== {json.dumps(cell)}"
+        until(driver, moved, "the queue's progress to move", 20)
         driver.get(web_base(cluster) + f"/jobs/{job}")
         page = until(
             driver,
