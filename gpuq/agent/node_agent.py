@@ -112,7 +112,11 @@ class Agent:
         self.reports = EndReports(self.gpus, self.mps, self._send_soon)
         self.pty = PtyOutbox(self.supervisors.terminals, self._flush.set)
         self.outputs = OutputWatch(self.supervisors.launch_spec_of, s.max_output)
-        self.progress = ProgressWatch(self.supervisors.launch_spec_of, s.sample_interval)
+        self.progress = ProgressWatch(
+            self.supervisors.launch_spec_of,
+            s.sample_interval,
+            attempt_of=self.supervisors.attempt_of,
+        )
         self.launcher = Launcher(
             self.supervisors,
             self.gpus,

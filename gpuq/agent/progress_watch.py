@@ -50,18 +50,22 @@ class _Job:
 
 class ProgressWatch:
     """What each running job's output says of its progress. `spec_of`: a running job's launch
-    spec (None: unknown); `interval`: [agent] sample_interval."""
+    spec (None: unknown); `interval`: [agent] sample_interval; `attempt_of`: which start of a
+    job runs now (a job started again is watched anew)."""
 
     def __init__(
         self,
         spec_of: Callable[[int], LaunchSpec | None],
         interval: float,
         clock: Callable[[], float] = time.time,
+        attempt_of: Callable[[int], int] = lambda job_id: 0,
     ) -> None:
         self.spec_of = spec_of
         self.interval = interval
         self.clock = clock
-        self._jobs: dict[int, _Job | None] = {}  # None: a job with no file to read
+        self.attempt_of = attempt_of
+        # by job: its start and what is watched of it (None: no file to read)
+        self._jobs: dict[int, tuple[int, _Job | None]] = {}
 
     def check(self, running: Iterable[int]) -> list[apb.JobProgress]:
         """The progress of each running (started) job whose output shows one, reading the
@@ -72,9 +76,14 @@ class ProgressWatch:
         now = self.clock()
         found: list[apb.JobProgress] = []
         for job_id in sorted(running):
-            if job_id not in self._jobs:
-                self._jobs[job_id] = self._watch(job_id)
-            job = self._jobs[job_id]
+            attempt = self.attempt_of(job_id)
+            known = self._jobs.get(job_id)
+            if known is None or known[0] != attempt:
+                spec = self.spec_of(job_id)
+                if spec is None:
+                    continue  # unreadable now: looked for again at the next heartbeat
+                known = self._jobs[job_id] = (attempt, _watch(spec))
+            job = known[1]
             if job is None:
                 continue
             if not 0 <= now - job.read_at < self.interval * READ_SHARE:
@@ -86,16 +95,15 @@ class ProgressWatch:
                 found.append(_message(job_id, job, newest))
         return found
 
-    def _watch(self, job_id: int) -> _Job | None:
-        spec = self.spec_of(job_id)
-        if spec is None:
-            return None
-        paths = [p for p in dict.fromkeys((spec.stderr_path, spec.stdout_path)) if _a_file(p)]
-        if not paths:
-            return None  # an interactive job's terminal, another node of a multi-node job
-        uid = spec.uid if spec.uid is not None else os.getuid()
-        files = [_File(os.path.join(spec.cwd, path)) for path in paths]
-        return _Job(spec.attempt, uid, files)
+
+def _watch(spec: LaunchSpec) -> _Job | None:
+    """What to read of a started job: its output files, as its user (None: none)."""
+    paths = [p for p in dict.fromkeys((spec.stderr_path, spec.stdout_path)) if _a_file(p)]
+    if not paths:
+        return None  # an interactive job's terminal, another node of a multi-node job
+    uid = spec.uid if spec.uid is not None else os.getuid()
+    files = [_File(os.path.join(spec.cwd, path)) for path in paths]
+    return _Job(spec.attempt, uid, files)
 
 
 def _a_file(path: str) -> bool:

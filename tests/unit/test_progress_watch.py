@@ -8,6 +8,7 @@ from __future__ import annotations
 import os
 import threading
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 from typing import TypeVar
 
@@ -171,3 +172,18 @@ def test_a_fifo_is_neither_opened_for_reading_nor_waited_on(tmp_path: Path) -> N
     reader.join(5)
     assert not reader.is_alive(), "reading a FIFO's progress blocked"
     assert found == [[]]
+
+
+def test_a_job_started_again_or_whose_spec_was_unreadable_is_watched_anew(tmp_path: Path) -> None:
+    (tmp_path / "job.out").write_text("GPUQ_PROGRESS 1/2\n")
+    (tmp_path / "again.out").write_text("GPUQ_PROGRESS 5/9\n")
+    specs: dict[int, LaunchSpec | None] = {1: None}
+    attempt = 1
+    progress = ProgressWatch(lambda job_id: specs[attempt], 5.0, Clock(), lambda job_id: attempt)
+    assert progress.check([7]) == []  # its spec could not be read (yet)
+    specs[1] = replace(spec(tmp_path), attempt=1)
+    [first] = progress.check([7])
+    assert (first.attempt, first.done) == (1, 1)
+    attempt, specs[2] = 2, replace(spec(tmp_path, "again.out"), attempt=2)
+    [second] = progress.check([7])
+    assert (second.attempt, second.done) == (2, 5)
