@@ -10,6 +10,7 @@ from typing import Any
 import click
 
 from gpuq.cli import render
+from gpuq.cli.progress_text import progress_cell
 
 json_option = click.option("--json", "as_json", is_flag=True, help="print JSON")
 
@@ -94,6 +95,7 @@ LONG_COLUMNS = (
     render.Column("PRIORITY", right=True),
     render.Column("QOS+AGE+FAIRSHARE-NICE"),
     render.Column("START"),
+    render.Column("PROGRESS"),  # a running job's, for its owner and admins: 12% 3.2it/s ETA ..
 )
 
 
@@ -111,7 +113,7 @@ LONG_COLUMNS = (
 )
 @click.option("--nodelist", "-w", "nodes", multiple=True, help="only jobs on these nodes: a,b")
 @click.option("--array", "-r", "expand", is_flag=True, help="each array task on a line of its own")
-@click.option("--long", "-l", "long_", is_flag=True, help="priority factors and estimated start")
+@click.option("--long", "-l", "long_", is_flag=True, help="priority, start estimate, progress")
 @format_option
 @noheader_option
 @colour_option
@@ -180,6 +182,7 @@ def queue(
         ]
         if long_:
             row += [render.priority(j), render.factors(j), render.estimated_start(j)]
+            row.append(progress_cell(j))
         flagged = f" [{render.flags_text(j)}]" if j.flags else ""
         rows.append([*row, render.job_reason(j) + flagged])
     lines = render.layout(

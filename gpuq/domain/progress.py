@@ -220,11 +220,14 @@ class ThroughputTrack:
     """One running job's progress readings, newest last (at most WINDOW). Rates come from the
     job's own figure when its line moved, else from the counts' change since the reading where
     the previous count was first seen; a bar that has not moved for STALL_AFTER seconds is a
-    rate of 0 (tqdm's last line keeps its old rate while the job hangs)."""
+    rate of 0 (tqdm's last line keeps its old rate while the job hangs). A collapse stays
+    (the rate it fell from, and when) for as long as the rate stays below COLLAPSE_SHARE of
+    that rate, also once slow readings fill the window; it goes when the rate recovers."""
 
     def __init__(self) -> None:
         self.readings: list[Reading] = []
         self.moved: Reading | None = None  # the reading where the latest count was first seen
+        self.fell: tuple[float, float] | None = None  # (rate it fell from, when) while fallen
 
     def add(self, at: float, progress: Progress) -> None:
         last = self.readings[-1] if self.readings else None
@@ -241,8 +244,22 @@ class ThroughputTrack:
         else:
             reading = Reading(at, progress, last.rate)
         self.readings = [*self.readings[-(WINDOW - 1) :], reading]
+        if self.fell is not None and reading.rate and reading.rate >= self.fell[0] * COLLAPSE_SHARE:
+            self.fell = None  # recovered
+        found = self._windowed() if self.fell is None else None
+        if found is not None and found.stalled_since is None and found.fell_at is not None:
+            self.fell = (found.fell_from or 0.0, found.fell_at)
 
     def now(self) -> Throughput | None:
+        found = self._windowed()
+        if found is None or self.fell is None or found.stalled_since is not None:
+            return found
+        if found.rate is not None and found.rate < self.fell[0] * COLLAPSE_SHARE:
+            return replace(found, fell_from=self.fell[0], fell_at=self.fell[1])
+        return found
+
+    def _windowed(self) -> Throughput | None:
+        """What the readings in the window say (a collapse against their typical rate)."""
         if not self.readings:
             return None
         last = self.readings[-1]

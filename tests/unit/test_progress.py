@@ -7,6 +7,7 @@ import pytest
 
 from gpuq.domain.progress import (
     STALL_AFTER,
+    WINDOW,
     Progress,
     ThroughputTrack,
     latest_progress,
@@ -140,6 +141,28 @@ def test_collapse_is_flagged_with_when() -> None:
     now = track.now()
     assert now is not None and now.fell_at == 240.0
     assert now.collapse_line("14:02") == "throughput fell from 3.2 to 0.1 it/s at 14:02"
+
+
+def test_a_collapse_stays_while_slow_readings_fill_the_window_and_goes_on_recovery() -> None:
+    """Readings every 5 s: a job slow for longer than the window holds is still flagged, with
+    the rate it fell from and when; back at speed, it is not."""
+    track = ThroughputTrack()
+    at, done = 0.0, 0.0
+
+    def read(rate: float, times: int) -> None:
+        nonlocal at, done
+        for _ in range(times):
+            at += 5.0
+            done += rate * 5
+            track.add(at, Progress(done, 1e6, rate, "it", "tqdm"))
+
+    read(3.2, 10)
+    read(0.1, 3 * WINDOW)
+    now = track.now()
+    assert now is not None and (now.fell_from, now.fell_at, now.rate) == (3.2, 55.0, 0.1)
+    read(3.0, 1)
+    now = track.now()
+    assert now is not None and now.fell_from is None and now.rate == 3.0
 
 
 def test_a_frozen_bar_is_a_stall_not_its_last_rate() -> None:

@@ -1,5 +1,6 @@
 """Running jobs' samples from their agents' heartbeats: fed to the idle and hung rules
-(gpuq.coordinator.workload.idle_rules) and to the running jobs' GPU telemetry, and acted on: a
+(gpuq.coordinator.workload.idle_rules) and to the running jobs' GPU telemetry (and their
+progress readings to gpuq.coordinator.workload.running_progress), and acted on: a
 flag set or cleared is noted in the job's events, and a job its QOS says to cancel is
 cancelled through the normal cancel path, by the coordinator itself.
 """
@@ -19,6 +20,7 @@ from gpuq.coordinator.memory.live_jobs import LiveJobs
 from gpuq.coordinator.nodes.agent_input import MAX_JOB_SAMPLES, sample_from_proto
 from gpuq.coordinator.workload.idle_rules import Decision, IdleWatch
 from gpuq.coordinator.workload.job_actions import JobActions
+from gpuq.coordinator.workload.running_progress import RunningProgress
 from gpuq.coordinator.workload.running_telemetry import RunningTelemetry
 from gpuq.coordinator.workload.selection import Selection
 from gpuq.domain.limits import clean_line
@@ -38,6 +40,7 @@ class JobSamples:
         jobs: LiveJobs,
         idle: IdleWatch,
         telemetry: RunningTelemetry,
+        progress: RunningProgress,
         actions: JobActions,
         changes: JobChanges,
         clock: Callable[[], float],
@@ -46,6 +49,7 @@ class JobSamples:
         self.jobs = jobs
         self.idle = idle
         self.telemetry = telemetry
+        self.progress = progress
         self.actions = actions
         self.changes = changes
         self.clock = clock
@@ -53,10 +57,14 @@ class JobSamples:
         # output files noted as gone, by job: (its start, the path), each noted once
         self._gone: dict[int, set[tuple[int, str]]] = {}
 
-    def heard(self, node: str, samples: Sequence[apb.JobSample]) -> None:
-        """A heartbeat's samples of the jobs running on `node`."""
+    def heard(
+        self, node: str, samples: Sequence[apb.JobSample], progress: Sequence[apb.JobProgress] = ()
+    ) -> None:
+        """A heartbeat's samples of the jobs running on `node`, and their progress."""
         self._idle_rules(node, samples)
         self.telemetry.running(node, samples)  # GPU telemetry so far
+        if progress:
+            self.progress.heard(node, progress)
 
     def _idle_rules(self, node: str, samples: Sequence[apb.JobSample]) -> None:
         """Samples of jobs running here (and not being stopped) go to the idle and hung
