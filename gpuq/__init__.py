@@ -29,6 +29,14 @@ if TYPE_CHECKING:
     from gpuq.submission import build_spec
 
 __version__ = "0.1.0"
+
+# gRPC (1.81 and later) restarts its pollers in every forked child while its fork support is
+# on, its default: a child that then closes fds before exec (subprocess with user=, group= or
+# close_fds) dies of SIGSEGV on "epoll_wait error: Bad file descriptor", now and then. No gpuq
+# process uses gRPC across a fork (the CLI helper forks before gRPC starts), so it is off
+# unless the caller says otherwise. gRPC reads it once, when imported: this module comes first
+# in every gpuq process, and os is loaded in every interpreter (nothing is imported here).
+__import__("os").environ.setdefault("GRPC_ENABLE_FORK_SUPPORT", "false")
 _WHERE = {
     "Client": "gpuq.client",
     "build_spec": "gpuq.submission",

@@ -38,7 +38,7 @@ from gpuq.config.loading import load_settings
 from gpuq.config.settings import Settings, split_addresses
 from gpuq.domain.dependencies import parse_job_ref
 from gpuq.domain.states import JobState, parse_states
-from gpuq.errors import InvalidInput
+from gpuq.errors import InvalidInput, NotFound
 from gpuq.v1 import queue_pb2
 
 if TYPE_CHECKING:
@@ -463,6 +463,21 @@ class Client:
         request = queue_pb2.ReportRequest(user=user or "", since=since)
         reply: queue_pb2.ReportReply = self._call("Report", request)
         return builtins.list(reply.rows)
+
+    def advice(self, user: str | None = None, since: float | None = None) -> queue_pb2.ReportReply:
+        """gpuq report --advice: the usage rows, `user`'s (default: the caller's) right-sizing
+        advice per job name over their ended jobs (since `since`, default the last 30 days),
+        and the users whose GPUs sat idle."""
+        request = queue_pb2.ReportRequest(user=user or "", since=since, advice=True)
+        reply: queue_pb2.ReportReply = self._call("Report", request)
+        return reply
+
+    def efficiency(self, job_id: int) -> queue_pb2.JobEfficiency:
+        """gpuq eff: what job `job_id` asked for against what it used (so far, if it runs)."""
+        if not 1 <= job_id < 2**63:
+            raise NotFound(f"no job {job_id}")
+        reply: queue_pb2.ReportReply = self._call("Report", queue_pb2.ReportRequest(job_id=job_id))
+        return reply.efficiency
 
     def web_login(self) -> queue_pb2.WebLoginReply:
         """A one-time link (valid for a minute, once) that signs the caller in to the web

@@ -22,6 +22,7 @@ from gpuq.domain.model import (
     JobTelemetry,
     UnitTelemetry,
 )
+from gpuq.domain.progress import Throughput
 from gpuq.domain.states import JobState
 from gpuq.v1 import types_pb2 as pb
 
@@ -355,3 +356,26 @@ def unit_from_proto(message: pb.GpuUnit) -> GpuUnit:
         mig_profile=message.mig_profile or None,
         shared=message.shared and not (message.parent_uuid or message.mig_profile),
     )
+
+
+def throughput_to_proto(throughput: Throughput, read_at: float, collapse: str) -> pb.JobThroughput:
+    """A running job's progress on the wire: `read_at`, when its output was last read;
+    `collapse`, the line that says its throughput collapsed ("": it did not)."""
+    progress = throughput.progress
+    message = pb.JobThroughput(
+        done=progress.done,
+        unit=progress.unit,
+        label=progress.label,
+        source=progress.source,
+        read_at=read_at,
+        collapse=collapse,
+    )
+    if progress.total is not None:
+        message.total = progress.total
+    if (fraction := progress.fraction) is not None:
+        message.fraction = fraction
+    if throughput.rate is not None:
+        message.rate = throughput.rate
+    if throughput.eta is not None:
+        message.eta = throughput.eta
+    return message

@@ -229,10 +229,12 @@ class FakeAgent:
         usage: Sequence[pb.GpuUsage] | None = None,
         not_accepting: str = "",
         isolation: str = "",
+        progress: Sequence[apb.JobProgress] = (),
     ) -> None:
         """A heartbeat: every unit ok unless `usage` says otherwise; the running jobs'
         `samples`; `not_accepting`: the agent cannot start jobs, and why; `isolation`: the
-        node's GPU isolation now ("": unchanged)."""
+        node's GPU isolation now ("": unchanged); `progress`: the running jobs' progress
+        lines as their output shows them."""
         if usage is None:
             usage = [pb.GpuUsage(uuid=u, health="ok") for u in self.uuids]
         heartbeat = apb.Heartbeat(
@@ -242,6 +244,7 @@ class FakeAgent:
             not_accepting=bool(not_accepting),
             not_accepting_reason=not_accepting,
             isolation=isolation,
+            progress=progress,
         )
         self.co.link.heartbeat(self.node, heartbeat)
 

@@ -37,6 +37,7 @@ from gpuq.agent.jobs.supervisor_reports import ReportKind, SupervisorReport, job
 from gpuq.agent.jobs.supervisors import Supervisors
 from gpuq.agent.launcher import Launcher
 from gpuq.agent.output_watch import Findings, OutputWatch
+from gpuq.agent.progress_watch import ProgressWatch
 from gpuq.agent.pty_outbox import PtyOutbox
 from gpuq.config.settings import AgentSettings, split_addresses
 from gpuq.convert import unit_to_proto
@@ -111,6 +112,11 @@ class Agent:
         self.reports = EndReports(self.gpus, self.mps, self._send_soon)
         self.pty = PtyOutbox(self.supervisors.terminals, self._flush.set)
         self.outputs = OutputWatch(self.supervisors.launch_spec_of, s.max_output)
+        self.progress = ProgressWatch(
+            self.supervisors.launch_spec_of,
+            s.sample_interval,
+            attempt_of=self.supervisors.attempt_of,
+        )
         self.launcher = Launcher(
             self.supervisors,
             self.gpus,
@@ -435,6 +441,7 @@ class Agent:
                     message.heartbeat.CopyFrom(self._heartbeat(usage))
                     outputs = await self._check_outputs()
                     message.heartbeat.output_gone.extend(outputs.gone)
+                    message.heartbeat.progress.extend(await self._read_progress())
                     beat.cancel()
                     next_beat = loop.time() + interval
                     beat = loop.call_at(next_beat, self._flush.set)
@@ -466,6 +473,16 @@ class Agent:
             log.warning("job %d: %s", job_id, reason)
             await self.supervisors.stop(job_id, JobState.FAILED, reason, 0, grace)
         return findings
+
+    async def _read_progress(self) -> list[apb.JobProgress]:
+        """The running jobs' progress from their output's tail (gpuq.agent.progress_watch);
+        none when reading failed in a way it did not catch: a heartbeat must never die of it."""
+        started = self.supervisors.started_jobs()
+        try:
+            return await asyncio.to_thread(self.progress.check, started)
+        except Exception:
+            log.exception("reading the jobs' progress failed; sending none")
+            return []
 
     def _job_isolation(self, job_id: int, isolation: str) -> None:
         """A job's device isolation: a failed load makes the node's claim advisory (and a later

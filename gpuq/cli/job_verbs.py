@@ -13,6 +13,7 @@ import click
 
 from gpuq.cli import render
 from gpuq.cli.group import EXIT_INTERRUPTED
+from gpuq.cli.progress_text import progress_lines
 from gpuq.domain.units import format_duration
 from gpuq.options import OPTIONS, resolve_submit_args
 
@@ -354,6 +355,7 @@ def telemetry_lines(job: Any, capacity: int | None = None) -> list[tuple[str, st
     lines: list[tuple[str, str]] = []
     if job.flags:
         lines.append(("Flags", render.flags_text(job)))
+    lines += progress_lines(job)  # a running job's, for its owner and admins
     efficiency = render.efficiency_line(job, capacity)
     if efficiency is None:
         return lines

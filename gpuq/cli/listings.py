@@ -1,4 +1,5 @@
-"""Listings: status (the glance), queue, nodes, history. Each has --json."""
+"""Listings: status (the glance), queue, nodes, history. Each has --json. (gpuq report and
+gpuq eff: gpuq.cli.usage_verbs.)"""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ from typing import Any
 import click
 
 from gpuq.cli import render
+from gpuq.cli.progress_text import progress_cell
 
 json_option = click.option("--json", "as_json", is_flag=True, help="print JSON")
 
@@ -93,6 +95,7 @@ LONG_COLUMNS = (
     render.Column("PRIORITY", right=True),
     render.Column("QOS+AGE+FAIRSHARE-NICE"),
     render.Column("START"),
+    render.Column("PROGRESS"),  # a running job's, for its owner and admins: 12% 3.2it/s ETA ..
 )
 
 
@@ -110,7 +113,7 @@ LONG_COLUMNS = (
 )
 @click.option("--nodelist", "-w", "nodes", multiple=True, help="only jobs on these nodes: a,b")
 @click.option("--array", "-r", "expand", is_flag=True, help="each array task on a line of its own")
-@click.option("--long", "-l", "long_", is_flag=True, help="priority factors and estimated start")
+@click.option("--long", "-l", "long_", is_flag=True, help="priority, start estimate, progress")
 @format_option
 @noheader_option
 @colour_option
@@ -179,6 +182,7 @@ def queue(
         ]
         if long_:
             row += [render.priority(j), render.factors(j), render.estimated_start(j)]
+            row.append(progress_cell(j))
         flagged = f" [{render.flags_text(j)}]" if j.flags else ""
         rows.append([*row, render.job_reason(j) + flagged])
     lines = render.layout(
@@ -646,36 +650,3 @@ def parse_since(text: str, now: float, flag: str = "--since") -> float:
     if moment < 0:
         raise InvalidInput(flag, text[:60], "is before 1970")
     return moment
-
-
-@click.command()
-@click.option("--user", "-u", help="only this user (default: every user, as sreport)")
-@click.option("--since", "-S", help="jobs that ended since: 2026-11-01, today, 7d, 24h")
-@json_option
-@click.pass_obj
-def report(obj: Any, /, user: str | None, since: str | None, as_json: bool) -> int:
-    """Usage per user over jobs that ran and ended (SLURM's sreport/seff): GPU-hours held,
-    energy, and mean utilisation weighted by GPU-hours (over the jobs that measured it)."""
-    start = parse_since(since, time.time()) if since is not None else None
-    rows = obj.client().report(user=user, since=start)
-    data = [render.report_dict(r) for r in rows]
-    if as_json:
-        click.echo(render.dumps(data))
-        return 0
-    table = [
-        (
-            d["user"],
-            d["jobs"],
-            f"{d['gpu_hours']:.1f}",
-            "unknown" if d["energy_kwh"] is None else f"{d['energy_kwh']:.1f}",
-            "unknown" if d["mean_util"] is None else f"{d['mean_util']:.0f} %",
-            f"{d['measured_gpu_hours']:.1f}",
-        )
-        for d in data
-    ]
-    click.echo(
-        render.table(("USER", "JOBS", "GPU-HOURS", "KWH", "MEAN UTIL", "MEASURED GPU-H"), table)
-    )
-    if not data:
-        click.echo("no jobs ended in that time")
-    return 0

@@ -9,6 +9,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from gpuq.cli.progress_text import progress_dict
 from gpuq.domain.limits import CONTROL_RE
 from gpuq.domain.node_constraints import compress_nodes
 from gpuq.domain.states import SHORT_STATE as STATE_CODES
@@ -184,6 +185,7 @@ def job_dict(job: Any) -> dict[str, Any]:
         "stdout": job.stdout_path,
         "stderr": job.stderr_path,
         "telemetry": telemetry_dict(job),
+        "progress": progress_dict(job),  # a running job's, for its owner and admins
         "flags": list(job.flags),
     }
 

@@ -9,7 +9,8 @@ The parts, by what each owns (docs/ARCHITECTURE.md has the map):
 - changes: the StoreWriter (group commit), JobChanges (the one applier of every job change),
   the EventBus and its Watchers;
 - workload: Submissions, JobActions (user verbs over a Selection), JobEndings, ArrayTasks,
-  JobSamples (idle rules, GPU telemetry), GpuHistory (each GPU's, for the dashboard);
+  JobSamples (idle rules, GPU telemetry, RunningProgress: progress and throughput), GpuHistory
+  (each GPU's, for the dashboard);
 - scheduling: SchedulingPass and SchedulingLoop;
 - nodes: AgentLink (agent streams), AgentCommands (what agents are told), NodeAdmin;
 - access: UserTokens (the Authority and the permissions are the front's);
@@ -54,6 +55,7 @@ from gpuq.coordinator.workload.idle_rules import IdleWatch
 from gpuq.coordinator.workload.job_actions import JobActions
 from gpuq.coordinator.workload.job_endings import JobEndings
 from gpuq.coordinator.workload.job_samples import JobSamples
+from gpuq.coordinator.workload.running_progress import RunningProgress
 from gpuq.coordinator.workload.running_telemetry import RunningTelemetry
 from gpuq.coordinator.workload.selection import SelectionResolver
 from gpuq.coordinator.workload.submissions import Submissions
@@ -84,6 +86,7 @@ class Coordinator:
     endings: JobEndings
     telemetry: RunningTelemetry
     history: GpuHistory
+    progress: RunningProgress
     idle: IdleWatch
     samples: JobSamples
     terminals: Terminals
@@ -117,6 +120,7 @@ class Coordinator:
         self.wake()
 
     async def close(self) -> None:
+        await self.loop.close()
         await self.scheduling.close()
         for task in self._tasks:
             task.cancel()
@@ -136,10 +140,13 @@ def _max_output(settings: CoordinatorSettings, job: Job) -> int | None:
     return tier.max_output if tier is not None else None
 
 
-def stopped_running(event: JobEvent, idle: IdleWatch, telemetry: RunningTelemetry) -> None:
+def stopped_running(
+    event: JobEvent, idle: IdleWatch, telemetry: RunningTelemetry, progress: RunningProgress
+) -> None:
     if event.from_state is JobState.RUNNING and event.to_state is not JobState.RUNNING:
         idle.forget(event.job_id)
         telemetry.forget([event.job_id])
+        progress.forget(event.job_id)
 
 
 def assemble(
@@ -168,10 +175,13 @@ def assemble(
     selections = SelectionResolver(writer, jobs, arrays)
     actions = JobActions(settings, jobs, nodes, arrays, selections, changes, wake)
     telemetry = RunningTelemetry(writer, jobs, clock)
+    progress = RunningProgress(jobs, clock)
     history = GpuHistory(writer, jobs, nodes, settings.gpu_history_days, clock)
     idle = IdleWatch()
     endings = JobEndings(settings, jobs, inputs, telemetry, changes, wake)
-    samples = JobSamples(settings, jobs, idle, telemetry, history, actions, changes, clock)
+    samples = JobSamples(
+        settings, jobs, idle, telemetry, history, progress, actions, changes, clock
+    )
     terminals = Terminals(writer, jobs, nodes, actions, clock)
     notifier = Notifier(settings, writer, jobs, nodes, inputs, clock)
     watchers = Watchers(jobs.is_live)
@@ -184,11 +194,26 @@ def assemble(
     )
     cron = CronService(writer, submissions, chores, clock)
     messages = JobMessages(
-        settings.private_data, idle.flags, scheduling.pending_detail, scheduling.explained
+        settings.private_data,
+        idle.flags,
+        scheduling.pending_detail,
+        scheduling.explained,
+        progress.shown,
     )
     cluster = ClusterHistory(writer, jobs, nodes, history, settings.private_data, clock)
     queries = QueueQueries(
-        settings, writer, jobs, nodes, arrays, telemetry, watchers, cron, messages, inputs, cluster
+        settings,
+        writer,
+        jobs,
+        nodes,
+        arrays,
+        telemetry,
+        watchers,
+        cron,
+        messages,
+        inputs,
+        cluster,
+        clock,
     )
     commands = QueueCommands(
         settings, submissions, actions, node_admin, tokens, cron, jobs, endings
@@ -200,8 +225,9 @@ def assemble(
     bus.on_job_event(watchers.published)
     bus.on_job_event(terminals.published)
     bus.on_job_event(notifier.published)
-    # a job that stopped running: its idle tracks and GPU figures so far were about that run
-    bus.on_job_event(lambda event, job: stopped_running(event, idle, telemetry))
+    # a job that stopped running: its idle tracks, GPU figures and progress so far were about
+    # that run
+    bus.on_job_event(lambda event, job: stopped_running(event, idle, telemetry, progress))
 
     return Coordinator(
         settings=settings,
@@ -221,6 +247,7 @@ def assemble(
         endings=endings,
         telemetry=telemetry,
         history=history,
+        progress=progress,
         idle=idle,
         samples=samples,
         terminals=terminals,

@@ -38,7 +38,7 @@ from gpuq.scheduler.fitting import (
     shortage,
 )
 from gpuq.scheduler.preempt import victims_on
-from gpuq.scheduler.reserve import FreeNode, Reservation, earliest, estimate_starts
+from gpuq.scheduler.reserve import FreeNode, Release, Reservation, earliest, estimate_starts
 from gpuq.scheduler.snapshot import (
     Cancellation,
     Decisions,
@@ -146,6 +146,13 @@ class _Pass:
     )
     # the nodes each placement allows (None: every node), for this pass
     allowed_nodes: dict[Placement, frozenset[str] | None] = field(default_factory=dict)
+    # for the estimated starts (explain only): each node's releases at the jobs' expected
+    # ends (measured run times where known), the jobs' expected run times, the reservations
+    # that wait on a preemption, and whether any run time was measured at all
+    expected_releases: dict[str, list[Release]] = field(default_factory=dict)
+    expected_runs: dict[int, float | None] = field(default_factory=dict)
+    claimed: set[int] = field(default_factory=set)
+    measured: bool = False
 
     def __post_init__(self) -> None:
         # a unit that is not ok (unhealthy, dirty, drained) is not free for this pass
@@ -163,6 +170,10 @@ class _Pass:
             node = self.nodes.get(job.node)
             if node is not None:
                 node.releases.append((job.end_estimate, job.gpus, job.cpus, job.mem))
+                if self.explain:
+                    end = job.end_estimate if job.expected_end is None else job.expected_end
+                    self.measured = self.measured or job.expected_end is not None
+                    self._expect(job.node, (end, job.gpus, job.cpus, job.mem))
             if job.stopping:
                 self.victims.add(job.job_id)
         self.usage = Usage.of(self.running)
@@ -287,6 +298,10 @@ class _Pass:
             node.cpus -= need.cpus
             node.mem -= need.mem or 0
             node.releases.append((end, units, need.cpus, need.mem or 0))
+            if self.explain:
+                self._expect(
+                    name, (self.now + self._run_time(job), units, need.cpus, need.mem or 0)
+                )
             if share is not None:
                 use = ShareUse(job.job_id, job.user, share, need.gpu_mem or 0)
                 for unit in units:
@@ -460,6 +475,7 @@ class _Pass:
         units = (units + tuple(u for u in _ordered(node, freed) if u not in units))[: need.gpus]
         grace = self.now + self.policy.kill_grace
         self._reserve(Reservation(job.job_id, name, grace, frozenset(units), 0, 0))
+        self.claimed.add(job.job_id)
         self.changed = True
         for victim in chosen:
             if victim.job_id in self.victims:
@@ -519,8 +535,23 @@ class _Pass:
         self.blocked_order.append(
             (job.job_id, job.need, job.time_limit, self._allowed(job.placement))
         )
+        if self.explain and job.expected_run is not None:
+            self.expected_runs[job.job_id] = job.expected_run
+            self.measured = True
+
+    def _expect(self, node: str, release: Release) -> None:
+        self.expected_releases.setdefault(node, []).append(release)
+
+    def _run_time(self, job: PendingJob) -> float:
+        """How long a job is expected to run: measured, else its limit (none: for good)."""
+        if job.expected_run is not None:
+            return job.expected_run
+        return job.time_limit if job.time_limit else math.inf
 
     def _estimate(self) -> None:
+        if self.measured:
+            self._estimate_measured()
+            return
         for reservation in self.reservations:
             found = self.waiting.get(reservation.job_id)
             if found is not None:
@@ -531,6 +562,34 @@ class _Pass:
         estimates = estimate_starts(
             list(self.nodes.values()), todo[:limit], self.reservations, self.now, held
         )
+        for job_id, moment in estimates.items():
+            self.waiting[job_id] = Waiting(self.waiting[job_id].reasons, moment)
+
+    def _estimate_measured(self) -> None:
+        """The estimated starts where some jobs' run times were measured (jobs without
+        --time whose user ran jobs of that name before): the blocked jobs in queue order over
+        the units' expected free times, each expected to run its measured time (else its
+        limit). A job waiting on a preemption starts when its victims' grace ends; a reserved
+        job no later than its reservation (which keeps to the limits)."""
+        claims = [r for r in self.reservations if r.job_id in self.claimed]
+        by_limits: dict[int, float] = {}
+        for reservation in self.reservations:
+            if reservation.job_id not in self.claimed:
+                known = by_limits.get(reservation.job_id, -math.inf)
+                by_limits[reservation.job_id] = max(known, reservation.start)
+        blocked = [b for b in self.blocked_order if b[0] not in self.claimed]
+        runs = {b[0]: self.expected_runs.get(b[0], b[2]) for b in blocked}
+        todo = [(job_id, need, runs[job_id], only) for job_id, need, _, only in blocked]
+        nodes = [
+            FreeNode(n.view, n.units, n.cpus, n.mem, self.expected_releases.get(name, []))
+            for name, n in self.nodes.items()
+        ]
+        limit = self.policy.settings.explain_limit
+        estimates = estimate_starts(nodes, todo[:limit], claims, self.now, runs)
+        for reservation in claims:
+            estimates[reservation.job_id] = reservation.start
+        for job_id, start in by_limits.items():
+            estimates[job_id] = min(estimates.get(job_id, start), start)
         for job_id, moment in estimates.items():
             self.waiting[job_id] = Waiting(self.waiting[job_id].reasons, moment)
 

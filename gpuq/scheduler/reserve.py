@@ -15,6 +15,9 @@ from dataclasses import dataclass, field
 from gpuq.domain.model import Resources
 from gpuq.scheduler.fitting import NodeView, ShareUse, share_units
 
+# a running (or just started) job's hold on a node: (end estimate, units, cpus, mem)
+Release = tuple[float, tuple[str, ...], int, int]
+
 
 @dataclass(slots=True)
 class FreeNode:
@@ -24,7 +27,7 @@ class FreeNode:
     units: set[str]
     cpus: int
     mem: int
-    releases: list[tuple[float, tuple[str, ...], int, int]] = field(default_factory=list)
+    releases: list[Release] = field(default_factory=list)
     # (end estimate, units, cpus, mem) of every job running on it, started ones included
     shares: dict[str, list[ShareUse]] = field(default_factory=dict)  # live, started ones too
 

@@ -57,6 +57,10 @@ class RunningJob:
     array_job_id: int | None = None
     stopping: bool = False  # a stop (cancel, preemption, timeout) was requested
     nodes: int = 1  # how many nodes (parts) the whole job has
+    # when it is expected to end: start + the measured run time of its user's jobs of its
+    # name, for a job without --time (gpuq.domain.right_sizing); None: end_estimate. Only
+    # the estimated starts use it: starts, backfill and reservations keep to the limits
+    expected_end: float | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -90,6 +94,9 @@ class PendingJob:
     array_max_running: int | None = None
     singleton: bool = False
     placement: Placement = field(default_factory=Placement)  # --nodelist, --exclude, --constraint
+    # how long it is expected to run: the measured run time of its user's jobs of its name,
+    # for a job without --time (never over time_limit); None: time_limit. As expected_end
+    expected_run: float | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -85,6 +85,43 @@ class AccountingReads:
             for name, count, seconds, energy, weighted, covered in rows
         ]
 
+    def run_times(
+        self, users: Sequence[str], names: Sequence[str], since: float, per_pair: int
+    ) -> list[tuple[str, str, float]]:
+        """(user, name, seconds) of completed jobs of these users and names that ended at or
+        after `since`: the latest `per_pair` of each (user, name), newest first (the estimated
+        start of a job without --time, gpuq.domain.right_sizing). By user and state first
+        (ix_jobs_user_state), so a long history is never scanned whole."""
+        if not users or not names:
+            return []
+        ranked = (
+            select(
+                jobs.c.user,
+                jobs.c.name,
+                (jobs.c.end_time - jobs.c.start_time).label("seconds"),
+                func.row_number()
+                .over(partition_by=(jobs.c.user, jobs.c.name), order_by=jobs.c.end_time.desc())
+                .label("rank"),
+            )
+            .where(
+                and_(
+                    jobs.c.user.in_(sorted(set(users))),
+                    jobs.c.state == JobState.COMPLETED.value,
+                    jobs.c.name.in_(sorted(set(names))),
+                    jobs.c.end_time >= since,
+                    jobs.c.start_time.is_not(None),
+                )
+            )
+            .subquery()
+        )
+        stmt = (
+            select(ranked.c.user, ranked.c.name, ranked.c.seconds)
+            .where(ranked.c.rank <= per_pair)
+            .order_by(ranked.c.user, ranked.c.name, ranked.c.rank)
+        )
+        with self.engine.connect() as conn:
+            return [(u, n, float(s)) for u, n, s in conn.execute(stmt)]
+
 
 class AccountingWrites:
     """The accounting writes of `gpuq.store.api.StoreTx`, within its transaction."""

@@ -55,7 +55,7 @@ class Register(_message.Message):
     def __init__(self, node: _Optional[str] = ..., gpus: _Optional[_Iterable[_Union[_types_pb2.GpuUnit, _Mapping]]] = ..., topology: _Optional[_Iterable[_Union[_types_pb2.TopologyLink, _Mapping]]] = ..., cpus: _Optional[int] = ..., mem: _Optional[int] = ..., fake: _Optional[bool] = ..., version: _Optional[str] = ..., jobs: _Optional[_Iterable[_Union[JobReport, _Mapping]]] = ..., gpu_problem: _Optional[str] = ..., isolation: _Optional[str] = ..., driver: _Optional[str] = ..., features: _Optional[_Iterable[str]] = ..., address: _Optional[str] = ..., sent: _Optional[float] = ..., fence_time: _Optional[float] = ...) -> None: ...
 
 class Heartbeat(_message.Message):
-    __slots__ = ("at", "usage", "not_accepting", "not_accepting_reason", "jobs", "output_gone", "sent", "isolation")
+    __slots__ = ("at", "usage", "not_accepting", "not_accepting_reason", "jobs", "output_gone", "sent", "isolation", "progress")
     AT_FIELD_NUMBER: _ClassVar[int]
     USAGE_FIELD_NUMBER: _ClassVar[int]
     NOT_ACCEPTING_FIELD_NUMBER: _ClassVar[int]
@@ -64,6 +64,7 @@ class Heartbeat(_message.Message):
     OUTPUT_GONE_FIELD_NUMBER: _ClassVar[int]
     SENT_FIELD_NUMBER: _ClassVar[int]
     ISOLATION_FIELD_NUMBER: _ClassVar[int]
+    PROGRESS_FIELD_NUMBER: _ClassVar[int]
     at: float
     usage: _containers.RepeatedCompositeFieldContainer[_types_pb2.GpuUsage]
     not_accepting: bool
@@ -72,7 +73,30 @@ class Heartbeat(_message.Message):
     output_gone: _containers.RepeatedCompositeFieldContainer[OutputGone]
     sent: float
     isolation: str
-    def __init__(self, at: _Optional[float] = ..., usage: _Optional[_Iterable[_Union[_types_pb2.GpuUsage, _Mapping]]] = ..., not_accepting: _Optional[bool] = ..., not_accepting_reason: _Optional[str] = ..., jobs: _Optional[_Iterable[_Union[JobSample, _Mapping]]] = ..., output_gone: _Optional[_Iterable[_Union[OutputGone, _Mapping]]] = ..., sent: _Optional[float] = ..., isolation: _Optional[str] = ...) -> None: ...
+    progress: _containers.RepeatedCompositeFieldContainer[JobProgress]
+    def __init__(self, at: _Optional[float] = ..., usage: _Optional[_Iterable[_Union[_types_pb2.GpuUsage, _Mapping]]] = ..., not_accepting: _Optional[bool] = ..., not_accepting_reason: _Optional[str] = ..., jobs: _Optional[_Iterable[_Union[JobSample, _Mapping]]] = ..., output_gone: _Optional[_Iterable[_Union[OutputGone, _Mapping]]] = ..., sent: _Optional[float] = ..., isolation: _Optional[str] = ..., progress: _Optional[_Iterable[_Union[JobProgress, _Mapping]]] = ...) -> None: ...
+
+class JobProgress(_message.Message):
+    __slots__ = ("job_id", "attempt", "at", "done", "total", "rate", "unit", "source", "label")
+    JOB_ID_FIELD_NUMBER: _ClassVar[int]
+    ATTEMPT_FIELD_NUMBER: _ClassVar[int]
+    AT_FIELD_NUMBER: _ClassVar[int]
+    DONE_FIELD_NUMBER: _ClassVar[int]
+    TOTAL_FIELD_NUMBER: _ClassVar[int]
+    RATE_FIELD_NUMBER: _ClassVar[int]
+    UNIT_FIELD_NUMBER: _ClassVar[int]
+    SOURCE_FIELD_NUMBER: _ClassVar[int]
+    LABEL_FIELD_NUMBER: _ClassVar[int]
+    job_id: int
+    attempt: int
+    at: float
+    done: float
+    total: float
+    rate: float
+    unit: str
+    source: str
+    label: str
+    def __init__(self, job_id: _Optional[int] = ..., attempt: _Optional[int] = ..., at: _Optional[float] = ..., done: _Optional[float] = ..., total: _Optional[float] = ..., rate: _Optional[float] = ..., unit: _Optional[str] = ..., source: _Optional[str] = ..., label: _Optional[str] = ...) -> None: ...
 
 class OutputGone(_message.Message):
     __slots__ = ("job_id", "attempt", "path", "folder", "replaced")

@@ -96,12 +96,78 @@ class AttachReply(_message.Message):
     def __init__(self, state: _Optional[str] = ..., reason: _Optional[str] = ..., output: _Optional[bytes] = ..., node: _Optional[str] = ..., ended: _Optional[bool] = ..., result: _Optional[_Union[_types_pb2.JobResult, _Mapping]] = ...) -> None: ...
 
 class ReportRequest(_message.Message):
-    __slots__ = ("user", "since")
+    __slots__ = ("user", "since", "advice", "job_id")
     USER_FIELD_NUMBER: _ClassVar[int]
     SINCE_FIELD_NUMBER: _ClassVar[int]
+    ADVICE_FIELD_NUMBER: _ClassVar[int]
+    JOB_ID_FIELD_NUMBER: _ClassVar[int]
     user: str
     since: float
-    def __init__(self, user: _Optional[str] = ..., since: _Optional[float] = ...) -> None: ...
+    advice: bool
+    job_id: int
+    def __init__(self, user: _Optional[str] = ..., since: _Optional[float] = ..., advice: _Optional[bool] = ..., job_id: _Optional[int] = ...) -> None: ...
+
+class SizingAdvice(_message.Message):
+    __slots__ = ("user", "name", "jobs", "measured", "asked_gpu_mem", "peak_gpu_mem", "peak_gpu_mem_p95", "card_mem", "util_p95", "asked_time", "completed", "run_p95", "timeouts", "gpu_mem", "mig", "gpu_share", "time", "suggestions")
+    USER_FIELD_NUMBER: _ClassVar[int]
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    JOBS_FIELD_NUMBER: _ClassVar[int]
+    MEASURED_FIELD_NUMBER: _ClassVar[int]
+    ASKED_GPU_MEM_FIELD_NUMBER: _ClassVar[int]
+    PEAK_GPU_MEM_FIELD_NUMBER: _ClassVar[int]
+    PEAK_GPU_MEM_P95_FIELD_NUMBER: _ClassVar[int]
+    CARD_MEM_FIELD_NUMBER: _ClassVar[int]
+    UTIL_P95_FIELD_NUMBER: _ClassVar[int]
+    ASKED_TIME_FIELD_NUMBER: _ClassVar[int]
+    COMPLETED_FIELD_NUMBER: _ClassVar[int]
+    RUN_P95_FIELD_NUMBER: _ClassVar[int]
+    TIMEOUTS_FIELD_NUMBER: _ClassVar[int]
+    GPU_MEM_FIELD_NUMBER: _ClassVar[int]
+    MIG_FIELD_NUMBER: _ClassVar[int]
+    GPU_SHARE_FIELD_NUMBER: _ClassVar[int]
+    TIME_FIELD_NUMBER: _ClassVar[int]
+    SUGGESTIONS_FIELD_NUMBER: _ClassVar[int]
+    user: str
+    name: str
+    jobs: int
+    measured: int
+    asked_gpu_mem: int
+    peak_gpu_mem: int
+    peak_gpu_mem_p95: int
+    card_mem: int
+    util_p95: float
+    asked_time: int
+    completed: int
+    run_p95: float
+    timeouts: int
+    gpu_mem: int
+    mig: str
+    gpu_share: int
+    time: int
+    suggestions: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, user: _Optional[str] = ..., name: _Optional[str] = ..., jobs: _Optional[int] = ..., measured: _Optional[int] = ..., asked_gpu_mem: _Optional[int] = ..., peak_gpu_mem: _Optional[int] = ..., peak_gpu_mem_p95: _Optional[int] = ..., card_mem: _Optional[int] = ..., util_p95: _Optional[float] = ..., asked_time: _Optional[int] = ..., completed: _Optional[int] = ..., run_p95: _Optional[float] = ..., timeouts: _Optional[int] = ..., gpu_mem: _Optional[int] = ..., mig: _Optional[str] = ..., gpu_share: _Optional[int] = ..., time: _Optional[int] = ..., suggestions: _Optional[_Iterable[str]] = ...) -> None: ...
+
+class IdleHolder(_message.Message):
+    __slots__ = ("user", "gpu_seconds", "util_mean")
+    USER_FIELD_NUMBER: _ClassVar[int]
+    GPU_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    UTIL_MEAN_FIELD_NUMBER: _ClassVar[int]
+    user: str
+    gpu_seconds: float
+    util_mean: float
+    def __init__(self, user: _Optional[str] = ..., gpu_seconds: _Optional[float] = ..., util_mean: _Optional[float] = ...) -> None: ...
+
+class JobEfficiency(_message.Message):
+    __slots__ = ("job", "time_limit", "card_mem", "verdicts")
+    JOB_FIELD_NUMBER: _ClassVar[int]
+    TIME_LIMIT_FIELD_NUMBER: _ClassVar[int]
+    CARD_MEM_FIELD_NUMBER: _ClassVar[int]
+    VERDICTS_FIELD_NUMBER: _ClassVar[int]
+    job: _types_pb2.Job
+    time_limit: int
+    card_mem: int
+    verdicts: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, job: _Optional[_Union[_types_pb2.Job, _Mapping]] = ..., time_limit: _Optional[int] = ..., card_mem: _Optional[int] = ..., verdicts: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class ReportRow(_message.Message):
     __slots__ = ("user", "jobs", "gpu_seconds", "energy", "util_mean", "util_gpu_seconds")
@@ -120,10 +186,16 @@ class ReportRow(_message.Message):
     def __init__(self, user: _Optional[str] = ..., jobs: _Optional[int] = ..., gpu_seconds: _Optional[float] = ..., energy: _Optional[float] = ..., util_mean: _Optional[float] = ..., util_gpu_seconds: _Optional[float] = ...) -> None: ...
 
 class ReportReply(_message.Message):
-    __slots__ = ("rows",)
+    __slots__ = ("rows", "advice", "idle", "efficiency")
     ROWS_FIELD_NUMBER: _ClassVar[int]
+    ADVICE_FIELD_NUMBER: _ClassVar[int]
+    IDLE_FIELD_NUMBER: _ClassVar[int]
+    EFFICIENCY_FIELD_NUMBER: _ClassVar[int]
     rows: _containers.RepeatedCompositeFieldContainer[ReportRow]
-    def __init__(self, rows: _Optional[_Iterable[_Union[ReportRow, _Mapping]]] = ...) -> None: ...
+    advice: _containers.RepeatedCompositeFieldContainer[SizingAdvice]
+    idle: _containers.RepeatedCompositeFieldContainer[IdleHolder]
+    efficiency: JobEfficiency
+    def __init__(self, rows: _Optional[_Iterable[_Union[ReportRow, _Mapping]]] = ..., advice: _Optional[_Iterable[_Union[SizingAdvice, _Mapping]]] = ..., idle: _Optional[_Iterable[_Union[IdleHolder, _Mapping]]] = ..., efficiency: _Optional[_Union[JobEfficiency, _Mapping]] = ...) -> None: ...
 
 class TokenRequest(_message.Message):
     __slots__ = ("user",)

@@ -250,6 +250,8 @@ class QueueServicer:
         """Usage per user over the jobs that ran and ended (gpuq report, like SLURM's sreport):
         GPU-hours held, energy and GPU-hour-weighted mean utilisation, summed by the store. Anyone
         may ask about anyone (listings already show every job's times, GPUs and telemetry).
+        With `advice`: right-sizing per job name and idle GPU holders; with `job_id`: one job's
+        efficiency (gpuq eff). Where private_data holds "usage", others' only for admins.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')

@@ -180,7 +180,7 @@ class PendingInfo(_message.Message):
     def __init__(self, reasons: _Optional[_Iterable[str]] = ..., estimated_start: _Optional[float] = ..., priority: _Optional[float] = ..., factors: _Optional[_Iterable[_Union[PriorityFactor, _Mapping]]] = ...) -> None: ...
 
 class Job(_message.Message):
-    __slots__ = ("id", "spec", "user", "state", "submit_time", "start_time", "end_time", "node", "gpus", "result", "requeue_count", "array_job_id", "array_task_id", "reason", "pending", "stdout_path", "stderr_path", "priority", "qos", "stop_reason", "stop_state", "array_tasks", "start_count", "telemetry", "gpu_enforcement", "flags", "nodes")
+    __slots__ = ("id", "spec", "user", "state", "submit_time", "start_time", "end_time", "node", "gpus", "result", "requeue_count", "array_job_id", "array_task_id", "reason", "pending", "stdout_path", "stderr_path", "priority", "qos", "stop_reason", "stop_state", "array_tasks", "start_count", "telemetry", "gpu_enforcement", "flags", "nodes", "progress")
     ID_FIELD_NUMBER: _ClassVar[int]
     SPEC_FIELD_NUMBER: _ClassVar[int]
     USER_FIELD_NUMBER: _ClassVar[int]
@@ -208,6 +208,7 @@ class Job(_message.Message):
     GPU_ENFORCEMENT_FIELD_NUMBER: _ClassVar[int]
     FLAGS_FIELD_NUMBER: _ClassVar[int]
     NODES_FIELD_NUMBER: _ClassVar[int]
+    PROGRESS_FIELD_NUMBER: _ClassVar[int]
     id: int
     spec: JobSpec
     user: str
@@ -235,7 +236,32 @@ class Job(_message.Message):
     gpu_enforcement: str
     flags: _containers.RepeatedScalarFieldContainer[str]
     nodes: _containers.RepeatedScalarFieldContainer[str]
-    def __init__(self, id: _Optional[int] = ..., spec: _Optional[_Union[JobSpec, _Mapping]] = ..., user: _Optional[str] = ..., state: _Optional[str] = ..., submit_time: _Optional[float] = ..., start_time: _Optional[float] = ..., end_time: _Optional[float] = ..., node: _Optional[str] = ..., gpus: _Optional[_Iterable[str]] = ..., result: _Optional[_Union[JobResult, _Mapping]] = ..., requeue_count: _Optional[int] = ..., array_job_id: _Optional[int] = ..., array_task_id: _Optional[int] = ..., reason: _Optional[str] = ..., pending: _Optional[_Union[PendingInfo, _Mapping]] = ..., stdout_path: _Optional[str] = ..., stderr_path: _Optional[str] = ..., priority: _Optional[int] = ..., qos: _Optional[str] = ..., stop_reason: _Optional[str] = ..., stop_state: _Optional[str] = ..., array_tasks: _Optional[str] = ..., start_count: _Optional[int] = ..., telemetry: _Optional[_Union[GpuTelemetry, _Mapping]] = ..., gpu_enforcement: _Optional[str] = ..., flags: _Optional[_Iterable[str]] = ..., nodes: _Optional[_Iterable[str]] = ...) -> None: ...
+    progress: JobThroughput
+    def __init__(self, id: _Optional[int] = ..., spec: _Optional[_Union[JobSpec, _Mapping]] = ..., user: _Optional[str] = ..., state: _Optional[str] = ..., submit_time: _Optional[float] = ..., start_time: _Optional[float] = ..., end_time: _Optional[float] = ..., node: _Optional[str] = ..., gpus: _Optional[_Iterable[str]] = ..., result: _Optional[_Union[JobResult, _Mapping]] = ..., requeue_count: _Optional[int] = ..., array_job_id: _Optional[int] = ..., array_task_id: _Optional[int] = ..., reason: _Optional[str] = ..., pending: _Optional[_Union[PendingInfo, _Mapping]] = ..., stdout_path: _Optional[str] = ..., stderr_path: _Optional[str] = ..., priority: _Optional[int] = ..., qos: _Optional[str] = ..., stop_reason: _Optional[str] = ..., stop_state: _Optional[str] = ..., array_tasks: _Optional[str] = ..., start_count: _Optional[int] = ..., telemetry: _Optional[_Union[GpuTelemetry, _Mapping]] = ..., gpu_enforcement: _Optional[str] = ..., flags: _Optional[_Iterable[str]] = ..., nodes: _Optional[_Iterable[str]] = ..., progress: _Optional[_Union[JobThroughput, _Mapping]] = ...) -> None: ...
+
+class JobThroughput(_message.Message):
+    __slots__ = ("done", "total", "fraction", "unit", "label", "source", "rate", "eta", "read_at", "collapse")
+    DONE_FIELD_NUMBER: _ClassVar[int]
+    TOTAL_FIELD_NUMBER: _ClassVar[int]
+    FRACTION_FIELD_NUMBER: _ClassVar[int]
+    UNIT_FIELD_NUMBER: _ClassVar[int]
+    LABEL_FIELD_NUMBER: _ClassVar[int]
+    SOURCE_FIELD_NUMBER: _ClassVar[int]
+    RATE_FIELD_NUMBER: _ClassVar[int]
+    ETA_FIELD_NUMBER: _ClassVar[int]
+    READ_AT_FIELD_NUMBER: _ClassVar[int]
+    COLLAPSE_FIELD_NUMBER: _ClassVar[int]
+    done: float
+    total: float
+    fraction: float
+    unit: str
+    label: str
+    source: str
+    rate: float
+    eta: float
+    read_at: float
+    collapse: str
+    def __init__(self, done: _Optional[float] = ..., total: _Optional[float] = ..., fraction: _Optional[float] = ..., unit: _Optional[str] = ..., label: _Optional[str] = ..., source: _Optional[str] = ..., rate: _Optional[float] = ..., eta: _Optional[float] = ..., read_at: _Optional[float] = ..., collapse: _Optional[str] = ...) -> None: ...
 
 class JobEvent(_message.Message):
     __slots__ = ("job_id", "at", "from_state", "to_state", "reason", "cause")

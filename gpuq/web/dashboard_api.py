@@ -19,8 +19,8 @@ from gpuq.domain.gpu_history import RANGES
 from gpuq.domain.limits import MAX_JOB_ID, check_text
 from gpuq.errors import InvalidInput, NotFound, PermissionDenied
 from gpuq.identity import Caller
+from gpuq.output_tail import read_tail
 from gpuq.v1 import queue_pb2
-from gpuq.web.log_tail import read_tail
 from gpuq.web.queue_access import QueueAccess
 
 M = TypeVar("M", bound=Message)
@@ -56,7 +56,7 @@ async def series(access: QueueAccess, caller: Caller, job_text: str) -> dict[str
 async def log(
     access: QueueAccess, caller: Caller, job_text: str, query: dict[str, str]
 ) -> dict[str, Any]:
-    """The tail of a job's output file, for its owner or an admin (gpuq.web.log_tail)."""
+    """The tail of a job's output file, for its owner or an admin (gpuq.output_tail)."""
     stream = query.get("stream", "stdout")
     if stream not in ("stdout", "stderr"):
         raise InvalidInput("stream", stream, "expected stdout or stderr")

@@ -1,4 +1,4 @@
-"""Pure parts of the dashboard's server (gpuq.web.log_tail, gpuq.web.dashboard_api): reading a
+"""Pure parts of the dashboard's server (gpuq.output_tail, gpuq.web.dashboard_api): reading a
 job's output file as root would, and the listing parameters. The routes themselves run in
 tests/e2e/test_web_e2e.py."""
 
@@ -20,12 +20,12 @@ from gpuq.domain.model import JobEvent
 from gpuq.domain.states import JobState
 from gpuq.errors import InvalidInput, NotFound, PermissionDenied
 from gpuq.identity import Caller, Unauthenticated
+from gpuq.output_tail import LOG_TAIL, read_tail
 from gpuq.v1 import queue_pb2
 from gpuq.web import event_feed
 from gpuq.web.dashboard import CSP, Dashboard
 from gpuq.web.dashboard_api import job_request, listing_request
 from gpuq.web.http_types import EventStream, Request, Response
-from gpuq.web.log_tail import LOG_TAIL, read_tail
 from gpuq.web.queue_access import QueueAccess
 from gpuq.web.sessions import (
     ADDRESS_ATTEMPTS,

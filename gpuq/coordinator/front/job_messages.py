@@ -1,7 +1,12 @@
 """Jobs as callers see them on the wire: what a caller may see of another user's job (no
-script, arguments, environment, webhook or mail address; no name where the admin hides names),
-what a listing carries (nothing private, for anyone), why a pending job waits, and an array's
-waiting tasks collapsed into one entry as squeue shows them.
+script, arguments, environment, webhook or mail address, no progress; no name where the admin
+hides names), what a listing carries (nothing private, for anyone, but a running job's progress
+for its owner and admins), why a pending job waits, and an array's waiting tasks collapsed into
+one entry as squeue shows them.
+
+A running job's progress (gpuq.coordinator.workload.running_progress) is read from its output,
+which only its owner and admins may read (permissions.check_reads_log): so is its progress,
+and the flag that says its throughput collapsed.
 
 Where the admin hides job names (`[coordinator] private_data` holds "names"), a caller who is
 neither the owner nor an admin sees `(hidden)` wherever another user's job name would show: the
@@ -51,6 +56,7 @@ class JobMessages:
         flags: Callable[[int, int], tuple[str, ...]],
         pending_detail: Callable[[Job], PendingDetail | None],
         explanation: Callable[[], object] = object,
+        progress: Callable[[int, int], pb.JobThroughput | None] = lambda job_id, start: None,
     ) -> None:
         self.private_data = private_data  # what others' jobs hide (permissions.sees)
         self.flags = flags  # a running job's idle and hung flags (job id, its start)
@@ -58,12 +64,16 @@ class JobMessages:
         # the queue's explanation now (a new object each time it is made anew): a job's
         # "why it waits" built from the same one, at the same priority, is the same
         self.explanation = explanation
+        self.progress = progress  # a running job's progress (job id, its start), not to change
 
     def full(self, job: Job, caller: Caller, explained: Job | None = None) -> pb.Job:
         """GetJob's: everything `caller` may see of the job."""
         hidden = hides_name(caller, job.user, self.private_data)
         message = self.with_pending(job, explained, hidden)
         if is_owner_or_admin(caller, job.user):
+            shown = self.progress_of(job, caller)
+            if shown is not None:
+                message.MergeFrom(progress_part(shown))
             return message
         for part in PRIVATE:
             message.spec.ClearField(part)
@@ -81,6 +91,14 @@ class JobMessages:
         if job.array_job_id is not None:  # an entry carries the tasks it stands for
             message.spec.array.indices[:] = job.tasks or (job.array_task_id or 0,)
         return message
+
+    def progress_of(self, job: Job, caller: Caller) -> pb.JobThroughput | None:
+        """What a running job's output says of its progress, for those who may read its
+        output (None for others, and when nothing is known): the coordinator's own message,
+        to copy (progress_part), never to change."""
+        if job.state is not JobState.RUNNING or not is_owner_or_admin(caller, job.user):
+            return None
+        return self.progress(job.id, job.start_count)
 
     def with_pending(self, job: Job, explained: Job | None = None, hidden: bool = False) -> pb.Job:
         """The job with why it waits (an array's record: why its first waiting task does);
@@ -139,6 +157,12 @@ def job_message(job: Job, flags: Sequence[str] = (), name: str | None = None) ->
     message = job_to_proto(job, stdout, stderr)
     message.flags[:] = flags  # idle, possibly hung (gpuq.coordinator.workload.idle_rules)
     return message
+
+
+def progress_part(shown: pb.JobThroughput) -> pb.Job:
+    """A Job message holding only a running job's progress, and the line that says its
+    throughput collapsed in its flags: merged into the job's message after its other flags."""
+    return pb.Job(progress=shown, flags=[shown.collapse] if shown.collapse else [])
 
 
 def pending_info(detail: PendingDetail) -> pb.PendingInfo:

@@ -14,7 +14,8 @@ job) then took 65% of the coordinator. So:
   changes (memory's Job is a new object then) or its flags do; only why a pending job waits,
   which changes without the job changing, is kept per explanation and priority. Entries are
   built for at most TURN (0.1 ms) at a time with the loop free in between: a kept one costs
-  a dictionary look-up.
+  a dictionary look-up. A running job's progress, which only its owner and admins see, is
+  added to their entries (kept, as bytes and JSON, until its next reading).
 - Listings take turns (`_lane`): pages are built one at a time, so a call that comes meanwhile
   (`gpuq nodes`, a submission) waits behind one small chunk of one listing.
 
@@ -34,7 +35,7 @@ from google.protobuf.message import Message
 
 from gpuq.coordinator.access.permissions import hides_name
 from gpuq.coordinator.changes.store_writer import StoreWriter
-from gpuq.coordinator.front.job_messages import JobMessages, collapse_arrays
+from gpuq.coordinator.front.job_messages import JobMessages, collapse_arrays, progress_part
 from gpuq.coordinator.front.page_tokens import Cursor, decode, digest, encode, page_size
 from gpuq.coordinator.memory.live_jobs import LiveJobs
 from gpuq.domain.model import Job
@@ -77,6 +78,17 @@ class KeptWait:
     json: str | None = None  # `pending` as the dashboard's JSON, once it asked
 
 
+@dataclass(slots=True)
+class KeptProgress:
+    """A running job's progress, as a Job message holding only it (and its collapse flag),
+    for as long as the coordinator holds this same reading."""
+
+    shown: pb.JobThroughput  # the coordinator's own (RunningProgress.shown)
+    body: bytes  # progress_part(shown) on the wire
+    collapse: bool  # its flags hold the collapse: its JSON merges with the entry's flags
+    json: str | None = None  # `"progress":{...}`, a member to add, once the dashboard asked
+
+
 @dataclass(frozen=True, slots=True)
 class Page:
     entries: list[Entry]
@@ -93,6 +105,7 @@ class JobPages:
         self.messages = messages
         self._kept: dict[tuple[int, bool], Kept] = {}  # by (job id, name hidden)
         self._waits: dict[tuple[int, bool], KeptWait] = {}  # the same
+        self._progress: dict[int, KeptProgress] = {}  # by job id
         # listings take turns: one page is built at a time, so a call that comes meanwhile
         # waits behind one chunk of one listing, not behind one of each listing at once
         self._lane = asyncio.Lock()
@@ -106,10 +119,12 @@ class JobPages:
         parts: list[bytes] = []
         async with self._lane:
             async for job, explained, hidden in self._in_turns(caller, page.entries):
-                # bytes of one message joined: the two merged
+                # bytes of messages joined: they merge (the progress's flags after the entry's)
+                progress = self._kept_progress(job, caller)
                 body = (
                     self._kept_entry(job, hidden).body
                     + self._kept_wait(job, explained, hidden).body
+                    + (progress.body if progress is not None else b"")
                 )
                 parts += (b"\x0a", _varint(len(body)), body)  # framed as field 1, `jobs`
             reply = queue_pb2.ListJobsReply.FromString(b"".join(parts))
@@ -137,12 +152,22 @@ class JobPages:
                         message.spec.array.ClearField("indices")
                     kept.json = json_text(message)
                 wait = self._kept_wait(job, explained, hidden)
-                if not wait.body:
-                    texts.append(kept.json)
-                    continue
-                if wait.json is None:
-                    wait.json = json_text(pb.Job.FromString(wait.body).pending)
-                texts.append(f'{kept.json[:-1]},"pending":{wait.json}}}')  # one more member
+                text = kept.json
+                if wait.body:
+                    if wait.json is None:
+                        wait.json = json_text(pb.Job.FromString(wait.body).pending)
+                    text = f'{text[:-1]},"pending":{wait.json}}}'  # one more member
+                progress = self._kept_progress(job, caller)
+                if progress is not None and progress.collapse:  # its flags join the entry's
+                    message = pb.Job.FromString(kept.body + wait.body + progress.body)
+                    if message.spec.HasField("array"):
+                        message.spec.array.ClearField("indices")
+                    text = json_text(message)
+                elif progress is not None:
+                    if progress.json is None:
+                        progress.json = json_text(pb.Job(progress=progress.shown))[1:-1]
+                    text = f"{text[:-1]},{progress.json}}}"
+                texts.append(text)
         return texts
 
     async def _in_turns(
@@ -269,11 +294,32 @@ class JobPages:
                 self._forget_ended()
         return kept
 
+    def _kept_progress(self, job: Job, caller: Caller) -> KeptProgress | None:
+        """The job's progress for `caller` (None for those who may not read its output:
+        JobMessages.progress_of), kept while the coordinator holds the same reading."""
+        shown = self.messages.progress_of(job, caller)
+        if shown is None:
+            return None
+        kept = self._progress.get(job.id)
+        if kept is None or kept.shown is not shown:
+            kept = KeptProgress(
+                shown, progress_part(shown).SerializeToString(), bool(shown.collapse)
+            )
+            self._progress[job.id] = kept
+            if len(self._progress) > 2 * len(self.jobs.jobs) + 1024:
+                self._forget_ended()
+        return kept
+
     def _forget_ended(self) -> None:
         """Drop what is kept for jobs memory no longer holds as they were."""
         live = self.jobs.jobs
         self._kept = {k: v for k, v in self._kept.items() if live.get(k[0]) is v.job}
         self._waits = {k: v for k, v in self._waits.items() if live.get(k[0]) is v.job}
+        self._progress = {
+            k: v
+            for k, v in self._progress.items()
+            if k in live and self.messages.progress(k, live[k].start_count) is v.shown
+        }
 
 
 def sort_key(job: Job, query: JobQuery) -> tuple[int, ...]:

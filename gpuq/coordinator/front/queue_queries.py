@@ -7,7 +7,8 @@ that user.
 from __future__ import annotations
 
 import math
-from collections.abc import AsyncIterator, Sequence
+import time
+from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import replace
 from typing import Any
 
@@ -27,6 +28,7 @@ from gpuq.coordinator.front.job_messages import (
 from gpuq.coordinator.front.job_pages import JobPages, Wanted
 from gpuq.coordinator.front.listing_filters import ListFilters, list_filters
 from gpuq.coordinator.front.ranked_queue import QueueFilter, ranked
+from gpuq.coordinator.front.sizing_queries import SizingQueries
 from gpuq.coordinator.memory.live_jobs import LiveJobs
 from gpuq.coordinator.memory.node_table import NodeTable, drained_text, unit_states
 from gpuq.coordinator.memory.scheduler_inputs import SchedulerInputs
@@ -60,6 +62,7 @@ class QueueQueries:
         messages: JobMessages,
         inputs: SchedulerInputs,
         history: ClusterHistory,
+        clock: Callable[[], float] = time.time,
     ) -> None:
         self.settings = settings
         self.writer = writer
@@ -73,6 +76,9 @@ class QueueQueries:
         self.inputs = inputs
         self.history = history
         self.pages = JobPages(settings.list_page_size, jobs, writer, messages)
+        self.sizing = SizingQueries(
+            settings, writer, nodes, inputs, messages, self.job_detail, clock
+        )
 
     async def get_job(
         self, caller: Caller, request: queue_pb2.GetJobRequest
@@ -220,12 +226,21 @@ class QueueQueries:
     ) -> queue_pb2.ReportReply:
         """Usage per user (gpuq report): anyone may see anyone's, as sreport shows by default,
         since listings already show every job's times, GPUs and telemetry; where private_data
-        holds "usage", others' rows only admins (permissions.sees)."""
+        holds "usage", others' rows only admins (permissions.sees). With `job_id`: that job's
+        efficiency alone (gpuq eff); with `advice`: right-sizing too (SizingQueries)."""
         check_text("user", request.user, 64)
         since = request.since if request.HasField("since") else None
         if since is not None and not math.isfinite(since):
             raise InvalidInput("--since", str(since), "expected a time")
+        if request.job_id:
+            if request.job_id > MAX_JOB_ID:
+                raise NotFound(f"no job {request.job_id}")
+            efficiency = await self.sizing.efficiency(caller, request.job_id)
+            return queue_pb2.ReportReply(efficiency=efficiency)
         user = request.user or None
+        advice: tuple[list[queue_pb2.SizingAdvice], list[queue_pb2.IdleHolder]] = ([], [])
+        if request.advice:
+            advice = await self.sizing.advice(caller, user or caller.user, since)
         rows = await self.writer.read(lambda s: s.usage_report(user, since))
         return queue_pb2.ReportReply(
             rows=[
@@ -239,7 +254,9 @@ class QueueQueries:
                 )
                 for r in rows
                 if sees(caller, r.user, "usage", self.settings.private_data)
-            ]
+            ],
+            advice=advice[0],
+            idle=advice[1],
         )
 
     def list_cron(self, caller: Caller) -> queue_pb2.ListCronReply:

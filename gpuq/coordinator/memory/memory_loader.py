@@ -1,6 +1,7 @@
 """Memory from the store: what a starting coordinator loads (live jobs, nodes, fair-share
-usage, drains, how arrays that live jobs wait on ended so far), and the reload after a failed
-scheduling pass, when memory may have parted from the store.
+usage, drains, how arrays that live jobs wait on ended so far), the reload after a failed
+scheduling pass, when memory may have parted from the store, and the measured run times that
+estimated starts use (read again every few minutes).
 """
 
 from __future__ import annotations
@@ -13,12 +14,14 @@ from gpuq.coordinator.memory.live_jobs import LiveJobs
 from gpuq.coordinator.memory.node_table import NodeEntry, NodeTable
 from gpuq.coordinator.memory.scheduler_inputs import SchedulerInputs
 from gpuq.domain.model import Job
+from gpuq.domain.right_sizing import MEASURED_DAYS, MEASURED_RUNS, run_time_table
 from gpuq.domain.states import JobState
 from gpuq.store.records import JobQuery
 
 log = logging.getLogger(__name__)
 
 LIVE = frozenset({JobState.PENDING, JobState.HELD, JobState.RUNNING})
+MAX_RUN_KEYS = 2000  # (user, name)s whose run times one read asks for, at most
 
 
 class MemoryLoader:
@@ -68,3 +71,25 @@ class MemoryLoader:
             failed = sorted(s for s in by_state if not s.is_live and s is not JobState.COMPLETED)
             if failed:
                 self.inputs.array_worst[array] = failed[0]
+
+    async def read_run_times(self) -> None:
+        """The measured run times of the live jobs without --time, per (user, name): the p90
+        of their latest completed runs of the last MEASURED_DAYS (SchedulerInputs.run_times).
+        At most MAX_RUN_KEYS (user, name)s, by user and state in the store (indexed)."""
+        inputs = self.inputs
+        inputs.run_times_missing = False
+        inputs.run_times_at = self.clock()
+        wanted = sorted(
+            {
+                (j.user, j.spec.name)
+                for j in self.jobs.jobs.values()
+                if not j.spec.resources.time_limit
+            }
+        )[:MAX_RUN_KEYS]
+        users = sorted({u for u, _ in wanted})
+        names = sorted({n for _, n in wanted})
+        since = inputs.run_times_at - MEASURED_DAYS * 86400
+        rows = await self.writer.read(lambda s: s.run_times(users, names, since, MEASURED_RUNS))
+        keys = set(wanted)
+        inputs.run_times = run_time_table(r for r in rows if (r[0], r[1]) in keys)
+        inputs.run_times_read = keys

@@ -1,6 +1,7 @@
 """What the pure scheduler needs beyond live jobs, kept by the coordinator: turns live jobs
 into the scheduler's snapshot, and keeps what priorities need beyond live jobs (fair-share
-usage, finished jobs' states for dependencies, the fair-share factors of the last recalculation).
+usage, finished jobs' states for dependencies, the fair-share factors of the last recalculation)
+and what estimated starts need (how long each user's jobs of a name ran: `run_times`).
 """
 
 from __future__ import annotations
@@ -12,12 +13,16 @@ from gpuq.config.settings import CoordinatorSettings
 from gpuq.coordinator.memory.live_jobs import LiveJobs
 from gpuq.domain.dependencies import Dependency as DomainDependency
 from gpuq.domain.model import Job
+from gpuq.domain.right_sizing import measured_run
 from gpuq.domain.states import JobState
 from gpuq.scheduler.plan import FitKey, fit_key
 from gpuq.scheduler.priority import Factors, decayed, factors, fairshare_factors
 from gpuq.scheduler.snapshot import Dependency, PendingJob, Policy, RunningJob
 
 DepKey = tuple[int, int | None]
+RunKey = tuple[str, str]  # (user, job name)
+RUN_TIMES_EVERY = 300.0  # seconds: the measured run times are read again at most this often...
+RUN_TIMES_NEW = 2.0  # ...or this soon after a job of a (user, name) not read yet is seen
 
 
 class SchedulerInputs:
@@ -33,6 +38,13 @@ class SchedulerInputs:
         self.array_worst: dict[int, JobState] = {}
         self.shares: dict[str, float] = {}  # fair-share factors as of the last recalculation
         self.ranked_at = 0.0  # the moment every queued job's priority is computed for
+        # the estimated start of a job without --time: (user, name) -> the p90 of their last
+        # completed runs (gpuq.domain.right_sizing), read from the store by MemoryLoader for the
+        # live jobs' (user, name)s; `run_times_read`: those read (with or without runs)
+        self.run_times: dict[RunKey, float] = {}
+        self.run_times_read: set[RunKey] = set()
+        self.run_times_at = -math.inf
+        self.run_times_missing = False  # a live job's (user, name) has not been read
 
     # ---- per job -------------------------------------------------------------------------
 
@@ -44,6 +56,23 @@ class SchedulerInputs:
         none."""
         limit = self.time_limit(job)
         return int(limit) if limit else None
+
+    def expected_run(self, job: Job) -> float | None:
+        """How long a job without --time is expected to run: its user's jobs of its name ran
+        this long (p90, never over its limit); None: it has a --time, or no runs measured.
+        The estimated starts use it; the limit enforced stays the limit."""
+        if job.spec.resources.time_limit is not None:
+            return None
+        key = (job.user, job.spec.name)
+        if key not in self.run_times_read:
+            self.run_times_missing = True
+        seconds = self.run_times.get(key)
+        return None if seconds is None else measured_run([seconds], self.time_limit(job))
+
+    def run_times_due(self, now: float) -> bool:
+        return now - self.run_times_at >= (
+            RUN_TIMES_NEW if self.run_times_missing else RUN_TIMES_EVERY
+        )
 
     def key(self, job: Job) -> FitKey:
         spec = job.spec
@@ -78,6 +107,7 @@ class SchedulerInputs:
             array_max_running=spec.array.max_running if spec.array else None,
             singleton=spec.singleton,
             placement=spec.placement,
+            expected_run=self.expected_run(job),
         )
 
     def running(
@@ -90,6 +120,10 @@ class SchedulerInputs:
         end = job.start_time + limit if limit else math.inf
         if job.stop is not None:
             end = min(end, now + self.policy.kill_grace)
+        usual = self.expected_run(job)
+        expected = job.start_time + usual if usual is not None else None
+        if expected is not None and (expected <= now or expected >= end):
+            expected = None  # past its usual run time: only its limit bounds it
         res = job.spec.resources
         nodes = job.node_names
         return [
@@ -108,6 +142,7 @@ class SchedulerInputs:
                 name=job.name,
                 array_job_id=job.array_job_id,
                 stopping=job.stop is not None,
+                expected_end=expected,
             )
             for node in nodes
         ]
@@ -131,7 +166,10 @@ class SchedulerInputs:
         return self.finished.get((dep.job_id, dep.task))
 
     def job_ended(self, job: Job, state: JobState, jobs: LiveJobs) -> None:
-        """Remember how a job ended, for jobs that depend on it (call after `LiveJobs.put`)."""
+        """Remember how a job ended, for jobs that depend on it (call after `LiveJobs.put`);
+        a completed run makes its (user, name)'s run times due to be read again."""
+        if state is JobState.COMPLETED:
+            self.run_times_read.discard((job.user, job.spec.name))
         array = job.array_job_id
         if array is None:
             self.finished[(job.id, None)] = state

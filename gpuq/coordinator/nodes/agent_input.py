@@ -27,6 +27,7 @@ from gpuq.domain.limits import (
     shown,
 )
 from gpuq.domain.node_constraints import check_node_features
+from gpuq.domain.progress import Progress
 from gpuq.errors import InvalidInput
 from gpuq.v1 import agent_pb2 as apb
 from gpuq.v1 import types_pb2 as pb
@@ -56,6 +57,33 @@ def sample_from_proto(message: apb.JobSample, gpus: Sequence[str], now: float) -
         units.append(UnitReading(uuid, util, unit.memory if unit is not None else 0))
     at = message.at if math.isfinite(message.at) and message.at > 0 else now
     return Sample(message.job_id, at, tuple(units), message.output_bytes)
+
+
+MAX_PROGRESS_WORD = 40  # characters of a progress reading's unit, source or label
+MAX_PROGRESS_COUNT = 1e18  # beyond any count a job prints (gpuq.domain.progress takes none)
+
+
+def progress_from_proto(message: apb.JobProgress) -> Progress | None:
+    """A job's progress reading as the coordinator keeps it: None when a count or rate is not
+    a finite, non-negative number (or the total is 0); its words bounded single lines."""
+
+    def count(value: float) -> bool:
+        return math.isfinite(value) and 0.0 <= value < MAX_PROGRESS_COUNT
+
+    total = message.total if message.HasField("total") else None
+    rate = message.rate if message.HasField("rate") else None
+    if not count(message.done) or (total is not None and (not count(total) or total <= 0)):
+        return None
+    if rate is not None and not count(rate):
+        rate = None
+    return Progress(
+        done=message.done,
+        total=total,
+        rate=rate,
+        unit=clean_line(message.unit, MAX_PROGRESS_WORD),
+        source=clean_line(message.source, MAX_PROGRESS_WORD),
+        label=clean_line(message.label, MAX_PROGRESS_WORD),
+    )
 
 
 def one_line(text: str) -> str:

@@ -174,7 +174,7 @@ class AgentLink:
             self.wake()  # a unit that is ok again may start a job
         self._accepting(node, entry, message)
         self._isolation(node, entry, message.isolation)
-        self.samples.heard(node, message.jobs)
+        self.samples.heard(node, message.jobs, message.progress)
         if message.output_gone:
             self.samples.outputs_gone(node, message.output_gone)
 

@@ -2,7 +2,8 @@
 most one per PASS_GAP; under load whatever arrived meanwhile (submissions, job ends) shares one
 pass and one commit. A pass that fails reloads memory from the store (waiting out a store
 outage) and tries again. Also the periodic re-ranking of the queue (age and fair share move;
-SLURM's PriorityCalcPeriod).
+SLURM's PriorityCalcPeriod), and reading the measured run times that estimated starts use
+(beside the passes, never holding one up).
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ import asyncio
 import logging
 import time
 
+from gpuq.coordinator.background_tasks import Background
 from gpuq.coordinator.changes.effects import Cause
 from gpuq.coordinator.changes.event_bus import EventBus
 from gpuq.coordinator.changes.store_writer import RETRY_FIRST, RETRY_MOST, is_storage_error
@@ -54,6 +56,7 @@ class SchedulingLoop:
         self.bus = bus
         self.passes = 0
         self.clock = scheduling.clock
+        self.reading = Background("reading measured run times")
 
     def wake(self) -> None:
         self.requests.wake()
@@ -69,6 +72,7 @@ class SchedulingLoop:
             dirty.clear()
             last = loop.time()
             self.passes += 1
+            self._read_run_times()
             try:
                 await self._timed_pass()
             except Exception as exc:
@@ -79,6 +83,21 @@ class SchedulingLoop:
                 await self._reload_until_done()
                 self.wake()
                 await asyncio.sleep(0.5)
+
+    def _read_run_times(self) -> None:
+        """Read the measured run times when they are due (SchedulerInputs.run_times_due), in
+        the background; once read, queued jobs are explained afresh."""
+        if self.reading.tasks or not self.inputs.run_times_due(self.clock()):
+            return
+
+        async def read() -> None:
+            await self.loader.read_run_times()
+            self.scheduling.forget_explanation()
+
+        self.reading.spawn(read())
+
+    async def close(self) -> None:
+        await self.reading.cancel()
 
     async def _timed_pass(self) -> None:
         started = time.perf_counter()

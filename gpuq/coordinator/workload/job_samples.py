@@ -1,6 +1,7 @@
 """Running jobs' samples from their agents' heartbeats: fed to the idle and hung rules
 (gpuq.coordinator.workload.idle_rules), to the running jobs' GPU telemetry and to the per-GPU
-history (gpuq.coordinator.workload.history_buckets), and acted on: a
+history (gpuq.coordinator.workload.history_buckets) (and their progress readings to
+gpuq.coordinator.workload.running_progress), and acted on: a
 flag set or cleared is noted in the job's events, and a job its QOS says to cancel is
 cancelled through the normal cancel path, by the coordinator itself.
 """
@@ -21,6 +22,7 @@ from gpuq.coordinator.nodes.agent_input import MAX_JOB_SAMPLES, sample_from_prot
 from gpuq.coordinator.workload.history_buckets import GpuHistory
 from gpuq.coordinator.workload.idle_rules import Decision, IdleWatch
 from gpuq.coordinator.workload.job_actions import JobActions
+from gpuq.coordinator.workload.running_progress import RunningProgress
 from gpuq.coordinator.workload.running_telemetry import RunningTelemetry
 from gpuq.coordinator.workload.selection import Selection
 from gpuq.domain.limits import clean_line
@@ -41,6 +43,7 @@ class JobSamples:
         idle: IdleWatch,
         telemetry: RunningTelemetry,
         history: GpuHistory,
+        progress: RunningProgress,
         actions: JobActions,
         changes: JobChanges,
         clock: Callable[[], float],
@@ -50,6 +53,7 @@ class JobSamples:
         self.idle = idle
         self.telemetry = telemetry
         self.history = history
+        self.progress = progress
         self.actions = actions
         self.changes = changes
         self.clock = clock
@@ -57,11 +61,15 @@ class JobSamples:
         # output files noted as gone, by job: (its start, the path), each noted once
         self._gone: dict[int, set[tuple[int, str]]] = {}
 
-    def heard(self, node: str, samples: Sequence[apb.JobSample]) -> None:
-        """A heartbeat's samples of the jobs running on `node`."""
+    def heard(
+        self, node: str, samples: Sequence[apb.JobSample], progress: Sequence[apb.JobProgress] = ()
+    ) -> None:
+        """A heartbeat's samples of the jobs running on `node`, and their progress."""
         self._idle_rules(node, samples)
         self.telemetry.running(node, samples)  # GPU telemetry so far
         self.history.heard(node, samples)  # each unit's history
+        if progress:
+            self.progress.heard(node, progress)
 
     def _idle_rules(self, node: str, samples: Sequence[apb.JobSample]) -> None:
         """Samples of jobs running here (and not being stopped) go to the idle and hung

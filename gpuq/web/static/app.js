@@ -224,6 +224,21 @@ function gpuCard(node, unit, usage, health, holders, jobsById) {
   );
 }
 
+// A running job's progress from its own output (Job.progress: only its owner and admins get
+// it), as `gpuq queue --long` shows it: "12% 3.2it/s ETA 00:04:33"
+function progressText(job) {
+  const p = job.progress;
+  if (!p) return "";
+  const unit = p.unit || "units";
+  const parts = [p.fraction !== undefined ? `${(p.fraction * 100).toFixed(0)}%` : `${num(p.done)} ${unit}`];
+  if (p.rate !== undefined) parts.push(`${p.rate < 10 ? p.rate.toPrecision(2) : Math.round(p.rate)} ${unit}/s`);
+  if (p.eta !== undefined) parts.push(`ETA ${span(p.eta)}`);
+  return parts.join(" ") + (p.collapse ? ` (${p.collapse})` : "");
+}
+
+const progressNote = (job) =>
+  job.progress ? h("span", { class: "muted", "data-progress": job.id }, ` · ${progressText(job)}`) : "";
+
 function queueRow(job) {
   const running = job.state === "running";
   const time = running && job.start_time
@@ -239,7 +254,7 @@ function queueRow(job) {
     h("td", {}, stateBadge(job.state)),
     h("td", { class: "num" }, String(totalGpus(resources))),
     h("td", { class: "num" }, time),
-    h("td", { class: "reason" }, running ? nodeText(job) : pendingText(job)),
+    h("td", { class: "reason" }, running ? [nodeText(job), progressNote(job)] : pendingText(job)),
   );
 }
 
@@ -433,6 +448,7 @@ async function jobView(id) {
       ["Started", when(job.start_time)],
       ["Ended", when(job.end_time)],
       ["Elapsed", elapsed],
+      ["Progress", progressText(job)],
       ["QOS", job.qos || spec.qos],
       ["Flags", (job.flags || []).join("; ")],
     ]),
