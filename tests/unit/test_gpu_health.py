@@ -6,7 +6,6 @@ import pynvml
 import pytest
 
 from gpuq.agent.gpu.nvml_health import (
-    APPLICATION_XIDS,
     classify_xid,
     describe_error,
     ecc_reason,
@@ -14,6 +13,7 @@ from gpuq.agent.gpu.nvml_health import (
     fabric_reason,
     remap_reason,
 )
+from gpuq.domain.xids import APPLICATION_XIDS
 
 
 @pytest.mark.parametrize("xid", sorted(APPLICATION_XIDS))

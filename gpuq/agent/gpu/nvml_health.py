@@ -1,36 +1,12 @@
 """What NVML's bad news means: XID classification, error texts and health reasons.
 
-Pure functions only, shared by the NVML backend and its tests. The XID list follows NVIDIA's
-"XID Errors" catalogue; which XIDs are the application's fault (and so must not drain a GPU)
-follows NVIDIA's Kubernetes device plugin, which ignores 13, 31, 43, 45, 68 and 109 when it
-decides whether a GPU is healthy: they are raised by a faulting program (an illegal address,
-a kernel timeout, a killed context) and the GPU works for the next job.
+Pure functions only, shared by the NVML backend and its tests. What each XID means, and which
+are the application's fault (and so must not drain a GPU), is gpuq.domain.xids's table.
 """
 
 from __future__ import annotations
 
-# XIDs caused by the running program, not the hardware (NVIDIA k8s-device-plugin's defaults).
-APPLICATION_XIDS = frozenset({13, 31, 43, 45, 68, 109})
-
-# A short description for the XIDs an admin meets most; others are "XID N".
-XID_TEXT: dict[int, str] = {
-    13: "graphics engine exception",
-    31: "GPU memory page fault (MMU fault)",
-    43: "GPU stopped processing",
-    45: "preemptive cleanup after a fault",
-    48: "double-bit ECC error (DBE)",
-    63: "row remapping recorded (ECC page retirement)",
-    64: "row remapping failed",
-    68: "video processor exception",
-    74: "NVLink error",
-    79: "GPU has fallen off the bus",
-    92: "high single-bit ECC error rate",
-    94: "contained ECC error",
-    95: "uncontained ECC error",
-    109: "context switch timeout",
-    119: "GSP RPC timeout",
-    120: "GSP error",
-}
+from gpuq.domain.xids import is_hardware_xid, xid_text
 
 # XID that a double-bit ECC event (nvmlEventTypeDoubleBitEccError) stands for.
 DBE_XID = 48
@@ -47,9 +23,7 @@ RESET_STEPS = (
 
 def classify_xid(xid: int) -> tuple[bool, str]:
     """(hardware, one-line text) for an XID: hardware XIDs make the unit unhealthy."""
-    known = XID_TEXT.get(xid)
-    text = f"XID {xid} ({known})" if known else f"XID {xid}"
-    return xid not in APPLICATION_XIDS, text
+    return is_hardware_xid(xid), xid_text(xid)
 
 
 def error_name(error: BaseException) -> str:
