@@ -138,6 +138,9 @@ class CoordinatorSettings:
     notify_retries: int = 5  # further attempts of a failed webhook or mail, backing off
     # URLs told of node and GPU health changes (an admin's own: any address)
     admin_webhooks: tuple[str, ...] = ()
+    # an admin's failure signatures for `gpuq diagnose` (a TOML file of [[signature]] entries,
+    # gpuq.domain.log_signatures), over gpuq's own; read when the coordinator starts
+    diagnosis_signatures: str | None = None
     qos: dict[str, QosTier] = field(default_factory=default_qos_tiers)
     # [partitions.NAME], in the file's order; none: --partition is a node feature
     partitions: dict[str, Partition] = field(default_factory=dict)

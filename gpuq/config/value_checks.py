@@ -438,6 +438,7 @@ RULES: dict[str, dict[str, Check]] = {
         "notify_allow": _networks,
         "notify_retries": _integer(0, 20),
         "admin_webhooks": _webhooks,
+        "diagnosis_signatures": _absolute_path,
     },
     "scheduler": {
         "weight_age": _number(0, MAX_WEIGHT),
