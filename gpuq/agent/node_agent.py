@@ -109,7 +109,9 @@ class Agent:
         )
         self._flush = asyncio.Event()
         self._beat_due = False  # a heartbeat goes with the next message, due or not
-        self.reports = EndReports(self.gpus, self.mps, self._send_soon)
+        self.reports = EndReports(
+            self.gpus, self.mps, self._send_soon, self.supervisors.launch_spec_of
+        )
         self.pty = PtyOutbox(self.supervisors.terminals, self._flush.set)
         self.outputs = OutputWatch(self.supervisors.launch_spec_of, s.max_output)
         self.progress = ProgressWatch(

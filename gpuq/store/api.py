@@ -6,9 +6,9 @@ transaction; anything it refuses raises and rolls the whole transaction back, so
 batches (the coordinator does, under load) gets all of a batch or none of it.
 
 Both are front doors only: their methods live in one module per thing stored (job_reads,
-job_submissions, job_transitions, node_rows, accounting_rows, gpu_history_rows, outbox_rows,
-cron_rows, token_rows), mixed in here so that callers see one API, `store.list_jobs(...)`,
-`tx.transition(...)`, whatever the table behind it.
+job_submissions, job_transitions, node_rows, accounting_rows, gpu_history_rows, evidence_rows,
+outbox_rows, cron_rows, token_rows), mixed in here so that callers see one API,
+`store.list_jobs(...)`, `tx.transition(...)`, whatever the table behind it.
 """
 
 from __future__ import annotations
@@ -23,6 +23,7 @@ from sqlalchemy.engine import Connection
 from gpuq.store.accounting_rows import AccountingReads, AccountingWrites
 from gpuq.store.cron_rows import CronReads, CronWrites
 from gpuq.store.engine import WRITE, make_engine
+from gpuq.store.evidence_rows import EvidenceReads, EvidenceWrites
 from gpuq.store.gpu_history_rows import GpuHistoryReads, GpuHistoryWrites
 from gpuq.store.job_reads import JobReads
 from gpuq.store.job_submissions import JobSubmissions
@@ -34,7 +35,14 @@ from gpuq.store.token_rows import TokenReads, TokenWrites
 
 
 class Store(
-    JobReads, NodeReads, AccountingReads, GpuHistoryReads, OutboxReads, CronReads, TokenReads
+    JobReads,
+    NodeReads,
+    AccountingReads,
+    GpuHistoryReads,
+    EvidenceReads,
+    OutboxReads,
+    CronReads,
+    TokenReads,
 ):
     """The reads, each on a connection of its own, and the one way to write: `transaction()`."""
 
@@ -63,6 +71,7 @@ class StoreTx(
     NodeWrites,
     AccountingWrites,
     GpuHistoryWrites,
+    EvidenceWrites,
     OutboxWrites,
     CronWrites,
     TokenWrites,

@@ -245,6 +245,21 @@ job_telemetry = Table(
     Column("units", Text, nullable=False),  # JSON list of per-unit figures (UnitTelemetry)
 )
 
+# what each node's agent sent with the end of a job's latest start that did not complete
+# (issue 26): the most host memory its processes held, and the tail of its output, the
+# evidence `gpuq diagnose` reads (gpuq.domain.diagnosis). One row a job and node: a later
+# start's end replaces it. The tail is private to the job's owner and admins.
+job_evidence = Table(
+    "job_evidence",
+    metadata,
+    Column("job_id", Id, ForeignKey("jobs.id"), primary_key=True, autoincrement=False),
+    Column("node", String(128), primary_key=True),
+    Column("attempt", Integer, nullable=False),
+    Column("peak_mem", BigInteger, nullable=False),  # bytes; 0: unknown
+    Column("output_tail", Text, nullable=False),
+    Column("at", Float, nullable=False),  # when the coordinator took it
+)
+
 # a job's downsampled series for plotting: at most one point per job per SERIES_STEP seconds
 # and SERIES_CAP points per job (older points are thinned: StoreTx.add_series, in
 # gpuq.store.accounting_rows)

@@ -139,7 +139,7 @@ class UnitSample(_message.Message):
     def __init__(self, uuid: _Optional[str] = ..., util: _Optional[float] = ..., memory: _Optional[int] = ...) -> None: ...
 
 class JobReport(_message.Message):
-    __slots__ = ("job_id", "kind", "end_state", "result", "at", "peak_mem", "peak_gpu_mem", "attempt", "telemetry")
+    __slots__ = ("job_id", "kind", "end_state", "result", "at", "peak_mem", "peak_gpu_mem", "attempt", "telemetry", "output_tail")
     class Kind(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
         __slots__ = ()
         KIND_UNSPECIFIED: _ClassVar[JobReport.Kind]
@@ -159,6 +159,7 @@ class JobReport(_message.Message):
     PEAK_GPU_MEM_FIELD_NUMBER: _ClassVar[int]
     ATTEMPT_FIELD_NUMBER: _ClassVar[int]
     TELEMETRY_FIELD_NUMBER: _ClassVar[int]
+    OUTPUT_TAIL_FIELD_NUMBER: _ClassVar[int]
     job_id: int
     kind: JobReport.Kind
     end_state: str
@@ -168,7 +169,8 @@ class JobReport(_message.Message):
     peak_gpu_mem: int
     attempt: int
     telemetry: _types_pb2.GpuTelemetry
-    def __init__(self, job_id: _Optional[int] = ..., kind: _Optional[_Union[JobReport.Kind, str]] = ..., end_state: _Optional[str] = ..., result: _Optional[_Union[_types_pb2.JobResult, _Mapping]] = ..., at: _Optional[float] = ..., peak_mem: _Optional[int] = ..., peak_gpu_mem: _Optional[int] = ..., attempt: _Optional[int] = ..., telemetry: _Optional[_Union[_types_pb2.GpuTelemetry, _Mapping]] = ...) -> None: ...
+    output_tail: bytes
+    def __init__(self, job_id: _Optional[int] = ..., kind: _Optional[_Union[JobReport.Kind, str]] = ..., end_state: _Optional[str] = ..., result: _Optional[_Union[_types_pb2.JobResult, _Mapping]] = ..., at: _Optional[float] = ..., peak_mem: _Optional[int] = ..., peak_gpu_mem: _Optional[int] = ..., attempt: _Optional[int] = ..., telemetry: _Optional[_Union[_types_pb2.GpuTelemetry, _Mapping]] = ..., output_tail: _Optional[bytes] = ...) -> None: ...
 
 class CoordinatorMessage(_message.Message):
     __slots__ = ("registered", "start", "stop", "signal", "ack", "pty", "seen")

@@ -250,15 +250,17 @@ class SubmitResult(_message.Message):
     def __init__(self, job_ids: _Optional[_Iterable[int]] = ..., code: _Optional[int] = ..., message: _Optional[str] = ..., error_kind: _Optional[str] = ...) -> None: ...
 
 class GetJobRequest(_message.Message):
-    __slots__ = ("job_id", "task")
+    __slots__ = ("job_id", "task", "diagnose")
     JOB_ID_FIELD_NUMBER: _ClassVar[int]
     TASK_FIELD_NUMBER: _ClassVar[int]
+    DIAGNOSE_FIELD_NUMBER: _ClassVar[int]
     job_id: int
     task: int
-    def __init__(self, job_id: _Optional[int] = ..., task: _Optional[int] = ...) -> None: ...
+    diagnose: bool
+    def __init__(self, job_id: _Optional[int] = ..., task: _Optional[int] = ..., diagnose: _Optional[bool] = ...) -> None: ...
 
 class JobDetail(_message.Message):
-    __slots__ = ("job", "events", "array_states")
+    __slots__ = ("job", "events", "array_states", "diagnosis")
     class ArrayStatesEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -269,10 +271,32 @@ class JobDetail(_message.Message):
     JOB_FIELD_NUMBER: _ClassVar[int]
     EVENTS_FIELD_NUMBER: _ClassVar[int]
     ARRAY_STATES_FIELD_NUMBER: _ClassVar[int]
+    DIAGNOSIS_FIELD_NUMBER: _ClassVar[int]
     job: _types_pb2.Job
     events: _containers.RepeatedCompositeFieldContainer[_types_pb2.JobEvent]
     array_states: _containers.ScalarMap[str, int]
-    def __init__(self, job: _Optional[_Union[_types_pb2.Job, _Mapping]] = ..., events: _Optional[_Iterable[_Union[_types_pb2.JobEvent, _Mapping]]] = ..., array_states: _Optional[_Mapping[str, int]] = ...) -> None: ...
+    diagnosis: Diagnosis
+    def __init__(self, job: _Optional[_Union[_types_pb2.Job, _Mapping]] = ..., events: _Optional[_Iterable[_Union[_types_pb2.JobEvent, _Mapping]]] = ..., array_states: _Optional[_Mapping[str, int]] = ..., diagnosis: _Optional[_Union[Diagnosis, _Mapping]] = ...) -> None: ...
+
+class Verdict(_message.Message):
+    __slots__ = ("name", "title", "evidence", "advice")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    TITLE_FIELD_NUMBER: _ClassVar[int]
+    EVIDENCE_FIELD_NUMBER: _ClassVar[int]
+    ADVICE_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    title: str
+    evidence: _containers.RepeatedScalarFieldContainer[str]
+    advice: str
+    def __init__(self, name: _Optional[str] = ..., title: _Optional[str] = ..., evidence: _Optional[_Iterable[str]] = ..., advice: _Optional[str] = ...) -> None: ...
+
+class Diagnosis(_message.Message):
+    __slots__ = ("verdicts", "note")
+    VERDICTS_FIELD_NUMBER: _ClassVar[int]
+    NOTE_FIELD_NUMBER: _ClassVar[int]
+    verdicts: _containers.RepeatedCompositeFieldContainer[Verdict]
+    note: str
+    def __init__(self, verdicts: _Optional[_Iterable[_Union[Verdict, _Mapping]]] = ..., note: _Optional[str] = ...) -> None: ...
 
 class ListJobsRequest(_message.Message):
     __slots__ = ("states", "user", "job_ids", "limit", "finished", "array_job_id", "with_pending_info", "expand_arrays", "users", "names", "since", "until", "nodes", "page_size", "page_token")

@@ -48,6 +48,8 @@ class SupervisorReport:
     peak_mem: int = 0
     leftovers_killed: int = 0
     attempt: int = 0  # which start of the job (the launch spec's attempt; 0: unknown)
+    # the tail of its output, for a job that did not complete (gpuq.agent.end_reports)
+    output_tail: bytes = b""
 
     @classmethod
     def ended(cls, result: Message, attempt: int = 0) -> SupervisorReport:
