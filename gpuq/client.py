@@ -42,6 +42,7 @@ from gpuq.errors import InvalidInput, NotFound
 from gpuq.v1 import queue_pb2
 
 if TYPE_CHECKING:
+    from gpuq.domain.diagnosis import Diagnosis
     from gpuq.domain.model import Job, JobEvent, JobSpec
     from gpuq.v1 import types_pb2 as pb
 
@@ -148,10 +149,18 @@ class Client:
         """How many tasks of the array are in each state."""
         return dict(self.detail_reply(array_job_id).array_states)
 
-    def detail_reply(self, job_id: int | str) -> queue_pb2.JobDetail:
-        """GetJob's whole answer: the job, its history and, for an array, its task counts."""
+    def diagnose(self, job_id: int | str) -> Diagnosis:
+        """Why the job ended as it did: ranked verdicts (`.verdict` is the first), each with
+        its evidence and a next step (README "Diagnosis")."""
+        from gpuq.convert import diagnosis_from_proto
+
+        return diagnosis_from_proto(self.detail_reply(job_id, diagnose=True).diagnosis)
+
+    def detail_reply(self, job_id: int | str, diagnose: bool = False) -> queue_pb2.JobDetail:
+        """GetJob's whole answer: the job, its history and, for an array, its task counts;
+        with its diagnosis when `diagnose`."""
         number, task = parse_job_ref(str(job_id))
-        request = queue_pb2.GetJobRequest(job_id=number, task=task)
+        request = queue_pb2.GetJobRequest(job_id=number, task=task, diagnose=diagnose)
         detail: queue_pb2.JobDetail = self._call("GetJob", request)
         return detail
 

@@ -11,6 +11,7 @@ from typing import Any
 
 from gpuq.domain.array_specs import format_indices, parse_indices
 from gpuq.domain.codec import spec_from_dict
+from gpuq.domain.diagnosis import Diagnosis, Verdict
 from gpuq.domain.limits import MAX_NODE_NAME, MAX_NODE_UNITS, MAX_UNIT_ID, clean_line
 from gpuq.domain.model import (
     MAX_NODES,
@@ -24,6 +25,7 @@ from gpuq.domain.model import (
 )
 from gpuq.domain.progress import Throughput
 from gpuq.domain.states import JobState
+from gpuq.v1 import queue_pb2
 from gpuq.v1 import types_pb2 as pb
 
 
@@ -379,3 +381,23 @@ def throughput_to_proto(throughput: Throughput, read_at: float, collapse: str) -
     if throughput.eta is not None:
         message.eta = throughput.eta
     return message
+
+
+def diagnosis_to_proto(diagnosis: Diagnosis) -> queue_pb2.Diagnosis:
+    return queue_pb2.Diagnosis(
+        verdicts=[
+            queue_pb2.Verdict(
+                name=v.name, title=v.title, evidence=list(v.evidence), advice=v.advice
+            )
+            for v in diagnosis.verdicts
+        ],
+        note=diagnosis.note,
+    )
+
+
+def diagnosis_from_proto(message: queue_pb2.Diagnosis) -> Diagnosis:
+    """The wire's diagnosis (its verdicts' weights stay the coordinator's: their order says)."""
+    return Diagnosis(
+        tuple(Verdict(v.name, v.title, tuple(v.evidence), v.advice) for v in message.verdicts),
+        message.note,
+    )

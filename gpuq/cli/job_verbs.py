@@ -300,12 +300,13 @@ def release(
 @click.pass_obj
 def show(obj: Any, /, job_id: str, as_json: bool) -> int:
     """Everything about one job (JOB, ARRAY_TASK such as 40_3, or ARRAY for the array):
-    resources, placement, why it waits, its history."""
+    resources, placement, why it waits, its history, and why it ended (gpuq diagnose)."""
+    from gpuq.cli.diagnosis_render import diagnosis_dict, diagnosis_text
     from gpuq.domain.dependencies import parse_job_ref
 
     parse_job_ref(job_id)  # bad input fails here, before any connection
     client = obj.client()
-    reply = client.detail_reply(job_id)
+    reply = client.detail_reply(job_id, diagnose=True)
     job, events = client.detail_from(reply)
     array_states = dict(reply.array_states)
     if as_json:
@@ -326,9 +327,13 @@ def show(obj: Any, /, job_id: str, as_json: bool) -> int:
         if array_states:
             data["array_states"] = array_states
         data["efficiency"] = render.efficiency_line(job, _capacity(client, job))
+        if reply.diagnosis.verdicts:
+            data["diagnosis"] = diagnosis_dict(reply.diagnosis)
         click.echo(render.dumps(data))
         return 0
     click.echo(_describe(job, events, array_states, _capacity(client, job)))
+    if [v.name for v in reply.diagnosis.verdicts] not in ([], ["completed"]):
+        click.echo(diagnosis_text(reply.diagnosis, "Diagnosis"))
     return 0
 
 

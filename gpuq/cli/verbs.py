@@ -33,6 +33,7 @@ VERBS = {
     "hold": "gpuq.cli.job_verbs",
     "release": "gpuq.cli.job_verbs",
     "logs": "gpuq.cli.job_verbs",
+    "diagnose": "gpuq.cli.diagnose_verb",
     "update": "gpuq.cli.edit",
     "requeue": "gpuq.cli.edit",
     "run": "gpuq.cli.interactive",

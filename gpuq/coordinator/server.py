@@ -35,6 +35,7 @@ from gpuq.coordinator.changes.store_writer import StoreWriter
 from gpuq.coordinator.changes.watchers import Watchers
 from gpuq.coordinator.cron_service import CronService
 from gpuq.coordinator.front.cluster_history import ClusterHistory
+from gpuq.coordinator.front.job_diagnosis import JobDiagnoses
 from gpuq.coordinator.front.job_messages import JobMessages
 from gpuq.coordinator.front.queue_commands import QueueCommands
 from gpuq.coordinator.front.queue_queries import QueueQueries
@@ -61,6 +62,7 @@ from gpuq.coordinator.workload.selection import SelectionResolver
 from gpuq.coordinator.workload.submissions import Submissions
 from gpuq.domain.model import Job, JobEvent
 from gpuq.domain.states import JobState
+from gpuq.signature_files import load_signatures
 from gpuq.store.api import Store
 
 
@@ -201,6 +203,9 @@ def assemble(
         progress.shown,
     )
     cluster = ClusterHistory(writer, jobs, nodes, history, settings.private_data, clock)
+    # gpuq's failure signatures and the admin's: a bad file fails here, at start
+    signatures = load_signatures(settings.diagnosis_signatures)
+    diagnoses = JobDiagnoses(writer, signatures, inputs.time_limit_seconds, idle.flags)
     queries = QueueQueries(
         settings,
         writer,
@@ -213,6 +218,7 @@ def assemble(
         messages,
         inputs,
         cluster,
+        diagnoses,
         clock,
     )
     commands = QueueCommands(

@@ -44,7 +44,10 @@ async def jobs(access: QueueAccess, caller: Caller, query: dict[str, str]) -> by
 
 
 async def job(access: QueueAccess, caller: Caller, job_text: str) -> dict[str, Any]:
-    detail = await access.job(caller, job_request(job_text))
+    """A job's page: the job, its history and its diagnosis (as `gpuq show` has them)."""
+    request = job_request(job_text)
+    request.diagnose = True
+    detail = await access.job(caller, request)
     return proto_json(lean(detail, detail.job))
 
 

@@ -60,7 +60,7 @@ class FakeClient:
     def nodes(self) -> list[Any]:
         return []
 
-    def detail_reply(self, job_id: str) -> Any:
+    def detail_reply(self, job_id: str, diagnose: bool = False) -> Any:
         return queue_pb2.JobDetail(job=next(j for j in self.jobs if str(j.id) == job_id))
 
     def detail_from(self, reply: Any) -> tuple[Any, list[Any]]:

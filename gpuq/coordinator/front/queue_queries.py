@@ -19,6 +19,7 @@ from gpuq.coordinator.changes.store_writer import StoreWriter
 from gpuq.coordinator.changes.watchers import Watchers
 from gpuq.coordinator.cron_service import CronService
 from gpuq.coordinator.front.cluster_history import ClusterHistory, ClusterView
+from gpuq.coordinator.front.job_diagnosis import JobDiagnoses
 from gpuq.coordinator.front.job_messages import (
     JobMessages,
     cron_message,
@@ -62,6 +63,7 @@ class QueueQueries:
         messages: JobMessages,
         inputs: SchedulerInputs,
         history: ClusterHistory,
+        diagnoses: JobDiagnoses,
         clock: Callable[[], float] = time.time,
     ) -> None:
         self.settings = settings
@@ -75,6 +77,7 @@ class QueueQueries:
         self.messages = messages
         self.inputs = inputs
         self.history = history
+        self.diagnoses = diagnoses
         self.pages = JobPages(settings.list_page_size, jobs, writer, messages)
         self.sizing = SizingQueries(
             settings, writer, nodes, inputs, messages, self.job_detail, clock
@@ -87,11 +90,15 @@ class QueueQueries:
         if not 1 <= request.job_id <= MAX_JOB_ID:  # beyond any id (and any database integer)
             raise NotFound(f"no job {request.job_id}")
         job, events, counts = await self.job_detail(request.job_id, task)
-        return queue_pb2.JobDetail(
+        detail = queue_pb2.JobDetail(
             job=self.messages.full(job, caller, self.arrays.first_waiting(job)),
             events=self.messages.events(job, events, caller),
             array_states={state.value: n for state, n in counts.items()},
         )
+        if request.diagnose:
+            seen = [self.messages.event(e, job.user, caller) for e in events]
+            detail.diagnosis.CopyFrom(await self.diagnoses.diagnosis(job, seen, caller))
+        return detail
 
     async def job_detail(
         self, job_id: int, task: int | None = None

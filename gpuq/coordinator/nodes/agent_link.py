@@ -33,11 +33,13 @@ from gpuq.coordinator.nodes.agent_session import AgentSession
 from gpuq.coordinator.terminal_relay import Terminals
 from gpuq.coordinator.workload.job_endings import JobEndings
 from gpuq.coordinator.workload.job_samples import JobSamples
+from gpuq.domain.diagnosis import EndEvidence
 from gpuq.domain.limits import MAX_NODE_TEXT, clean_line
 from gpuq.domain.model import Node, NodeState, is_advisory
 from gpuq.domain.policy import MAX_FENCE_TIME, silence_allowed
 from gpuq.domain.states import TRANSITIONS, JobState
 from gpuq.errors import Conflict
+from gpuq.store.evidence_rows import MAX_OUTPUT_TAIL
 from gpuq.v1 import agent_pb2 as apb
 
 log = logging.getLogger(__name__)
@@ -320,6 +322,10 @@ class AgentLink:
             await self._record_ends(node, ends)
 
     async def _record_ends(self, node: str, reports: Sequence[apb.JobReport]) -> None:
+        evidence = [(r.job_id, end_evidence(node, r)) for r in reports if _has_evidence(r)]
+        if evidence:  # before the ends: a job's end is never seen without it
+            now = self.clock()
+            await self.writer.write(lambda tx: tx.keep_evidence(evidence, now))
         ends: list[Ending] = []
         late: list[Ending] = []  # perhaps of starts given up with this node: history
         for report in reports:
@@ -367,6 +373,18 @@ def ending_from_report(report: apb.JobReport) -> Ending:
     reason = result.reason or state.value
     measured = telemetry_from_proto(report.telemetry) if report.HasField("telemetry") else None
     return Ending(report.job_id, state, reason, result, at, report.attempt, measured)
+
+
+def _has_evidence(report: apb.JobReport) -> bool:
+    """An end that did not complete, with something to keep for its diagnosis."""
+    ended = report.kind == apb.JobReport.ENDED and report.end_state != JobState.COMPLETED.value
+    return ended and bool(report.output_tail or report.peak_mem)
+
+
+def end_evidence(node: str, report: apb.JobReport) -> EndEvidence:
+    """What a node sent with a job's end, for `gpuq diagnose` (its output's tail as text)."""
+    tail = report.output_tail[-MAX_OUTPUT_TAIL:].decode("utf-8", errors="replace")
+    return EndEvidence(node, report.attempt, report.peak_mem, tail)
 
 
 def _is_mark(value: float) -> bool:

@@ -388,6 +388,26 @@ async function optional(path) {
   }
 }
 
+// why it ended as it did (gpuq diagnose): the verdict with its evidence and next step, then
+// the others; nothing when there is nothing to say
+function diagnosisSection(diagnosis) {
+  const verdicts = (diagnosis && diagnosis.verdicts) || [];
+  if (!verdicts.length || (verdicts.length === 1 && verdicts[0].name === "completed")) return [];
+  const [first, ...others] = verdicts;
+  return [
+    h("h2", {}, "Diagnosis"),
+    h(
+      "div",
+      { id: "diagnosis" },
+      h("p", {}, h("strong", {}, first.title), " ", h("span", { class: "muted" }, `[${first.name}]`)),
+      h("ul", {}, ...(first.evidence || []).map((line) => h("li", { class: "reason" }, line))),
+      first.advice ? h("p", {}, "Next step: ", first.advice) : "",
+      others.length ? h("p", { class: "muted" }, "Also: ", others.map((v) => `${v.title} [${v.name}]`).join("; ")) : "",
+      diagnosis.note ? h("p", { class: "muted" }, diagnosis.note) : "",
+    ),
+  ];
+}
+
 async function jobView(id) {
   const asked = api(`/api/jobs/${id}`);
   // no output before its first start (and no console error for a 404 to say so)
@@ -452,6 +472,7 @@ async function jobView(id) {
       ["QOS", job.qos || spec.qos],
       ["Flags", (job.flags || []).join("; ")],
     ]),
+    ...diagnosisSection(detail.diagnosis),
     h("h2", {}, "Resources"),
     facts([
       ["GPUs", String(totalGpus(res)) + ((res.nodes || 1) > 1 ? ` (${res.gpus || 0} per node)` : "") + (res.gpu_type ? ` × ${res.gpu_type}` : "") + (res.mig ? ` (MIG ${res.mig})` : "") + (res.gpu_share ? ` (${res.gpu_share} % share)` : "")],
