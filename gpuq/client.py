@@ -151,7 +151,7 @@ class Client:
 
     def diagnose(self, job_id: int | str) -> Diagnosis:
         """Why the job ended as it did: ranked verdicts (`.verdict` is the first), each with
-        its evidence and a next step (README "Diagnosis")."""
+        its evidence and a next step (README "Why a job failed")."""
         from gpuq.convert import diagnosis_from_proto
 
         return diagnosis_from_proto(self.detail_reply(job_id, diagnose=True).diagnosis)

@@ -1,7 +1,7 @@
 """The failure signatures in force: gpuq's own (gpuq/diagnosis_signatures.toml) and an admin's
 file, `[coordinator] diagnosis_signatures` (entries with the same name replace gpuq's). Read
 once when the coordinator starts, so that a bad file is one clear error then, not a crash on
-the first `gpuq diagnose` (README "Diagnosis")."""
+the first `gpuq diagnose` (README "Diagnosis signatures")."""
 
 from __future__ import annotations
 
