@@ -46,7 +46,9 @@ class JobDiagnoses:
     ) -> queue_pb2.Diagnosis:
         """The job's diagnosis as `caller` may see it; `events` as the caller sees them."""
         ends: list[EndEvidence] = []
-        if job.start_count:
+        running = job.state is JobState.RUNNING
+        # a running job's start has not ended: no read (its page polls every few seconds)
+        if job.start_count and not running:
             stored = await self.writer.read(lambda s: s.end_evidence(job.id))
             order = {node: i for i, node in enumerate(job.node_names)}
             ends = sorted(
@@ -60,7 +62,6 @@ class JobDiagnoses:
             ends = [replace(e, output_tail="") for e in ends]
         elif ended_badly(job) and not any(e.output_tail for e in ends):
             note = NO_OUTPUT
-        running = job.state is JobState.RUNNING
         evidence = Evidence(
             job,
             tuple(events),
