@@ -137,7 +137,9 @@ def quote(line: str) -> str:
 
 # ---- PyTorch's CUDA out-of-memory message -------------------------------------------------
 
-_SIZE = r"(\d+(?:\.\d+)?) ?([KMGT]i?B|bytes)"
+# bounded quantifiers: the line is the job's output (up to MAX_LINE characters), and a line of
+# digits must cost a scan, not a backtracking square (or cube, with _OLD's gap)
+_SIZE = r"(\d{1,15}(?:\.\d{1,6})?) ?([KMGT]i?B|bytes)"
 _TRIED = re.compile(rf"Tried to allocate {_SIZE}")
 # PyTorch 2.1 and later: "Of the allocated memory 70.12 GiB is allocated by PyTorch, and
 # 6.89 GiB is reserved by PyTorch but unallocated."
@@ -146,7 +148,7 @@ _NEW = re.compile(
 )
 # PyTorch 1.x and 2.0: "(GPU 0; 15.78 GiB total capacity; 14.56 GiB already allocated;
 # 3.44 MiB free; 14.71 GiB reserved in total by PyTorch)"
-_OLD = re.compile(rf"{_SIZE} already allocated;.*?{_SIZE} reserved in total by PyTorch")
+_OLD = re.compile(rf"{_SIZE} already allocated;.{{0,120}}?{_SIZE} reserved in total by PyTorch")
 _TOTAL = re.compile(rf"total capacity of {_SIZE}|{_SIZE} total capacity")
 _UNITS = {"bytes": 1, "B": 1, "KiB": 1 << 10, "MiB": 1 << 20, "GiB": 1 << 30, "TiB": 1 << 40}
 _UNITS.update({"KB": 1000, "MB": 1000**2, "GB": 1000**3, "TB": 1000**4})

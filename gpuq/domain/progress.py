@@ -29,26 +29,28 @@ MAX_LINES = 400  # the newest lines (after splitting on \r) looked at; a tail is
 MAX_LINE = 1000  # characters of a line looked at (its end: a bar's figures are near it)
 
 _SCALE = {"": 1.0, "k": 1e3, "M": 1e6, "G": 1e9, "T": 1e12, "P": 1e15}
-_NUMBER = r"\d+(?:\.\d+)?(?:e[+-]?\d+)?"
+# every quantifier is bounded: the text is the job's (anyone's) output, read by root on every
+# sample, so a line of 1,000 digits must cost a regex scan, not a backtracking square
+_NUMBER = r"\d{1,18}(?:\.\d{1,12})?(?:e[+-]?\d{1,3})?"
 _COUNT = rf"(?:{_NUMBER})[kMGTP]?"
+_UNIT = r"[A-Za-z_ ]{0,20}"
 _TQDM = re.compile(
-    rf"(?:(?P<pct>\d{{1,3}})%\|[^|]*\|\s*)?"
-    rf"(?P<done>{_COUNT})(?:/(?P<total>{_COUNT}))?\s*(?P<nounit>[A-Za-z_]*)\s*"
-    rf"\[(?P<elapsed>[\d:]+)(?:<(?P<left>[\d:?]+))?,\s*"
-    rf"(?:(?P<rate>{_COUNT})(?P<unit>[A-Za-z_ ]{{0,20}}?)/s"
+    rf"(?P<done>{_COUNT})(?:/(?P<total>{_COUNT}))?\s{{0,4}}(?P<nounit>[A-Za-z_]{{0,20}})\s{{0,4}}"
+    r"\[(?P<elapsed>[\d:]{1,12})(?:<(?P<left>[\d:?]{1,12}))?,\s{0,4}"
+    rf"(?:(?P<rate>{_COUNT})(?P<unit>{_UNIT}?)/s"
     rf"|(?P<inv>{_NUMBER})s/(?P<invunit>[A-Za-z_ ]{{1,20}})"
-    rf"|\?[A-Za-z_ ]{{0,20}}/s)"
+    rf"|\?{_UNIT}/s)"
 )
-_EPOCH_PREFIX = re.compile(r"Epoch (?P<epoch>\d+)(?:/(?P<last>\d+))?\b")
+_EPOCH_PREFIX = re.compile(r"Epoch (?P<epoch>\d{1,9})(?:/(?P<last>\d{1,9}))?\b")
 _RICH = re.compile(
-    r"(?P<done>\d+)/(?P<total>\d+)\s+[\d:-]+\s+•\s+[\d:-]+\s+"
+    r"(?P<done>\d{1,18})/(?P<total>\d{1,18})\s{1,4}[\d:-]{1,12}\s{1,4}•\s{1,4}[\d:-]{1,12}\s{1,4}"
     rf"(?:(?P<rate>{_NUMBER})(?P<unit>[A-Za-z_]{{1,20}})/s)?"
 )
-_HF_LOG = re.compile(r"\{.*['\"]epoch['\"]:\s*(?P<epoch>" + _NUMBER + r").*\}")
-_HF_EPOCHS = re.compile(r"Num [Ee]pochs\s*=\s*(?P<epochs>[\d,]+)")
+_HF_LOG = re.compile(r"['\"]epoch['\"]:\s{0,4}(?P<epoch>" + _NUMBER + r")")
+_HF_EPOCHS = re.compile(r"Num [Ee]pochs\s{0,4}=\s{0,4}(?P<epochs>[\d,]{1,20})")
 _OWN = re.compile(
-    rf"^GPUQ_PROGRESS\s+(?:(?P<done>{_NUMBER})/(?P<total>{_NUMBER})(?:\s+(?P<unit>[A-Za-z_]{{1,20}}))?"
-    rf"|(?P<pct>{_NUMBER})%|(?P<fraction>{_NUMBER}))\s*$"
+    rf"^GPUQ_PROGRESS\s{{1,4}}(?:(?P<done>{_NUMBER})/(?P<total>{_NUMBER})"
+    rf"(?:\s{{1,4}}(?P<unit>[A-Za-z_]{{1,20}}))?|(?P<pct>{_NUMBER})%|(?P<fraction>{_NUMBER}))\s*$"
 )
 
 
@@ -98,13 +100,13 @@ def read_line(line: str, hf_epochs: float | None = None) -> Progress | None:
         return None
     if line.startswith("GPUQ_PROGRESS"):
         return _own(line)
-    rich = _RICH.search(line)
-    if rich is not None and "•" in line:
+    rich = _RICH.search(line) if "•" in line else None
+    if rich is not None:
         return _rich(line, rich)
-    bar = _TQDM.search(line)
+    bar = _TQDM.search(line) if "[" in line and "/" in line else None
     if bar is not None:
         return _tqdm(line, bar)
-    log = _HF_LOG.search(line)
+    log = _HF_LOG.search(line) if line[0] == "{" and line[-1] == "}" else None
     if log is not None:
         return Progress(float(log["epoch"]), hf_epochs, None, "epoch", "hf-trainer")
     return None
