@@ -91,7 +91,7 @@ def eff(obj: Any, /, job: str, as_json: bool) -> int:
 def _size(value: int | None) -> str:
     from gpuq.domain.right_sizing import gib
 
-    return "unknown" if not value else f"{gib(value)} GiB"
+    return "unknown" if value is None else f"{gib(value)} GiB"
 
 
 def _percent(part: float, whole: float) -> float | None:

@@ -33,6 +33,9 @@ SHARE_MAX = 50  # an MPS share is suggested for jobs that need at most half a GP
 MIG_SLICES = 7  # compute slices of a whole MIG-capable GPU (A100, H100, H200)
 IDLE_UTIL = 10.0  # percent: GPUs held at a GPU-hour-weighted mean below this sat idle...
 IDLE_MIN_GPU_SECONDS = 3600.0  # ...over at least one measured GPU-hour
+# a run's utilisation, and its memory against the card (no --gpu-mem asked), are judged only
+# over at least a minute: a job of a few seconds spends most of them starting
+MIN_JUDGED_SECONDS = 60.0
 UNUSED_UTIL = 1.0  # percent: a GPU of a job that held no memory and was this busy was unused
 # the estimated start of a job without --time: the p90 of its user's last 20 completed runs of
 # the same name, over the last 30 days
@@ -323,8 +326,9 @@ def verdicts(run: PastRun, offer: Offer) -> list[str]:
             f"Time: reached its limit of {format_duration(run.time_limit or run.elapsed)}:"
             " ask for more --time, or save checkpoints and resume"
         )
-    lines += _memory_verdict(run, offer, so_far)
-    if run.util_mean is not None and run.util_mean < IDLE_UTIL and run.gpus:
+    judged = run.elapsed >= MIN_JUDGED_SECONDS
+    lines += _memory_verdict(run, offer, so_far, judged)
+    if judged and run.util_mean is not None and run.util_mean < IDLE_UTIL and run.gpus:
         p95 = f", p95 {run.util_p95:.0f}%" if run.util_p95 is not None else ""
         lines.append(
             f"GPU utilisation: mean {run.util_mean:.0f}%{p95}{so_far}: its GPUs sat mostly"
@@ -344,7 +348,7 @@ def verdicts(run: PastRun, offer: Offer) -> list[str]:
     return lines
 
 
-def _memory_verdict(run: PastRun, offer: Offer, so_far: str) -> list[str]:
+def _memory_verdict(run: PastRun, offer: Offer, so_far: str, judged: bool) -> list[str]:
     peak = run.peak_unit_mem
     if peak is None:
         return []
@@ -357,7 +361,7 @@ def _memory_verdict(run: PastRun, offer: Offer, so_far: str) -> list[str]:
             f"--gpu-mem {gib_text(need)} would fit"
         ]
     card = run.card_mem
-    if asked is None and card and need <= card * CARD_MATERIAL:
+    if judged and asked is None and card and need <= card * CARD_MATERIAL:
         where = "a GPU with less memory"
         slice_ = smallest_mig(offer, need, compute_needed(run)) if single_gpu(run) else None
         if slice_ is not None and slice_[1] < card and slice_[0] != run.mig:

@@ -165,6 +165,17 @@ def test_eff_verdicts_name_each_badly_sized_resource() -> None:
     assert verdicts(timed_out, Offer())[0].startswith("Time: reached its limit of 1-00:00:00")
 
 
+def test_eff_does_not_judge_a_run_of_seconds_by_its_card_or_utilisation() -> None:
+    """A job of a few seconds spends most of them starting: idle GPUs and an empty card say
+    nothing yet; a peak far under its own --gpu-mem still does."""
+    short = past(asked_gib=None, peak_gib=0.0, util_p95=0.0, elapsed=4.0, state=JobState.FAILED)
+    assert verdicts(short, H200_MIG) == []
+    asked = past(peak_gib=10.0, util_p95=0.0, elapsed=4.0, state=JobState.FAILED)
+    assert verdicts(asked, Offer()) == [
+        "GPU memory: peak 10 GiB of 40 GiB asked (25%): --gpu-mem 12G would fit"
+    ]
+
+
 def test_eff_names_gpus_a_job_never_used() -> None:
     units = (
         UnitTelemetry("GPU-0", peak_mem=30 * GIB, util_mean=90.0),
