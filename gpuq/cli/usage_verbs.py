@@ -132,7 +132,7 @@ def efficiency_dict(reply: Any) -> dict[str, Any]:
         "util_mean": measured["util_mean"] if measured else None,
         "util_p95": measured["util_p95"] if measured else None,
         "mem_asked": res.mem if res.HasField("mem") else None,
-        "mem_peak": None,  # gpuq keeps no host memory peak
+        "mem_peak": reply.mem_peak if reply.HasField("mem_peak") else None,
         "cpus": res.cpus,
         "energy_kwh": energy / render.JOULES_PER_KWH if energy is not None else None,
         "telemetry": measured,
@@ -181,14 +181,14 @@ def efficiency_text(reply: Any, data: dict[str, Any]) -> str:
         lines.append(
             ("Energy", "unknown" if kwh is None else render.energy_text(kwh * 3.6e6) + so_far)
         )
-    asked_mem = data["mem_asked"]
-    lines.append(
-        (
-            "Host memory",
-            (f"{render.size(asked_mem)} asked" if asked_mem else "no --mem asked")
-            + "; its peak is not kept by gpuq",
-        )
-    )
+    asked_mem, mem_peak = data["mem_asked"], data["mem_peak"]
+    asked_text = f"{render.size(asked_mem)} asked" if asked_mem else "no --mem asked"
+    if mem_peak is None:
+        mem_text = f"{asked_text}; peak not reported (its agent reports it when the job ends)"
+    else:
+        share = f" ({100 * mem_peak / asked_mem:.0f}%)" if asked_mem else ""
+        mem_text = f"peak {render.size(mem_peak)} of {asked_text}{share}"
+    lines.append(("Host memory", mem_text))
     verdicts = data["verdicts"]
     text = _lines(lines)
     if verdicts:

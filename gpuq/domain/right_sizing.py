@@ -67,6 +67,8 @@ class PastRun:
     util_mean: float | None = None  # percent
     util_p95: float | None = None
     units: tuple[UnitTelemetry, ...] = ()
+    asked_mem: int | None = None  # --mem (per node)
+    mem_peak: int | None = None  # host memory, its busiest node; None: not reported
 
 
 @dataclass(frozen=True, slots=True)
@@ -328,6 +330,13 @@ def verdicts(run: PastRun, offer: Offer) -> list[str]:
         )
     judged = run.elapsed >= MIN_JUDGED_SECONDS
     lines += _memory_verdict(run, offer, so_far, judged)
+    if run.asked_mem and run.mem_peak is not None:
+        need = mem_with_headroom(run.mem_peak)
+        if need <= run.asked_mem * MEM_MATERIAL:
+            lines.append(
+                f"Host memory: peak {gib(run.mem_peak)} GiB of {gib(run.asked_mem)} GiB asked"
+                f" ({_percent(run.mem_peak, run.asked_mem)}): --mem {gib_text(need)} would fit"
+            )
     if judged and run.util_mean is not None and run.util_mean < IDLE_UTIL and run.gpus:
         p95 = f", p95 {run.util_p95:.0f}%" if run.util_p95 is not None else ""
         lines.append(

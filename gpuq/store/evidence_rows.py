@@ -1,6 +1,7 @@
-"""Job evidence: what each node's agent sent with the end of a job that did not complete (its
-peak host memory, its output's tail), kept for `gpuq diagnose` (gpuq.domain.diagnosis). One row
-a job and node; a later start's end replaces it, so a job keeps at most one row per node."""
+"""Job evidence: what each node's agent sent with the end of a job: its peak host memory (for
+`gpuq eff`), and, for a job that did not complete, its output's tail (for `gpuq diagnose`,
+gpuq.domain.diagnosis). One row a job and node; a later start's end replaces it, so a job
+keeps at most one row per node."""
 
 from __future__ import annotations
 

@@ -158,16 +158,18 @@ class IdleHolder(_message.Message):
     def __init__(self, user: _Optional[str] = ..., gpu_seconds: _Optional[float] = ..., util_mean: _Optional[float] = ...) -> None: ...
 
 class JobEfficiency(_message.Message):
-    __slots__ = ("job", "time_limit", "card_mem", "verdicts")
+    __slots__ = ("job", "time_limit", "card_mem", "verdicts", "mem_peak")
     JOB_FIELD_NUMBER: _ClassVar[int]
     TIME_LIMIT_FIELD_NUMBER: _ClassVar[int]
     CARD_MEM_FIELD_NUMBER: _ClassVar[int]
     VERDICTS_FIELD_NUMBER: _ClassVar[int]
+    MEM_PEAK_FIELD_NUMBER: _ClassVar[int]
     job: _types_pb2.Job
     time_limit: int
     card_mem: int
     verdicts: _containers.RepeatedScalarFieldContainer[str]
-    def __init__(self, job: _Optional[_Union[_types_pb2.Job, _Mapping]] = ..., time_limit: _Optional[int] = ..., card_mem: _Optional[int] = ..., verdicts: _Optional[_Iterable[str]] = ...) -> None: ...
+    mem_peak: int
+    def __init__(self, job: _Optional[_Union[_types_pb2.Job, _Mapping]] = ..., time_limit: _Optional[int] = ..., card_mem: _Optional[int] = ..., verdicts: _Optional[_Iterable[str]] = ..., mem_peak: _Optional[int] = ...) -> None: ...
 
 class ReportRow(_message.Message):
     __slots__ = ("user", "jobs", "gpu_seconds", "energy", "util_mean", "util_gpu_seconds")

@@ -58,7 +58,7 @@ def test_advice_and_eff_on_the_command_line(tmp_path: Path) -> None:
         assert "GPU memory: peak 10 GiB of 40 GiB asked (25%): --gpu-mem 12G would fit" in (
             eff.stdout
         )
-        assert "Host memory: no --mem asked; its peak is not kept by gpuq" in eff.stdout
+        assert "Host memory: no --mem asked; peak not reported" in eff.stdout
         figures = json.loads(cluster.gpuq("eff", "--json", str(jobs[0])).stdout)
         assert figures["state"] == "completed" and figures["time_limit"] == 86400
         assert figures["gpu_mem_peak"] == 10 * GIB and figures["gpu_mem_used_percent"] == 25.0

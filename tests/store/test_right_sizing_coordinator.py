@@ -31,6 +31,7 @@ async def run_measured(
     seconds: float,
     peak_gib: float,
     util: float,
+    host_gib: float = 3.0,
     **options: object,
 ) -> int:
     """Submit a job, let it run `seconds` on the clock, and end it completed with what its
@@ -60,6 +61,7 @@ async def run_measured(
         at=clock(),
         attempt=launch.attempt,
         telemetry=telemetry,
+        peak_mem=int(host_gib * GIB),
     )
     co.link.reports(agent.node, [report])
     await client.wait_state(job_id, "completed")
@@ -76,7 +78,7 @@ def test_advice_eff_and_estimates_from_a_seeded_history(store: Store) -> None:
     async def main(co: Coordinator) -> None:
         agent = await FakeAgent(co, "n1", 1).connect()  # one 80 GiB GPU
         alice, bob = InProcessClient(co, "alice"), InProcessClient(co, "bob")
-        train = {"gpus": 1, "gpu_mem": "40G", "name": "train"}  # no --time: a day
+        train = {"gpus": 1, "gpu_mem": "40G", "mem": "32G", "name": "train"}  # no --time
         history = [
             await run_measured(co, agent, alice, clock, 1800.0, peak, 85.0, **train)
             for peak in (9.0, 10.0, 8.0, 9.5)
@@ -106,7 +108,9 @@ def test_advice_eff_and_estimates_from_a_seeded_history(store: Store) -> None:
         assert list(eff.verdicts) == [
             "Time: ran 00:30:00 of 1-00:00:00 (2%): --time 00:40:00 would fit",
             "GPU memory: peak 10 GiB of 40 GiB asked (25%): --gpu-mem 12G would fit",
+            "Host memory: peak 3 GiB of 32 GiB asked (9%): --mem 4G would fit",
         ]
+        assert eff.mem_peak == 3 * GIB  # what its agent reported with the end
         with pytest.raises(NotFound, match="no job 99999"):
             await report(alice, job_id=99999)
         # usage is not private here: bob sees alice's figures, as gpuq show shows them, but

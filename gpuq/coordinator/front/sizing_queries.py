@@ -12,6 +12,7 @@ another user's only for admins; a hidden job name stays hidden in advice too.
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
+from dataclasses import replace
 
 from gpuq.config.settings import CoordinatorSettings
 from gpuq.coordinator.access.permissions import hides_name, sees
@@ -62,12 +63,17 @@ class SizingQueries:
         """What job `job_id` asked for against what it used (NotFound: no such job)."""
         job, _, _ = await self.job_detail(job_id)
         self._check_sees(caller, job.user, f"job {job.display_id}")
+        ends = await self.writer.read(lambda s: s.end_evidence(job.id))
+        peaks = [e.peak_mem for e in ends if e.peak_mem > 0 and e.attempt in (0, job.start_count)]
         run = self.past_run(job, self.card_memory())
+        if run is not None and peaks:
+            run = replace(run, mem_peak=max(peaks))
         return queue_pb2.JobEfficiency(
             job=self.messages.full(job, caller),
             time_limit=int(self.inputs.time_limit(job) or 0),
             card_mem=(run.card_mem or 0) if run is not None else 0,
             verdicts=verdicts(run, self.offer()) if run is not None else [],
+            mem_peak=max(peaks) if peaks else None,
         )
 
     async def advice(
@@ -152,6 +158,7 @@ class SizingQueries:
             util_mean=measured.util_mean if measured is not None else None,
             util_p95=measured.util_p95 if measured is not None else None,
             units=measured.units if measured is not None else (),
+            asked_mem=res.mem,
         )
 
 

@@ -376,9 +376,9 @@ def ending_from_report(report: apb.JobReport) -> Ending:
 
 
 def _has_evidence(report: apb.JobReport) -> bool:
-    """An end that did not complete, with something to keep for its diagnosis."""
-    ended = report.kind == apb.JobReport.ENDED and report.end_state != JobState.COMPLETED.value
-    return ended and bool(report.output_tail or report.peak_mem)
+    """An end with something to keep: its peak host memory (`gpuq eff`, any end), the tail of
+    its output (`gpuq diagnose`: agents send one only with an end that did not complete)."""
+    return report.kind == apb.JobReport.ENDED and bool(report.output_tail or report.peak_mem)
 
 
 def end_evidence(node: str, report: apb.JobReport) -> EndEvidence:
