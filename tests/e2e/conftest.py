@@ -4,8 +4,10 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
+from browser import quit_driver, require_browser, start_chromium
 from e2e_cluster import Cluster
 from netns import NetnsCluster, TestNetwork, require_netns, start_netns_cluster
 
@@ -60,3 +62,15 @@ def netns_cluster(tmp_path: Path) -> Iterator[NetnsCluster]:
     require_netns()
     with start_netns_cluster(tmp_path) as running:
         yield running
+
+
+@pytest.fixture
+def driver(tmp_path: Path) -> Iterator[Any]:
+    """Headless Chromium (tests/e2e/browser.py), quit and its profile removed afterwards."""
+    require_browser()
+    profile = tmp_path / "chromium-profile"
+    chromium = start_chromium(profile)
+    try:
+        yield chromium
+    finally:
+        quit_driver(chromium, profile)

@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from browser import console_errors, quit_driver, require_browser, screenshot, start_chromium
+from browser import console_errors, require_browser, screenshot
 from e2e_cluster import Cluster
 from helpers import make_spec
 
@@ -56,17 +56,6 @@ def cluster(tmp_path: Path) -> Iterator[Cluster]:
         yield running
     finally:
         running.close()
-
-
-@pytest.fixture
-def driver(tmp_path: Path) -> Iterator[Any]:
-    require_browser()
-    profile = tmp_path / "chromium-profile"
-    chromium = start_chromium(profile)
-    try:
-        yield chromium
-    finally:
-        quit_driver(chromium, profile)
 
 
 def web_base(cluster: Cluster) -> str:

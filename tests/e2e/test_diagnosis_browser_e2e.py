@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from browser import console_errors, quit_driver, require_browser, screenshot, start_chromium
+from browser import console_errors, require_browser, screenshot
 from e2e_cluster import Cluster
 from test_dashboard_browser_e2e import sign_in_link, until, web_base
 
@@ -27,17 +27,6 @@ def cluster(tmp_path: Path) -> Iterator[Cluster]:
         yield running
     finally:
         running.close()
-
-
-@pytest.fixture
-def driver(tmp_path: Path) -> Iterator[Any]:
-    require_browser()
-    profile = tmp_path / "chromium-profile"
-    chromium = start_chromium(profile)
-    try:
-        yield chromium
-    finally:
-        quit_driver(chromium, profile)
 
 
 def test_the_job_page_shows_the_verdict_its_evidence_and_next_step(
