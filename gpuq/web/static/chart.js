@@ -8,7 +8,8 @@ const H = 260;
 const PAD = { left: 48, right: 64, top: 26, bottom: 34 };
 const GIB = 1024 ** 3;
 
-function el(name, attrs = {}, text) {
+/** An SVG element with these attributes (and text): the charts' one way to make one. */
+export function el(name, attrs = {}, text) {
   const node = document.createElementNS(NS, name);
   for (const [key, value] of Object.entries(attrs)) node.setAttribute(key, String(value));
   if (text !== undefined) node.textContent = text;

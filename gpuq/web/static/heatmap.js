@@ -3,21 +3,14 @@
 // column no job held is drawn as free; a held one that stayed cold is pale: idle GPUs stand
 // out. Cells: [column, util % | null, peak memory bytes, holder index | -1, jobs].
 
+import { el } from "/static/chart.js";
 import { when } from "/static/dates.js";
 
-const NS = "http://www.w3.org/2000/svg";
 const ROW = 16;
 const GAP = 2;
 const HEAD = 20; // px: a node's name above its GPUs
 const AXIS = 34;
 const GIB = 1024 ** 3;
-
-function el(name, attrs = {}, text) {
-  const node = document.createElementNS(NS, name);
-  for (const [key, value] of Object.entries(attrs)) node.setAttribute(key, String(value));
-  if (text !== undefined) node.textContent = text;
-  return node;
-}
 
 /** A share from 0 to 1 as a colour: blue (cold), through green and yellow, to red (hot). */
 export function heat(share) {
