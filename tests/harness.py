@@ -405,7 +405,8 @@ class InProcessClient:
             expand_arrays=expand_arrays,
             names=list(names),
         )
-        return list((await self.co.queries.list_jobs(self.caller, request)).jobs)
+        reply = await self.co.queries.list_jobs(self.caller, request)  # as the wire has it
+        return list(queue_pb2.ListJobsReply.FromString(reply).jobs)
 
     def nodes(self) -> list[queue_pb2.NodeInfo]:
         return list(self.co.queries.list_nodes().nodes)

@@ -1,7 +1,8 @@
 """ListJobs in pages through the coordinator, on a real store (SQLite and PostgreSQL): every
 job once across the pages, at most the coordinator's largest page, filters and limits that
 hold across pages, bad tokens refused, and a long listing that leaves the event loop to
-other calls (issue 23)."""
+other calls (issue 23); a page asked again shows what changed since (issue 27: pages are
+kept while nothing in them changed)."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ import asyncio
 import time
 
 import pytest
-from harness import cancel, run, submit
+from harness import cancel, passes_ran, run, submit
 from helpers import make_spec
 
 from gpuq.config.settings import CoordinatorSettings
@@ -26,13 +27,18 @@ SMALL = CoordinatorSettings(list_page_size=PAGE)
 ALICE = Caller("alice", None)
 
 
+async def page(co: Coordinator, request: queue_pb2.ListJobsRequest) -> queue_pb2.ListJobsReply:
+    """One page, as the Client reads it (the front door answers it as the wire carries it)."""
+    return queue_pb2.ListJobsReply.FromString(await co.queries.list_jobs(ALICE, request))
+
+
 async def pages(
     co: Coordinator, request: queue_pb2.ListJobsRequest
 ) -> list[list[queue_pb2.ListJobsReply]]:
     """Every page of a listing, as the Client asks them."""
     replies = []
     while True:
-        reply = await co.queries.list_jobs(ALICE, request)
+        reply = await page(co, request)
         replies.append(reply)
         if not reply.next_page_token:
             return replies
@@ -65,12 +71,36 @@ def test_live_jobs_come_once_each_in_pages_of_at_most_the_largest(store: Store) 
         limited = await pages(co, queue_pb2.ListJobsRequest(limit=5))
         assert ids(limited) == everything[:5] and len(limited) == 2
         # jobs that end or come between two pages: the others still come once each
-        first = await co.queries.list_jobs(ALICE, queue_pb2.ListJobsRequest())
+        first = await page(co, queue_pb2.ListJobsRequest())
         await cancel(co, [str(plain[5])], "alice")
         [late] = await submit(co, make_spec(hold=True), "alice")
         rest = await pages(co, queue_pb2.ListJobsRequest(page_token=first.next_page_token))
         seen = ids([first, *rest])
         assert seen == sorted({*everything, late} - {plain[5]})
+
+    run(store, body, SMALL)
+
+
+def test_a_listing_asked_again_shows_what_changed_since(store: Store) -> None:
+    async def body(co: Coordinator) -> None:
+        first, second = [(await submit(co, make_spec(gpus=1), "alice"))[0] for _ in range(2)]
+        await passes_ran(co)
+        request = queue_pb2.ListJobsRequest()
+        before = await page(co, request)
+        assert [(j.id, j.state) for j in before.jobs] == [(first, "pending"), (second, "pending")]
+        assert all(j.pending.reasons for j in before.jobs)  # why each waits (no node here)
+        assert await page(co, request) == before  # nothing changed: the same page
+        await cancel(co, [str(first)], "alice")
+        [held] = await submit(co, make_spec(hold=True), "alice")
+        await passes_ran(co)
+        after = await page(co, request)
+        assert [(j.id, j.state) for j in after.jobs] == [(second, "pending"), (held, "held")]
+        assert after.jobs[0].pending.reasons and not after.jobs[1].HasField("pending")
+        # an admin's page is another than alice's, and answers as it should
+        admin = queue_pb2.ListJobsReply.FromString(
+            await co.queries.list_jobs(Caller("root", 0, admin=True), request)
+        )
+        assert [j.id for j in admin.jobs] == [second, held]
 
     run(store, body, SMALL)
 
@@ -97,7 +127,7 @@ def test_bad_page_tokens_are_one_clear_refusal(store: Store) -> None:
     async def body(co: Coordinator) -> None:
         for _ in range(5):
             await submit(co, make_spec(hold=True), "alice")
-        first = await co.queries.list_jobs(ALICE, queue_pb2.ListJobsRequest())
+        first = await page(co, queue_pb2.ListJobsRequest())
         token = first.next_page_token
         for bad in ("garbage", token[:-3], token + "x" * 300, "🙂"):
             with pytest.raises(InvalidInput, match="page_token"):
@@ -130,7 +160,7 @@ def test_a_long_listing_leaves_the_loop_to_other_calls(store: Store) -> None:
             return listing.done()
 
         assert await asyncio.create_task(nodes()) is False
-        reply = await listing
+        reply = queue_pb2.ListJobsReply.FromString(await listing)
         assert len(reply.jobs) == 3000 and not reply.next_page_token
 
     run(store, body, CoordinatorSettings(list_page_size=5000))

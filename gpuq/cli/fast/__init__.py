@@ -38,7 +38,9 @@ it replaced. What keeps it there:
   (which imports `re`: 5-7 ms);
 - the fork, gRPC's start-up, the connection to the coordinator, the credential handshake,
   click's parser and the copy-on-write faults of the loaded modules all happen in a spare
-  before the call comes: a call pays its request (one sendmsg), its command, and its exit;
+  before the call comes: a call pays its request (one sendmsg), its command, and its exit
+  (the copy-on-write faults only when no call came within 50 ms: owning the pages costs the
+  spare 10-12 ms of CPU, which calls back to back, a shell loop, cannot spare on 2 CPUs);
 - the child says its exit code as soon as it closed the caller's fds, before it is torn down.
 
 A new verb need not know any of this: it is a click command in a module of gpuq.cli and one

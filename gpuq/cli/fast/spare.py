@@ -35,6 +35,9 @@ from gpuq.cli.fast.warm_client import warm_client
 
 REQUEST_TIMEOUT = 5.0
 BUSY_WAIT = 2.0  # seconds a new spare leaves the call before it alone, at most
+# seconds without a call before a warm spare owns its pages (_own_pages): calls back to back
+# (a shell loop) come sooner, and skip it
+OWN_PAGES_AFTER = 0.05
 _WARM: list[Any] = []  # keeps gRPC started in this spare (a closed last channel stops it)
 _GRPC_SETTINGS: dict[bytes, bytes] = {}  # the GRPC_* variables gRPC started with here
 
@@ -62,6 +65,8 @@ def spare(
         if busy is not None:
             _after(busy, listener)
         _warm_up(environ)
+        if not _waits(listener, OWN_PAGES_AFTER):
+            _own_pages()
         while True:
             conn, _ = listener.accept()
             request = _take(conn, control, fingerprint, known)
@@ -114,7 +119,7 @@ def _after(busy: int, listener: socket.socket) -> None:
 def _warm_up(environ: bytes) -> None:
     """Start gRPC (a channel that never connects), start connecting a client with the last
     caller's settings (gpuq.cli.fast.warm_client: gRPC connects in its threads meanwhile),
-    walk click's parser once, own the pages."""
+    walk click's parser once."""
     os.environ.setdefault("GRPC_VERBOSITY", "ERROR")
     _GRPC_SETTINGS.update(_grpc_settings(os.environb.items()))
     with contextlib.suppress(Exception):
@@ -130,12 +135,24 @@ def _warm_up(environ: bytes) -> None:
         from gpuq.cli.group import cli
 
         cli.make_context("gpuq", ["queue"], resilient_parsing=True)
-    _own_pages()
+
+
+def _waits(listener: socket.socket, seconds: float) -> bool:
+    """Whether a call waits on `listener` within `seconds`."""
+    import select
+
+    try:
+        return bool(select.select([listener.fileno()], [], [], seconds)[0])
+    except OSError:
+        return False
 
 
 def _own_pages() -> None:
     """Touch every object once, so that the copy-on-write faults of the helper's loaded
-    modules happen now, while the spare waits, not during the call (~2 ms of a call)."""
+    modules happen now, while the spare waits, not during the call: ~2 ms of CPU less in a
+    call, for 10-12 ms of the spare's. Only once no call came within OWN_PAGES_AFTER: in a
+    shell loop those 10-12 ms a call took a quarter of the rate on 2 CPUs (issue 27,
+    bench/cli_bench.py: 22 -> 29 submissions/s without it)."""
     import gc
 
     gc.unfreeze()

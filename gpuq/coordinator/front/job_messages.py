@@ -17,7 +17,7 @@ spec's name, `%x` in its output paths, its pending reasons ("named X"), and its 
 from __future__ import annotations
 
 import re
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
 
 from gpuq.convert import event_to_proto, job_to_proto, spec_to_proto, unit_to_proto
@@ -29,6 +29,7 @@ from gpuq.domain.limits import NAME_IN_TEXT
 from gpuq.domain.model import CronEntry, GpuUnit, Job, JobEvent, output_paths
 from gpuq.domain.states import JobState
 from gpuq.identity import Caller
+from gpuq.scheduler.snapshot import Waiting
 from gpuq.v1 import queue_pb2
 from gpuq.v1 import types_pb2 as pb
 
@@ -55,14 +56,15 @@ class JobMessages:
         private_data: tuple[str, ...],
         flags: Callable[[int, int], tuple[str, ...]],
         pending_detail: Callable[[Job], PendingDetail | None],
-        explanation: Callable[[], object] = object,
+        explanation: Callable[[], Mapping[int, Waiting]] = dict,
         progress: Callable[[int, int], pb.JobThroughput | None] = lambda job_id, start: None,
     ) -> None:
         self.private_data = private_data  # what others' jobs hide (permissions.sees)
         self.flags = flags  # a running job's idle and hung flags (job id, its start)
         self.pending_detail = pending_detail
-        # the queue's explanation now (a new object each time it is made anew): a job's
-        # "why it waits" built from the same one, at the same priority, is the same
+        # why each queued job waits now (SchedulingPass.explained: a new object each time
+        # it is made anew): a job's "why it waits" built from the same Waiting, at the same
+        # priority, is the same
         self.explanation = explanation
         self.progress = progress  # a running job's progress (job id, its start), not to change
 

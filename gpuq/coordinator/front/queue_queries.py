@@ -118,12 +118,11 @@ class QueueQueries:
             counts = (await self.writer.read(lambda s: s.array_states([array]))).get(array, {})
         return job, events, counts
 
-    async def list_jobs(
-        self, caller: Caller, request: queue_pb2.ListJobsRequest
-    ) -> queue_pb2.ListJobsReply:
-        """A page of a listing (gpuq.coordinator.front.job_pages): live jobs from memory (no
-        database round trip); ended jobs, ids and arrays from the store. Everyone sees every
-        job, less what is private (JobMessages.listed)."""
+    async def list_jobs(self, caller: Caller, request: queue_pb2.ListJobsRequest) -> bytes:
+        """A page of a listing (gpuq.coordinator.front.job_pages), a ListJobsReply as the
+        wire carries it: live jobs from memory (no database round trip); ended jobs, ids and
+        arrays from the store. Everyone sees every job, less what is private
+        (JobMessages.listed)."""
         return await self.pages.page(caller, request, self._wanted(caller, request))
 
     async def list_jobs_json(

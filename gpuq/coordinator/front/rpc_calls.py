@@ -185,6 +185,18 @@ def _decoding(deserializer: Callable[[bytes], Any] | None) -> Callable[[bytes], 
     return decode
 
 
+def _encoding(serializer: Callable[[Any], bytes] | None) -> Callable[[Any], bytes] | None:
+    """The method's serializer, but a reply that is bytes already (a listing's page, kept as
+    the wire carries it: gpuq.coordinator.front.job_pages) goes as it is."""
+    if serializer is None:
+        return None
+
+    def encode(reply: Any) -> bytes:
+        return reply if isinstance(reply, bytes) else serializer(reply)
+
+    return encode
+
+
 def _bound(handler: grpc.RpcMethodHandler, caller: Caller, method: str) -> grpc.RpcMethodHandler:
     """The same handler, with `caller` as the call's current_caller(), and a request that
     cannot be decoded refused in one line."""
@@ -226,7 +238,7 @@ def _bound(handler: grpc.RpcMethodHandler, caller: Caller, method: str) -> grpc.
 
         return run
 
-    kinds = (_decoding(handler.request_deserializer), handler.response_serializer)
+    kinds = (_decoding(handler.request_deserializer), _encoding(handler.response_serializer))
     if handler.unary_unary is not None:
         return grpc.unary_unary_rpc_method_handler(call(handler.unary_unary), *kinds)
     if handler.stream_unary is not None:

@@ -64,9 +64,14 @@ class LiveJobs:
         self._ids: list[int] = []
         self.members: dict[int, set[int]] = {}
         self.tally: Counter[tuple[JobState, str]] = Counter()
+        # bumped by every change (a job's new version, a re-ranking): what was made from
+        # memory as it was (an explanation of the queue, a listing's page) is good while the
+        # count is the same
+        self.version = 0
 
     def put(self, job: Job) -> None:
         """Record a job's new version; finished jobs leave memory."""
+        self.version += 1
         old = self.jobs.pop(job.id, None)
         if old is not None:
             self._forget(old)
@@ -139,11 +144,13 @@ class LiveJobs:
 
     def rerank(self) -> None:
         """Recompute every pending job's priority (age and fair share move)."""
+        self.version += 1
         pending = [j for j in self._by_state[JobState.PENDING].values() if not j.tasks]
         self.priority = {job.id: self.priority_of(job) for job in pending}
         self._queue = sorted(queue_key(job, self.priority[job.id]) for job in pending)
 
     def reset(self, jobs: Iterable[Job]) -> None:
+        self.version += 1
         self.jobs.clear()
         self._queue.clear()
         self.priority.clear()
