@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import datetime as dt
 import math
+from collections import Counter
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, replace
 
@@ -31,6 +32,7 @@ from gpuq.scheduler.fitting import (
     allowed,
     choose_units,
     in_partition,
+    kind_of,
     misfit,
     never_fits,
     never_fits_reason,
@@ -43,7 +45,6 @@ from gpuq.scheduler.reserve import (
     FreeNode,
     Release,
     Reservation,
-    earliest,
     explained_starts,
 )
 from gpuq.scheduler.snapshot import (
@@ -90,7 +91,17 @@ class _Pass:
     usage: Usage = field(init=False)
     running_on: dict[str, list[RunningJob]] = field(init=False)
     parts_of: dict[int, list[RunningJob]] = field(init=False)  # a running job's nodes, first first
+    targets: Counter[str] = field(init=False)  # running jobs (parts) by tier, victims aside
+    # what preempting found on a node, with the node's count of changes then (`touched`)
+    touched: Counter[str] = field(default_factory=Counter)
+    candidates: dict[tuple[str, str], tuple[int, list[RunningJob], float, int]] = field(
+        default_factory=dict
+    )
+    victims_found: dict[tuple[object, ...], tuple[int, tuple[float, list[RunningJob]] | None]] = (
+        field(default_factory=dict)
+    )
     reservations: list[Reservation] = field(default_factory=list)
+    reserved_on: dict[str, list[Reservation]] = field(default_factory=dict)  # by node
     top: Reservation | None = None
     starts: list[Start] = field(default_factory=list)
     preemptions: list[Preemption] = field(default_factory=list)
@@ -148,6 +159,7 @@ class _Pass:
         for job in self.running:
             self.running_on.setdefault(job.node, []).append(job)
             self.parts_of.setdefault(job.job_id, []).append(job)
+        self.targets = Counter(r.qos for r in self.running if r.job_id not in self.victims)
 
     def run(self, queue: Iterable[PendingJob]) -> Decisions:
         early = self.shapes is not None and not self.explain
@@ -275,7 +287,7 @@ class _Pass:
         end = self.now + job.time_limit if job.time_limit else math.inf
         only = self._allowed(job.placement)
         if gang.is_gang(need):
-            return gang.place(self.nodes, self.reservations, only, need, end, job.user)
+            return gang.place(self.nodes, self.reserved_on, only, need, end, job.user)
         best: tuple[tuple[int, int, int, str], str, list[str]] | None = None
         for name, node in self.nodes.items():
             if only is not None and name not in only:
@@ -287,7 +299,7 @@ class _Pass:
                 or not node.view.up
             ):
                 continue
-            overlapping = [r for r in self.reservations if r.node == name and end > r.start]
+            overlapping = [r for r in self.reserved_on.get(name, ()) if end > r.start]
             if any(not r.leaves_room(need) for r in overlapping):
                 continue
             blocked = {u for r in overlapping for u in r.units}
@@ -308,6 +320,7 @@ class _Pass:
         end = self.now + job.time_limit if job.time_limit else math.inf
         share = job.need.gpu_share
         for name, units, need in parts:
+            self.touched[name] += 1
             node = self.nodes[name]
             node.units.difference_update(units)
             node.cpus -= need.cpus
@@ -321,7 +334,7 @@ class _Pass:
                 use = ShareUse(job.job_id, job.user, share, need.gpu_mem or 0)
                 for unit in units:
                     node.shares.setdefault(unit, []).append(use)
-            for reservation in self.reservations:
+            for reservation in self.reserved_on.get(name, ()):
                 reservation.take(name, end, need)
         gpus = sum(len(units) for _, units, _ in parts)
         self.usage.add(job.job_id, job.user, job.qos, gpus, job.name, job.array_job_id)
@@ -345,7 +358,7 @@ class _Pass:
         """Settle the kinds of queued jobs that can neither start nor preempt any more: those
         `fit_keys.hopeless` finds after every change, and with a `closer` look those
         `fit_keys.blocked` finds (taken once the queue has gone quiet for a while)."""
-        targets = {r.qos for r in self.running if r.job_id not in self.victims}
+        targets = [qos for qos, count in self.targets.items() if count > 0]
 
         def may_preempt(qos: str) -> bool:
             return any(self.policy.can_preempt(qos, t) for t in targets)
@@ -389,57 +402,74 @@ class _Pass:
                     self.top = self.top or part
                     self._reserve(part)
 
-    def _preemptible(self, node: str, qos: str) -> list[RunningJob]:
-        """Running jobs on `node` that a job of `qos` may preempt (victims included)."""
-        key = (node, qos)
-        if key not in self.preemptible:
-            self.preemptible[key] = [
-                r for r in self.running_on.get(node, ()) if self.policy.can_preempt(qos, r.qos)
-            ]
-        return self.preemptible[key]
-
     def _reserve(self, reservation: Reservation) -> None:
+        self.touched[reservation.node] += 1
         self.reservations.append(reservation)
+        self.reserved_on.setdefault(reservation.node, []).append(reservation)
         self.reserved_jobs.add(reservation.job_id)
         self.reserved_units.update(reservation.units)
 
     def _soonest(
         self, job: PendingJob, reserved: frozenset[str]
     ) -> tuple[float, list[gang.Held]] | None:
-        """When the job can start at the earliest, and what to reserve on each node."""
+        """When the job can start at the earliest, and what to reserve on each node (one node
+        is the gang way's case of N = 1: the earliest node, then the first by name)."""
         only = self._allowed(job.placement)
-        if gang.is_gang(job.need):
-            return gang.soonest(self.nodes, only, job.need, self.now, reserved, job.user)
-        best = None
-        for name, node in self.nodes.items():
-            if only is not None and name not in only:
-                continue
-            found = earliest(node, job.need, self.now, reserved, job.user)
-            if found is not None and (best is None or (found[0], name) < (best[0], best[1])):
-                best = (found[0], name, found[1], found[2], found[3])
-        if best is None:
-            return None
-        return best[0], [(best[1], best[2], best[3], best[4])]
+        return gang.soonest(self.nodes, only, job.need, self.now, reserved, job.user)
 
     def _preempt_gang(self, job: PendingJob, reserved: frozenset[str]) -> bool:
         """Preempt across nodes: each of the job's nodes freed by victims on it."""
-
-        def candidates(name: str) -> list[RunningJob]:
-            return [
-                r
-                for r in self._preemptible(name, job.qos)
-                if r.job_id not in self.victims and not reserved.intersection(r.gpus)
-            ]
-
         only = self._allowed(job.placement)
         found = gang.victims_across(
-            self.nodes, only, job.need, self.now, reserved, job.user, candidates
+            self.nodes,
+            only,
+            job.need,
+            self.now,
+            reserved,
+            job.user,
+            lambda name, need: self._victims(name, job.qos, need, reserved, job.user),
         )
         if found is None:
             return False
         for name, need, chosen in found:
             self._claim(job, name, need, chosen, reserved)
         return True
+
+    def _candidates(
+        self, name: str, qos: str, reserved: frozenset[str]
+    ) -> tuple[list[RunningJob], float, int]:
+        """The jobs on `name` that a job of `qos` may preempt now (not victims, no reserved
+        unit), the least run time among them and their units: kept until the node changes."""
+        version = self.touched[name]
+        known = self.candidates.get((name, qos))
+        if known is None or known[0] != version:
+            if (name, qos) not in self.preemptible:  # victims or not
+                self.preemptible[(name, qos)] = [
+                    r for r in self.running_on.get(name, ()) if self.policy.can_preempt(qos, r.qos)
+                ]
+            found = [
+                r
+                for r in self.preemptible[(name, qos)]
+                if r.job_id not in self.victims and not reserved.intersection(r.gpus)
+            ]
+            youngest = min((self.now - r.start_time for r in found), default=math.inf)
+            known = (version, found, youngest, sum(len(r.gpus) for r in found))
+            self.candidates[(name, qos)] = known
+        return known[1], known[2], known[3]
+
+    def _victims(
+        self, name: str, qos: str, need: Resources, reserved: frozenset[str], user: str
+    ) -> tuple[float, list[RunningJob]] | None:
+        """preempt.victims_on for a job of `qos` on `name`: kept until the node changes."""
+        share = need.gpu_share
+        key = (name, qos, kind_of(need), need.gpus, need.cpus, need.mem, share, share and user)
+        version = self.touched[name]
+        known = self.victims_found.get(key)
+        if known is None or known[0] != version:
+            candidates = self._candidates(name, qos, reserved)[0]
+            found = victims_on(self.nodes[name], need, candidates, self.now, reserved, user)
+            known = self.victims_found[key] = (version, found)
+        return known[1]
 
     def _claim(
         self,
@@ -465,19 +495,13 @@ class _Pass:
                 continue
             self.victims.add(victim.job_id)
             parts = self.parts_of.get(victim.job_id, [victim])
+            self.targets.subtract(part.qos for part in parts)
+            self.touched.update(part.node for part in parts)
             self.preemptions.append(Preemption(victim.job_id, job.job_id, parts[0].node))
             if len(parts) > 1:  # its other nodes free up when it stops, too
                 for part in parts:
-                    self._releasing(part, grace)
-
-    def _releasing(self, part: RunningJob, moment: float) -> None:
-        node = self.nodes.get(part.node)
-        if node is None:
-            return
-        for i, (end, units, cpus, mem) in enumerate(node.releases):
-            if units == part.gpus and end == part.end_estimate:
-                node.releases[i] = (min(end, moment), units, cpus, mem)
-                return
+                    if (holder := self.nodes.get(part.node)) is not None:
+                        holder.release_early(part.gpus, part.end_estimate, grace)
 
     def _preempt_for(self, job: PendingJob, reserved: frozenset[str]) -> bool:
         if gang.is_gang(job.need):
@@ -487,22 +511,15 @@ class _Pass:
         for name, node in self.nodes.items():
             if not node.view.up or (only is not None and name not in only):
                 continue
-            candidates = [
-                r
-                for r in self._preemptible(name, job.qos)
-                if r.job_id not in self.victims and not reserved.intersection(r.gpus)
-            ]
-            if candidates and len(node.units) + sum(len(r.gpus) for r in candidates) >= (
-                job.need.gpus
-            ):
-                youngest = min(self.now - r.start_time for r in candidates)
-                options.append((youngest, name, candidates))
+            candidates, youngest, held = self._candidates(name, job.qos, reserved)
+            if candidates and len(node.units) + held >= job.need.gpus:
+                options.append((youngest, name))
         best: tuple[float, int, str, list[RunningJob]] | None = None
         # nodes by the least work a victim there could lose: stop once no node can beat the best
-        for youngest, name, candidates in sorted(options, key=lambda o: (o[0], o[1])):
+        for youngest, name in sorted(options):
             if best is not None and youngest > best[0]:
                 break
-            found = victims_on(self.nodes[name], job.need, candidates, self.now, reserved, job.user)
+            found = self._victims(name, job.qos, job.need, reserved, job.user)
             if found is not None and (best is None or (found[0], len(found[1])) < best[:2]):
                 best = (found[0], len(found[1]), name, found[1])
         if best is None:
@@ -607,7 +624,7 @@ def _gang_reason(
     never = gang.never_reason(job.need, job.placement, found)
     if never is not None:
         return never
-    if top is not None and gang.place(nodes, [], only, job.need, 0, job.user) is not None:
+    if top is not None and gang.place(nodes, {}, only, job.need, 0, job.user) is not None:
         return f"resources reserved for job {top.job_id} (it starts by {_clock(top.start)})"
     return gang.waiting_reason(nodes, job.need, job.user, running_on, found)
 

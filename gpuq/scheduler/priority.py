@@ -84,15 +84,18 @@ def rank(
     w_age = settings.weight_age / settings.max_age if settings.max_age else 0.0
     cap = settings.weight_age if settings.max_age else 0.0
     w_share = settings.weight_fairshare
-    negated = [
-        -(
-            weights.get(j.qos, 0)
-            + min(cap, max(0.0, now - j.submit_time) * w_age)
-            + w_share * shares[j.user]
-            - j.nice
+    negated = []
+    for j in jobs:  # min() and max() as comparisons, in their order: the same floats
+        waited = now - j.submit_time
+        age = (waited if waited > 0.0 else 0.0) * w_age
+        negated.append(
+            -(
+                weights.get(j.qos, 0)
+                + (age if age < cap else cap)
+                + w_share * shares[j.user]
+                - j.nice
+            )
         )
-        for j in jobs
-    ]
     ids = [j.job_id for j in jobs]
     order = sorted(range(len(ids)), key=ids.__getitem__)  # by id; a queue mostly is already
     order.sort(key=negated.__getitem__)  # stable: equal priorities stay in id order

@@ -47,6 +47,14 @@ class FreeNode:
             if u.uuid in self.units and u.uuid not in excluded
         ]
 
+    def release_early(self, units: tuple[str, ...], end: float, moment: float) -> None:
+        """The running job on `units` that was to end at `end` ends by `moment` (a victim
+        stopped for a preemption elsewhere: its part here frees up too)."""
+        for i, (until, held, cpus, mem) in enumerate(self.releases):
+            if held == units and until == end:
+                self.releases[i] = (min(until, moment), held, cpus, mem)
+                return
+
     def holders(self) -> Counter[str]:
         """How many running jobs hold each unit (several MPS shares may hold one)."""
         return Counter(u for _, units, _, _ in self.releases for u in units)
