@@ -108,7 +108,8 @@ class _Pass:
     cancellations: list[Cancellation] = field(default_factory=list)
     waiting: WaitingJobs = field(default_factory=WaitingJobs)
     unfit: dict[FitKey, str] = field(default_factory=dict)  # cannot start now: why
-    whys: dict[FitKey, tuple[str]] = field(default_factory=dict)  # (unfit[key],)
+    # (unfit[key],) of the kinds settled and unfit once the first blocked job looked ahead
+    whys: dict[FitKey, tuple[str]] = field(default_factory=dict)
     settled: set[FitKey] = field(default_factory=set)  # cannot start nor preempt this pass
     remaining: dict[FitKey, int] = field(default_factory=dict)  # queued, not yet seen
     reserved_units: set[str] = field(default_factory=set)  # of every reservation
@@ -180,17 +181,13 @@ class _Pass:
         quiet = 0  # jobs looked at since resources last changed
         for job in queue:
             key = fit_key(job.need, job.time_limit, job.qos, job.user, job.placement)
-            if early and key in settled and key in unfit and self.looked_ahead:
-                # it can neither start nor preempt: only a dependency never met matters
+            # (the reasons of a kind that can neither start nor preempt any more)
+            why = whys.get(key)
+            if why is not None and early:
+                # only a dependency never met matters
                 if job.dependencies and cancel and (impossible := never_met(job)) is not None:
                     self.cancellations.append(Cancellation(job.job_id, impossible))
-            elif (
-                self.explain
-                and key in settled
-                and self.looked_ahead
-                and (why := whys.get(key) or self._why_alone(key)) is not None
-                and unrestricted(job, tiers.get(job.qos))
-            ):
+            elif why is not None and self.explain and unrestricted(job, tiers.get(job.qos)):
                 # as _consider would find: it waits for what its kind waits for, and its turn
                 if self.open_blocked < limit:
                     self._wait(job, why, ahead)
@@ -198,8 +195,11 @@ class _Pass:
                     self.waiting.wait(job.job_id, why, ahead)
                     self.measured = self.measured or job.expected_run is not None
                 ahead += 1
-            elif self._consider(job, key, ahead):
-                ahead += 1
+            else:
+                if self._consider(job, key, ahead):
+                    ahead += 1
+                if why is None and self.looked_ahead and key in settled and key in unfit:
+                    whys[key] = (unfit[key],)
             if early:
                 left = remaining.get(key, 0) - 1
                 if left > 0:
@@ -234,15 +234,6 @@ class _Pass:
                 v.name for v in self.views if allowed(v, placement) is None
             )
         return self.allowed_nodes[placement]
-
-    def _why_alone(self, key: FitKey) -> tuple[str] | None:
-        """The reasons of a job of kind `key` that waits for resources alone (None: its kind
-        was not found unfit), one tuple for all of them."""
-        why = self.unfit.get(key)
-        if why is None:
-            return None
-        self.whys[key] = (why,)
-        return self.whys[key]
 
     def _consider(self, job: PendingJob, key: FitKey, ahead: int) -> bool:
         """Start the job if it may; otherwise record why not. True when it is left waiting for
