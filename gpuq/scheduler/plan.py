@@ -73,9 +73,11 @@ def plan(
     explain: bool = False,
 ) -> Decisions:
     """Decide one pass. With `shapes` (how many queued jobs have each fit key) and no
-    `explain`, the pass stops once nothing more can happen: a full cluster and a long queue
-    cost a few steps. `explain` walks the whole queue and gives every job its reasons and,
-    for the first `explain_limit` blocked ones, an estimated start."""
+    `explain`, the pass stops once nothing more can happen (a full cluster and a long queue
+    cost a few steps) and only decides: its `waiting` is empty (the coordinator's pass; the
+    explaining one says why). `explain` walks the whole queue and gives every job its reasons
+    and, for the first `explain_limit` blocked ones, an estimated start. Without either,
+    every job is looked at in full (what the shortcuts are tested against)."""
     return _Pass(list(nodes), list(running), policy, now, explain, shapes).run(queue)
 
 
