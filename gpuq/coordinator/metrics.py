@@ -23,7 +23,7 @@ name or free text, so the number of series does not grow with the number of jobs
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 
 from prometheus_client import CollectorRegistry, Histogram, generate_latest
@@ -172,7 +172,7 @@ class MetricSources:
     idle: IdleWatch
     notifier: Notifier
     clock: Callable[[], float]
-    explain: Callable[[], dict[int, Waiting]] | None = None
+    explain: Callable[[], Mapping[int, Waiting]] | None = None
 
 
 class Metrics:
@@ -287,7 +287,7 @@ class StateCollector:
     def __init__(self, sources: MetricSources) -> None:
         self.co = sources
         self.explain = sources.explain
-        self._explained: dict[int, Waiting] | None = None  # the explanation last counted
+        self._explained: Mapping[int, Waiting] | None = None  # the explanation last counted
         self._counted: Counter[str] = Counter()
 
     def describe(self) -> Iterable[Metric]:
@@ -343,7 +343,7 @@ class StateCollector:
         reasons["unknown"] += max(0, pending - sum(self._counted.values()))
         return reasons
 
-    def _categories(self, explained: dict[int, Waiting]) -> Counter[str]:
+    def _categories(self, explained: Mapping[int, Waiting]) -> Counter[str]:
         counted: Counter[str] = Counter()
         for job in self.co.jobs.in_state(JobState.PENDING):
             waiting = explained.get(job.id)

@@ -79,6 +79,19 @@ def never_met(job: PendingJob) -> str | None:
     return None
 
 
+def unrestricted(job: PendingJob, tier: QosTier | None) -> bool:
+    """True when neither `never_met` nor `blockers` can find anything against the job,
+    whatever runs: no begin time, dependency, limit of its tier, array limit or singleton (a
+    quick test: a long queue is mostly such jobs)."""
+    return (
+        job.begin_time is None
+        and not job.dependencies
+        and job.array_max_running is None
+        and not job.singleton
+        and (tier is None or (tier.max_running_jobs is None and tier.max_running_gpus is None))
+    )
+
+
 def blockers(job: PendingJob, usage: Usage, tier: QosTier | None, now: float) -> list[str]:
     """Every reason, other than resources, that keeps the job from starting now."""
     reasons: list[str] = []

@@ -49,6 +49,7 @@ class ShareUse:
 
 
 ShareMap = Mapping[str, Sequence[ShareUse]]  # unit uuid -> its live shares
+KindKey = tuple[int, str | None, bool, str | None, int | None]  # see kind_of
 
 
 @dataclass(frozen=True, slots=True)
@@ -75,13 +76,24 @@ class NodeView:
     features: frozenset[str] | None = frozenset()
     # the `[partitions.NAME]` it is in (none configured: none)
     partitions: frozenset[str] = frozenset()
+    # (the units each kind of need may take, ok ones only: a pass asks this of each node
+    # for every job it looks at, and the answer only depends on the kind; see `kind_of`)
+    _eligible: dict[KindKey, tuple[GpuUnit, ...]] = field(
+        default_factory=dict, init=False, repr=False, compare=False
+    )
 
     def distance(self, a: str, b: str) -> int:
         return self.distances.get((a, b) if a < b else (b, a), DISTANCE_SYSTEM)
 
-    def eligible(self, need: Resources) -> list[GpuUnit]:
+    def eligible(self, need: Resources) -> tuple[GpuUnit, ...]:
         """Units of the kind and size `need` can use that are ok (free or not)."""
-        return [u for u in kind_fits(self.units, need) if u.uuid not in self.unhealthy]
+        key = kind_of(need)
+        found = self._eligible.get(key)
+        if found is None:
+            unhealthy = self.unhealthy
+            found = tuple(u for u in kind_fits(self.units, need) if u.uuid not in unhealthy)
+            self._eligible[key] = found
+        return found
 
     def usable_units(self, need: Resources, user: str = "") -> list[GpuUnit]:
         """Free, ok units `need` can use: in PCI order (MIG slices: smallest first). For a
@@ -97,6 +109,11 @@ class NodeView:
             for u in kind_fits(self.units, need)
             if u.uuid in self.unhealthy
         ]
+
+
+def kind_of(need: Resources) -> KindKey:
+    """What of `need` decides which units it may take (`kind_fits`): needs alike share it."""
+    return (min(need.gpus, 2), need.gpu_type, need.gpu_share is None, need.mig, need.gpu_mem)
 
 
 def node_features(node: NodeView) -> frozenset[str] | None:

@@ -42,7 +42,6 @@ from gpuq.scheduler.fitting import (
     kind_fits,
     never_fits,
 )
-from gpuq.scheduler.preempt import victims_on
 from gpuq.scheduler.reserve import FreeNode, Reservation, earliest
 from gpuq.scheduler.snapshot import RunningJob
 
@@ -110,14 +109,15 @@ def _quiet(node: FreeNode) -> bool:
 
 def place(
     nodes: Mapping[str, FreeNode],
-    reservations: Sequence[Reservation],
+    reservations: Mapping[str, Sequence[Reservation]],
     only: frozenset[str] | None,
     need: Resources,
     end: float,
     user: str,
 ) -> list[Part] | None:
-    """The best-fit nodes where the job fits now without delaying a reservation, and the
-    units on each; None unless `need.nodes` nodes do (never a partial start)."""
+    """The best-fit nodes where the job fits now without delaying a reservation (those of
+    each node in `reservations`), and the units on each; None unless `need.nodes` nodes do
+    (never a partial start)."""
     groups: dict[str, list[tuple[tuple[int, int, int, str], list[str], Resources]]] = {}
     for name, node in nodes.items():
         if (only is not None and name not in only) or not node.view.up:
@@ -127,7 +127,7 @@ def place(
             continue
         if need.exclusive and not _quiet(node):
             continue
-        overlapping = [r for r in reservations if r.node == name and end > r.start]
+        overlapping = [r for r in reservations.get(name, ()) if end > r.start]
         if any(not r.leaves_room(sized) for r in overlapping):
             continue
         blocked = {u for r in overlapping for u in r.units}
@@ -200,7 +200,7 @@ def victims_across(
     now: float,
     reserved: frozenset[str],
     user: str,
-    candidates_of: Callable[[str], list[RunningJob]],
+    victims_of: Callable[[str, Resources], tuple[float, list[RunningJob]] | None],
 ) -> list[tuple[str, Resources, list[RunningJob]]] | None:
     """`need.nodes` nodes each freed by victims on it (a node that holds the job now needs
     none), with the least work lost in all (a victim on several of them counts once); None
@@ -223,7 +223,7 @@ def victims_across(
                 groups.setdefault(key, []).append((0.0, 0, name, each, []))
                 continue
             # an --exclusive part needs every unit, CPU and byte: only all its jobs free that
-            found = victims_on(node, each, candidates_of(name), now, reserved, user)
+            found = victims_of(name, each)
             if found is not None:
                 groups.setdefault(key, []).append((found[0], len(found[1]), name, each, found[1]))
     best: tuple[tuple[float, int, str], list[tuple[str, Resources, list[RunningJob]]]] | None

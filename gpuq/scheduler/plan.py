@@ -17,20 +17,22 @@ from __future__ import annotations
 
 import datetime as dt
 import math
+from collections import Counter
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, replace
 
 from gpuq.domain.model import Resources
 from gpuq.domain.node_constraints import Placement
-from gpuq.scheduler import gang
-from gpuq.scheduler.eligibility import Usage, blockers, never_met
+from gpuq.scheduler import fit_keys, gang
+from gpuq.scheduler.eligibility import Usage, blockers, never_met, unrestricted
+from gpuq.scheduler.fit_keys import FitKey, fit_key
 from gpuq.scheduler.fitting import (
-    ANYWHERE,
     NodeView,
     ShareUse,
     allowed,
     choose_units,
     in_partition,
+    kind_of,
     misfit,
     never_fits,
     never_fits_reason,
@@ -38,7 +40,13 @@ from gpuq.scheduler.fitting import (
     shortage,
 )
 from gpuq.scheduler.preempt import victims_on
-from gpuq.scheduler.reserve import FreeNode, Release, Reservation, earliest, estimate_starts
+from gpuq.scheduler.reserve import (
+    Blocked,
+    FreeNode,
+    Release,
+    Reservation,
+    explained_starts,
+)
 from gpuq.scheduler.snapshot import (
     Cancellation,
     Decisions,
@@ -47,54 +55,11 @@ from gpuq.scheduler.snapshot import (
     Preemption,
     RunningJob,
     Start,
-    Waiting,
+    WaitingJobs,
 )
 
 NEVER_ON_UP = "no node that is up can ever run it"
-FitKey = tuple[
-    int,
-    int | None,
-    int,
-    int | None,
-    float | None,
-    str,
-    str | None,
-    int | None,
-    str,
-    str | None,
-    Placement,
-    int,
-    bool,
-    bool,
-]
-
-
-def fit_key(
-    need: Resources,
-    time_limit: float | None,
-    qos: str,
-    user: str = "",
-    placement: Placement = ANYWHERE,
-) -> FitKey:
-    """Jobs with the same key fit, or preempt, the same way during a pass (a share's fit
-    depends on its user too: one user's shares at a time on a unit; a GPU type and a
-    placement narrow where a job fits; so do the number of nodes and whole-node requests)."""
-    return (
-        need.gpus,
-        need.gpu_mem,
-        need.cpus,
-        need.mem,
-        time_limit,
-        qos,
-        need.mig,
-        need.gpu_share,
-        user if need.gpu_share is not None else "",
-        need.gpu_type,
-        placement,
-        need.nodes,
-        need.exclusive,
-        need.mem_all,
-    )
+QUIET_JOBS = 64  # jobs in a row that changed nothing: then look closer at what is left
 
 
 def plan(
@@ -108,9 +73,11 @@ def plan(
     explain: bool = False,
 ) -> Decisions:
     """Decide one pass. With `shapes` (how many queued jobs have each fit key) and no
-    `explain`, the pass stops once nothing more can happen: a full cluster and a long queue
-    cost a few steps. `explain` walks the whole queue and gives every job its reasons and,
-    for the first `explain_limit` blocked ones, an estimated start."""
+    `explain`, the pass stops once nothing more can happen (a full cluster and a long queue
+    cost a few steps) and only decides: its `waiting` is empty (the coordinator's pass; the
+    explaining one says why). `explain` walks the whole queue and gives every job its reasons
+    and, for the first `explain_limit` blocked ones, an estimated start. Without either,
+    every job is looked at in full (what the shortcuts are tested against)."""
     return _Pass(list(nodes), list(running), policy, now, explain, shapes).run(queue)
 
 
@@ -126,24 +93,34 @@ class _Pass:
     usage: Usage = field(init=False)
     running_on: dict[str, list[RunningJob]] = field(init=False)
     parts_of: dict[int, list[RunningJob]] = field(init=False)  # a running job's nodes, first first
+    targets: Counter[str] = field(init=False)  # running jobs (parts) by tier, victims aside
+    # what preempting found on a node, with the node's count of changes then (`touched`)
+    touched: Counter[str] = field(default_factory=Counter)
+    candidates: dict[tuple[str, str], tuple[int, list[RunningJob], float, int]] = field(
+        default_factory=dict
+    )
+    victims_found: dict[tuple[object, ...], tuple[int, tuple[float, list[RunningJob]] | None]] = (
+        field(default_factory=dict)
+    )
     reservations: list[Reservation] = field(default_factory=list)
+    reserved_on: dict[str, list[Reservation]] = field(default_factory=dict)  # by node
     top: Reservation | None = None
     starts: list[Start] = field(default_factory=list)
     preemptions: list[Preemption] = field(default_factory=list)
     cancellations: list[Cancellation] = field(default_factory=list)
-    waiting: dict[int, Waiting] = field(default_factory=dict)
+    waiting: WaitingJobs = field(default_factory=WaitingJobs)
     unfit: dict[FitKey, str] = field(default_factory=dict)  # cannot start now: why
+    # (unfit[key],) of the kinds settled and unfit once the first blocked job looked ahead
+    whys: dict[FitKey, tuple[str]] = field(default_factory=dict)
     settled: set[FitKey] = field(default_factory=set)  # cannot start nor preempt this pass
     remaining: dict[FitKey, int] = field(default_factory=dict)  # queued, not yet seen
     reserved_units: set[str] = field(default_factory=set)  # of every reservation
-    changed: bool = True  # resources or victims changed since _settle_hopeless last ran
+    changed: bool = True  # resources or victims changed since _settle last ran
     preemptible: dict[tuple[str, str], list[RunningJob]] = field(default_factory=dict)
     unsettled: set[FitKey] = field(default_factory=set)  # in `remaining`, not in `settled`
     looked_ahead: bool = False  # the first blocked job has had its reservation decided
     victims: set[int] = field(default_factory=set)
-    blocked_order: list[tuple[int, Resources, float | None, frozenset[str] | None]] = field(
-        default_factory=list
-    )
+    blocked_order: list[Blocked] = field(default_factory=list)
     # the nodes each placement allows (None: every node), for this pass
     allowed_nodes: dict[Placement, frozenset[str] | None] = field(default_factory=dict)
     # for the estimated starts (explain only): each node's releases at the jobs' expected
@@ -153,6 +130,9 @@ class _Pass:
     expected_runs: dict[int, float | None] = field(default_factory=dict)
     claimed: set[int] = field(default_factory=set)
     measured: bool = False
+    reasons: bool = True  # say why each job waits (not in an early-stopping pass)
+    reserved_jobs: set[int] = field(default_factory=set)  # jobs that hold a reservation
+    open_blocked: int = 0  # jobs in blocked_order that hold none
 
     def __post_init__(self) -> None:
         # a unit that is not ok (unhealthy, dirty, drained) is not free for this pass
@@ -182,26 +162,62 @@ class _Pass:
         for job in self.running:
             self.running_on.setdefault(job.node, []).append(job)
             self.parts_of.setdefault(job.job_id, []).append(job)
+        self.targets = Counter(r.qos for r in self.running if r.job_id not in self.victims)
 
     def run(self, queue: Iterable[PendingJob]) -> Decisions:
         early = self.shapes is not None and not self.explain
+        self.reasons = not early
         self.remaining = {k: n for k, n in (self.shapes or {}).items() if n > 0} if early else {}
         self.unsettled = set(self.remaining)
+        settled, unfit, remaining, unsettled = (
+            self.settled,
+            self.unfit,
+            self.remaining,
+            self.unsettled,
+        )
+        cancel = self.policy.settings.cancel_unsatisfiable
+        tiers = self.policy.tiers
+        limit = self.policy.settings.explain_limit
+        whys = self.whys
         ahead = 0  # jobs of higher priority that wait for resources
+        quiet = 0  # jobs looked at since resources last changed
         for job in queue:
             key = fit_key(job.need, job.time_limit, job.qos, job.user, job.placement)
-            if self._consider(job, key, ahead):
+            # (the reasons of a kind that can neither start nor preempt any more)
+            why = whys.get(key)
+            if why is not None and early:
+                # only a dependency never met matters
+                if job.dependencies and cancel and (impossible := never_met(job)) is not None:
+                    self.cancellations.append(Cancellation(job.job_id, impossible))
+            elif why is not None and self.explain and unrestricted(job, tiers.get(job.qos)):
+                # as _consider would find: it waits for what its kind waits for, and its turn
+                if self.open_blocked < limit:
+                    self._wait(job, why, ahead)
+                else:  # as _wait, of a job the estimates do not reach
+                    self.waiting.wait(job.job_id, why, ahead)
+                    self.measured = self.measured or job.expected_run is not None
                 ahead += 1
+            else:
+                if self._consider(job, key, ahead):
+                    ahead += 1
+                if why is None and self.looked_ahead and key in settled and key in unfit:
+                    whys[key] = (unfit[key],)
             if early:
-                left = self.remaining.get(key, 0) - 1
+                left = remaining.get(key, 0) - 1
                 if left > 0:
-                    self.remaining[key] = left
+                    remaining[key] = left
                 else:
-                    self.remaining.pop(key, None)
-                    self.unsettled.discard(key)
-                if self.looked_ahead and self.unsettled and self.changed:
-                    self._settle_hopeless()
-                if self.looked_ahead and not self.unsettled:
+                    remaining.pop(key, None)
+                    unsettled.discard(key)
+                if self.looked_ahead and unsettled:
+                    if self.changed:
+                        self._settle()
+                        quiet = 0
+                    else:
+                        quiet += 1
+                        if quiet == QUIET_JOBS:
+                            self._settle(closer=True)
+                if self.looked_ahead and not unsettled:
                     break  # every job left can neither start nor preempt: nothing more to do
         if self.explain:
             self._estimate()
@@ -228,30 +244,34 @@ class _Pass:
         if impossible is not None:
             if self.policy.settings.cancel_unsatisfiable:
                 self.cancellations.append(Cancellation(job.job_id, impossible))
-            else:
-                self._wait(job, [impossible])
+            elif self.reasons:
+                self._wait(job, (impossible,))
             return False
         eligibility = blockers(job, self.usage, self.policy.tiers.get(job.qos), self.now)
         if eligibility and not self.explain:
-            self._wait(job, eligibility)
+            if self.reasons:
+                self._wait(job, tuple(eligibility))
             return False
         placed = None if key in self.unfit else self._place(job)
         if placed is not None and not eligibility:
             self._start(job, placed)
             return False
+        if not self.reasons:  # an early-stopping pass decides; the explaining one says why
+            if placed is None:
+                self.unfit.setdefault(key, "")
+            if (
+                not eligibility
+                and placed is None
+                and not (self.looked_ahead and key in self.settled)
+            ):
+                self._look_ahead(job, key)
+            return not eligibility
         reasons = list(eligibility)
         if placed is None:
             reasons.append(self._why_not(job, key))
-        if ahead:
-            jobs = (
-                "1 job of higher priority is"
-                if ahead == 1
-                else f"{ahead} jobs of higher priority are"
-            )
-            reasons.append(f"priority: {jobs} waiting")
         if not eligibility and placed is None and not (self.looked_ahead and key in self.settled):
             self._look_ahead(job, key)
-        self._wait(job, reasons)
+        self._wait(job, tuple(reasons), ahead)
         return not eligibility
 
     def _place(self, job: PendingJob) -> list[gang.Part] | None:
@@ -260,7 +280,7 @@ class _Pass:
         end = self.now + job.time_limit if job.time_limit else math.inf
         only = self._allowed(job.placement)
         if gang.is_gang(need):
-            return gang.place(self.nodes, self.reservations, only, need, end, job.user)
+            return gang.place(self.nodes, self.reserved_on, only, need, end, job.user)
         best: tuple[tuple[int, int, int, str], str, list[str]] | None = None
         for name, node in self.nodes.items():
             if only is not None and name not in only:
@@ -272,7 +292,7 @@ class _Pass:
                 or not node.view.up
             ):
                 continue
-            overlapping = [r for r in self.reservations if r.node == name and end > r.start]
+            overlapping = [r for r in self.reserved_on.get(name, ()) if end > r.start]
             if any(not r.leaves_room(need) for r in overlapping):
                 continue
             blocked = {u for r in overlapping for u in r.units}
@@ -293,6 +313,7 @@ class _Pass:
         end = self.now + job.time_limit if job.time_limit else math.inf
         share = job.need.gpu_share
         for name, units, need in parts:
+            self.touched[name] += 1
             node = self.nodes[name]
             node.units.difference_update(units)
             node.cpus -= need.cpus
@@ -306,7 +327,7 @@ class _Pass:
                 use = ShareUse(job.job_id, job.user, share, need.gpu_mem or 0)
                 for unit in units:
                     node.shares.setdefault(unit, []).append(use)
-            for reservation in self.reservations:
+            for reservation in self.reserved_on.get(name, ()):
                 reservation.take(name, end, need)
         gpus = sum(len(units) for _, units, _ in parts)
         self.usage.add(job.job_id, job.user, job.qos, gpus, job.name, job.array_job_id)
@@ -315,73 +336,40 @@ class _Pass:
         self.changed = True
 
     def _why_not(self, job: PendingJob, key: FitKey) -> str:
-        if key not in self.unfit and gang.is_gang(job.need):
-            self.unfit[key] = in_partition(job.placement, self._why_not_gang(job))
-        if key not in self.unfit:
+        """Why a job of kind `key` cannot start now: found once per kind and pass."""
+        known = self.unfit.get(key)
+        if known is None:
             only = self._allowed(job.placement)
-            ruled_out = placement_reason(self.views, job.placement) if self.views else None
-            views = [v for v in self.views if only is None or v.name in only]
-            free_now = [
-                _free_view(n) for n in self.nodes.values() if only is None or n.view.name in only
-            ]
-            if ruled_out is not None:
-                reason = ruled_out
-            elif not any(n.up and not never_fits(n, job.need) for n in views):
-                # name the nodes that could run it but take no work now (down, drained)
-                down = [
-                    f"node {n.name} {n.down_reason}"
-                    for n in views
-                    if not n.up and not never_fits(n, job.need)
-                ]
-                up = [n for n in views if n.up]
-                reason = (
-                    "; ".join(down[:3])
-                    if down
-                    else f"{NEVER_ON_UP} ({never_fits_reason(up, job.need, job.placement)})"
-                    if up
-                    else "no node is up"
-                )
-            elif self.top is not None and any(
-                misfit(v, job.need, job.user) is None for v in free_now
-            ):
-                when = _clock(self.top.start)
-                reason = f"resources reserved for job {self.top.job_id} (it starts by {when})"
+            if gang.is_gang(job.need):
+                why = _gang_reason(self.views, self.nodes, self.top, only, job, self.running_on)
             else:
-                reason = shortage(free_now, job.need, job.user)
-            self.unfit[key] = in_partition(job.placement, reason)
-        return self.unfit[key]
+                why = _reason(self.views, self.nodes, self.top, only, job)
+            known = self.unfit[key] = in_partition(job.placement, why)
+        return known
 
-    def _why_not_gang(self, job: PendingJob) -> str:
-        ruled_out = placement_reason(self.views, job.placement) if self.views else None
-        if ruled_out is not None:
-            return ruled_out
-        found = gang.capable(self.views, job.need, job.placement)
-        never = gang.never_reason(job.need, job.placement, found)
-        if never is not None:
-            return never
-        if self.top is not None:
-            only = self._allowed(job.placement)
-            ignoring = gang.place(self.nodes, [], only, job.need, 0, job.user)
-            if ignoring is not None:
-                when = _clock(self.top.start)
-                return f"resources reserved for job {self.top.job_id} (it starts by {when})"
-        return gang.waiting_reason(self.nodes, job.need, job.user, self.running_on, found)
+    def _settle(self, closer: bool = False) -> None:
+        """Settle the kinds of queued jobs that can neither start nor preempt any more: those
+        `fit_keys.hopeless` finds after every change, and with a `closer` look those
+        `fit_keys.blocked` finds (taken once the queue has gone quiet for a while)."""
+        targets = [qos for qos, count in self.targets.items() if count > 0]
 
-    def _settle_hopeless(self) -> None:
-        """Settle, without waiting to meet one, every kind of queued job that no node has room
-        for now and that has nobody to preempt (free resources and victims only shrink)."""
-        self.changed = False
-        up = [n for n in self.nodes.values() if n.view.up]
-        block = max((len(n.units) for n in up), default=0)
-        cpus = max((n.cpus for n in up), default=0)
-        targets = {r.qos for r in self.running if r.job_id not in self.victims}
-        for key in list(self.unsettled):
-            gpus, _, need_cpus, _, _, qos, _, share, *_ = key
-            # a share may join a unit that is not free: only its CPUs can rule it out here
-            no_room = (gpus > block and share is None) or need_cpus > cpus
-            if no_room and not any(self.policy.can_preempt(qos, t) for t in targets):
-                self.unsettled.discard(key)
-                self.settled.add(key)
+        def may_preempt(qos: str) -> bool:
+            return any(self.policy.can_preempt(qos, t) for t in targets)
+
+        if closer:
+            found = fit_keys.blocked(
+                self.unsettled,
+                self.nodes,
+                self.reservations,
+                self.now,
+                self._allowed,
+                may_preempt,
+            )
+        else:
+            self.changed = False
+            found = fit_keys.hopeless(self.unsettled, self.nodes.values(), may_preempt)
+        self.unsettled.difference_update(found)
+        self.settled.update(found)
 
     # ---- looking ahead: reservations and preemption ------------------------------------------
 
@@ -407,56 +395,74 @@ class _Pass:
                     self.top = self.top or part
                     self._reserve(part)
 
-    def _preemptible(self, node: str, qos: str) -> list[RunningJob]:
-        """Running jobs on `node` that a job of `qos` may preempt (victims included)."""
-        key = (node, qos)
-        if key not in self.preemptible:
-            self.preemptible[key] = [
-                r for r in self.running_on.get(node, ()) if self.policy.can_preempt(qos, r.qos)
-            ]
-        return self.preemptible[key]
-
     def _reserve(self, reservation: Reservation) -> None:
+        self.touched[reservation.node] += 1
         self.reservations.append(reservation)
+        self.reserved_on.setdefault(reservation.node, []).append(reservation)
+        self.reserved_jobs.add(reservation.job_id)
         self.reserved_units.update(reservation.units)
 
     def _soonest(
         self, job: PendingJob, reserved: frozenset[str]
     ) -> tuple[float, list[gang.Held]] | None:
-        """When the job can start at the earliest, and what to reserve on each node."""
+        """When the job can start at the earliest, and what to reserve on each node (one node
+        is the gang way's case of N = 1: the earliest node, then the first by name)."""
         only = self._allowed(job.placement)
-        if gang.is_gang(job.need):
-            return gang.soonest(self.nodes, only, job.need, self.now, reserved, job.user)
-        best = None
-        for name, node in self.nodes.items():
-            if only is not None and name not in only:
-                continue
-            found = earliest(node, job.need, self.now, reserved, job.user)
-            if found is not None and (best is None or (found[0], name) < (best[0], best[1])):
-                best = (found[0], name, found[1], found[2], found[3])
-        if best is None:
-            return None
-        return best[0], [(best[1], best[2], best[3], best[4])]
+        return gang.soonest(self.nodes, only, job.need, self.now, reserved, job.user)
 
     def _preempt_gang(self, job: PendingJob, reserved: frozenset[str]) -> bool:
         """Preempt across nodes: each of the job's nodes freed by victims on it."""
-
-        def candidates(name: str) -> list[RunningJob]:
-            return [
-                r
-                for r in self._preemptible(name, job.qos)
-                if r.job_id not in self.victims and not reserved.intersection(r.gpus)
-            ]
-
         only = self._allowed(job.placement)
         found = gang.victims_across(
-            self.nodes, only, job.need, self.now, reserved, job.user, candidates
+            self.nodes,
+            only,
+            job.need,
+            self.now,
+            reserved,
+            job.user,
+            lambda name, need: self._victims(name, job.qos, need, reserved, job.user),
         )
         if found is None:
             return False
         for name, need, chosen in found:
             self._claim(job, name, need, chosen, reserved)
         return True
+
+    def _candidates(
+        self, name: str, qos: str, reserved: frozenset[str]
+    ) -> tuple[list[RunningJob], float, int]:
+        """The jobs on `name` that a job of `qos` may preempt now (not victims, no reserved
+        unit), the least run time among them and their units: kept until the node changes."""
+        version = self.touched[name]
+        known = self.candidates.get((name, qos))
+        if known is None or known[0] != version:
+            if (name, qos) not in self.preemptible:  # victims or not
+                self.preemptible[(name, qos)] = [
+                    r for r in self.running_on.get(name, ()) if self.policy.can_preempt(qos, r.qos)
+                ]
+            found = [
+                r
+                for r in self.preemptible[(name, qos)]
+                if r.job_id not in self.victims and not reserved.intersection(r.gpus)
+            ]
+            youngest = min((self.now - r.start_time for r in found), default=math.inf)
+            known = (version, found, youngest, sum(len(r.gpus) for r in found))
+            self.candidates[(name, qos)] = known
+        return known[1], known[2], known[3]
+
+    def _victims(
+        self, name: str, qos: str, need: Resources, reserved: frozenset[str], user: str
+    ) -> tuple[float, list[RunningJob]] | None:
+        """preempt.victims_on for a job of `qos` on `name`: kept until the node changes."""
+        share = need.gpu_share
+        key = (name, qos, kind_of(need), need.gpus, need.cpus, need.mem, share, share and user)
+        version = self.touched[name]
+        known = self.victims_found.get(key)
+        if known is None or known[0] != version:
+            candidates = self._candidates(name, qos, reserved)[0]
+            found = victims_on(self.nodes[name], need, candidates, self.now, reserved, user)
+            known = self.victims_found[key] = (version, found)
+        return known[1]
 
     def _claim(
         self,
@@ -482,19 +488,13 @@ class _Pass:
                 continue
             self.victims.add(victim.job_id)
             parts = self.parts_of.get(victim.job_id, [victim])
+            self.targets.subtract(part.qos for part in parts)
+            self.touched.update(part.node for part in parts)
             self.preemptions.append(Preemption(victim.job_id, job.job_id, parts[0].node))
             if len(parts) > 1:  # its other nodes free up when it stops, too
                 for part in parts:
-                    self._releasing(part, grace)
-
-    def _releasing(self, part: RunningJob, moment: float) -> None:
-        node = self.nodes.get(part.node)
-        if node is None:
-            return
-        for i, (end, units, cpus, mem) in enumerate(node.releases):
-            if units == part.gpus and end == part.end_estimate:
-                node.releases[i] = (min(end, moment), units, cpus, mem)
-                return
+                    if (holder := self.nodes.get(part.node)) is not None:
+                        holder.release_early(part.gpus, part.end_estimate, grace)
 
     def _preempt_for(self, job: PendingJob, reserved: frozenset[str]) -> bool:
         if gang.is_gang(job.need):
@@ -504,22 +504,15 @@ class _Pass:
         for name, node in self.nodes.items():
             if not node.view.up or (only is not None and name not in only):
                 continue
-            candidates = [
-                r
-                for r in self._preemptible(name, job.qos)
-                if r.job_id not in self.victims and not reserved.intersection(r.gpus)
-            ]
-            if candidates and len(node.units) + sum(len(r.gpus) for r in candidates) >= (
-                job.need.gpus
-            ):
-                youngest = min(self.now - r.start_time for r in candidates)
-                options.append((youngest, name, candidates))
+            candidates, youngest, held = self._candidates(name, job.qos, reserved)
+            if candidates and len(node.units) + held >= job.need.gpus:
+                options.append((youngest, name))
         best: tuple[float, int, str, list[RunningJob]] | None = None
         # nodes by the least work a victim there could lose: stop once no node can beat the best
-        for youngest, name, candidates in sorted(options, key=lambda o: (o[0], o[1])):
+        for youngest, name in sorted(options):
             if best is not None and youngest > best[0]:
                 break
-            found = victims_on(self.nodes[name], job.need, candidates, self.now, reserved, job.user)
+            found = self._victims(name, job.qos, job.need, reserved, job.user)
             if found is not None and (best is None or (found[0], len(found[1])) < best[:2]):
                 best = (found[0], len(found[1]), name, found[1])
         if best is None:
@@ -530,12 +523,24 @@ class _Pass:
 
     # ---- explaining ----------------------------------------------------------------------------
 
-    def _wait(self, job: PendingJob, reasons: list[str]) -> None:
-        self.waiting[job.job_id] = Waiting(tuple(reasons))
-        self.blocked_order.append(
-            (job.job_id, job.need, job.time_limit, self._allowed(job.placement))
-        )
-        if self.explain and job.expected_run is not None:
+    def _wait(self, job: PendingJob, reasons: tuple[str, ...], ahead: int = 0) -> None:
+        """The job waits for `reasons`, behind `ahead` jobs of higher priority that wait
+        for resources."""
+        self.waiting.wait(job.job_id, reasons, ahead)
+        if not self.explain:
+            return
+        # the estimated starts take the first explain_limit blocked jobs that hold no
+        # reservation, and the reserved ones' time limits: only those are kept
+        if job.job_id in self.reserved_jobs:
+            self.blocked_order.append(
+                (job.job_id, job.need, job.time_limit, self._allowed(job.placement))
+            )
+        elif self.open_blocked < self.policy.settings.explain_limit:
+            self.open_blocked += 1
+            self.blocked_order.append(
+                (job.job_id, job.need, job.time_limit, self._allowed(job.placement))
+            )
+        if job.expected_run is not None:
             self.expected_runs[job.job_id] = job.expected_run
             self.measured = True
 
@@ -549,49 +554,72 @@ class _Pass:
         return job.time_limit if job.time_limit else math.inf
 
     def _estimate(self) -> None:
-        if self.measured:
-            self._estimate_measured()
-            return
-        for reservation in self.reservations:
-            found = self.waiting.get(reservation.job_id)
-            if found is not None:
-                self.waiting[reservation.job_id] = Waiting(found.reasons, reservation.start)
-        limit = self.policy.settings.explain_limit
-        todo = [b for b in self.blocked_order if b[0] not in {r.job_id for r in self.reservations}]
-        held = {b[0]: b[2] for b in self.blocked_order}  # a reserved job's time limit
-        estimates = estimate_starts(
-            list(self.nodes.values()), todo[:limit], self.reservations, self.now, held
+        """Each blocked job's estimated start (of the first explain_limit of them)."""
+        found = explained_starts(
+            self.nodes,
+            self.reservations,
+            self.claimed,
+            self.blocked_order,
+            self.policy.settings.explain_limit,
+            self.now,
+            self.expected_runs if self.measured else None,
+            self.expected_releases,
         )
-        for job_id, moment in estimates.items():
-            self.waiting[job_id] = Waiting(self.waiting[job_id].reasons, moment)
+        for job_id, moment in found.items():
+            if job_id in self.waiting:
+                self.waiting.estimate(job_id, moment)
 
-    def _estimate_measured(self) -> None:
-        """The estimated starts where some jobs' run times were measured (jobs without
-        --time whose user ran jobs of that name before): the blocked jobs in queue order over
-        the units' expected free times, each expected to run its measured time (else its
-        limit). A job waiting on a preemption starts when its victims' grace ends; a reserved
-        job no later than its reservation (which keeps to the limits)."""
-        claims = [r for r in self.reservations if r.job_id in self.claimed]
-        by_limits: dict[int, float] = {}
-        for reservation in self.reservations:
-            if reservation.job_id not in self.claimed:
-                known = by_limits.get(reservation.job_id, -math.inf)
-                by_limits[reservation.job_id] = max(known, reservation.start)
-        blocked = [b for b in self.blocked_order if b[0] not in self.claimed]
-        runs = {b[0]: self.expected_runs.get(b[0], b[2]) for b in blocked}
-        todo = [(job_id, need, runs[job_id], only) for job_id, need, _, only in blocked]
-        nodes = [
-            FreeNode(n.view, n.units, n.cpus, n.mem, self.expected_releases.get(name, []))
-            for name, n in self.nodes.items()
+
+def _reason(
+    views: list[NodeView],
+    nodes: Mapping[str, FreeNode],
+    top: Reservation | None,
+    only: frozenset[str] | None,
+    job: PendingJob,
+) -> str:
+    """Why a one-node job cannot start now, on the nodes `only` (None: all) allows."""
+    ruled_out = placement_reason(views, job.placement) if views else None
+    if ruled_out is not None:
+        return ruled_out
+    allowed = [v for v in views if only is None or v.name in only]
+    if not any(n.up and not never_fits(n, job.need) for n in allowed):
+        # name the nodes that could run it but take no work now (down, drained)
+        down = [
+            f"node {n.name} {n.down_reason}"
+            for n in allowed
+            if not n.up and not never_fits(n, job.need)
         ]
-        limit = self.policy.settings.explain_limit
-        estimates = estimate_starts(nodes, todo[:limit], claims, self.now, runs)
-        for reservation in claims:
-            estimates[reservation.job_id] = reservation.start
-        for job_id, start in by_limits.items():
-            estimates[job_id] = min(estimates.get(job_id, start), start)
-        for job_id, moment in estimates.items():
-            self.waiting[job_id] = Waiting(self.waiting[job_id].reasons, moment)
+        up = [n for n in allowed if n.up]
+        if down:
+            return "; ".join(down[:3])
+        if up:
+            return f"{NEVER_ON_UP} ({never_fits_reason(up, job.need, job.placement)})"
+        return "no node is up"
+    free_now = [_free_view(n) for n in nodes.values() if only is None or n.view.name in only]
+    if top is not None and any(misfit(v, job.need, job.user) is None for v in free_now):
+        return f"resources reserved for job {top.job_id} (it starts by {_clock(top.start)})"
+    return shortage(free_now, job.need, job.user)
+
+
+def _gang_reason(
+    views: list[NodeView],
+    nodes: Mapping[str, FreeNode],
+    top: Reservation | None,
+    only: frozenset[str] | None,
+    job: PendingJob,
+    running_on: Mapping[str, list[RunningJob]],
+) -> str:
+    """Why a job of several nodes, or of whole nodes, cannot start now."""
+    ruled_out = placement_reason(views, job.placement) if views else None
+    if ruled_out is not None:
+        return ruled_out
+    found = gang.capable(views, job.need, job.placement)
+    never = gang.never_reason(job.need, job.placement, found)
+    if never is not None:
+        return never
+    if top is not None and gang.place(nodes, {}, only, job.need, 0, job.user) is not None:
+        return f"resources reserved for job {top.job_id} (it starts by {_clock(top.start)})"
+    return gang.waiting_reason(nodes, job.need, job.user, running_on, found)
 
 
 def _free_view(node: FreeNode) -> NodeView:

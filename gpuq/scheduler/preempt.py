@@ -28,12 +28,19 @@ def victims_on(
     eligible = {u.uuid for u in node.view.eligible(need)}
     free = set(node.usable(need, excluded, user))
     holders = node.holders()
+    # the units victims may free: held by one job each (no MPS shares), a victim's own
+    freeable = eligible - excluded if all(n <= 1 for n in holders.values()) else None
 
     def fits(subset: Sequence[RunningJob]) -> bool:
-        held = Counter(u for v in subset for u in v.gpus)
-        units = free | {
-            u for u, n in held.items() if n >= holders[u] and u in eligible and u not in excluded
-        }
+        if freeable is not None:
+            units = free | {u for v in subset for u in v.gpus if u in freeable}
+        else:
+            held = Counter(u for v in subset for u in v.gpus)
+            units = free | {
+                u
+                for u, n in held.items()
+                if n >= holders[u] and u in eligible and u not in excluded
+            }
         cpus = node.cpus + sum(v.cpus for v in subset)
         mem = node.mem + sum(v.mem for v in subset)
         return len(units) >= need.gpus and cpus >= need.cpus and mem >= (need.mem or 0)

@@ -77,24 +77,26 @@ def rank(
     now: float,
 ) -> list[PendingJob]:
     """The queue in scheduling order: highest priority first, then submit order (job id).
-    The same arithmetic as `factors`, inlined: this runs over the whole queue."""
+    The same arithmetic as `factors`, inlined: this runs over the whole queue, so it makes
+    plain floats and sorts positions by them (no tuple per job to build, compare and collect)."""
     shares = fairshare_factors(usage, {j.user for j in jobs})
     weights = {name: tier.priority for name, tier in tiers.items()}
     w_age = settings.weight_age / settings.max_age if settings.max_age else 0.0
     cap = settings.weight_age if settings.max_age else 0.0
     w_share = settings.weight_fairshare
-    keyed = [
-        (
+    negated = []
+    for j in jobs:  # min() and max() as comparisons, in their order: the same floats
+        waited = now - j.submit_time
+        age = (waited if waited > 0.0 else 0.0) * w_age
+        negated.append(
             -(
                 weights.get(j.qos, 0)
-                + min(cap, max(0.0, now - j.submit_time) * w_age)
+                + (age if age < cap else cap)
                 + w_share * shares[j.user]
                 - j.nice
-            ),
-            j.job_id,
-            j,
+            )
         )
-        for j in jobs
-    ]
-    keyed.sort(key=lambda item: (item[0], item[1]))
-    return [job for _, _, job in keyed]
+    ids = [j.job_id for j in jobs]
+    order = sorted(range(len(ids)), key=ids.__getitem__)  # by id; a queue mostly is already
+    order.sort(key=negated.__getitem__)  # stable: equal priorities stay in id order
+    return [jobs[i] for i in order]

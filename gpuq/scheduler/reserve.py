@@ -9,14 +9,16 @@ from __future__ import annotations
 
 import math
 from collections import Counter
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field
 
 from gpuq.domain.model import Resources
-from gpuq.scheduler.fitting import NodeView, ShareUse, share_units
+from gpuq.scheduler.fitting import KindKey, NodeView, ShareUse, kind_of, share_units
 
 # a running (or just started) job's hold on a node: (end estimate, units, cpus, mem)
 Release = tuple[float, tuple[str, ...], int, int]
+# a blocked job, for the estimates: (job id, need, time limit, the nodes it may use or None)
+Blocked = tuple[int, Resources, float | None, frozenset[str] | None]
 
 
 @dataclass(slots=True)
@@ -44,6 +46,14 @@ class FreeNode:
             for u in self.view.eligible(need)
             if u.uuid in self.units and u.uuid not in excluded
         ]
+
+    def release_early(self, units: tuple[str, ...], end: float, moment: float) -> None:
+        """The running job on `units` that was to end at `end` ends by `moment` (a victim
+        stopped for a preemption elsewhere: its part here frees up too)."""
+        for i, (until, held, cpus, mem) in enumerate(self.releases):
+            if held == units and until == end:
+                self.releases[i] = (min(until, moment), held, cpus, mem)
+                return
 
     def holders(self) -> Counter[str]:
         """How many running jobs hold each unit (several MPS shares may hold one)."""
@@ -107,9 +117,56 @@ def earliest(
         mem += freed_mem
 
 
+def explained_starts(
+    nodes: Mapping[str, FreeNode],
+    reservations: list[Reservation],
+    claimed: Collection[int],
+    blocked: list[Blocked],
+    limit: int,
+    now: float,
+    expected_runs: Mapping[int, float | None] | None,
+    expected_releases: Mapping[str, list[Release]],
+) -> dict[int, float]:
+    """The estimated starts of a pass's blocked jobs (in queue order; those `claimed` wait
+    on a preemption), of the first `limit` that hold no reservation, and of the reserved
+    ones: their reservation's start.
+
+    Where some jobs' run times were measured (`expected_runs`, else None: jobs without --time
+    whose user ran jobs of that name before), over the units' expected free times
+    (`expected_releases`), each job expected to run its measured time (else its limit); a job
+    waiting on a preemption starts when its victims' grace ends, a reserved job no later than
+    its reservation (which keeps to the limits)."""
+    if expected_runs is None:
+        found = {r.job_id: r.start for r in reservations}
+        reserved = set(found)
+        todo = [b for b in blocked if b[0] not in reserved]
+        held = {b[0]: b[2] for b in blocked}  # a reserved job's time limit
+        found.update(estimate_starts(list(nodes.values()), todo[:limit], reservations, now, held))
+        return found
+    claims = [r for r in reservations if r.job_id in claimed]
+    by_limits: dict[int, float] = {}
+    for reservation in reservations:
+        if reservation.job_id not in claimed:
+            known = by_limits.get(reservation.job_id, -math.inf)
+            by_limits[reservation.job_id] = max(known, reservation.start)
+    waiting = [b for b in blocked if b[0] not in claimed]
+    runs = {b[0]: expected_runs.get(b[0], b[2]) for b in waiting}
+    jobs = [(job_id, need, runs[job_id], only) for job_id, need, _, only in waiting]
+    free = [
+        FreeNode(n.view, n.units, n.cpus, n.mem, expected_releases.get(name, []))
+        for name, n in nodes.items()
+    ]
+    estimates = estimate_starts(free, jobs[:limit], claims, now, runs)
+    for reservation in claims:
+        estimates[reservation.job_id] = reservation.start
+    for job_id, start in by_limits.items():
+        estimates[job_id] = min(estimates.get(job_id, start), start)
+    return estimates
+
+
 def estimate_starts(
     nodes: list[FreeNode],
-    jobs: list[tuple[int, Resources, float | None, frozenset[str] | None]],
+    jobs: list[Blocked],
     reservations: list[Reservation],
     now: float,
     held_for: Mapping[int, float | None] | None = None,
@@ -134,21 +191,26 @@ def estimate_starts(
                     times[unit] = until
         free_at[node.view.name] = times
     estimates: dict[int, float] = {}
+    # a node's answer for a kind of need only changes when a job is put on that node: keep
+    # it (with the node's count of jobs put on it then) and ask again only after a change
+    changes = dict.fromkeys(free_at, 0)
+    answers: dict[tuple[KindKey, bool, int], dict[str, tuple[int, Found | None]]] = {}
+    up = [n for n in nodes if n.view.up]
     for job_id, need, limit, only in jobs:
-        found: list[tuple[float, str, list[str]]] = []
-        for node in nodes:
-            if not node.view.up or need.gpus == 0:
+        if need.gpus == 0:
+            continue
+        known = answers.setdefault((kind_of(need), need.exclusive, need.gpus), {})
+        found: list[Found] = []
+        for node in up:
+            name = node.view.name
+            if only is not None and name not in only:
                 continue
-            if only is not None and node.view.name not in only:
-                continue
-            times = free_at[node.view.name]
-            kinds = node.view.units if need.exclusive else node.view.eligible(need)
-            eligible = sorted((times.get(u.uuid, math.inf), u.uuid) for u in kinds)
-            count = len(eligible) if need.exclusive else need.gpus
-            if len(eligible) < need.gpus or count == 0:
-                continue
-            moment = eligible[count - 1][0]
-            found.append((moment, node.view.name, [u for _, u in eligible[:count]]))
+            answer = known.get(name)
+            if answer is None or answer[0] != changes[name]:
+                answer = (changes[name], _soonest_units(node, need, free_at[name]))
+                known[name] = answer
+            if answer[1] is not None:
+                found.append(answer[1])
         if len(found) < need.nodes:
             continue
         chosen = sorted(found, key=lambda f: f[0])[: need.nodes]  # stable: node order on ties
@@ -156,6 +218,21 @@ def estimate_starts(
             continue
         estimates[job_id] = max(chosen[-1][0], now)
         for _, name, taken in chosen:
+            changes[name] += 1
             for unit in taken:
                 free_at[name][unit] = math.inf if limit is None else estimates[job_id] + limit
     return estimates
+
+
+# when a node can first give a need its units, the node, and those units
+Found = tuple[float, str, list[str]]
+
+
+def _soonest_units(node: FreeNode, need: Resources, times: Mapping[str, float]) -> Found | None:
+    """When the units of `node` that `need` may take are first all free (by `times`)."""
+    kinds = node.view.units if need.exclusive else node.view.eligible(need)
+    eligible = sorted((times.get(u.uuid, math.inf), u.uuid) for u in kinds)
+    count = len(eligible) if need.exclusive else need.gpus
+    if len(eligible) < need.gpus or count == 0:
+        return None
+    return eligible[count - 1][0], node.view.name, [u for _, u in eligible[:count]]

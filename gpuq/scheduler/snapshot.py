@@ -6,7 +6,7 @@ them in one store transaction. Tests build snapshots by hand (no server, a fake 
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 
 from gpuq.domain.dependencies import DependencyKind
@@ -142,9 +142,63 @@ class Waiting:
     estimated_start: float | None = None
 
 
+def behind(ahead: int) -> str:
+    """The reason of a job with `ahead` jobs of higher priority waiting for resources."""
+    if ahead == 1:
+        return "priority: 1 job of higher priority is waiting"
+    return f"priority: {ahead} jobs of higher priority are waiting"
+
+
+class WaitingJobs(Mapping[int, Waiting]):
+    """Why each pending job waits, as a pass found it, by job id. A long queue's explanation
+    holds 100,000s of jobs and a listing reads a few, so it keeps each job's own reasons (for
+    most jobs one tuple that its whole kind shares), how many jobs of higher priority wait
+    ahead of it (the last reason, `behind`) and its estimated start, and makes a job's
+    Waiting when it is read: no object per job to build, nor for the garbage collector to
+    walk again and again."""
+
+    __slots__ = ("_ahead", "_reasons", "_starts")
+
+    def __init__(self) -> None:
+        self._reasons: dict[int, tuple[str, ...]] = {}
+        self._ahead: dict[int, int] = {}
+        self._starts: dict[int, float] = {}
+
+    def wait(self, job_id: int, reasons: tuple[str, ...], ahead: int = 0) -> None:
+        """The job waits for `reasons` behind `ahead` jobs of higher priority."""
+        self._reasons[job_id] = reasons
+        if ahead:
+            self._ahead[job_id] = ahead
+        else:
+            self._ahead.pop(job_id, None)
+        self._starts.pop(job_id, None)
+
+    def estimate(self, job_id: int, start: float) -> None:
+        """The job (waiting already) may start at `start`."""
+        if job_id not in self._reasons:
+            raise KeyError(job_id)
+        self._starts[job_id] = start
+
+    def __getitem__(self, job_id: int) -> Waiting:
+        reasons = self._reasons[job_id]
+        ahead = self._ahead.get(job_id)
+        if ahead:
+            reasons = (*reasons, behind(ahead))
+        return Waiting(reasons, self._starts.get(job_id))
+
+    def __contains__(self, job_id: object) -> bool:
+        return job_id in self._reasons
+
+    def __iter__(self) -> Iterator[int]:
+        return iter(self._reasons)
+
+    def __len__(self) -> int:
+        return len(self._reasons)
+
+
 @dataclass(frozen=True, slots=True)
 class Decisions:
     starts: tuple[Start, ...] = ()
     preemptions: tuple[Preemption, ...] = ()
     cancellations: tuple[Cancellation, ...] = ()
-    waiting: dict[int, Waiting] = field(default_factory=dict)
+    waiting: Mapping[int, Waiting] = field(default_factory=dict)

@@ -31,8 +31,9 @@ from gpuq.domain.model import (
 from gpuq.domain.states import JobState
 from gpuq.errors import DoubleBooking, InvalidInput
 from gpuq.scheduler.array_split import room_for
+from gpuq.scheduler.fit_keys import fit_key
 from gpuq.scheduler.fitting import NodeView, ShareUse, never_fits, never_fits_reason
-from gpuq.scheduler.plan import fit_key, plan
+from gpuq.scheduler.plan import plan
 from gpuq.scheduler.snapshot import PendingJob, RunningJob
 from gpuq.store.api import Store
 from gpuq.store.records import JobStart, NewJob

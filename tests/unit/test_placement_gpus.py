@@ -19,6 +19,7 @@ from gpuq.domain.model import (
 from gpuq.domain.units import parse_size
 from gpuq.errors import InvalidInput
 from gpuq.scheduler.array_split import room_for
+from gpuq.scheduler.fit_keys import fit_key
 from gpuq.scheduler.fitting import (
     NodeView,
     choose_units,
@@ -28,7 +29,7 @@ from gpuq.scheduler.fitting import (
     never_fits_reason,
     shortage,
 )
-from gpuq.scheduler.plan import NEVER_ON_UP, fit_key, plan
+from gpuq.scheduler.plan import NEVER_ON_UP, plan
 from gpuq.scheduler.snapshot import PendingJob
 
 MiB = 1 << 20

@@ -23,8 +23,9 @@ from gpuq.domain.node_constraints import (
 )
 from gpuq.errors import ConfigError, InvalidInput
 from gpuq.scheduler.array_split import room_for
+from gpuq.scheduler.fit_keys import fit_key
 from gpuq.scheduler.fitting import NodeView, kind_fits, never_fits, never_fits_reason
-from gpuq.scheduler.plan import fit_key, plan
+from gpuq.scheduler.plan import plan
 from gpuq.scheduler.reserve import FreeNode, estimate_starts
 from gpuq.scheduler.snapshot import PendingJob
 from gpuq.submission import build_spec

@@ -12,8 +12,9 @@ from gpuq.domain.dependencies import DependencyKind
 from gpuq.domain.model import Resources
 from gpuq.domain.policy import QosTier, default_qos_tiers
 from gpuq.domain.states import JobState
+from gpuq.scheduler.fit_keys import fit_key
 from gpuq.scheduler.fitting import never_fits_reason
-from gpuq.scheduler.plan import fit_key, plan
+from gpuq.scheduler.plan import plan
 from gpuq.scheduler.snapshot import Dependency, PendingJob, Policy, RunningJob
 
 

@@ -12,8 +12,9 @@ from scheduling import run as running
 
 from gpuq.domain.model import GpuUnit, Resources
 from gpuq.domain.node_constraints import Placement
+from gpuq.scheduler.fit_keys import fit_key
 from gpuq.scheduler.fitting import NodeView
-from gpuq.scheduler.plan import fit_key, plan
+from gpuq.scheduler.plan import plan
 from gpuq.scheduler.snapshot import Decisions, PendingJob, Policy, RunningJob, Start
 
 

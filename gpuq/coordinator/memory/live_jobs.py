@@ -14,7 +14,7 @@ from collections.abc import Callable, Iterable, Iterator
 
 from gpuq.domain.model import Job, JobSpec
 from gpuq.domain.states import JobState
-from gpuq.scheduler.plan import FitKey
+from gpuq.scheduler.fit_keys import FitKey
 
 LIVE = (JobState.PENDING, JobState.HELD, JobState.RUNNING)
 

@@ -15,7 +15,7 @@ from gpuq.domain.dependencies import Dependency as DomainDependency
 from gpuq.domain.model import Job
 from gpuq.domain.right_sizing import measured_run
 from gpuq.domain.states import JobState
-from gpuq.scheduler.plan import FitKey, fit_key
+from gpuq.scheduler.fit_keys import FitKey, fit_key
 from gpuq.scheduler.priority import Factors, decayed, factors, fairshare_factors
 from gpuq.scheduler.snapshot import Dependency, PendingJob, Policy, RunningJob
 

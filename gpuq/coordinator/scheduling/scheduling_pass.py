@@ -10,7 +10,7 @@ import asyncio
 import logging
 import signal
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 
 from gpuq.config.settings import CoordinatorSettings
@@ -77,7 +77,7 @@ class SchedulingPass:
         self.arrays = arrays
         self.changes = changes
         self.clock = changes.clock
-        self._explained: dict[int, Waiting] = {}
+        self._explained: Mapping[int, Waiting] = {}
         self._explained_at = -1.0
         # what the explanation was made from: memory's version and the policy (checked when
         # asked), the nodes as the scheduler saw them (checked by each pass, which sees them),
@@ -299,7 +299,7 @@ class SchedulingPass:
         priority = self.jobs.priority.get(job.id, 0.0)
         return PendingDetail(waiting, priority, self.inputs.factors(job, self.clock()))
 
-    def explained(self) -> dict[int, Waiting]:
+    def explained(self) -> Mapping[int, Waiting]:
         """Why each queued job waits, from a full pass that starts nothing, at most once a
         second, or for a long queue once per EXPLAIN_SHARE times what it takes (listings and
         metrics scrapes share it). Between those, it is made anew only once what it was made
