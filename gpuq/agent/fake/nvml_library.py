@@ -409,11 +409,15 @@ class FakeNvmlLibrary:
 
 
 def _signature(path: str) -> tuple[int, ...]:
-    """What tells a file changed without reading it: (inode, size, mtime); () when missing."""
+    """What tells a file changed without reading it: (inode, size, mtime); () when missing.
+    A file written within the last second has a signature of its own at every look (mtimes
+    move in clock ticks: two writes of one size within a tick would look alike)."""
     try:
         found = os.stat(path)
     except OSError:
         return ()
+    if time.time_ns() - found.st_mtime_ns < 1_000_000_000:
+        return (found.st_ino, found.st_size, found.st_mtime_ns, time.monotonic_ns())
     return (found.st_ino, found.st_size, found.st_mtime_ns)
 
 
