@@ -247,7 +247,8 @@ def main() -> None:
         medians: dict[str, float] = {}
         for label, by_process in series.items():
             print(f"  {label}:")
-            for name, values in by_process.items():
+            totals = by_process.pop("total")
+            for name, values in [*by_process.items(), ("total", totals)]:
                 ticks = statistics.median(v[0] for v in values)
                 ran = statistics.median(v[1] for v in values)
                 rate = statistics.median(v[2] for v in values)
