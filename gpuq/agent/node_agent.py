@@ -470,7 +470,9 @@ class Agent:
         max_output is stopped, failed "output limit: ..."; vanished files go to the
         coordinator with the heartbeat."""
         started = self.supervisors.started_jobs()
-        findings = await asyncio.to_thread(self.outputs.check, started)
+        # with no job started there is nothing to read: no thread (an idle node's heartbeat)
+        check = self.outputs.check
+        findings = await asyncio.to_thread(check, started) if started else check(started)
         for job_id, reason, grace in findings.over:
             log.warning("job %d: %s", job_id, reason)
             await self.supervisors.stop(job_id, JobState.FAILED, reason, 0, grace)
@@ -481,6 +483,8 @@ class Agent:
         none when reading failed in a way it did not catch: a heartbeat must never die of it."""
         started = self.supervisors.started_jobs()
         try:
+            if not started:
+                return self.progress.check(started)  # forgets ended jobs; reads nothing
             return await asyncio.to_thread(self.progress.check, started)
         except Exception:
             log.exception("reading the jobs' progress failed; sending none")

@@ -110,6 +110,12 @@ class Coordinator:
         """Ask for a scheduling pass (many asks before it runs make one pass)."""
         self.loop.wake()
 
+    def periodic_wake(self) -> None:
+        """The periodic pass, for begin times and aging: only while jobs wait (an idle
+        coordinator's loop stays asleep; a submission or a node's change wakes it anyway)."""
+        if self.jobs.any_waiting():
+            self.loop.wake()
+
     async def start(self) -> None:
         """Load memory from the store; nodes get a full heartbeat timeout to reconnect."""
         jobs = await self.loader.load()

@@ -280,7 +280,7 @@ async def _serve(
         coalesce=True,
     )
     chores.add_job(
-        on_the_loop(coordinator.wake),
+        on_the_loop(coordinator.periodic_wake),
         "interval",
         seconds=PERIODIC_PASS,
         max_instances=1,

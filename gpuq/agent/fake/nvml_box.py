@@ -144,12 +144,7 @@ class FakeGpuBox:
 
     def slices(self, index: int) -> list[Slice]:
         """The compute instances of the current layout, GI ids from 1, CI ids from 0."""
-        _text, layout = self.layout(index)
-        slices: list[Slice] = []
-        for gi, instance in enumerate(layout, start=1):
-            for ci, profile in enumerate(instance.unit_profiles()):
-                slices.append(Slice(profile, gi, ci, instance))
-        return slices
+        return slices_of(self.layout(index)[1])
 
     def slice(self, handle: Handle) -> Slice:
         return self.slices(handle.index)[handle.slot]
@@ -243,3 +238,12 @@ class FakeGpuBox:
                     minor = cap_minor(index, found.gi, ci)
                     text = f"DeviceFileMinor: {minor}\nDeviceFileMode: 292\nDeviceFileModify: 1\n"
                     (folder / "access").write_text(text)
+
+
+def slices_of(layout: tuple[FakeGpuInstance, ...]) -> list[Slice]:
+    """The compute instances of a MIG layout, GI ids from 1, CI ids from 0."""
+    slices: list[Slice] = []
+    for gi, instance in enumerate(layout, start=1):
+        for ci, profile in enumerate(instance.unit_profiles()):
+            slices.append(Slice(profile, gi, ci, instance))
+    return slices

@@ -10,6 +10,7 @@ FakeGpuBox's (fake.nvml_box); what it pretends is described with the spec's gram
 
 from __future__ import annotations
 
+import os
 import threading
 import time
 from collections.abc import Callable
@@ -21,7 +22,7 @@ from typing import Any
 import pynvml
 
 from gpuq.agent.fake.gpu_spec import FakeGpuModel
-from gpuq.agent.fake.nvml_box import NO_ID, FakeGpuBox, Handle
+from gpuq.agent.fake.nvml_box import NO_ID, FakeGpuBox, Handle, slices_of
 from gpuq.agent.fake.nvml_files import (
     PROCESS_KINDS,
     Mismatch,
@@ -36,7 +37,9 @@ from gpuq.agent.fake.nvml_files import (
 from gpuq.agent.gpu.device_paths import affinity_words, online_cpus
 
 FAKE_DRIVER_RESERVED = 0.005  # share of a GPU's memory the fake driver keeps (v1 counts it)
-_EVENT_POLL = 0.2  # seconds between two looks at the xid files (a real wait blocks in the driver)
+# seconds between two looks at the xid files (a real wait blocks in the driver, costing nothing;
+# each look here stats every GPU's xid file: an idle fake node makes one look per wait slice)
+_EVENT_POLL = 1.0
 # the fake board's power: idle watts, plus watts per percent of utilisation (400 W at 100 %)
 FAKE_IDLE_WATTS = 50.0
 FAKE_WATTS_PER_PERCENT = 3.5
@@ -59,7 +62,11 @@ class FakeNvmlLibrary:
         self.state_dir = state_dir
         self._spec = spec
         self.inits = 0  # successful nvmlInit calls, for tests of re-initialisation
-        self._seen_xids: dict[Path, int] = {}
+        self._seen_xids: dict[str, int] = {}
+        self._closing = threading.Event()  # gpuq_interrupt_waits was called
+        self._xid_files: dict[str, tuple[tuple[int, ...], list[str]]] = {}  # path -> (stat, lines)
+        # GPU index -> (its mig file's stat, its xid files with their GI and CI)
+        self._xid_paths: dict[int, tuple[tuple[int, ...], list[tuple[str, int, int]]]] = {}
         self.gpuq_device_paths = self.box.device_paths
         self._socket_cpus = socket_cpus(online_cpus())
         self._energy_lock = threading.Lock()
@@ -335,21 +342,24 @@ class FakeNvmlLibrary:
                     found = self._next_xid(index)
                     if found is not None:
                         return found
-            if time.monotonic() >= deadline:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
                 raise pynvml.NVMLError(pynvml.NVML_ERROR_TIMEOUT)
-            time.sleep(min(_EVENT_POLL, max(deadline - time.monotonic(), 0)))
+            interrupted = self._closing.wait(min(_EVENT_POLL, remaining))
+            if interrupted or time.monotonic() >= deadline:  # the next wait looks first
+                raise pynvml.NVMLError(pynvml.NVML_ERROR_TIMEOUT)
+
+    def gpuq_interrupt_waits(self) -> None:
+        """End every event wait now, and later ones at once (the backend is closing). A real
+        wait blocks in the driver until its timeout; a fake node's agent, in tests, need not
+        wait that long to stop."""
+        self._closing.set()
 
     def _next_xid(self, index: int) -> SimpleNamespace | None:
         if self.state_dir is None:
             return None
-        sources = [(Handle(index), NO_ID, NO_ID)]
-        text, _ = self.box.layout(index)
-        for slot, found in enumerate(self.box.slices(index)):
-            sources.append((Handle(index, text, slot, found.gi, found.ci), found.gi, found.ci))
-        for handle, gi, ci in sources:
-            path = self.state_dir / self.box.uuid(handle) / "xid"
-            lines = [line.strip() for line in read_text(path, keep_case=True).splitlines()]
-            lines = [line for line in lines if line]
+        for path, gi, ci in self._xid_sources(index):
+            lines = self._xid_lines(path)
             seen = self._seen_xids.get(path, 0)
             if len(lines) < seen:
                 seen = 0  # rewritten
@@ -365,6 +375,50 @@ class FakeNvmlLibrary:
                     computeInstanceId=ci,
                 )
         return None
+
+    def _xid_sources(self, index: int) -> list[tuple[str, int, int]]:
+        """(xid file, GI, CI) of the GPU and of each slice of its layout now, built again only
+        when its mig file changed: a look at an idle GPU is two stats."""
+        mig_file = os.path.join(str(self.state_dir), self.box.uuids[index], "mig")
+        signature = _signature(mig_file)
+        known = self._xid_paths.get(index)
+        if known is not None and known[0] == signature:
+            return known[1]
+        text, layout = self.box.layout(index)
+        handles = [(Handle(index), NO_ID, NO_ID)] + [
+            (Handle(index, text, slot, found.gi, found.ci), found.gi, found.ci)
+            for slot, found in enumerate(slices_of(layout))
+        ]
+        base = str(self.state_dir)
+        sources = [
+            (os.path.join(base, self.box.uuid(handle), "xid"), gi, ci) for handle, gi, ci in handles
+        ]
+        self._xid_paths[index] = (signature, sources)
+        return sources
+
+    def _xid_lines(self, path: str) -> list[str]:
+        """The xid file's lines, read again only when the file changed (a stat per look)."""
+        signature = _signature(path)
+        cached = self._xid_files.get(path)
+        if cached is not None and cached[0] == signature:
+            return cached[1]
+        text = read_text(Path(path), keep_case=True) if signature else ""
+        lines = [line for line in (raw.strip() for raw in text.splitlines()) if line]
+        self._xid_files[path] = (signature, lines)
+        return lines
+
+
+def _signature(path: str) -> tuple[int, ...]:
+    """What tells a file changed without reading it: (inode, size, mtime); () when missing.
+    A file written within the last second has a signature of its own at every look (mtimes
+    move in clock ticks: two writes of one size within a tick would look alike)."""
+    try:
+        found = os.stat(path)
+    except OSError:
+        return ()
+    if time.time_ns() - found.st_mtime_ns < 1_000_000_000:
+        return (found.st_ino, found.st_size, found.st_mtime_ns, time.monotonic_ns())
+    return (found.st_ino, found.st_size, found.st_mtime_ns)
 
 
 # --- process lists, by kind and binding version (all alike here) ----------------------------

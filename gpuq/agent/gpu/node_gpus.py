@@ -17,14 +17,16 @@ sample_interval while jobs run, so that their telemetry is measured between hear
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import logging
 import os
+import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
 
-from gpuq.agent.gpu.backend import GpuBackend, GpuInventory
+from gpuq.agent.gpu.backend import GpuBackend, GpuEvent, GpuInventory
 from gpuq.agent.gpu.handover_watch import UnitWatch
 from gpuq.agent.gpu.share_guard import ShareGuard
 from gpuq.agent.gpu.telemetry_book import TelemetryBook
@@ -43,7 +45,9 @@ from gpuq.agent.jobs.mps_share import shared_units
 from gpuq.config.settings import AgentSettings
 
 log = logging.getLogger(__name__)
-EVENT_WAIT = 0.2  # seconds one NVML event wait blocks (a stopping agent waits that long)
+# seconds one NVML event wait blocks (one slice, gpu.nvml_events.WAIT_SLICE): the event thread
+# wakes this often on an idle node, and a stopping agent waits at most this long for it
+EVENT_WAIT = 1.0
 RESCAN_CHECK = 1.0  # seconds between two looks at whether the inventory must be read again
 
 
@@ -167,17 +171,31 @@ class NodeGpus:
             await asyncio.gather(*tasks, return_exceptions=True)
 
     async def _events(self) -> None:
+        """Deliver NVML's critical events from a thread of their own that blocks in NVML's wait
+        a whole slice at a time (EVENT_WAIT): an idle node wakes once a slice, not for every
+        short wait handed to the default executor (which woke this loop and a pool thread five
+        times a second)."""
         if not self.units:
             return
-        while not self._closing:
-            try:
-                events = await asyncio.to_thread(self.backend.wait_events, EVENT_WAIT)
-            except Exception:  # the backend promises not to raise; a bug must not end this
-                log.exception("reading GPU events failed")
-                await asyncio.sleep(EVENT_WAIT)
-                continue
-            for event in events:
-                await self.xids.on_event(event)
+        loop = asyncio.get_running_loop()
+        arrived: asyncio.Queue[list[GpuEvent]] = asyncio.Queue()
+        stop = threading.Event()
+
+        def deliver(events: list[GpuEvent]) -> None:
+            with contextlib.suppress(RuntimeError):  # the loop closed: the agent is stopping
+                loop.call_soon_threadsafe(arrived.put_nowait, events)
+
+        thread = threading.Thread(
+            target=_wait_for_events, args=(self.backend, stop, deliver), name="gpu-events"
+        )
+        thread.daemon = True  # a wait in NVML never holds the process up
+        thread.start()
+        try:
+            while True:
+                for event in await arrived.get():
+                    await self.xids.on_event(event)
+        finally:
+            stop.set()
 
     async def _rescans(self) -> None:
         next_scan = time.monotonic() + self.settings.gpu_rescan
@@ -219,3 +237,18 @@ class NodeGpus:
             except Exception:  # the backend promises not to raise; a bug must not end this
                 log.exception("sampling the GPUs failed")
                 await asyncio.sleep(interval)
+
+
+def _wait_for_events(
+    backend: GpuBackend, stop: threading.Event, deliver: Callable[[list[GpuEvent]], None]
+) -> None:
+    """The event thread: wait for critical events until `stop`, handing each batch over."""
+    while not stop.is_set():
+        try:
+            events = backend.wait_events(EVENT_WAIT)
+        except Exception:  # the backend promises not to raise; a bug must not end this
+            log.exception("reading GPU events failed")
+            stop.wait(EVENT_WAIT)
+            continue
+        if events and not stop.is_set():
+            deliver(events)

@@ -95,6 +95,10 @@ class EventWatcher:
 
     def close(self) -> None:
         self._stop.set()
+        # a fake library can end a wait in progress (a real one returns within WAIT_SLICE)
+        interrupt = getattr(getattr(self._calls, "nvml", None), "gpuq_interrupt_waits", None)
+        if interrupt is not None:
+            interrupt()
         self.reset()
 
     def _wait(self, deadline: float) -> list[GpuEvent]:
@@ -108,7 +112,10 @@ class EventWatcher:
                 data: list[Any] | None = None
                 if usable:
                     remaining = max(deadline - time.monotonic(), 0.0)
-                    data = self._collect(calls, int(min(remaining, WAIT_SLICE) * 1000))
+                    # rounded up: a wait that ends a fraction of a millisecond early would
+                    # make another call (and a real driver another wakeup) for the rest
+                    wait_ms = math.ceil(min(remaining, WAIT_SLICE) * 1000)
+                    data = self._collect(calls, wait_ms)
             if data:
                 return self._events(data, calls)
             if data is None:  # nothing to wait on, or NVML failed: sleep out the timeout

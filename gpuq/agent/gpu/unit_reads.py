@@ -77,9 +77,10 @@ class UnitReader:
             return list(figures)
 
     def _read(self) -> list[pb.GpuUsage]:
-        samples = self.backend.usage()
-        at = time.time()
         holders = self.holders.holders()
+        # telemetry (utilisation, energy) of the units jobs hold; the others, health only
+        samples = self.backend.usage(telemetry=holders.keys())
+        at = time.time()
         facts = self._facts(samples)
         self._record(samples, facts, at)
         watched, watch_facts = self._for_watch(samples, facts, holders)

@@ -61,15 +61,14 @@ def node_wide_mps(
         entries = list(os.scandir(proc))
     except OSError:
         entries = []
+    wanted = MPS_COMM.encode()
     for entry in entries:
         if not entry.name.isdigit():
             continue
-        try:
-            comm = Path(entry.path, "comm").read_bytes().decode(errors="replace").strip()
-        except OSError:
+        raw = _comm(entry.path)
+        if not raw.startswith(wanted):
             continue
-        if not comm.startswith(MPS_COMM):
-            continue
+        comm = raw.decode(errors="replace").strip()
         pid = int(entry.name)
         if is_ours(pid):
             continue
@@ -85,6 +84,21 @@ def node_wide_mps(
             "CUDA job; stop the daemon (echo quit | nvidia-cuda-mps-control) or remove it"
         )
     return None
+
+
+def _comm(process_dir: str) -> bytes:
+    """A process's comm (b"" once it is gone): the scan reads one per process every heartbeat,
+    so with plain os calls (a third of what pathlib costs)."""
+    try:
+        fd = os.open(os.path.join(process_dir, "comm"), os.O_RDONLY | os.O_CLOEXEC)
+    except OSError:
+        return b""
+    try:
+        return os.read(fd, 64)
+    except OSError:
+        return b""
+    finally:
+        os.close(fd)
 
 
 def _program(pid: int, proc: Path = Path("/proc")) -> str:

@@ -179,6 +179,10 @@ class LiveJobs:
         key's last part), for a walk that lets the loop run between steps."""
         return list(self._queue)
 
+    def any_waiting(self) -> bool:
+        """Whether any job waits in the queue (a periodic pass has nothing to do otherwise)."""
+        return bool(self._queue)
+
     def running_on(self, node: str) -> list[Job]:
         return [j for j in self.in_state(JobState.RUNNING) if node in j.node_names]
 
