@@ -18,7 +18,7 @@ This module holds what both backends share; it imports neither of them.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Literal, Protocol
 
@@ -129,7 +129,9 @@ class GpuBackend(Protocol):
 
     def inventory(self) -> GpuInventory: ...
 
-    def usage(self) -> list[UnitUsage]: ...
+    def usage(self, only: Collection[str] | None = None) -> list[UnitUsage]:
+        """Each unit's figures and health; `only`: just those units (the ones a job's end
+        left to check), in the inventory's order."""
 
     def refresh(self) -> bool:
         """Read the inventory again (MIG changes, a reset GPU); True when the units changed."""

@@ -37,7 +37,7 @@ import logging
 import math
 import threading
 import time
-from collections.abc import Iterable
+from collections.abc import Collection, Iterable
 from typing import Any
 
 from gpuq.agent.gpu.backend import (
@@ -167,18 +167,23 @@ class NvmlGpuBackend:
             self._needs_refresh = False
             return _unit_keys(self._inventory) != before
 
-    def usage(self) -> list[UnitUsage]:
-        """Memory, utilisation, processes and health of each unit; never raises."""
+    def usage(self, only: Collection[str] | None = None) -> list[UnitUsage]:
+        """Memory, utilisation, processes and health of each unit (`only`: of those units);
+        never raises. Health is polled every health_every reads of all units."""
         with self._lock:
+            slots = self._slots
+            if only is not None:
+                slots = {uuid: slot for uuid, slot in slots.items() if uuid in only}
             if not self._open:
                 self._needs_refresh = bool(self._slots)
-                return [self._failed_usage(uuid, self._problem) for uuid in self._slots]
-            if self._usage_calls % self.health_every == 0:
-                self._poll_health()
-            self._usage_calls += 1
+                return [self._failed_usage(uuid, self._problem) for uuid in slots]
+            if only is None:
+                if self._usage_calls % self.health_every == 0:
+                    self._poll_health()
+                self._usage_calls += 1
             results: list[UnitUsage] = []
             troubled = readable = 0
-            for uuid, slot in self._slots.items():
+            for uuid, slot in slots.items():
                 if slot.handle is None:
                     results.append(self._failed_usage(uuid, self._missing.get(uuid, "")))
                     continue
@@ -189,7 +194,7 @@ class NvmlGpuBackend:
                     self._needs_refresh = True
                     if all(e.library or e.name == "Unknown" for e in errors):
                         troubled += 1
-            if readable and troubled == readable:
+            if only is None and readable and troubled == readable:
                 self._reinit_wanted = True  # every unit failing alike: the library, not GPUs
             return results
 
