@@ -35,8 +35,8 @@ from gpuq.v1 import types_pb2 as pb
 
 log = logging.getLogger(__name__)
 
-# a report was queued: send soon (True: with a heartbeat that reads the units anew)
-SendSoon = Callable[[bool], None]
+# a report was queued: send soon, with a heartbeat that reads these units (the ended job's) anew
+SendSoon = Callable[[tuple[str, ...]], None]
 OUTPUT_TAIL = 16 << 10  # bytes of an ended job's output sent with its end (half each when
 # stdout and stderr are separate files: errors usually go to stderr)
 TAIL_BUDGET = 2 << 20  # bytes of tails in one message to the coordinator, at most
@@ -107,10 +107,10 @@ class EndReports:
                 text_format.MessageToString(telemetry, as_one_line=True),
             )
         # its units are checked in the heartbeat that leaves with this report
-        fresh_beat = self.gpus.job_ended(report.job_id)
+        held = self.gpus.job_ended(report.job_id)
         self.unacked[report.job_id] = report
         self.outgoing.append(report_message(report, telemetry if ended else None))
-        self._send_soon(fresh_beat)
+        self._send_soon(held)
 
     def acked(self, job_id: int) -> None:
         """The coordinator recorded the job's end."""

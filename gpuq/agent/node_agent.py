@@ -18,6 +18,7 @@ import dataclasses
 import logging
 import os
 import time
+from collections.abc import Collection
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -109,6 +110,7 @@ class Agent:
         )
         self._flush = asyncio.Event()
         self._beat_due = False  # a heartbeat goes with the next message, due or not
+        self._fresh_units: set[str] = set()  # ... reading these units anew (ended jobs')
         self.reports = EndReports(
             self.gpus, self.mps, self._send_soon, self.supervisors.launch_spec_of
         )
@@ -407,10 +409,10 @@ class Agent:
 
     # ---- the one writer --------------------------------------------------------------------
 
-    def _send_soon(self, with_beat: bool) -> None:
-        """A report was queued: send it now (with a heartbeat that reads the units anew)."""
-        if with_beat:
-            self._beat_due = True
+    def _send_soon(self, units: tuple[str, ...]) -> None:
+        """A report was queued: send it now, with a heartbeat that reads `units` anew (the
+        ended job's: whether its processes left them)."""
+        self._fresh_units.update(units)
         self._flush.set()
 
     async def _send(self, call: grpc.aio.StreamStreamCall, interval: float) -> None:
@@ -432,12 +434,14 @@ class Agent:
                 message = apb.AgentMessage()
                 pty = self.pty.take()
                 message.reports.extend(self.reports.take())
-                if self._beat_due or loop.time() + BEAT_SLACK >= next_beat:
+                fresh, self._fresh_units = self._fresh_units, set()
+                if self._beat_due or fresh or loop.time() + BEAT_SLACK >= next_beat:
                     # a beat due at its time may reuse a sample taken moments ago; one made
-                    # due (a job's end, a health change) reads the units now
+                    # due by a health change reads the units now, one by jobs' ends the
+                    # units they held
                     max_age = 0.0 if self._beat_due else min(self._sample_interval, interval) / 2
                     self._beat_due = False
-                    usage = await asyncio.to_thread(self._usage, max_age)
+                    usage = await asyncio.to_thread(self._usage, max_age, fresh)
                     if usage is None:
                         usage = self._last_usage
                     message.heartbeat.CopyFrom(self._heartbeat(usage))
@@ -525,13 +529,13 @@ class Agent:
     def _sample_interval(self) -> float:
         return self.options.settings.sample_interval
 
-    def _usage(self, max_age: float = 0.0) -> list[pb.GpuUsage] | None:
-        """The units' figures and health (from a read at most max_age seconds old); None (the
-        last ones are sent again) when reading them failed in a way the backend did not catch:
-        a heartbeat must never die of it."""
+    def _usage(self, max_age: float = 0.0, fresh: Collection[str] = ()) -> list[pb.GpuUsage] | None:
+        """The units' figures and health (from a read at most max_age seconds old, `fresh`
+        ones read now); None (the last ones are sent again) when reading them failed in a way
+        the backend did not catch: a heartbeat must never die of it."""
         self.mps_scan.scan()
         try:
-            usage = self.gpus.reads.usage(max_age)
+            usage = self.gpus.reads.usage(max_age, fresh)
         except Exception:
             log.exception("reading GPU usage failed; sending the last figures")
             return None

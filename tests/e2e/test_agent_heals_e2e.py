@@ -211,7 +211,7 @@ def test_agent_hands_a_refused_launch_back_to_the_queue(
             stop_job=no_stop,
         )
         mps = MpsDaemons(tmp_path, fake=True)
-        agent._beat_due, agent._flush = False, asyncio.Event()
+        agent._beat_due, agent._flush, agent._fresh_units = False, asyncio.Event(), set()
         agent.reports = EndReports(gpus, mps, agent._send_soon)
         agent.launcher = launcher_module.Launcher(
             agent.supervisors,

@@ -76,6 +76,19 @@ def test_telemetry_is_replaced_and_only_the_current_starts_is_shown(store: Store
     assert store.get_job(job_id).telemetry is None  # the first start's is not this one's
 
 
+def test_many_jobs_telemetry_is_kept_in_one_call_new_and_replaced_alike(store: Store) -> None:
+    """The ends one group commit records keep their telemetry together."""
+    kept, fresh = add(store), add(store)
+    with store.transaction() as tx:
+        tx.start_jobs([JobStart(i, "n1", (f"GPU-{i}",)) for i in (kept, fresh)], now=200.0)
+        tx.set_telemetry(kept, 1, JobTelemetry(peak_gpu_mem=1, samples=1))
+    other = JobTelemetry(peak_gpu_mem=7, samples=3, seconds=9.0)
+    with store.transaction() as tx:
+        tx.set_telemetries([(kept, 1, MEASURED), (fresh, 1, other)])
+    assert store.get_job(kept).telemetry == MEASURED
+    assert store.get_job(fresh).telemetry == other
+
+
 def test_series_keeps_points_and_thins_older_ones_past_the_cap(store: Store) -> None:
     job_id = add(store)
     other = add(store)

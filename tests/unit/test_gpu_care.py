@@ -143,3 +143,46 @@ def test_each_read_feeds_the_jobs_telemetry(tmp_path: Path) -> None:
     finally:
         sleeper.kill()
         sleeper.wait()
+
+
+def test_a_jobs_end_reads_its_units_anew_and_keeps_the_others_figures(tmp_path: Path) -> None:
+    """The heartbeat that goes with an end must see whether the job's processes left its
+    units; the other units' figures may come from a recent read (a drain of short jobs would
+    otherwise read every unit per end)."""
+    state = tmp_path / "fake-gpus"
+    backend = FakeGpuBackend("2xH100-80GB", "n1", state_dir=state)
+    units = [u.uuid for u in backend.inventory().units]
+    out = tmp_path / "job.out"
+    out.write_bytes(b"")
+    sleeper = subprocess.Popen(["sleep", "60"])
+    try:
+        hub = SpecHub({7: (units[0],)}, sleeper.pid, out)
+        gpu_care = NodeGpus(
+            backend,
+            AgentSettings(node_name="n1"),
+            hub,  # type: ignore[arg-type]
+            beat_now=lambda: None,
+            units_changed=lambda: None,
+            stop_job=lambda *_: asyncio.sleep(0),
+        )
+        gpu_care.holders.job_units[7] = (units[0],)
+        set_fake_utilization(units[1], 10, state_dir=state)
+        gpu_care.reads.usage()
+        first = gpu_care.reads.last_read
+        # job 7 ends, but its process still holds its unit; meanwhile GPU 1 got busier
+        claim_fake_vram(units[0], 2 * GIB, pid=sleeper.pid, state_dir=state)
+        set_fake_utilization(units[1], 90, state_dir=state)
+        del hub.running[7]
+        held = gpu_care.job_ended(7)
+        assert held == (units[0],)
+        figures = {u.uuid: u for u in gpu_care.reads.usage(max_age=60, fresh=held)}
+        assert figures[units[0]].health == "dirty"
+        assert "job 7" in figures[units[0]].health_reason
+        assert figures[units[1]].utilization == 10  # from the last read of every unit
+        assert gpu_care.reads.last_read == first
+        gpu_care.reads.usage()  # every unit read: the figures are current again
+        figures = {u.uuid: u for u in gpu_care.reads.usage(max_age=60)}
+        assert (figures[units[0]].health, figures[units[1]].utilization) == ("dirty", 90)
+    finally:
+        sleeper.kill()
+        sleeper.wait()

@@ -129,9 +129,13 @@ class GpuBackend(Protocol):
 
     def inventory(self) -> GpuInventory: ...
 
-    def usage(self, telemetry: Collection[str] | None = None) -> list[UnitUsage]:
-        """Every unit's memory, processes and health; the telemetry counters (utilisation,
-        energy) only of the units in `telemetry` (None: all), the units jobs hold."""
+    def usage(
+        self, telemetry: Collection[str] | None = None, only: Collection[str] | None = None
+    ) -> list[UnitUsage]:
+        """Every unit's memory, processes and health (`only`: just those units, the ones a
+        job's end left to check, in the inventory's order); the telemetry counters
+        (utilisation, energy) only of the units in `telemetry` (None: all), the units jobs
+        hold."""
         ...
 
     def refresh(self) -> bool:

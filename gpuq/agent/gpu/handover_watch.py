@@ -76,9 +76,14 @@ class UnitWatch:
         return entry[0] if entry else None
 
     def assess(
-        self, usage: Sequence[UnitUsage], holders: Mapping[str, int], facts: ProcessFacts
+        self,
+        usage: Sequence[UnitUsage],
+        holders: Mapping[str, int],
+        facts: ProcessFacts,
+        partial: bool = False,
     ) -> Assessment:
-        """Every unit's verdict; holders: unit uuid -> the running job that holds it."""
+        """Every unit's verdict; holders: unit uuid -> the running job that holds it.
+        `partial`: `usage` has only some units (the others' findings stay as they were)."""
         verdicts: dict[str, UnitVerdict] = {}
         kill: list[int] = []
         flagged: list[str] = []
@@ -101,6 +106,9 @@ class UnitWatch:
             if unit.health != HEALTH_OK:  # the backend's word wins; notes are kept
                 verdict = UnitVerdict(unit.health, unit.reason, verdict.notes)
             verdicts[unit.uuid] = verdict
+        if partial:
+            assessed = {unit.uuid for unit in usage}
+            seen |= {key for key in self._flagged if key[0] not in assessed}
         self._flagged = seen
         return Assessment(verdicts, tuple(sorted(set(kill))), tuple(flagged))
 

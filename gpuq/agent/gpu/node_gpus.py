@@ -146,9 +146,9 @@ class NodeGpus:
         online = sorted(os.sched_getaffinity(0))
         return self.holders.place(job_id, gpus, cpus, self.inventory.local_cpus, online)
 
-    def job_ended(self, job_id: int) -> bool:
-        """Note that the job's processes are gone; True when it held units, which are then
-        checked (the next heartbeat, sent with the end report, says whether they are clean)."""
+    def job_ended(self, job_id: int) -> tuple[str, ...]:
+        """Note that the job's processes are gone; the units it held, which are then checked
+        (the next heartbeat, sent with the end report, says whether they are clean)."""
         self.shares.job_ended(job_id)
         return self.holders.job_ended(job_id)
 

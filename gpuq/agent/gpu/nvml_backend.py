@@ -167,24 +167,32 @@ class NvmlGpuBackend:
             self._needs_refresh = False
             return _unit_keys(self._inventory) != before
 
-    def usage(self, telemetry: Collection[str] | None = None) -> list[UnitUsage]:
-        """Memory, processes and health of each unit, and the telemetry counters (utilisation,
-        energy) of those in `telemetry` (None: every unit); never raises.
+    def usage(
+        self, telemetry: Collection[str] | None = None, only: Collection[str] | None = None
+    ) -> list[UnitUsage]:
+        """Memory, processes and health of each unit (`only`: of those units, the ones a job's
+        end left to check), and the telemetry counters (utilisation, energy) of those in
+        `telemetry` (None: every unit); never raises. Health is polled every health_every reads
+        of all units.
 
         A unit no job holds is read for its health only: its utilisation is read only while
         processes are on it (a foreign one, a job's leaving), else it is 0 (whole GPUs; a MIG
         slice's is unknown, as NVML has none); its energy is never read. An idle node makes a
         third fewer NVML calls per heartbeat."""
         with self._lock:
+            slots = self._slots
+            if only is not None:
+                slots = {uuid: slot for uuid, slot in slots.items() if uuid in only}
             if not self._open:
                 self._needs_refresh = bool(self._slots)
-                return [self._failed_usage(uuid, self._problem) for uuid in self._slots]
-            if self._usage_calls % self.health_every == 0:
-                self._poll_health()
-            self._usage_calls += 1
+                return [self._failed_usage(uuid, self._problem) for uuid in slots]
+            if only is None:
+                if self._usage_calls % self.health_every == 0:
+                    self._poll_health()
+                self._usage_calls += 1
             results: list[UnitUsage] = []
             troubled = readable = 0
-            for uuid, slot in self._slots.items():
+            for uuid, slot in slots.items():
                 if slot.handle is None:
                     results.append(self._failed_usage(uuid, self._missing.get(uuid, "")))
                     continue
@@ -196,7 +204,7 @@ class NvmlGpuBackend:
                     self._needs_refresh = True
                     if all(e.library or e.name == "Unknown" for e in errors):
                         troubled += 1
-            if readable and troubled == readable:
+            if only is None and readable and troubled == readable:
                 self._reinit_wanted = True  # every unit failing alike: the library, not GPUs
             return results
 

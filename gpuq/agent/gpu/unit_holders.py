@@ -66,16 +66,16 @@ class UnitHolders:
         self.job_cpus.pop(job_id, None)
         self.share_limits.pop(job_id, None)
 
-    def job_ended(self, job_id: int) -> bool:
-        """Forget what the job held; True when it held units, which are then checked (the
-        next heartbeat, sent with the end report, says whether they are clean)."""
+    def job_ended(self, job_id: int) -> tuple[str, ...]:
+        """Forget what the job held; the units it held, which are then checked (the next
+        heartbeat, sent with the end report, says whether they are clean)."""
         units = self.holders_of(job_id)
         self.job_units.pop(job_id, None)
         self.job_cpus.pop(job_id, None)
         self.share_limits.pop(job_id, None)
         if units:
             self.watch.job_ended(job_id, units)
-        return bool(units)
+        return units
 
     def holders_of(self, job_id: int) -> tuple[str, ...]:
         if job_id not in self.job_units:

@@ -7,7 +7,10 @@ gpuq.agent.jobs.attribution), whether each unit can be handed to the next job
 (gpu.telemetry_book) and whether a share job is over its VRAM (gpu.share_guard).
 
 A heartbeat may reuse a read made moments ago (max_age) instead of reading NVML again; one
-that must be current, such as the one sent with a job's end, reads anew. Blocking (NVML,
+that must be current, such as the one sent with a job's end, reads anew: the units the ended
+jobs held (`fresh`), the others' figures taken from a read at most max_age old. Under a drain
+of short jobs that is a read of one unit per end instead of every unit per end report (issue
+27: the reads of all 8 fake GPUs with each end were half the agent's CPU). Blocking (NVML,
 /proc): run it in a thread.
 """
 
@@ -20,6 +23,7 @@ import os
 import signal
 import threading
 import time
+from collections.abc import Collection
 
 from gpuq.agent.gpu.backend import HEALTH_OK, GpuBackend, UnitUsage
 from gpuq.agent.gpu.handover_watch import ProcessFacts, UnitVerdict, UnitWatch
@@ -60,47 +64,63 @@ class UnitReader:
         self.verdicts: dict[str, UnitVerdict] = {}
         # one read of the units at a time (the heartbeat's and the sampler's threads)
         self._lock = threading.Lock()
-        self.last_read = -float("inf")  # monotonic time of the last read
+        self.last_read = -float("inf")  # monotonic time of the last read of every unit
         self._last_figures: list[pb.GpuUsage] = []
 
-    def usage(self, max_age: float = 0.0) -> list[pb.GpuUsage]:
+    def usage(self, max_age: float = 0.0, fresh: Collection[str] = ()) -> list[pb.GpuUsage]:
         """Every unit's figures and health.
 
-        max_age: the figures of a read at most that many seconds old do (0: read now). A read
-        feeds the running jobs' telemetry."""
+        max_age: the figures of a read at most that many seconds old do (0: read now), but
+        for the units in `fresh`, which are read now. A read feeds the running jobs'
+        telemetry (a read of some units, only the jobs that hold nothing else)."""
         with self._lock:
-            if max_age > 0 and time.monotonic() - self.last_read < max_age:
+            recent = max_age > 0 and time.monotonic() - self.last_read < max_age
+            if recent and not fresh:
                 return list(self._last_figures)
-            figures = self._read()
+            if recent:
+                figures = self._read(set(fresh))
+            else:
+                figures = self._read()
+                self.last_read = time.monotonic()
             self._last_figures = figures
-            self.last_read = time.monotonic()
             return list(figures)
 
-    def _read(self) -> list[pb.GpuUsage]:
+    def _read(self, only: set[str] | None = None) -> list[pb.GpuUsage]:
+        """Read every unit, or `only` those (the others' figures as the last read found
+        them); telemetry (utilisation, energy) only of the units jobs hold, the others'
+        health only."""
         holders = self.holders.holders()
-        # telemetry (utilisation, energy) of the units jobs hold; the others, health only
-        samples = self.backend.usage(telemetry=holders.keys())
+        samples = self.backend.usage(telemetry=holders.keys(), only=only)
         at = time.time()
         facts = self._facts(samples)
-        self._record(samples, facts, at)
+        self._record(samples, facts, at, only)
         watched, watch_facts = self._for_watch(samples, facts, holders)
-        assessment = self.watch.assess(watched, holders, watch_facts)
+        assessment = self.watch.assess(watched, holders, watch_facts, partial=only is not None)
         for finding in assessment.flagged:
             log.warning("foreign process on a GPU: %s", finding)  # a container's says so
         for pid in assessment.kill:
             log.warning("killing pid %d (%s) on a GPU", pid, facts.name.get(pid, "?"))
             with contextlib.suppress(OSError):
                 os.kill(pid, signal.SIGKILL)
-        self.verdicts = assessment.verdicts
-        return [self._proto(sample, facts) for sample in samples]
+        if only is None:
+            self.verdicts = assessment.verdicts
+            return [self._proto(sample, facts) for sample in samples]
+        self.verdicts.update(assessment.verdicts)
+        read = {sample.uuid: self._proto(sample, facts) for sample in samples}
+        return [read.pop(f.uuid, f) for f in self._last_figures] + list(read.values())
 
-    def _record(self, samples: list[UnitUsage], facts: ProcessFacts, at: float) -> None:
+    def _record(
+        self, samples: list[UnitUsage], facts: ProcessFacts, at: float, only: set[str] | None
+    ) -> None:
         """Feed one read to each running job holding units: its processes' bytes per unit
-        (by cgroup), the units' utilisation and energy counters; and its output's size."""
+        (by cgroup), the units' utilisation and energy counters; and its output's size.
+        `only`: the units read now (a job holding any other is not fed old figures again)."""
         by_uuid = {sample.uuid: sample for sample in samples}
         for job_id in self.jobs.running_jobs():
             units = self.holders.holders_of(job_id)
             if not units or self.telemetry.has_ended(job_id):
+                continue
+            if only is not None and not only.issuperset(units):
                 continue
             readings = []
             for uuid in units:

@@ -241,8 +241,7 @@ def write_effects(tx: StoreTx, effects: Effects, now: float, cause: str) -> None
     tx.start_jobs(effects.starts, now, cause=cause)
     for order in effects.stops:
         tx.request_stop(order.job_id, order.end_state, order.reason)
-    for measured in effects.telemetry:
-        tx.set_telemetry(measured.job_id, measured.attempt, measured.figures)
+    tx.set_telemetries([(m.job_id, m.attempt, m.figures) for m in effects.telemetry])
     for user, value in effects.usage.items():
         tx.set_usage(user, value, now)
     for note in effects.notes:

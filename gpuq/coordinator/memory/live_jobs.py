@@ -73,8 +73,13 @@ class LiveJobs:
         """Record a job's new version; finished jobs leave memory."""
         self.version += 1
         old = self.jobs.pop(job.id, None)
+        # a change of state keeps the spec (the same object): its size is not summed anew,
+        # which would cost a walk of its environment per change (issue 27's drain profile)
+        kept = (
+            old is not None and job.state.is_live and old.spec is job.spec and old.user == job.user
+        )
         if old is not None:
-            self._forget(old)
+            self._forget(old, with_size=not kept)
             if not job.state.is_live:
                 del self._ids[bisect.bisect_left(self._ids, job.id)]
         elif job.state.is_live:
@@ -84,7 +89,8 @@ class LiveJobs:
             self._by_state[job.state][job.id] = job
             self.user_tasks[job.user] += len(job.tasks) or 1
             self.tally[(job.state, job.qos)] += len(job.tasks) or 1
-            self.user_bytes[job.user] += spec_size(job.spec)
+            if not kept:
+                self.user_bytes[job.user] += spec_size(job.spec)
             array = job.array_job_id
             if job.tasks:
                 self.records[job.id] = job
@@ -100,7 +106,7 @@ class LiveJobs:
                 elif job.state is JobState.RUNNING:
                     self.array_running[array] += 1
 
-    def _forget(self, old: Job) -> None:
+    def _forget(self, old: Job, with_size: bool = True) -> None:
         del self._by_state[old.state][old.id]
         self.records.pop(old.id, None)
         self.user_tasks[old.user] -= len(old.tasks) or 1
@@ -109,9 +115,10 @@ class LiveJobs:
         self.tally[(old.state, old.qos)] -= len(old.tasks) or 1
         if self.tally[(old.state, old.qos)] <= 0:
             del self.tally[(old.state, old.qos)]
-        self.user_bytes[old.user] -= spec_size(old.spec)
-        if self.user_bytes[old.user] <= 0:
-            del self.user_bytes[old.user]
+        if with_size:
+            self.user_bytes[old.user] -= spec_size(old.spec)
+            if self.user_bytes[old.user] <= 0:
+                del self.user_bytes[old.user]
         if old.state is JobState.PENDING and not old.tasks:
             self._dequeue(old)
         array = old.array_job_id
