@@ -156,7 +156,7 @@ def test_a_jobs_end_reads_its_units_anew_and_keeps_the_others_figures(tmp_path: 
     out.write_bytes(b"")
     sleeper = subprocess.Popen(["sleep", "60"])
     try:
-        hub = SpecHub({7: (units[0],)}, sleeper.pid, out)
+        hub = SpecHub({7: (units[0],), 8: (units[1],)}, sleeper.pid, out)
         gpu_care = NodeGpus(
             backend,
             AgentSettings(node_name="n1"),
@@ -166,6 +166,7 @@ def test_a_jobs_end_reads_its_units_anew_and_keeps_the_others_figures(tmp_path: 
             stop_job=lambda *_: asyncio.sleep(0),
         )
         gpu_care.holders.job_units[7] = (units[0],)
+        gpu_care.holders.job_units[8] = (units[1],)  # held: its utilisation is read
         set_fake_utilization(units[1], 10, state_dir=state)
         gpu_care.reads.usage()
         first = gpu_care.reads.last_read
