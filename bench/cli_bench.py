@@ -40,11 +40,11 @@ from gpuq.cli.fast.helper_control import stop_helpers  # noqa: E402
 STUB_IMPORTS = "import sys; from gpuq.cli.fast.stub import main"
 
 
-def build_venv(work: Path) -> Path:
-    """A fresh venv with this checkout's wheel installed; its bin folder."""
+def build_venv(work: Path, repo: Path = REPO) -> Path:
+    """A fresh venv with the wheel of checkout `repo` (this one) installed; its bin folder."""
     wheels = work / "wheels"
     subprocess.run(
-        [sys.executable, "-m", "pip", "wheel", "--no-deps", "-q", "-w", str(wheels), str(REPO)],
+        [sys.executable, "-m", "pip", "wheel", "--no-deps", "-q", "-w", str(wheels), str(repo)],
         check=True,
     )
     wheel = next(wheels.glob("lab_gpu_queue-*.whl"))
@@ -93,6 +93,9 @@ def main() -> None:
     parser.add_argument("--keep", action="store_true", help="keep the temporary folder")
     parser.add_argument("--loop", type=int, default=200, help="submissions in the shell loop")
     parser.add_argument(
+        "--repo", type=Path, default=REPO, help="the checkout to time (default: this one)"
+    )
+    parser.add_argument(
         "--pause", type=float, default=0.2, help="seconds between commands (not timed)"
     )
     options = parser.parse_args()
@@ -107,7 +110,7 @@ def main() -> None:
     process = None
     try:
         print(f"building the wheel and a fresh venv in {work} ...", flush=True)
-        bin_dir = build_venv(work)
+        bin_dir = build_venv(work, options.repo.resolve())
         env = {
             k: v
             for k, v in os.environ.items()
