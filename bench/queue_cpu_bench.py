@@ -135,7 +135,9 @@ with store.transaction() as tx:
     tx.add_jobs([NewJob(small, me, "normal", 0) for _ in range({pending})], now)
 store.close()
 """
-        subprocess.run([sys.executable, "-c", code], env=self.env, check=True)
+        # in its own folder: `-c` puts the working folder first on sys.path, ahead of
+        # PYTHONPATH, and the bench's may be another checkout
+        subprocess.run([sys.executable, "-c", code], env=self.env, cwd=self.root, check=True)
 
     def _spawn(self, args: list[str], name: str) -> subprocess.Popen[bytes]:
         log = open(self.root / f"{name}.log", "wb")  # noqa: SIM115 - lives with the process
