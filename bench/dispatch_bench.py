@@ -31,7 +31,6 @@ import statistics
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -39,11 +38,12 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
+from queue_bench import Events  # noqa: E402  (bench/ is first on sys.path: the one recorder)
+
 from gpuq.cli.fast.helper_control import stop_helpers  # noqa: E402
 from gpuq.client import Client  # noqa: E402
 from gpuq.config.loading import load_settings  # noqa: E402
 from gpuq.domain.states import JobState  # noqa: E402
-from gpuq.errors import GpuqError  # noqa: E402
 from gpuq.submission import build_spec  # noqa: E402
 
 TICKS = os.sysconf("SC_CLK_TCK")
@@ -82,31 +82,6 @@ def children_of(pid: int) -> list[int]:
 def load() -> str:
     one, five, fifteen = os.getloadavg()
     return f"load {one:.2f} {five:.2f} {fifteen:.2f}"
-
-
-class Events:
-    """A Watch stream in a thread: when each job reached each state."""
-
-    def __init__(self, client: Client) -> None:
-        self.seen: dict[tuple[int, JobState], float] = {}
-        self.cond = threading.Condition()
-        threading.Thread(target=self._run, args=(client,), daemon=True).start()
-
-    def _run(self, client: Client) -> None:
-        try:
-            for event in client.watch():
-                with self.cond:
-                    self.seen[(event.job_id, event.to_state)] = time.perf_counter()
-                    self.cond.notify_all()
-        except GpuqError:
-            pass  # the benchmark closed its client
-
-    def wait(self, job_id: int, state: JobState, timeout: float = 60) -> float:
-        with self.cond:
-            ok = self.cond.wait_for(lambda: (job_id, state) in self.seen, timeout)
-            if not ok:
-                raise TimeoutError(f"job {job_id} never reached {state}")
-            return self.seen[(job_id, state)]
 
 
 @dataclass

@@ -76,7 +76,7 @@ class Events:
         except GpuqError:
             pass  # the benchmark closed its client
 
-    def wait(self, job_id: int, state: JobState, timeout: float = 30) -> float:
+    def wait(self, job_id: int, state: JobState, timeout: float = 60) -> float:
         with self.cond:
             ok = self.cond.wait_for(lambda: (job_id, state) in self.seen, timeout)
             if not ok:
