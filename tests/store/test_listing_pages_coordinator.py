@@ -105,6 +105,24 @@ def test_a_listing_asked_again_shows_what_changed_since(store: Store) -> None:
     run(store, body, SMALL)
 
 
+def test_a_job_submitted_just_after_a_listing_shows_its_own_reason(store: Store) -> None:
+    """A listing explains the queue at most once a second; a pass that saw the queue change
+    makes the next listing explain afresh, so a job submitted and listed at once says why it
+    waits ("begin time"), not "waiting for the next scheduling pass" (CI saw it)."""
+
+    async def body(co: Coordinator) -> None:
+        await submit(co, make_spec(gpus=1), "alice")
+        await passes_ran(co)
+        request = queue_pb2.ListJobsRequest()
+        assert (await page(co, request)).jobs[0].pending.reasons  # explained just now
+        [later] = await submit(co, make_spec(begin_time=time.time() + 86400), "alice")
+        await passes_ran(co)
+        [entry] = [j for j in (await page(co, request)).jobs if j.id == later]
+        assert any("begin time" in r for r in entry.pending.reasons), entry.pending.reasons
+
+    run(store, body, SMALL)
+
+
 def test_ended_jobs_and_ids_come_in_pages_from_the_store(store: Store) -> None:
     async def body(co: Coordinator) -> None:
         jobs = [(await submit(co, make_spec(hold=True), "alice"))[0] for _ in range(8)]

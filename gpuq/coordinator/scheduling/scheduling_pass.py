@@ -114,8 +114,10 @@ class SchedulingPass:
                 raise  # not a job's fault: the schedule loop reloads and tries again
             await self._set_aside(now, error, cause)
             decided = self._plan(now, views)
-        if views != self._explained_views:
-            self.forget_explanation()  # what blocks whom changed (jobs: explained() sees)
+        if views != self._explained_views or self.jobs.version != self._explained_from[0]:
+            # what blocks whom changed: the next listing explains afresh (a job submitted
+            # just now shows its own reason, "begin time", not "the next pass")
+            self.forget_explanation()
         if decided.starts or decided.preemptions or decided.cancellations:
             stopped = await self.changes.commit(lambda tx, now: self._decide(decided, tx), cause)
             if stopped:
