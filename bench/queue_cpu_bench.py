@@ -110,13 +110,24 @@ class Cluster:
         self.processes: list[subprocess.Popen[bytes]] = []
         self.profile = profile
         coordinator = ["coordinator"]
-        if profile:
-            self.coordinator = self._spawn(["-c", PROFILED, profile, *coordinator], "coordinator")
-        else:
-            self.coordinator = self._spawn(["-m", "gpuq.cli.main", *coordinator], "coordinator")
-        self._spawn(["-m", "gpuq.cli.main", "agent", "--fake-gpus", "8xA100-80GB"], "agent")
-        self.client = self._client()
-        wait(lambda: self._counts() == (1, pending), 120, "the big job to run, the rest to wait")
+        try:
+            if profile:
+                self.coordinator = self._spawn(
+                    ["-c", PROFILED, profile, *coordinator], "coordinator"
+                )
+            else:
+                self.coordinator = self._spawn(["-m", "gpuq.cli.main", *coordinator], "coordinator")
+            self._spawn(["-m", "gpuq.cli.main", "agent", "--fake-gpus", "8xA100-80GB"], "agent")
+            self.client = self._client()
+            wait(
+                lambda: self._counts() == (1, pending), 120, "the big job to run, the rest to wait"
+            )
+        except BaseException:  # a cluster that never came up leaves no process behind
+            log = self.root / "coordinator.log"
+            if log.exists():
+                print(log.read_text(errors="replace")[-2000:])
+            self.close()
+            raise
 
     def _fill(self, pending: int) -> None:
         code = f"""
