@@ -49,6 +49,7 @@ from typing import Any, TypeVar
 
 # the private PostgreSQL cluster is the store-blink test's (one definition)
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests" / "e2e"))
+from bench_processes import kill_marked
 from e2e_cluster import free_port, root_jobs_allowed
 from private_postgres import PrivatePostgres, pg_bin
 
@@ -78,30 +79,6 @@ def wait_for(condition: Callable[[], T | None], timeout: float, what: str) -> T:
             return last  # type: ignore[no-any-return]
         time.sleep(0.05)
     raise TimeoutError(f"timed out after {timeout} s waiting for {what} (last: {last!r})")
-
-
-def kill_marked(marker: str) -> int:
-    """SIGKILL every process whose environment carries this marker; how many were found."""
-    needle = f"{MARKER}={marker}".encode()
-    killed = 0
-    for _ in range(5):
-        found = False
-        for entry in os.scandir("/proc"):
-            if not entry.name.isdigit() or int(entry.name) == os.getpid():
-                continue
-            try:
-                environ = Path(entry.path, "environ").read_bytes()
-            except OSError:
-                continue
-            if needle in environ.split(b"\0"):
-                found = True
-                killed += 1
-                with contextlib.suppress(ProcessLookupError):
-                    os.kill(int(entry.name), signal.SIGKILL)
-        if not found:
-            break
-        time.sleep(0.1)
-    return killed
 
 
 class Cluster:
@@ -199,7 +176,7 @@ class Cluster:
                 with contextlib.suppress(subprocess.TimeoutExpired):
                     process.wait(5)
                 self.kill(process)
-        kill_marked(self.marker)
+        kill_marked(MARKER, self.marker)
         with contextlib.suppress(Exception):
             shutil.rmtree(load_settings(home=self.home).agent_run_root, ignore_errors=True)
 

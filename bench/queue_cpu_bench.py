@@ -37,7 +37,10 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from bench_processes import kill_marked
+
 REPO = Path(__file__).resolve().parent.parent
+MARKER = "QUEUE_CPU_BENCH_RUN"  # carried by every process of a cluster (jobs too: not GPUQ_*)
 PASS_EVERY = 2.0  # gpuq.coordinator.serving.PERIODIC_PASS
 # a coordinator that profiles itself between SIGUSR1 (start) and SIGUSR2 (stop, write)
 PROFILED = """
@@ -105,6 +108,7 @@ class Cluster:
             "GPUQ_HOME": str(self.home),
             "GPUQ_CLI_HELPER": "off",
             "PYTHONPATH": str(checkout),
+            MARKER: self.root.name,
         }
         self._fill(pending)
         self.processes: list[subprocess.Popen[bytes]] = []
@@ -217,6 +221,7 @@ store.close()
             except subprocess.TimeoutExpired:
                 process.kill()
                 process.wait()
+        kill_marked(MARKER, self.root.name)  # the fork server and the running job outlive the agent
         shutil.rmtree(self.root, ignore_errors=True)
 
 
