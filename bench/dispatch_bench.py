@@ -38,7 +38,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from queue_bench import Events  # noqa: E402  (bench/ is first on sys.path: the one recorder)
+from queue_bench import Events, children_of, cpu_seconds  # noqa: E402  (bench/ is on sys.path)
 
 from gpuq.cli.fast.helper_control import stop_helpers  # noqa: E402
 from gpuq.client import Client  # noqa: E402
@@ -46,7 +46,6 @@ from gpuq.config.loading import load_settings  # noqa: E402
 from gpuq.domain.states import JobState  # noqa: E402
 from gpuq.submission import build_spec  # noqa: E402
 
-TICKS = os.sysconf("SC_CLK_TCK")
 QUIET = ("--log-level", "warning")
 STAMP_C = r"""
 #include <stdio.h>
@@ -58,25 +57,6 @@ int main(void) {
     return 0;
 }
 """
-
-
-def cpu_seconds(pid: int) -> float:
-    """utime + stime + reaped children's, of one process."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return sum(int(fields[i]) for i in (11, 12, 13, 14)) / TICKS
-
-
-def children_of(pid: int) -> list[int]:
-    found = []
-    for entry in os.scandir("/proc"):
-        if entry.name.isdigit():
-            try:
-                stat = Path(entry.path, "stat").read_text()
-            except OSError:
-                continue
-            if int(stat.rsplit(")", 1)[1].split()[1]) == pid:
-                found.append(int(entry.name))
-    return found
 
 
 def load() -> str:

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
+from typing import Any
 
 from gpuq.domain.model import GpuUnit, Resources
 from gpuq.domain.policy import SchedulerSettings, default_qos_tiers
@@ -93,3 +94,31 @@ def wait(
         time_limit=limit,
         **extra,  # type: ignore[arg-type]
     )
+
+
+def draw_running(
+    draw: Any, sizes: dict[str, int], most: int, tiers: Sequence[str], now: float
+) -> list[RunningJob]:
+    """Hypothesis: up to `most` running jobs, each on one or two of the nodes (`sizes`: units
+    per node), holding some of each node's units, started before `now` in one of `tiers`."""
+    from hypothesis import strategies as st
+
+    free = {name: list(range(count)) for name, count in sizes.items()}
+    running: list[RunningJob] = []
+    for job_id in range(1, draw(st.integers(0, most)) + 1):
+        width = draw(st.integers(1, 2))
+        hosts = [n for n in sizes if free[n]]
+        if len(hosts) < width:
+            break
+        chosen = draw(st.permutations(hosts))[:width]
+        start = now - draw(st.integers(0, 5000))
+        end = max(now + 1, start + draw(st.sampled_from([60.0, 600.0, 3600.0])))
+        qos = draw(st.sampled_from(list(tiers)))
+        for name in chosen:
+            take = draw(st.integers(1, len(free[name])))
+            held, free[name] = free[name][:take], free[name][take:]
+            units = tuple(f"GPU-{name}-{i}" for i in held)
+            running.append(
+                RunningJob(job_id, "x", qos, name, units, 1, GiB, start, end, nodes=width)
+            )
+    return running

@@ -10,7 +10,7 @@ from dataclasses import replace
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from scheduling import POLICY, GiB, views
+from scheduling import POLICY, GiB, draw_running, views
 
 from gpuq.domain.gpu_types import gpu_type
 from gpuq.domain.model import GpuUnit, Resources
@@ -29,24 +29,7 @@ Cluster = tuple[list[NodeView], list[RunningJob], list[PendingJob]]
 def clusters(draw: st.DrawFn) -> Cluster:
     sizes = {f"n{i}": draw(st.integers(1, 8)) for i in range(draw(st.integers(1, 6)))}
     models = {name: draw(st.sampled_from(MODELS)) for name in sizes}
-    free = {name: list(range(count)) for name, count in sizes.items()}
-    running: list[RunningJob] = []
-    for job_id in range(1, draw(st.integers(0, 8)) + 1):
-        width = draw(st.integers(1, 2))
-        hosts = [n for n in sizes if free[n]]
-        if len(hosts) < width:
-            break
-        chosen = draw(st.permutations(hosts))[:width]
-        start = NOW - draw(st.integers(0, 5000))
-        end = max(NOW + 1, start + draw(st.sampled_from([60.0, 600.0, 3600.0])))
-        qos = draw(st.sampled_from(TIERS))
-        for name in chosen:
-            take = draw(st.integers(1, len(free[name])))
-            held, free[name] = free[name][:take], free[name][take:]
-            units = tuple(f"GPU-{name}-{i}" for i in held)
-            running.append(
-                RunningJob(job_id, "x", qos, name, units, 1, GiB, start, end, nodes=width)
-            )
+    running = draw_running(draw, sizes, 8, TIERS, NOW)
     queue = []
     for i in range(draw(st.integers(1, 12))):
         nodes = draw(st.sampled_from([1, 1, 1, 2, 3]))
