@@ -31,7 +31,7 @@ from typing import Any, Literal
 from gpuq.admin.unit_templates import AGENT, COORDINATOR, JOBS
 from gpuq.config.settings import SYSTEM_HOME, AgentSettings, CoordinatorSettings
 from gpuq.config.value_checks import check_setting
-from gpuq.errors import GpuqError, InvalidInput, PermissionDenied
+from gpuq.errors import Conflict, GpuqError, InvalidInput, PermissionDenied
 from gpuq.identity import Unauthenticated, check_node_name, create_key_file
 
 Role = Literal["coordinator", "agent", "both"]
@@ -242,7 +242,16 @@ class Target:
 
     @classmethod
     def of(cls, root: Path | None) -> Target:
-        """The machine, or --root DIR: a scratch tree, files only."""
+        """The machine, or --root DIR: a scratch tree, files only. A root that is / (or a link
+        to it) is refused: it would write the machine's /etc as a scratch tree, with no user
+        made and nothing chowned."""
+        if root is not None and root.resolve() == Path("/"):
+            raise InvalidInput(
+                "--root",
+                str(root),
+                "that is this machine itself, not a scratch folder: run gpuq admin install "
+                "without --root (as root)",
+            )
         return cls(root, accounts=root is None)
 
     def path(self, path: Path) -> Path:
@@ -256,6 +265,7 @@ def install(plan: InstallPlan, target: Target, say: Say) -> None:
             "gpuq admin install makes users, folders and systemd units: run it as root "
             "(or with --root DIR to write them into a scratch folder)"
         )
+    _refuse_linked_units(plan, target)
     if not target.accounts:
         say(f"scratch root {target.root}: files only; no user or group is made, nothing is chowned")
     uid = _accounts(plan, target, say) if plan.runs_coordinator else None
@@ -274,6 +284,20 @@ def install(plan: InstallPlan, target: Target, say: Say) -> None:
         say(f"  add to {target.path(CONFIG)} first: {'; '.join(gaps)}")
     for step in next_steps(plan):
         say(f"  {step}")
+
+
+def _refuse_linked_units(plan: InstallPlan, target: Target) -> None:
+    """Before anything is written: a unit file that is a link is the admin's (`systemctl mask`
+    links it to /dev/null, `systemctl link` to a file elsewhere). Writing through it would
+    overwrite and chmod the link's target (/dev/null made 0644) and leave the unit masked."""
+    for name in unit_texts(plan):
+        path = target.path(UNIT_DIR / name)
+        if path.is_symlink():
+            raise Conflict(
+                f"{path} is a link to {os.readlink(path)} (a masked unit links to /dev/null): "
+                f"gpuq admin install writes its units as plain files; `systemctl unmask {name}` "
+                "(or remove the link), then run it again"
+            )
 
 
 def _accounts(plan: InstallPlan, target: Target, say: Say) -> int | None:

@@ -145,9 +145,10 @@ def test_a_supervised_job_lands_inside_the_delegated_subtree(
 def test_a_jobs_v2_group_gets_its_limits_only_inside_the_subtree(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """memory.max, memory.swap.max, memory.oom.group, pids.max, and cgroup.subtree_control
-    written at R and below only, in a fake v2 tree (the supervisor creates its files there);
-    the end reason from its counters: an OOM kill of the whole job, forks refused by pids.max."""
+    """memory.max, memory.swap.max, memory.oom.group, pids.max, the job's cpuset.cpus, and
+    cgroup.subtree_control written at R and below only, in a fake v2 tree (the supervisor
+    creates its files there); the end reason from its counters: an OOM kill of the whole
+    job, forks refused by pids.max."""
     v2_mount()  # root
     fake = tmp_path / "cgroup"
     fake.mkdir()
@@ -168,6 +169,8 @@ def test_a_jobs_v2_group_gets_its_limits_only_inside_the_subtree(
         cgroup_delegated=relative,
         mem_limit=1 << 30,
         job_max_pids=512,
+        cpuset="0",
+        mems="0",
     )
     state = tmp_path / "state"
 
@@ -187,13 +190,14 @@ def test_a_jobs_v2_group_gets_its_limits_only_inside_the_subtree(
     r = fake / relative
     limits = {
         name: (job / name).read_text()
-        for name in ("memory.max", "memory.swap.max", "memory.oom.group", "pids.max")
+        for name in ("memory.max", "memory.swap.max", "memory.oom.group", "pids.max", "cpuset.cpus")
     }
     assert limits == {
         "memory.max": str(1 << 30),
         "memory.swap.max": "0",
         "memory.oom.group": "1",
         "pids.max": "512",
+        "cpuset.cpus": "0",
     }
     # controllers enabled at R and R/k1, never above R (systemd's levels)
     assert (r / "cgroup.subtree_control").exists()

@@ -159,3 +159,45 @@ def test_it_refuses_a_wrong_value_or_a_missing_gpuq(tmp_path: Path) -> None:
     python.symlink_to(sys.executable)
     with pytest.raises(GpuqError, match="no executable gpuq beside"):
         make_plan("both", "n1", "gpuq", "gpuq-admin", None, python=python)
+
+
+def test_a_root_that_is_this_machine_is_refused(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """--root / (or a link to it) would write the machine's /etc and units as a scratch tree,
+    no user made and nothing chowned. In process, with the writer replaced by one that fails
+    the test: a test must never write this machine's /etc."""
+
+    def writes_the_machine(*_args: object) -> None:
+        raise AssertionError("gpuq admin install went on to write /")
+
+    monkeypatch.setattr("gpuq.admin.install.install", writes_the_machine)
+    (tmp_path / "slash").symlink_to("/")
+    for root in ("/", str(tmp_path / "slash"), "/usr/.."):
+        assert run(["admin", "install", "--root", root]) == 2, root
+        err = capsys.readouterr().err
+        assert "that is this machine itself" in err and "without --root" in err, err
+
+
+def test_a_masked_or_linked_unit_is_refused_before_anything_is_written(tmp_path: Path) -> None:
+    """`systemctl mask` links a unit to /dev/null: writing through the link would overwrite
+    and chmod /dev/null (0644: no user could write to it) and leave the unit masked. Here the
+    link's target is a stand-in file with /dev/null's mode."""
+    null = tmp_path / "null"
+    null.write_text("")
+    os.chmod(null, 0o666)
+    root = tmp_path / "root"
+    unit = root / "etc/systemd/system/gpuq-agent.service"
+    unit.parent.mkdir(parents=True)
+    unit.symlink_to(null)
+    done = install(root)
+    assert done.returncode == 2, done.stdout
+    assert f"{unit} is a link to {null}" in done.stderr, done.stderr
+    assert "systemctl unmask gpuq-agent.service" in done.stderr, done.stderr
+    assert null.read_text() == "" and stat.S_IMODE(null.stat().st_mode) == 0o666
+    assert sorted(str(p.relative_to(root)) for p in root.rglob("*")) == [
+        "etc",
+        "etc/systemd",
+        "etc/systemd/system",
+        "etc/systemd/system/gpuq-agent.service",
+    ]  # nothing written
