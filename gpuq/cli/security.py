@@ -92,7 +92,7 @@ def node_key(obj: Any, /, node: str) -> int:
 )
 @click.option(
     "--root",
-    type=click.Path(file_okay=False, path_type=Path),
+    type=click.Path(file_okay=False),
     default=None,
     help="write everything under this scratch folder instead (no users made, nothing chowned)",
 )
@@ -102,7 +102,7 @@ def install(
     user: str,
     admin_group: str,
     coordinator: str | None,
-    root: Path | None,
+    root: str | None,
 ) -> int:
     """Set this machine up for gpuq's services (as root): the coordinator's system user and the
     admin group, /etc/gpuq/config.toml (only if missing), the state folders, this node's key
@@ -110,9 +110,12 @@ def install(
     kept. Then it prints what to start."""
     from gpuq.admin.install import Target, make_plan
     from gpuq.admin.install import install as set_up
+    from gpuq.errors import InvalidInput
 
     plan = make_plan(role, node, user, admin_group, coordinator)
-    target = Target.of(root.absolute() if root else None)
+    if root == "":  # `--root "$DIR"` with DIR unset: not this folder, not the machine
+        raise InvalidInput("--root", root, "an empty folder name; give the scratch folder")
+    target = Target.of(None if root is None else Path(root).absolute())
     set_up(plan, target, lambda line: click.echo(render.printable(line)))
     return 0
 

@@ -177,6 +177,11 @@ def test_a_root_that_is_this_machine_is_refused(
         assert run(["admin", "install", "--root", root]) == 2, root
         err = capsys.readouterr().err
         assert "that is this machine itself" in err and "without --root" in err, err
+    # `--root "$DIR"` with DIR unset is no scratch folder either (it meant the current folder)
+    monkeypatch.chdir(tmp_path)
+    assert run(["admin", "install", "--root", ""]) == 2
+    assert "an empty folder name" in capsys.readouterr().err
+    assert not (tmp_path / "etc").exists()
 
 
 def test_a_masked_or_linked_unit_is_refused_before_anything_is_written(tmp_path: Path) -> None:
