@@ -325,6 +325,17 @@ def _exclusive_kind(value: str, shown: str, at: str, notes: list[str]) -> bool:
     return True
 
 
+# what sbatch reads as no time limit: SLURM's words for it and `-1` (time_str2mins), and any
+# time of zero (`0`, `0:00`, `0-0`), which sbatch's --time turns into INFINITE
+_NO_LIMIT_WORDS = frozenset({"unlimited", "infinite", "-1"})
+_ZERO_TIME_RE = re.compile(r"0+(?:-0+)?(?::0+){0,2}")
+
+
+def _no_time_limit(value: str) -> bool:
+    text = value.strip().lower()
+    return text in _NO_LIMIT_WORDS or bool(_ZERO_TIME_RE.fullmatch(text))
+
+
 def _sbatch_value(long: str, value: str, shown: str, at: str, notes: list[str]) -> str | None:
     """sbatch's value as gpuq takes it; None (and a warning) when gpuq cannot use it."""
     if long == "gres":
@@ -336,8 +347,8 @@ def _sbatch_value(long: str, value: str, shown: str, at: str, notes: list[str]) 
                 continue
             gpus = rest or "1"
         return gpus
-    if long == "time" and value.strip().lower() in ("unlimited", "infinite"):
-        notes.append(f"{SBATCH} {shown} {at} is not used by gpuq: the QOS default applies")
+    if long == "time" and _no_time_limit(value):
+        notes.append(f"{SBATCH} {shown} {at} is not used by gpuq: the default time limit applies")
         return None
     if long == "export":
         head, *items = value.split(",")

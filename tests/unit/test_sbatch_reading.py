@@ -193,6 +193,26 @@ def test_time_limits_round_up_to_whole_minutes(text: str, seconds: int) -> None:
     assert build_spec(wrap="true", time=text).resources.time_limit == seconds
 
 
+@pytest.mark.parametrize("text", ["0", "00:00", "0:0:0", "0-0", "-1", "UNLIMITED", "infinite"])
+def test_what_sbatch_reads_as_no_time_limit_is_warned_not_refused(
+    tmp_path: Path, text: str
+) -> None:
+    # sbatch's --time: a time of zero, -1, UNLIMITED and INFINITE all mean no limit (SLURM's
+    # time_str2mins and arg_set_time_limit); gpuq keeps its default limit and says so
+    for line in (f"#SBATCH --time={text}", f"#SBATCH -t {text}"):
+        warnings: list[str] = []
+        assert spec(tmp_path, line, warnings=warnings).resources.time_limit is None
+        assert warnings == [
+            f"#SBATCH {line[8:]} (line 2) is not used by gpuq: the default time limit applies"
+        ]
+
+
+def test_a_time_over_366_days_is_refused_as_written() -> None:
+    with pytest.raises(InvalidInput) as info:
+        build_spec(wrap="true", time="999999999999", spelled={"time": "-t"})
+    assert str(info.value) == "invalid -t '999999999999': must be from 1 second to 366 days"
+
+
 def test_an_int_time_is_seconds_exactly() -> None:
     assert build_spec(wrap="true", time=2).resources.time_limit == 2
 
