@@ -23,7 +23,18 @@ from gpuq.domain.limits import brief
 from gpuq.domain.parsing import parse_dependencies, submit_environment
 from gpuq.errors import InvalidInput
 from gpuq.options import BY_FLAG, BY_NAME, ambiguous, long_matches
-from gpuq.sbatch_table import LONG, MEANINGS, NONE, OPTIONAL, QUIET, REMOVED, SHORT, USED, WAIT
+from gpuq.sbatch_table import (
+    LONG,
+    MEANINGS,
+    NONE,
+    OPTIONAL,
+    QUIET,
+    REMOVED,
+    SAME,
+    SHORT,
+    USED,
+    WAIT,
+)
 
 DIRECTIVE = "#GPUQ"
 SBATCH = "#SBATCH"
@@ -65,6 +76,8 @@ class Header:
                 for item in _sbatch_line(line, number, notes):
                     given.pop(item.long, None)  # in the order last given
                     given[item.long] = (item.flag, at)
+                    if item.name == UNUSED:
+                        continue
                     if item.name == WAIT:
                         self.wait = True
                         continue
@@ -83,12 +96,19 @@ class Header:
         return {**self.sbatch_written, **self.gpuq_written}
 
 
-# pairs of options sbatch refuses together (slurm_opt.c: "... are mutually exclusive")
+# pairs of options sbatch refuses together (slurm_opt.c: "... are mutually exclusive"),
+# those gpuq does not use included: a script sbatch refuses is refused here too
 _EXCLUSIVE_PAIRS = (
     ("gres", "gpus-per-node"),
     ("mem", "mem-per-cpu"),
     ("mem", "mem-per-gpu"),
     ("mem-per-cpu", "mem-per-gpu"),
+    ("exclusive", "oversubscribe"),
+    ("core-spec", "thread-spec"),
+    ("ntasks-per-gpu", "gpus-per-task"),
+    ("ntasks-per-gpu", "gpus-per-socket"),
+    ("ntasks-per-gpu", "ntasks-per-node"),
+    ("ntasks-per-gpu", "tres-per-task"),
 )
 
 
@@ -102,7 +122,7 @@ def _refuse_pairs(given: dict[str, tuple[str, str]]) -> None:
             raise InvalidInput(
                 f"{other} ({other_at})",
                 f"with {one} ({one_at})",
-                "sbatch refuses the two together (they say one thing); give one",
+                "sbatch refuses the two together; give one",
             )
 
 
@@ -196,13 +216,16 @@ class _Given:
 
     long: str  # sbatch's long name of it ("gres")
     flag: str  # as written, a prefix resolved: "--gres", "-G"
-    name: str  # the gpuq option it sets (gpuq.sbatch_table.USED), or WAIT
+    name: str  # the gpuq option it sets (gpuq.sbatch_table.USED), WAIT, or UNUSED
     value: Any
 
 
+UNUSED = ""  # an option gpuq does not use (warned): kept only for the pairs sbatch refuses
+
+
 def _sbatch_line(line: str, number: int, notes: list[str]) -> list[_Given]:
-    """The options of one `#SBATCH` line that gpuq uses; a warning in `notes` for each other
-    option sbatch takes, an InvalidInput for one sbatch would refuse."""
+    """The options of one `#SBATCH` line: those gpuq uses, and the others as UNUSED with a
+    warning in `notes` for each; an InvalidInput for one sbatch would refuse."""
     at = f"(line {number})"
     try:
         tokens = shlex.split(line[len(SBATCH) :], comments=True)
@@ -215,6 +238,7 @@ def _sbatch_line(line: str, number: int, notes: list[str]) -> list[_Given]:
         if long not in USED:
             if long not in QUIET:
                 notes.append(f"{SBATCH} {shown} {at} is not used by gpuq")
+            found.append(_Given(long, flag, UNUSED, None))
             continue
         name = USED[long][0]
         if name == WAIT or (name in BY_NAME and BY_NAME[name].is_flag and long != "exclusive"):
@@ -244,12 +268,12 @@ def _getopt(tokens: list[str], at: str, notes: list[str]) -> list[tuple[str, str
         index += 1
         if token.startswith("--") and len(token) > 2:
             flag, eq, value = token.partition("=")
-            long = _sbatch_long(flag, token, where)
-            kind = LONG[long]
+            named = _sbatch_long(flag, token, where)  # as written, a prefix resolved
+            long, kind = SAME.get(named, named), LONG[named]
             if kind == NONE and eq:
-                raise InvalidInput(where, brief(token), f"--{long} takes no value")
+                raise InvalidInput(where, brief(token), f"--{named} takes no value")
             if eq or kind == NONE:
-                options.append((long, f"--{long}", value if eq else None, token))
+                options.append((long, f"--{named}", value if eq else None, token))
             elif kind == OPTIONAL:
                 if long == "nice":  # read as before: a number after it is its value
                     nice_given = index < len(tokens) and re.fullmatch(r"[+-]?[0-9]+", tokens[index])
@@ -257,9 +281,9 @@ def _getopt(tokens: list[str], at: str, notes: list[str]) -> list[tuple[str, str
                         options.append((long, "--nice", tokens[index], f"{token} {tokens[index]}"))
                         index += 1
                         continue
-                options.append((long, f"--{long}", None, token))
+                options.append((long, f"--{named}", None, token))
             elif index < len(tokens):
-                options.append((long, f"--{long}", tokens[index], f"{token} {tokens[index]}"))
+                options.append((long, f"--{named}", tokens[index], f"{token} {tokens[index]}"))
                 index += 1
             else:
                 raise InvalidInput(where, brief(flag), "needs a value")
@@ -297,7 +321,9 @@ def _short_options(
 
 
 def _sbatch_long(flag: str, token: str, where: str) -> str:
-    """sbatch's long option that `flag` (`--err`) names, or an InvalidInput as sbatch refuses."""
+    """sbatch's long option that `flag` (`--err`) names, as spelled in its table (one of two
+    names of an option, gpuq.sbatch_table.SAME, stays as written), or an InvalidInput as
+    sbatch refuses."""
     found = long_matches(flag, MEANINGS)
     if len(found) > 1:
         raise InvalidInput(where, brief(token), ambiguous(flag, found))
@@ -325,6 +351,17 @@ def _exclusive_kind(value: str, shown: str, at: str, notes: list[str]) -> bool:
     return True
 
 
+# what sbatch reads as no time limit: SLURM's words for it and `-1` (time_str2mins), and any
+# time of zero (`0`, `0:00`, `0-0`), which sbatch's --time turns into INFINITE
+_NO_LIMIT_WORDS = frozenset({"unlimited", "infinite", "-1"})
+_ZERO_TIME_RE = re.compile(r"0+(?:-0+)?(?::0+){0,2}")
+
+
+def _no_time_limit(value: str) -> bool:
+    text = value.strip().lower()
+    return text in _NO_LIMIT_WORDS or bool(_ZERO_TIME_RE.fullmatch(text))
+
+
 def _sbatch_value(long: str, value: str, shown: str, at: str, notes: list[str]) -> str | None:
     """sbatch's value as gpuq takes it; None (and a warning) when gpuq cannot use it."""
     if long == "gres":
@@ -336,8 +373,8 @@ def _sbatch_value(long: str, value: str, shown: str, at: str, notes: list[str]) 
                 continue
             gpus = rest or "1"
         return gpus
-    if long == "time" and value.strip().lower() in ("unlimited", "infinite"):
-        notes.append(f"{SBATCH} {shown} {at} is not used by gpuq: the QOS default applies")
+    if long == "time" and _no_time_limit(value):
+        notes.append(f"{SBATCH} {shown} {at} is not used by gpuq: the default time limit applies")
         return None
     if long == "export":
         head, *items = value.split(",")

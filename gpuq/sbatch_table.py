@@ -102,7 +102,10 @@ USED: dict[str, tuple[str, str]] = {
     "mem-per-gpu": ("mem_per_gpu", "memory per GPU"),
     "mem-per-cpu": ("mem_per_cpu", "memory per CPU"),
     "exclusive": ("exclusive", "whole nodes (`=user`, `=mcs`, `=topo`: the same, warned)"),
-    "time": ("time", "time limit, whole minutes (seconds round up); `UNLIMITED` warned"),
+    "time": (
+        "time",
+        "time limit, whole minutes (seconds round up); no limit (`UNLIMITED`, `0`, `-1`) warned",
+    ),
     "job-name": ("name", "job name"),
     "output": ("output", "stdout file (patterns below)"),
     "error": ("error", "stderr file (patterns below); without it stderr goes to --output"),

@@ -53,7 +53,7 @@ class Resources:
     gpu_mem: int | None = None  # per GPU: the least memory a GPU must have for this job
     cpus: int = 1
     mem: int | None = None  # host RAM for the whole job (SLURM's --mem)
-    time_limit: int | None = None  # None: the QOS default applies
+    time_limit: int | None = None  # None: the default applies (partition's, else QOS's)
     # one MIG slice of this profile (e.g. "3g.71gb") instead of whole GPUs; gpus is then 1
     mig: str | None = None
     # an MPS share of one shared GPU: percent of its compute (1-100); gpu_mem is then the

@@ -10,6 +10,7 @@ from __future__ import annotations
 import re
 from decimal import Decimal, localcontext
 
+from gpuq.domain.limits import MAX_TIME_LIMIT
 from gpuq.errors import InvalidInput
 
 _SIZE_RE = re.compile(r"\s*([0-9]+(?:\.[0-9]+)?|\.[0-9]+)\s*([kmgtp]?)(i?b)?\s*", re.IGNORECASE)
@@ -94,8 +95,12 @@ def parse_duration(text: str, field: str = "time") -> int:
 def parse_time_limit(text: str, field: str = "--time") -> int:
     """Seconds in a time limit as sbatch reads it: a duration (parse_duration's forms; `0:05`
     is minutes:seconds) rounded up to whole minutes, since SLURM's limits are whole minutes
-    (`0:05` and `1` are 60, `1:30` is 120)."""
-    return -(-parse_duration(text, field) // 60) * 60
+    (`0:05` and `1` are 60, `1:30` is 120). Over 366 days is refused here, naming the text
+    as written (the JobSpec's own check could show only the seconds it became)."""
+    seconds = -(-parse_duration(text, field) // 60) * 60
+    if seconds > MAX_TIME_LIMIT:
+        raise InvalidInput(field, _brief(text), "must be from 1 second to 366 days")
+    return seconds
 
 
 def _check_below(field: str, text: str, limits: list[tuple[int, int, str]]) -> None:

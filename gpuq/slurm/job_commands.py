@@ -29,10 +29,7 @@ def _flag_specs(skip: frozenset[str] = frozenset()) -> tuple[str, list[str]]:
     whose gpuq meaning is in `skip`: the command line then goes through the `#SBATCH` reader,
     which takes what gpuq uses, warns of what it does not, and refuses what sbatch would.
     getopt has no optional values: those take none here (`--nice` needs its value)."""
-    from gpuq.sbatch_table import LONG, NONE, OPTIONAL, SHORT, USED
-
-    def takes_value(name: str) -> bool:
-        return LONG[name] != NONE and not (LONG[name] == OPTIONAL and name != "nice")
+    from gpuq.sbatch_table import LONG, SHORT, USED
 
     def skipped(name: str) -> bool:
         return name in USED and USED[name][0] in skip
@@ -46,6 +43,14 @@ def _flag_specs(skip: frozenset[str] = frozenset()) -> tuple[str, list[str]]:
         if not skipped(name) and name not in NOT_RUN
     )
     return short, long
+
+
+def takes_value(name: str) -> bool:
+    """Whether sbatch's long option `name` takes a value on these commands' command lines
+    (getopt has no optional values: those take none, but `--nice` needs its value)."""
+    from gpuq.sbatch_table import LONG, NONE, OPTIONAL
+
+    return LONG[name] != NONE and not (LONG[name] == OPTIONAL and name != "nice")
 
 
 def own_flags(short: str, long: Sequence[str]) -> frozenset[str]:
@@ -65,15 +70,19 @@ def submit_options(
     errors: `-J`, not `--name`): read by the code that reads `#SBATCH` lines, so `sbatch
     --gres=gpu:2` means what `#SBATCH --gres=gpu:2` means."""
     from gpuq.directives import SBATCH, Header
+    from gpuq.sbatch_table import SHORT
 
     tokens = []
     for flag, value in pairs:
         if flag in own:  # the command's own flag (--parsable, srun's --pty), not the job's
             continue
-        if flag.startswith("--"):
-            tokens.append(f"{flag}={value}" if value else flag)
-        else:
-            tokens.append(flag + value)
+        long = flag[2:] if flag.startswith("--") else SHORT[flag[1]]
+        if not takes_value(long):
+            tokens.append(flag)
+        elif flag.startswith("--"):
+            tokens.append(f"{flag}={value}")
+        else:  # apart, as getopt gave it: `-J ''` and `-J =x` keep their values whole
+            tokens += [flag, value]
     if not tokens:
         return {}, {}
     notes: list[str] = []

@@ -152,6 +152,23 @@ def test_sbatch_squeue_sacct_scancel(slurm: tuple[Cluster, dict[str, str]]) -> N
     assert nodes.stdout.split()[:4] == ["a", "gpuq*", "idle", "gpu:a100:2"]
 
 
+def test_scancel_by_user_and_state_cancels_only_those(
+    slurm: tuple[Cluster, dict[str, str]],
+) -> None:
+    cluster, env = slurm
+    root, me = cluster.root, getpass.getuser()
+    running = call(env, root, "sbatch", "--parsable", "--wrap", "sleep 300").stdout.strip()
+    cluster.wait_state(int(running), "running")
+    held = call(env, root, "sbatch", "--parsable", "-H", "--wrap", "true").stdout.strip()
+    # a held job is PENDING to SLURM: -t PD takes it, and leaves the running one
+    done = call(env, root, "scancel", "-u", me, "-t", "PD")
+    assert (done.returncode, done.stdout, done.stderr) == (0, "", "")
+    assert cluster.job(int(held)).state.value == "cancelled"
+    assert cluster.job(int(running)).state.value == "running"
+    assert call(env, root, "scancel", "--me", "-t", "R").returncode == 0
+    cluster.wait_state(int(running), "cancelled")
+
+
 def test_unsupported_options_are_refused_in_one_line(
     slurm: tuple[Cluster, dict[str, str]],
 ) -> None:

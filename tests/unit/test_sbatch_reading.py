@@ -68,10 +68,13 @@ def test_an_exact_match_wins_over_longer_options(tmp_path: Path) -> None:
     assert notes == []
 
 
-def test_two_names_of_one_option_are_not_ambiguous(tmp_path: Path) -> None:
+def test_two_names_of_one_option_are_not_ambiguous_and_mean_it(tmp_path: Path) -> None:
+    # sbatch's --tasks-per-node is its --ntasks-per-node (it was once warned as unused)
     notes: list[str] = []
-    spec(tmp_path, "#SBATCH --tasks-per-node=2", warnings=notes)
-    assert notes == ["#SBATCH --tasks-per-node=2 (line 2) is not used by gpuq"]
+    built = spec(tmp_path, "#SBATCH --tasks-per-node=2 --gpus-per-node=2", warnings=notes)
+    assert (built.resources.tasks_per_node, notes) == (2, [])
+    assert spec(tmp_path, "#SBATCH --tasks-per=4").resources.tasks_per_node == 4  # a prefix
+    assert "--tasks-per-node (#SBATCH line 2)" in refusal(tmp_path, "#SBATCH --tasks-per-node=x")
 
 
 @pytest.mark.parametrize(
@@ -137,6 +140,12 @@ def test_gpuq_lines_and_the_command_line_take_prefixes_of_gpuq_options(tmp_path:
         ("--mem=4G", "--mem-per-gpu=2G"),
         ("--mem-per-cpu=1G", "--mem=4G"),
         ("--mem-per-cpu=1G", "--mem-per-gpu=1G"),
+        # with an option gpuq does not use: sbatch refuses the script all the same
+        ("--exclusive", "--oversubscribe"),
+        ("-s", "--exclusive"),
+        ("--ntasks-per-node=2", "--ntasks-per-gpu=1"),
+        ("--ntasks-per-gpu=1", "--gpus-per-task=1"),
+        ("--core-spec=1", "--thread-spec=1"),
     ],
 )
 def test_pairs_sbatch_refuses_are_refused_naming_both(
@@ -191,6 +200,26 @@ def test_errors_name_the_option_as_written(tmp_path: Path) -> None:
 def test_time_limits_round_up_to_whole_minutes(text: str, seconds: int) -> None:
     assert parse_time_limit(text) == seconds
     assert build_spec(wrap="true", time=text).resources.time_limit == seconds
+
+
+@pytest.mark.parametrize("text", ["0", "00:00", "0:0:0", "0-0", "-1", "UNLIMITED", "infinite"])
+def test_what_sbatch_reads_as_no_time_limit_is_warned_not_refused(
+    tmp_path: Path, text: str
+) -> None:
+    # sbatch's --time: a time of zero, -1, UNLIMITED and INFINITE all mean no limit (SLURM's
+    # time_str2mins and arg_set_time_limit); gpuq keeps its default limit and says so
+    for line in (f"#SBATCH --time={text}", f"#SBATCH -t {text}"):
+        warnings: list[str] = []
+        assert spec(tmp_path, line, warnings=warnings).resources.time_limit is None
+        assert warnings == [
+            f"#SBATCH {line[8:]} (line 2) is not used by gpuq: the default time limit applies"
+        ]
+
+
+def test_a_time_over_366_days_is_refused_as_written() -> None:
+    with pytest.raises(InvalidInput) as info:
+        build_spec(wrap="true", time="999999999999", spelled={"time": "-t"})
+    assert str(info.value) == "invalid -t '999999999999': must be from 1 second to 366 days"
 
 
 def test_an_int_time_is_seconds_exactly() -> None:

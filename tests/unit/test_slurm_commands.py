@@ -9,6 +9,7 @@ import pytest
 
 from gpuq.errors import InvalidInput
 from gpuq.slurm.commands import main
+from gpuq.slurm.job_commands import submit_options
 from gpuq.slurm.shim_files import is_shim, shim_text, write_shims
 
 
@@ -69,6 +70,16 @@ def test_refusals_are_one_line_and_exit_1(
     assert main(argv) == 1
     captured = capsys.readouterr()
     assert (captured.out, captured.err) == ("", line + "\n")
+
+
+def test_sbatchs_command_line_values_stay_whole() -> None:
+    # getopt has split them already: `-J =x` names the job `=x` (as sbatch does), and an
+    # empty value is a value (`-p ''` is gpuq submit's `-p ''`), never "needs a value"
+    submit, spelled = submit_options(
+        "sbatch", [("-J", "=x"), ("-p", ""), ("--chdir", ""), ("-t", "-1"), ("-H", "")]
+    )
+    assert submit == {"name": "=x", "partition": "", "chdir": "", "hold": True}
+    assert spelled == {"name": "-J", "partition": "-p", "chdir": "--chdir", "hold": "-H"}
 
 
 def test_no_coordinator_is_one_line_and_exit_1(

@@ -727,7 +727,7 @@ def test_sbatch_options_gpuq_does_not_use_are_warnings(tmp_path: Path) -> None:
         "#SBATCH -A lab (line 3) is not used by gpuq",
         "#SBATCH --exclusive=other (line 3) is not used by gpuq: expected user or mcs",
         "#SBATCH --mem-bind=local (line 4) is not used by gpuq",
-        "#SBATCH --time=UNLIMITED (line 4) is not used by gpuq: the QOS default applies",
+        "#SBATCH --time=UNLIMITED (line 4) is not used by gpuq: the default time limit applies",
         "#SBATCH --export=HOME (line 4) is not used by gpuq: only ALL or NONE (then K=V items) "
         "are; your whole environment is carried",
         "#SBATCH line 5 is not used by gpuq: No closing quotation",
