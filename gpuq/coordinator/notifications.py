@@ -104,6 +104,7 @@ class Notifier:
         self.sent: collections.Counter[tuple[str, str]] = collections.Counter()
         self._inbox: collections.deque[tuple[JobEvent, Job]] = collections.deque()
         self._wake = asyncio.Event()
+        self._look_again = asyncio.Event()  # a job that wants time-limit warnings started
         self._pending = 0  # inbox items and deliveries not yet done
         self._background = Background("a notification")
         self._pool: ThreadPoolExecutor | None = None
@@ -180,6 +181,10 @@ class Notifier:
         spec = job.spec
         if not spec.mail_types and spec.notify_url is None:
             return
+        if event.to_state is JobState.RUNNING and any(
+            t.startswith("TIME_LIMIT_") for t in spec.mail_types
+        ):
+            self._look_again.set()  # its time limit's warnings are looked for each TICK
         if event.from_state is event.to_state:
             return  # an update, not a state change
         if not self._room(
@@ -326,13 +331,20 @@ class Notifier:
     # ---- the periodic look: time limits, health ------------------------------------------
 
     async def _tick(self) -> None:
+        """Look each TICK while there is something to look at: a running job that wants
+        time-limit warnings, or admin webhooks for nodes' health. Else sleep until such a job
+        starts (an idle coordinator's loop stays asleep)."""
         while True:
             try:
                 self._time_limits()
                 self._health_look()
             except Exception:
                 log.exception("notifications: periodic look failed")
-            await asyncio.sleep(TICK)
+            if self._warned or self.settings.admin_webhooks:
+                await asyncio.sleep(TICK)
+            else:
+                self._look_again.clear()
+                await self._look_again.wait()
 
     def _time_limits(self) -> None:
         now = self.clock()

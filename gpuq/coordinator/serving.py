@@ -31,6 +31,7 @@ from sqlalchemy.exc import DBAPIError
 from gpuq import tls
 from gpuq.config.settings import Settings
 from gpuq.coordinator.access.authority import Authority, serve_handshake
+from gpuq.coordinator.clock_chores import ClockChore, ClockChores
 from gpuq.coordinator.front.grpc_agents import AgentLinkServicer
 from gpuq.coordinator.front.grpc_queue import MAX_STREAMS_PER_USER, QueueServicer
 from gpuq.coordinator.front.rpc_calls import AuthInterceptor, StreamCount
@@ -56,6 +57,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 PERIODIC_PASS = 2.0  # seconds between passes when nothing happens (begin times, aging)
+TERMINAL_SWEEP = 5.0  # seconds between looks for interactive jobs nobody attached to
 HISTORY_PRUNE = 3600.0  # seconds between two prunes of the per-GPU history
 MAX_STREAMS_PER_CONNECTION = 100  # calls at once on one client connection
 GIL_SWITCH = 0.0005  # seconds (see start_coordinator)
@@ -257,20 +259,18 @@ async def _serve(
         )
     )
     tick = max(0.2, min(cfg.heartbeat_timeout / 4, 2.0))
-    chores.add_job(
-        coordinator.node_admin.check_heartbeats,
-        "interval",
-        seconds=tick,
-        max_instances=1,
-        coalesce=True,
+    clock = ClockChores(
+        tick,
+        [
+            ClockChore(coordinator.node_admin.check_heartbeats, tick),
+            ClockChore(coordinator.endings.check_time_limits, max(tick, 1.0)),
+            # begin times arrive, priorities age: a pass now and then while jobs wait
+            ClockChore(coordinator.periodic_wake, PERIODIC_PASS),
+            # interactive jobs nobody attached to within the grace are cancelled
+            ClockChore(coordinator.terminals.sweep, TERMINAL_SWEEP),
+        ],
     )
-    chores.add_job(
-        coordinator.endings.check_time_limits,
-        "interval",
-        seconds=max(tick, 1.0),
-        max_instances=1,
-        coalesce=True,
-    )
+    chores.add_job(clock.run, "interval", seconds=tick, max_instances=1, coalesce=True)
     # priorities move with age and fair share; begin times arrive: rank and schedule again
     chores.add_job(
         on_the_loop(coordinator.loop.rerank),
@@ -279,20 +279,9 @@ async def _serve(
         max_instances=1,
         coalesce=True,
     )
-    chores.add_job(
-        on_the_loop(coordinator.periodic_wake),
-        "interval",
-        seconds=PERIODIC_PASS,
-        max_instances=1,
-        coalesce=True,
-    )
     # per-GPU history past [coordinator] gpu_history_days goes
     chores.add_job(
         coordinator.history.prune, "interval", seconds=HISTORY_PRUNE, max_instances=1, coalesce=True
-    )
-    # interactive jobs nobody attached to within the grace are cancelled
-    chores.add_job(
-        coordinator.terminals.sweep, "interval", seconds=5.0, max_instances=1, coalesce=True
     )
     if running.locks is not None and isinstance(running.locks.store, PgLock):
         chores.add_job(
