@@ -6,7 +6,9 @@ Real fork server, real supervisors, real processes. What runs for real depends o
   one (a hybrid host's /sys/fs/cgroup/unified offers hugetlb);
 - a job's group inside R and the device program run on any cgroup2 mount (root);
 - memory.oom.group and pids.max need v2's memory and pids controllers, which a hybrid host
-  keeps in v1: there they are checked in a fake v2 tree (GPUQ_TEST_CGROUP_V2, test only).
+  keeps in v1: there they are checked in a fake v2 tree (GPUQ_TEST_CGROUP_V2, test only);
+- a job born in its v2 group (clone3 with CLONE_INTO_CGROUP) and the fallback to joining by
+  writing run on any cgroup2 mount; strace (attached to the fork server) shows which happened.
 """
 
 from __future__ import annotations
@@ -14,9 +16,11 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+import re
 import resource
+import shutil
 import subprocess
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
 import pytest
@@ -25,6 +29,7 @@ from supervisor_helpers import TEST_CGROUP_PARENT, cleanup, make_spec, running_h
 
 from gpuq.agent.jobs.isolation import DeviceLoads
 from gpuq.agent.jobs.job_cgroups import needs_prepare, prepare
+from gpuq.agent.jobs.supervisors import Supervisors
 
 pytestmark = pytest.mark.timeout(60)
 UNIT = "jobs.service"  # R = <v2 mount>/<TEST_CGROUP_PARENT>/jobs.service
@@ -269,3 +274,105 @@ def test_a_failed_load_makes_the_nodes_claim_advisory_until_one_works(
         monkeypatch.delenv("GPUQ_TEST_DEVICE_PROGRAM_FAIL")
         asyncio.run(run_job(tmp_path / "b", 2))
     assert claims[1:] == [DEVICE_PROGRAM]
+
+
+@contextlib.asynccontextmanager
+async def traced(hub: Supervisors, out: Path) -> AsyncIterator[None]:
+    """strace on the hub's fork server and what it forks from now on (supervisors, jobs): their
+    clone3 calls and writes, each fd named by its path (-y), into `out`."""
+    if shutil.which("strace") is None:
+        skip_or_fail("strace is not installed")
+    assert hub.forks.fork_server is not None
+    pid = hub.forks.fork_server.process.pid
+    trace = "trace=clone3,write"
+    tracer = await asyncio.create_subprocess_exec(
+        *("strace", "-f", "-y", "-e", trace, "-e", "signal=none", "-o", str(out), "-p", str(pid)),
+        stderr=asyncio.subprocess.PIPE,
+    )
+    assert tracer.stderr is not None
+    try:
+        attached = await asyncio.wait_for(tracer.stderr.readline(), 10)
+        assert b"attached" in attached, attached
+        yield
+    finally:
+        tracer.terminate()
+        await tracer.wait()
+
+
+def start_trace(tmp_path: Path, job_id: int) -> tuple[str, str]:
+    """A job that prints its v2 group first thing, run in its v2 group under strace: how the
+    supervisor says it made the job's process (job.pid) and the trace."""
+    spec = make_spec(tmp_path, job_id, "grep '^0::' /proc/self/cgroup\n", device_deny=("c 1:5",))
+    state, out = tmp_path / "state", tmp_path / "strace.out"
+
+    async def scenario() -> str:
+        async with running_hub(state) as (hub, reports):
+            async with traced(hub, out):
+                await hub.launch(spec)
+                end = await reports.wait(job_id, "ended", timeout=20)
+            assert end.end_state == "completed", end
+            return (state / "jobs" / str(job_id) / "job.pid").read_text().partition("\n")[0]
+
+    with cleanup(state):
+        head = asyncio.run(scenario())
+    assert (tmp_path / f"{job_id}.out").read_text() == f"0::/{TEST_CGROUP_PARENT}/job_{job_id}\n"
+    return head, out.read_text()
+
+
+def test_a_job_is_born_in_its_v2_group(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """clone3 with CLONE_INTO_CGROUP made the job's process in its v2 group: nothing wrote it
+    into that group's cgroup.procs (a migration: on a host without favordynmods it waits an RCU
+    grace period, 10 to 16 ms of each start)."""
+    group = v2_mount() / TEST_CGROUP_PARENT / "job_1"
+    monkeypatch.setenv("GPUQ_DEVICE_CGROUP", "v2")  # the v2 group even on a hybrid host
+    head, trace = start_trace(tmp_path, 1)
+    job_pid, _, how = head.split()
+    assert how == "clone3"
+    assert re.search(rf"clone3\(\{{flags=CLONE_INTO_CGROUP, .*\) = {job_pid}$", trace, re.M), trace
+    assert f"{group}/cgroup.procs>" not in trace
+
+
+def test_where_clone3_is_refused_the_job_joins_its_v2_group_by_writing(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """GPUQ_TEST_CLONE3=refuse hands clone3 a folder that is no cgroup, which the kernel
+    refuses (EBADF): the job still starts, vfork'd, and joins its group by writing."""
+    group = v2_mount() / TEST_CGROUP_PARENT / "job_1"
+    monkeypatch.setenv("GPUQ_DEVICE_CGROUP", "v2")
+    monkeypatch.setenv("GPUQ_TEST_CLONE3", "refuse")
+    head, trace = start_trace(tmp_path, 1)
+    job_pid, _, how = head.split()
+    assert how == "vfork:EBADF"
+    assert re.search(r"clone3\(\{flags=CLONE_INTO_CGROUP, .*\) = -1 EBADF", trace), trace
+    assert re.search(rf"^{job_pid} +write\(\d+<{group}/cgroup.procs>, \"0\", 1\) = 1$", trace, re.M)
+
+
+def test_a_required_v2_group_that_takes_no_process_fails_the_start(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Under a threaded cgroup a new group is "domain invalid": clone3 into it and a write
+    into its cgroup.procs both fail (EOPNOTSUPP). Its device rules make the group required,
+    so the start fails, saying which step, as it did before clone3."""
+    threaded = v2_mount() / TEST_CGROUP_PARENT / "threaded"
+    threaded.mkdir(parents=True)
+    (threaded / "cgroup.type").write_text("threaded")
+    monkeypatch.setenv("GPUQ_DEVICE_CGROUP", "v2")
+    parent = f"{TEST_CGROUP_PARENT}/threaded"
+    spec = make_spec(tmp_path, 1, "echo ran\n", cgroup_parent=parent, device_deny=("c 1:5",))
+    state = tmp_path / "state"
+
+    async def scenario() -> None:
+        async with running_hub(state) as (hub, reports):
+            await hub.launch(spec)
+            end = await reports.wait(1, "ended", timeout=20)
+            assert end.end_state == "failed", end
+            assert end.reason.startswith(
+                "launch failed: cannot join the job's cgroup: Operation not supported"
+            ), end
+
+    try:
+        with cleanup(state):
+            asyncio.run(scenario())
+    finally:
+        remove_tree(threaded)
+    assert not (tmp_path / "1.out").exists()

@@ -30,7 +30,9 @@ ACK_WAIT_DEFAULT = 600.0  # seconds an ended supervisor waits for the agent's ac
 
 SPEC_FILE = "spec.json"
 PID_FILE = "supervisor.pid"
-JOB_PID_FILE = "job.pid"  # "<job pid> <start time>\n<cgroup folder or empty>\n"
+# "<job pid> <start time> <how>\n" then a line per cgroup folder of the job; how: "clone3" (born
+# in its v2 group), "vfork", or "vfork:<errno name or number>" (clone3 refused: joined by writing)
+JOB_PID_FILE = "job.pid"
 RESULT_FILE = "result.json"
 SOCKET_NAME = "agent.sock"
 

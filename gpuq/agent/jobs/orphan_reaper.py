@@ -80,7 +80,8 @@ def stop_job_processes(job_dir: Path, job_id: int) -> int:
         head, _, tail = (job_dir / JOB_PID_FILE).read_text().partition("\n")
         # one folder a line: the job's groups in each cgroup hierarchy (memory first)
         cgroups = [line.strip() for line in tail.splitlines() if line.strip()]
-        pid_text, start_text = head.split()
+        # "<pid> <start time> <how it was made>" (older supervisors: no third word)
+        pid_text, start_text = head.split()[:2]
         pgid = int(pid_text)
         if pgid <= 1 or not _group_is_the_jobs(pgid, int(start_text)):
             pgid = None

@@ -195,6 +195,9 @@ static int v2_pids; /* the v2 mount offers the pids controller (a job gets pids.
  * whose cgroup.controllers names what it offers): the supervisor creates the files it writes,
  * so that tests read what a job's v2 group got on a machine whose memory controller is v1's */
 static int fake_v2;
+/* TEST ONLY: GPUQ_TEST_CLONE3=refuse gives clone3 a folder that is no cgroup ("/"), so that the
+ * kernel refuses (EBADF) and a job's child falls back to vfork and joining by writing */
+static int refuse_clone3;
 
 static int v2_has(const char *mount_point, const char *controller) {
     buf text = {0};
@@ -234,6 +237,8 @@ void cgroup_detect(void) {
         }
     }
     fclose(mounts);
+    const char *refuse = getenv("GPUQ_TEST_CLONE3");
+    refuse_clone3 = refuse && strcmp(refuse, "refuse") == 0;
     const char *fake = getenv("GPUQ_TEST_CGROUP_V2");
     if (fake && fake[0]) {
         snprintf(v2, sizeof v2, "%s", fake);
@@ -458,6 +463,15 @@ int cgroup_open_procs(const char *folder) {
     char path[4200];
     snprintf(path, sizeof path, "%s/cgroup.procs", folder);
     return open(path, O_WRONLY | O_CLOEXEC | (fake_v2 ? O_CREAT : 0), 0644);
+}
+
+int cgroup_open_v2(const cgroup *group, const char **folder) {
+    /* one v2 mount: the roles that are v2 share one group */
+    *folder = group->version == 2 ? group->path : group->devices_version == 2 ? group->devices
+            : group->cpuset_version == 2 ? group->cpuset : NULL;
+    if (fake_v2) *folder = NULL; /* a plain folder, no cgroup: nothing is born there */
+    if (*folder == NULL) return -1;
+    return open(refuse_clone3 ? "/" : *folder, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
 }
 
 void cgroup_pids(const cgroup *group, pidlist *out) {

@@ -17,8 +17,8 @@
  *                        {"type":"signal","signal"}, {"type":"ack"}: the end is recorded;
  *                        delete the folder and exit; {"type":"lease","until","why"}: see Fencing.
  * The folder: spec.json (from the agent), script, supervisor.pid ("<pid> <start time>"),
- * job.pid ("<job pid> <start time>", then each of the job's cgroup folders on a line of its
- * own), isolation (the device isolation the job got, one line), result.json (written with
+ * job.pid ("<job pid> <start time> <how it was made>", then each of the job's cgroup folders on
+ * a line of its own), isolation (the device isolation the job got, one line), result.json (written with
  * temp + fsync + rename; a reader falls back to result.json.tmp).
  *
  * Who the job runs as: a spec with a uid names the account (`user`); the supervisor looks it up
@@ -34,7 +34,10 @@
  * share one. On cgroup v2, "cgroup_delegated" names the delegated subtree that holds them (the
  * agent prepared it: gpuq/agent/jobs/job_cgroups.py): controllers are enabled only inside it.
  * A v2 group also gets memory.oom.group 1 (an OOM ends the whole job) and pids.max
- * ("job_max_pids", 0: none).
+ * ("job_max_pids", 0: none). The job's main process is born in its v2 group (clone3 with
+ * CLONE_INTO_CGROUP): moving a process between groups can wait for an RCU grace period, 10 to
+ * 16 ms of each start; it joins v1 groups (a hybrid host) by writing its pid, as it joins every
+ * group where the kernel refuses clone3 (make_child).
  *
  * Interactive jobs (spec.json has a "terminal"): the job runs on a pseudo-terminal instead of
  * output files. The supervisor opens it (window size and modes from the spec), the job's main
@@ -68,6 +71,7 @@
 #include <poll.h>
 #include <pwd.h>
 #include <signal.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -76,6 +80,7 @@
 #include <sys/prctl.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
+#include <sys/syscall.h>
 #include <sys/sysmacros.h>
 #include <sys/un.h>
 #include <sys/wait.h>
@@ -145,6 +150,7 @@ typedef struct {
     char fence_why[300]; /* the agent's word on why its lease may run out ("": none given) */
     cgroup group; /* the job's own groups (version 0: no memory group could be made) */
     char isolation[600]; /* the device isolation applied, as reported */
+    char spawned_by[64]; /* how the job's child was made (make_child), for job.pid */
     char cpu_binding[300];
     cpu_set_t affinity; /* with use_affinity: the child binds itself (no cpuset group) */
     int use_affinity;
@@ -556,11 +562,18 @@ static void __attribute__((noreturn)) output_refused(int fd, int step, int refus
     _exit(127);
 }
 
-/* Runs in the vfork child: system calls only, then exec or _exit. */
+/* Runs in the child (of vfork, or of clone3 with fork semantics): system calls only, then exec
+ * or _exit; a failure travels to the supervisor through err_fd, never through memory. */
 typedef struct {
     const launch_spec *spec;
     const char *script;
     int cgroup_fds[CG_ROLES], cgroup_required[CG_ROLES], ncgroups; /* cgroup.procs of each group */
+    /* the job's v2 group, where the child is born (clone3, CLONE_INTO_CGROUP) rather than
+     * moved: its index in cgroup_fds (whose fd is opened only if that fails), its folder, and
+     * the folder open for clone3; -1, NULL, -1: none */
+    int v2_index, v2_dir;
+    const char *v2_folder;
+    int born; /* set in the child of clone3 only: it is in group v2_index already */
     int ngroups, err_fd;
     int tty; /* an interactive job's terminal (the slave), or -1 */
     gid_t *groups;
@@ -593,7 +606,7 @@ static int folder_shared(const char *path, uid_t uid) {
     return (st.st_mode & (S_IWGRP | S_IWOTH)) != 0 || (st.st_uid != uid && st.st_uid != 0);
 }
 
-/* An output file, opened as the job's user (in the vfork child: system calls only) so that
+/* An output file, opened as the job's user (in the job's child: system calls only) so that
  * another user cannot plant it: never through a final symlink (O_NOFOLLOW), never blocking
  * on a FIFO (O_NONBLOCK for the open), a regular file or /dev/null only. A file that already
  * exists in a folder others can write to must be the user's, have no other hard link, and be
@@ -660,9 +673,11 @@ static void __attribute__((noreturn)) child(const child_args *a) {
         if (setsid() < 0 || ioctl(a->tty, TIOCSCTTY, 0) != 0) child_fail(err_fd, STEP_TERMINAL);
     } else if (setpgid(0, 0) != 0) child_fail(err_fd, STEP_GROUP);
     /* "0": me; a group that only gathers the job's processes is worth no failed start, one
-     * that enforces (--mem, device rules, CPUs) is: the job must not run without it */
+     * that enforces (--mem, device rules, CPUs) is: the job must not run without it. The v2
+     * group a clone3 child was born in needs no write (v1 groups on a hybrid host still do). */
     for (int i = 0; i < a->ncgroups; i++)
-        if ((a->cgroup_fds[i] < 0 || write(a->cgroup_fds[i], "0", 1) != 1) && a->cgroup_required[i])
+        if (!(a->born && i == a->v2_index) && (a->cgroup_fds[i] < 0 || write(a->cgroup_fds[i], "0", 1) != 1)
+            && a->cgroup_required[i])
             child_fail(err_fd, STEP_CGROUP);
     if (a->affinity != NULL && sched_setaffinity(0, sizeof *a->affinity, a->affinity) != 0) child_fail(err_fd, STEP_CPUS);
     /* the user's identity before anything a user named is touched (the working folder, the
@@ -691,7 +706,8 @@ static void __attribute__((noreturn)) child(const child_args *a) {
     int in = open("/dev/null", O_RDONLY | O_CLOEXEC);
     if (in < 0 || dup2(in, 0) < 0) child_fail(err_fd, STEP_CHDIR);
     /* the submitter's umask, for the output files and for what the job creates (this child has
-     * its own umask: vfork shares memory, not the fs attributes); an existing file keeps its mode */
+     * its own umask: even vfork shares memory, not the fs attributes); an existing file keeps
+     * its mode */
     mode_t mode = 0600;
     if (spec->has_umask) {
         umask(spec->umask);
@@ -732,6 +748,67 @@ static pid_t __attribute__((noinline)) vfork_child(const child_args *args) {
     return pid;
 }
 
+/* clone3's arguments up to `cgroup` (CLONE_ARGS_SIZE_VER2), spelled out: linux/sched.h, which
+ * has them, redefines what glibc's <sched.h> defines */
+typedef struct {
+    uint64_t flags, pidfd, child_tid, parent_tid, exit_signal, stack, stack_size, tls, set_tid, set_tid_size, cgroup;
+} clone3_args;
+
+#ifndef CLONE_INTO_CGROUP
+#define CLONE_INTO_CGROUP 0x200000000ULL
+#endif
+
+/* The child, born in the job's v2 group: CLONE_INTO_CGROUP puts it there as it is made, so it
+ * never migrates (a migration takes cgroup_threadgroup_rwsem for writing, which without the
+ * favordynmods mount option waits an RCU grace period: 10 to 16 ms of a job's start). Fork
+ * semantics (glibc has no clone3 wrapper, and a raw one with CLONE_VM would return into this
+ * frame on the shared stack): the child's memory is a copy, which child() never relies on
+ * sharing. -1 with errno where the kernel refuses (before 5.7, a seccomp filter, a group that
+ * takes no process). */
+static pid_t clone3_child(child_args *args) {
+#ifdef SYS_clone3
+    clone3_args how = {.flags = CLONE_INTO_CGROUP, .exit_signal = SIGCHLD, .cgroup = (uint64_t)args->v2_dir};
+    long pid = syscall(SYS_clone3, &how, sizeof how);
+    if (pid == 0) {
+        args->born = 1; /* the child's own copy */
+        child(args);
+    }
+    return (pid_t)pid;
+#else
+    (void)args;
+    errno = ENOSYS;
+    return -1;
+#endif
+}
+
+/* The job's child: born in its v2 group where there is one and the kernel allows it, else
+ * vfork'd and joining every group by writing, as before clone3 (so that nothing gets worse
+ * where clone3 is refused: a required group that cannot be joined either way still fails the
+ * start). `how` says which: "clone3", "vfork", or "vfork:<errno name, or number>" after clone3
+ * refused. */
+static pid_t make_child(child_args *args, int *v2_procs, char *how, size_t size) {
+    snprintf(how, size, "vfork");
+    if (args->v2_dir >= 0) {
+        pid_t pid = clone3_child(args);
+        if (pid > 0) {
+            snprintf(how, size, "clone3");
+            return pid;
+        }
+        int refused = errno;
+        const char *name = NULL;
+#ifdef __GLIBC__
+#if __GLIBC_PREREQ(2, 32)
+        name = strerrorname_np(refused);
+#endif
+#endif
+        if (name != NULL) snprintf(how, size, "vfork:%s", name);
+        else snprintf(how, size, "vfork:%d", refused);
+    }
+    if (args->v2_index >= 0) /* the fallback joins it by writing, as every other group */
+        args->cgroup_fds[args->v2_index] = *v2_procs = cgroup_open_procs(args->v2_folder);
+    return vfork_child(args);
+}
+
 static const char *file_kind(unsigned mode) {
     if (S_ISFIFO(mode)) return "a FIFO";
     if (S_ISSOCK(mode)) return "a socket";
@@ -760,7 +837,7 @@ static void output_refusal(char *out, size_t size, const char *path, const launc
         snprintf(out, size, "launch failed: output file %s is writable by other users (mode %04o), in a folder other users can write to; refusing to write into it", path, f->mode & 07777);
 }
 
-static void spawn_job(supervisor *s, const char *script, const child_args *joins) {
+static void spawn_job(supervisor *s, const char *script, child_args *joins) {
     static const char *const steps[] = {"create a process group", "join the job's cgroup", "bind the job's CPUs", "switch user", "chdir to ", "open ", "open ", "execute ", "attach the job's terminal"};
     const launch_spec *spec = &s->spec;
     int pipe_fds[2];
@@ -770,7 +847,7 @@ static void spawn_job(supervisor *s, const char *script, const child_args *joins
     }
     sigset_t all, old;
     sigfillset(&all);
-    sigprocmask(SIG_SETMASK, &all, &old); /* no handler of ours may run in the vfork child */
+    sigprocmask(SIG_SETMASK, &all, &old); /* no handler of ours may run in the child */
     child_args args = *joins;
     args.spec = spec;
     args.script = script;
@@ -778,8 +855,11 @@ static void spawn_job(supervisor *s, const char *script, const child_args *joins
     args.err_fd = pipe_fds[1];
     args.tty = s->pty_slave;
     args.groups = spec->has_uid ? spec->groups : NULL;
-    pid_t pid = vfork_child(&args);
+    args.born = 0;
+    int v2_procs = -1;
+    pid_t pid = make_child(&args, &v2_procs, s->spawned_by, sizeof s->spawned_by);
     int fork_errno = errno;
+    if (joins->v2_index >= 0) joins->cgroup_fds[joins->v2_index] = v2_procs; /* start() closes it */
     sigprocmask(SIG_SETMASK, &old, NULL);
     close(pipe_fds[1]);
     if (pid < 0) {
@@ -1156,16 +1236,17 @@ static int prepare(supervisor *s, char *script, size_t script_size, char *proble
     return 0;
 }
 
-/* job.pid: "<job pid> <its start time>\n" and a line per cgroup folder of the job, for the
- * agent: when this supervisor dies (even by SIGKILL) the agent stops the job's process group
- * and cgroups itself, so that nothing of the job outlives its supervisor
- * (gpuq/agent/jobs/orphan_reaper.py, stop_job_processes). */
+/* job.pid: "<job pid> <its start time> <how it was made>\n" and a line per cgroup folder of
+ * the job, for the agent: when this supervisor dies (even by SIGKILL) the agent stops the job's
+ * process group and cgroups itself, so that nothing of the job outlives its supervisor
+ * (gpuq/agent/jobs/orphan_reaper.py, stop_job_processes). How: make_child's word ("clone3": born
+ * in its v2 group). */
 static void record_job(supervisor *s) {
     char path[4200];
     const char *folders[CG_ROLES];
     buf text = {0};
     snprintf(path, sizeof path, "%s/job.pid", s->job_dir);
-    buf_addf(&text, "%d %lld\n", s->job_pid, start_time(s->job_pid));
+    buf_addf(&text, "%d %lld %s\n", s->job_pid, start_time(s->job_pid), s->spawned_by);
     int n = cgroup_folders(&s->group, folders);
     for (int i = 0; i < n; i++) buf_addf(&text, "%s\n", folders[i]);
     (void)write_file(path, text.data, text.len, 0600, 0, 0, 0);
@@ -1242,12 +1323,17 @@ static void write_isolation(supervisor *s) {
     if (n > 0 && n < (int)sizeof text) (void)write_file(path, text, (size_t)n, 0600, 0, 0, 0);
 }
 
-/* The cgroup.procs of each of the job's groups, for the child to join; which it must join. */
+/* The cgroup.procs of each of the job's groups, for the child to join, and which it must join;
+ * the v2 group's folder instead, for the child to be born in (its cgroup.procs is opened only
+ * if that fails: make_child). */
 static void open_joins(supervisor *s, child_args *joins, int devices_required, int cpus_required) {
     const char *folders[CG_ROLES];
     joins->ncgroups = cgroup_folders(&s->group, folders);
+    joins->v2_dir = cgroup_open_v2(&s->group, &joins->v2_folder);
+    joins->v2_index = -1;
     for (int i = 0; i < joins->ncgroups; i++) {
-        joins->cgroup_fds[i] = cgroup_open_procs(folders[i]);
+        if (joins->v2_folder != NULL && strcmp(folders[i], joins->v2_folder) == 0) joins->v2_index = i;
+        joins->cgroup_fds[i] = i == joins->v2_index ? -1 : cgroup_open_procs(folders[i]);
         joins->cgroup_required[i] = (s->group_limited && strcmp(folders[i], s->group.path) == 0)
                                     || (devices_required && strcmp(folders[i], s->group.devices) == 0)
                                     || (cpus_required && strcmp(folders[i], s->group.cpuset) == 0);
@@ -1376,6 +1462,7 @@ static void start(supervisor *s, const char *script) {
     }
     for (int i = 0; i < joins.ncgroups; i++)
         if (joins.cgroup_fds[i] >= 0) close(joins.cgroup_fds[i]);
+    if (joins.v2_dir >= 0) close(joins.v2_dir);
     if (s->launch_error[0]) {
         if (s->job_pid > 0) {
             int status;
