@@ -5,13 +5,14 @@ keeps at most one row per node."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Iterable, Sequence
+from typing import Any
 
-from sqlalchemy import Engine, delete, insert, select, tuple_
+from sqlalchemy import Engine, and_, bindparam, delete, insert, select
 from sqlalchemy.engine import Connection
 
 from gpuq.domain.diagnosis import EndEvidence
-from gpuq.store.tables import job_evidence, jobs
+from gpuq.store.tables import job_evidence
 
 MAX_OUTPUT_TAIL = 32 << 10  # characters of a tail kept (an agent sends at most 16 KiB)
 
@@ -33,18 +34,23 @@ class EvidenceWrites:
     """The evidence writes of `gpuq.store.api.StoreTx`."""
 
     conn: Connection
+    # StoreTx's read of job rows under its lock, kept for the transaction (job_transitions)
+    _lock_jobs: Callable[[Iterable[int]], dict[int, dict[str, Any]]]
 
     def keep_evidence(self, items: Sequence[tuple[int, EndEvidence]], now: float) -> int:
         """Keep each (job id, what a node sent) in place of that node's earlier row for the
         job; only for the job's latest start (attempt 0: unknown, taken as it) on a node it
-        ran on: a node never leaves evidence on another node's job. How many were kept."""
-        wanted = sorted({job_id for job_id, _ in items})
-        if not wanted:
+        ran on: a node never leaves evidence on another node's job. How many were kept.
+        The jobs' rows are read through the transaction's lock (and kept there), so the end
+        that comes with the evidence, in the same transaction, reads them no more."""
+        if not items:
             return 0
-        stmt = select(jobs.c.id, jobs.c.node, jobs.c.nodes, jobs.c.start_count)
         ran = {
-            row.id: (set(row.nodes.split(",")) if row.nodes else {row.node}, row.start_count or 0)
-            for row in self.conn.execute(stmt.where(jobs.c.id.in_(wanted)))
+            job_id: (
+                set(row["nodes"].split(",")) if row["nodes"] else {row["node"]},
+                row["start_count"] or 0,
+            )
+            for job_id, row in self._lock_jobs(job_id for job_id, _ in items).items()
         }
 
         def known(job_id: int, e: EndEvidence) -> bool:
@@ -66,7 +72,13 @@ class EvidenceWrites:
         }
         if not rows:
             return 0
-        key = tuple_(job_evidence.c.job_id, job_evidence.c.node)
-        self.conn.execute(delete(job_evidence).where(key.in_(list(rows))))
-        self.conn.execute(insert(job_evidence), list(rows.values()))
+        self.conn.execute(_DELETE, [{"b_job_id": j, "b_node": n} for j, n in rows])
+        self.conn.execute(_INSERT, list(rows.values()))
         return len(rows)
+
+
+# statements built once: building them per call costs more than running them
+_DELETE = delete(job_evidence).where(
+    and_(job_evidence.c.job_id == bindparam("b_job_id"), job_evidence.c.node == bindparam("b_node"))
+)
+_INSERT = insert(job_evidence)

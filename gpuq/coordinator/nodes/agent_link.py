@@ -322,10 +322,8 @@ class AgentLink:
             await self._record_ends(node, ends)
 
     async def _record_ends(self, node: str, reports: Sequence[apb.JobReport]) -> None:
+        # kept with the ends, or before the late ones: a job's end is never seen without it
         evidence = [(r.job_id, end_evidence(node, r)) for r in reports if _has_evidence(r)]
-        if evidence:  # before the ends: a job's end is never seen without it
-            now = self.clock()
-            await self.writer.write(lambda tx: tx.keep_evidence(evidence, now))
         ends: list[Ending] = []
         late: list[Ending] = []  # perhaps of starts given up with this node: history
         for report in reports:
@@ -344,7 +342,10 @@ class AgentLink:
                 ending = replace(ending, telemetry=figures)
             ends.append(ending)
         if ends:
-            await self.endings.record(ends, Cause.agent(node))
+            await self.endings.record(ends, Cause.agent(node), evidence=evidence)
+        elif evidence:
+            now = self.clock()
+            await self.writer.write(lambda tx: tx.keep_evidence(evidence, now))
         if late:
             for job_id in await self.endings.record_late(node, late):
                 self._ignored(node, job_id)

@@ -25,6 +25,7 @@ from gpuq.coordinator.changes.transitions import (
 from gpuq.coordinator.memory.live_jobs import LiveJobs
 from gpuq.coordinator.memory.scheduler_inputs import SchedulerInputs
 from gpuq.coordinator.workload.running_telemetry import RunningTelemetry
+from gpuq.domain.diagnosis import EndEvidence
 from gpuq.domain.model import Job
 from gpuq.domain.states import JobState
 from gpuq.store.api import StoreTx
@@ -66,13 +67,17 @@ class JobEndings:
         cause: Cause,
         node_down: tuple[str, str] | None = None,
         given_up: Sequence[GivenUp] = (),
+        evidence: Sequence[tuple[int, EndEvidence]] = (),
     ) -> None:
         """Running jobs ended (see decide_endings), in one transaction; with the node marked
-        down, when that is why, and the starts given up with it."""
+        down, when that is why, and the starts given up with it; with what their node sent
+        with the ends (`gpuq diagnose`, `gpuq eff`), kept first: an end is never seen without
+        its evidence, and both cost one commit."""
         ids = [e.job_id for e in endings]
         lost = [e.job_id for e in endings if e.state is JobState.NODE_FAIL]
 
         def decide(tx: StoreTx, now: float) -> tuple[Effects, None]:
+            tx.keep_evidence(evidence, now)
             facts = EndingFacts(
                 states=tx.job_states(ids),
                 starts=tx.start_counts(ids),
