@@ -13,7 +13,7 @@ from sqlalchemy.engine import Connection
 
 from gpuq.domain.model import JobTelemetry, SeriesPoint, UsageRow
 from gpuq.domain.states import JobState
-from gpuq.store.tables import job_series, job_telemetry, jobs, usage
+from gpuq.store.tables import job_series, job_telemetry, jobs, upsert, usage
 
 
 class AccountingReads:
@@ -138,24 +138,12 @@ class AccountingWrites:
         self.set_telemetries([(job_id, attempt, telemetry)])
 
     def set_telemetries(self, measured: Sequence[tuple[int, int, JobTelemetry]]) -> None:
-        """set_telemetry for many jobs (the ends one group commit records) in at most three
-        statements, not two per job."""
+        """set_telemetry for many jobs (the ends one group commit records) in one statement."""
         rows = {job_id: _telemetry_row(attempt, t) for job_id, attempt, t in measured}
         if not rows:
             return
-        kept = set(
-            self.conn.execute(
-                select(job_telemetry.c.job_id).where(job_telemetry.c.job_id.in_(list(rows)))
-            ).scalars()
-        )
-        if kept:
-            self.conn.execute(
-                _UPDATE_TELEMETRY,
-                [{"b_job_id": i, **_bound(row)} for i, row in rows.items() if i in kept],
-            )
-        new = [{"job_id": i, **row} for i, row in rows.items() if i not in kept]
-        if new:
-            self.conn.execute(insert(job_telemetry), new)
+        new = [{"job_id": i, **row} for i, row in rows.items()]
+        self.conn.execute(upsert(job_telemetry, self.conn.dialect.name), new)
 
     def add_series(self, points: Sequence[SeriesPoint], cap: int) -> None:
         """Append points to jobs' series; a job past `cap` points loses every second one of
@@ -197,28 +185,6 @@ _INSERT_USAGE = insert(usage).values(
     gpu_seconds=bindparam("b_gpu_seconds"),
     updated_at=bindparam("b_updated_at"),
 )
-
-
-_TELEMETRY_COLUMNS = (
-    "attempt",
-    "peak_gpu_mem",
-    "util_mean",
-    "util_p95",
-    "energy",
-    "samples",
-    "seconds",
-    "units",
-)
-_UPDATE_TELEMETRY = (
-    update(job_telemetry)
-    .where(job_telemetry.c.job_id == bindparam("b_job_id"))
-    .values({name: bindparam(f"b_{name}") for name in _TELEMETRY_COLUMNS})
-)
-
-
-def _bound(row: dict[str, Any]) -> dict[str, Any]:
-    """A telemetry row's values under _UPDATE_TELEMETRY's parameter names."""
-    return {f"b_{name}": value for name, value in row.items()}
 
 
 _TELEMETRY_OF_CURRENT_START = and_(

@@ -8,11 +8,11 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
-from sqlalchemy import Engine, and_, bindparam, delete, insert, select
+from sqlalchemy import Engine, select
 from sqlalchemy.engine import Connection
 
 from gpuq.domain.diagnosis import EndEvidence
-from gpuq.store.tables import job_evidence
+from gpuq.store.tables import job_evidence, upsert
 
 MAX_OUTPUT_TAIL = 32 << 10  # characters of a tail kept (an agent sends at most 16 KiB)
 
@@ -72,13 +72,5 @@ class EvidenceWrites:
         }
         if not rows:
             return 0
-        self.conn.execute(_DELETE, [{"b_job_id": j, "b_node": n} for j, n in rows])
-        self.conn.execute(_INSERT, list(rows.values()))
+        self.conn.execute(upsert(job_evidence, self.conn.dialect.name), list(rows.values()))
         return len(rows)
-
-
-# statements built once: building them per call costs more than running them
-_DELETE = delete(job_evidence).where(
-    and_(job_evidence.c.job_id == bindparam("b_job_id"), job_evidence.c.node == bindparam("b_node"))
-)
-_INSERT = insert(job_evidence)

@@ -7,6 +7,8 @@ The one guarantee the database itself gives: a GPU unit has at most one live all
 
 from __future__ import annotations
 
+import functools
+
 from sqlalchemy import (
     BigInteger,
     Boolean,
@@ -24,6 +26,7 @@ from sqlalchemy import (
     false,
     text,
 )
+from sqlalchemy.sql.dml import Insert
 
 from gpuq.domain.states import JobState
 
@@ -309,3 +312,22 @@ gpu_usage = Table(
     Column("peak_mem", BigInteger, nullable=False),  # bytes its processes held there
 )
 Index("ix_gpu_usage_at", gpu_usage.c.at)
+
+
+@functools.cache
+def upsert(table: Table, dialect: str) -> Insert:
+    """The statement that inserts rows, each in place of the row with its primary key if
+    there is one (one statement where a delete or a look-up and an insert took two), for
+    the named dialect ("sqlite" or "postgresql"; both say ON CONFLICT DO UPDATE)."""
+    # imported here: a process that never writes does without them
+    if dialect == "sqlite":
+        from sqlalchemy.dialects import sqlite
+
+        stmt: sqlite.Insert | postgresql.Insert = sqlite.insert(table)
+    else:
+        from sqlalchemy.dialects import postgresql
+
+        stmt = postgresql.insert(table)
+    keys = list(table.primary_key.columns)
+    rest = {c.name: stmt.excluded[c.name] for c in table.columns if not c.primary_key}
+    return stmt.on_conflict_do_update(index_elements=keys, set_=rest)
