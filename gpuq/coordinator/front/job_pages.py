@@ -22,8 +22,9 @@ job) then took 65% of the coordinator. So:
   admin), while memory (LiveJobs.version) and the queue's explanation are the same and so are
   its running jobs' flags and progress: a listing that nothing changed since costs a
   look-up, not a walk of its entries (issue 27: 500 pending jobs, 2.4 ms of walk a listing;
-  squeue costs 1.7 ms). Why a job waits is kept by value (the explanation's Waiting): an
-  explanation made anew mostly says the same of most jobs.
+  squeue costs 1.7 ms), nor a parse of its request (`kept`, asked first: the same bytes from
+  the same kind of caller passed the same checks). Why a job waits is kept by value (the
+  explanation's Waiting): an explanation made anew mostly says the same of most jobs.
 
 Order and tokens: gpuq.coordinator.front.page_tokens.
 """
