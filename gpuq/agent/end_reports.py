@@ -72,8 +72,11 @@ class EndReports:
         if ended and (notes := self.gpus.xids.end_notes(report.job_id)):
             reason = f"{report.reason}; {notes}" if report.reason else notes
             report = dataclasses.replace(report, reason=reason)
-        spec = self._launch_spec_of(report.job_id) if ended else None
-        if spec is not None and report.end_state is not JobState.COMPLETED:
+        # only a job that did not complete sends its output's tail: read no spec for the others
+        # (a file read per end, ~0.1 ms of the agent's CPU per job in a drain)
+        failed = ended and report.end_state is not JobState.COMPLETED
+        spec = self._launch_spec_of(report.job_id) if failed else None
+        if spec is not None:
             try:
                 asyncio.get_running_loop()
             except RuntimeError:  # no loop (a test's direct call): read it here

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import stat
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -12,6 +13,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from gpuq.agent.jobs.isolation import (
+    MountTable,
     choose_cpus,
     device_numbers,
     device_rules,
@@ -134,3 +136,18 @@ def test_choose_cpus_properties(count: int, busy: set[int], near: set[int]) -> N
     # every free CPU is used before any busy one, and free near ones before free far ones
     assert len(set(chosen) & free) == min(count, len(free))
     assert len(set(chosen) & free & near) == min(count, len(free & near))
+
+
+@needs(os.geteuid() == 0, "mounting needs root")
+def test_the_mount_table_follows_mounts_and_unmounts(tmp_path: Path) -> None:
+    """The node's isolation claim is worked out from the mount table: a cgroup hierarchy
+    mounted or unmounted after the agent started must show in the next heartbeat's claim."""
+    table = MountTable()
+    assert table.text() == Path("/proc/self/mounts").read_text(errors="replace")
+    subprocess.run(["mount", "-t", "tmpfs", "gpuq-test", str(tmp_path)], check=True)
+    try:
+        assert f" {tmp_path} tmpfs " in table.text()
+        assert table.text() == Path("/proc/self/mounts").read_text(errors="replace")
+    finally:
+        subprocess.run(["umount", str(tmp_path)], check=True)
+    assert f" {tmp_path} " not in table.text()

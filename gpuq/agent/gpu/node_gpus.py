@@ -24,7 +24,6 @@ import os
 import threading
 import time
 from collections.abc import Callable
-from pathlib import Path
 
 from gpuq.agent.gpu.backend import GpuBackend, GpuEvent, GpuInventory
 from gpuq.agent.gpu.handover_watch import UnitWatch
@@ -37,6 +36,7 @@ from gpuq.agent.jobs.attribution import JobOfProcess
 from gpuq.agent.jobs.isolation import (
     DeviceLoads,
     DeviceNumber,
+    MountTable,
     device_cgroup_kind,
     device_numbers,
 )
@@ -91,6 +91,8 @@ class NodeGpus:
         # (gpuq.agent.jobs.job_cgroups): both make the node's claim advisory, with the reason
         self.device_loads = DeviceLoads()
         self._cgroup_problem = cgroup_problem
+        self._mounts = MountTable()
+        self._device_kind: tuple[str | None, str] = (None, "")  # (mounts text, its kind)
         self._shared_warned: set[str] = set()  # [agent] shared_gpus entries that name no GPU
         self._set_inventory(backend.inventory())
 
@@ -129,7 +131,10 @@ class NodeGpus:
         )
         if missing:
             return f"advisory: no device nodes found for GPU {', '.join(map(str, missing))}"
-        kind = device_cgroup_kind(Path("/proc/self/mounts").read_text(errors="replace"))
+        mounts = self._mounts.text()
+        if self._device_kind[0] is not mounts:  # worked out again only when the mounts changed
+            self._device_kind = (mounts, device_cgroup_kind(mounts))
+        kind = self._device_kind[1]
         claim = self.device_loads.claim(kind)
         problem = self._cgroup_problem()
         if problem and not claim.startswith("advisory"):

@@ -22,8 +22,9 @@ job) then took 65% of the coordinator. So:
   admin), while memory (LiveJobs.version) and the queue's explanation are the same and so are
   its running jobs' flags and progress: a listing that nothing changed since costs a
   look-up, not a walk of its entries (issue 27: 500 pending jobs, 2.4 ms of walk a listing;
-  squeue costs 1.7 ms). Why a job waits is kept by value (the explanation's Waiting): an
-  explanation made anew mostly says the same of most jobs.
+  squeue costs 1.7 ms), nor a parse of its request (`kept`, asked first: the same bytes from
+  the same kind of caller passed the same checks). Why a job waits is kept by value (the
+  explanation's Waiting): an explanation made anew mostly says the same of most jobs.
 
 Order and tokens: gpuq.coordinator.front.page_tokens.
 """
@@ -140,14 +141,10 @@ class JobPages:
         or of the store's (`wanted` is the query, less its paging). As the wire carries the
         ListJobsReply: parsing it and serializing it again cost 0.5 ms a page of 250, a
         quarter of what a listing of 500 cost the coordinator (issue 27); the servicer's
-        serializer passes bytes on (gpuq.coordinator.front.rpc_calls)."""
+        serializer passes bytes on (gpuq.coordinator.front.rpc_calls). A page of live jobs is
+        kept (`kept` answers it while it would be built the same)."""
         live = not isinstance(wanted, JobQuery)
-        key = (caller.user, caller.admin, request.SerializeToString(deterministic=True))
         version, explanation = self.jobs.version, self.messages.explanation()
-        if live:
-            kept = self._pages.get(key)
-            if kept is not None and self._still_good(kept, caller, version, explanation):
-                return kept.reply
         page, token = await self._select(request, wanted)
         parts: list[bytes] = []
         running: list[tuple[Job, tuple[str, ...], pb.JobThroughput | None]] = []
@@ -171,8 +168,20 @@ class JobPages:
         if live:  # as memory was when the page began: changed since, it is not used
             if len(self._pages) >= PAGES_KEPT:
                 self._pages.clear()
-            self._pages[key] = KeptPage(version, explanation, running, reply)
+            self._pages[_page_key(caller, request)] = KeptPage(version, explanation, running, reply)
         return reply
+
+    def kept(self, caller: Caller, request: queue_pb2.ListJobsRequest) -> bytes | None:
+        """The page of live jobs kept for this request and kind of caller, as it would be
+        built now (None: none is). Its request was checked when it was built: the same bytes
+        from the same kind of caller pass the same checks, so a caller may be answered this
+        before the request is checked again (a listing's pages cost a look-up, not a parse of
+        their filters: issue 27)."""
+        kept = self._pages.get(_page_key(caller, request))
+        if kept is None:
+            return None
+        version, explanation = self.jobs.version, self.messages.explanation()
+        return kept.reply if self._still_good(kept, caller, version, explanation) else None
 
     def _still_good(
         self, kept: KeptPage, caller: Caller, version: int, explanation: object
@@ -404,6 +413,11 @@ def json_text(message: Message) -> str:
     """proto3 JSON, with the .proto's field names (as the dashboard's API answers)."""
     data = MessageToDict(message, preserving_proto_field_name=True)
     return json.dumps(data, separators=(",", ":"))
+
+
+def _page_key(caller: Caller, request: queue_pb2.ListJobsRequest) -> tuple[str, bool, bytes]:
+    """What a kept page is kept by: the caller's user and kind, the request's bytes."""
+    return (caller.user, caller.admin, request.SerializeToString(deterministic=True))
 
 
 def _field(body: bytes) -> tuple[bytes, bytes]:

@@ -122,7 +122,11 @@ class QueueQueries:
         """A page of a listing (gpuq.coordinator.front.job_pages), a ListJobsReply as the
         wire carries it: live jobs from memory (no database round trip); ended jobs, ids and
         arrays from the store. Everyone sees every job, less what is private
-        (JobMessages.listed)."""
+        (JobMessages.listed). A page kept as it would be built now is answered first: its
+        request passed the same checks when it was built."""
+        kept = self.pages.kept(caller, request)
+        if kept is not None:
+            return kept
         return await self.pages.page(caller, request, self._wanted(caller, request))
 
     async def list_jobs_json(
