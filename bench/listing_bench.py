@@ -2,6 +2,7 @@
 figures, asserts nothing.
 
     python bench/listing_bench.py [--jobs 200000] [--pending 0] [--samples 300] [--cli 10]
+                                  [--page-size N]
 
 Writes --jobs held jobs of one user (--pending of them pending instead) into a fresh SQLite
 store, as submissions write them (StoreTx.add_jobs, 10,000 a transaction: submitting 200,000
@@ -189,6 +190,7 @@ def main() -> None:
         help="the listers' niceness: 19 takes their own CPU (on a machine of few cores) out "
         "of the figures, leaving what they cost the coordinator",
     )
+    parser.add_argument("--page-size", type=int, default=0, help="[coordinator] list_page_size")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory(prefix="gpuq-listing-bench-") as folder:
         root = Path(folder)
@@ -197,7 +199,8 @@ def main() -> None:
         root_ok = "allow_root_jobs = true\n" if os.geteuid() == 0 else ""
         (home / "config.toml").write_text(
             f'[coordinator]\nweb_listen = "127.0.0.1:0"\nmax_queued_per_user = {args.jobs * 2}\n'
-            f"{root_ok}[agent]\n{root_ok}"
+            + (f"list_page_size = {args.page_size}\n" if args.page_size else "")
+            + f"{root_ok}[agent]\n{root_ok}"
         )
         took = fill(home, args.jobs, args.pending, root)
         print(f"stored {args.jobs} jobs of {OWNER} ({args.pending} pending) in {took:.1f} s")
