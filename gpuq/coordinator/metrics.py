@@ -41,8 +41,8 @@ from gpuq.coordinator.workload.array_tasks import ArrayTasks
 from gpuq.coordinator.workload.idle_rules import IdleWatch
 from gpuq.domain.model import GpuUnit, Health, Job, JobEvent, NodeState
 from gpuq.domain.states import JobState
-from gpuq.scheduler.plan import NEVER_ON_UP
 from gpuq.scheduler.snapshot import Waiting
+from gpuq.scheduler.waiting_reasons import NEVER_ON_UP
 from gpuq.web.http_types import Request, Response
 
 # seconds: a batch queue's waits and runs go from seconds to days

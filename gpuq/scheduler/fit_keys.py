@@ -45,7 +45,9 @@ def fit_key(
     """Jobs with the same key fit, or preempt, the same way during a pass (a share's fit
     depends on its user too: one user's shares at a time on a unit; a GPU type and a
     placement narrow where a job fits; so do the number of nodes and whole-node requests).
-    No placement is None in the key: keys are hashed and compared for every queued job."""
+    No placement is None in the key: keys are hashed and compared for every queued job (so
+    is this made for each: Placement.__bool__'s test inline, without its call)."""
+    share = need.gpu_share
     return (
         need.gpus,
         need.gpu_mem,
@@ -54,10 +56,12 @@ def fit_key(
         time_limit,
         qos,
         need.mig,
-        need.gpu_share,
-        user if need.gpu_share is not None else "",
+        share,
+        user if share is not None else "",
         need.gpu_type,
-        placement if placement else None,
+        placement
+        if placement.nodelist or placement.exclude or placement.constraint or placement.partitions
+        else None,
         need.nodes,
         need.exclusive,
         need.mem_all,

@@ -50,6 +50,9 @@ class ShareUse:
 
 ShareMap = Mapping[str, Sequence[ShareUse]]  # unit uuid -> its live shares
 KindKey = tuple[int, str | None, bool, str | None, int | None]  # see kind_of
+# a gang job's part on one node: its need there, and the ways (GPU types) it can take
+# (gpuq.scheduler.gang.ways); None: the node can never hold one
+Ways = tuple[Resources, list[tuple[str, Resources]]] | None
 
 
 @dataclass(frozen=True, slots=True)
@@ -79,6 +82,11 @@ class NodeView:
     # (the units each kind of need may take, ok ones only: a pass asks this of each node
     # for every job it looks at, and the answer only depends on the kind; see `kind_of`)
     _eligible: dict[KindKey, tuple[GpuUnit, ...]] = field(
+        default_factory=dict, init=False, repr=False, compare=False
+    )
+    # (gpuq.scheduler.gang.ways of each gang need: asked of every node for every gang job a
+    # pass looks at, and of the node's sizes and units only)
+    gang_ways: dict[Resources, Ways] = field(
         default_factory=dict, init=False, repr=False, compare=False
     )
 

@@ -37,6 +37,7 @@ from gpuq.domain.node_constraints import Placement
 from gpuq.scheduler.fitting import (
     MAX_NAMED,
     NodeView,
+    Ways,
     allowed,
     choose_units,
     kind_fits,
@@ -102,6 +103,18 @@ def _kinds(
     return [(t, replace(sized, gpu_type=t)) for t in types]
 
 
+def ways(need: Resources, view: NodeView) -> Ways:
+    """`per_node`, then `kinds`: the node's part of `need` and the ways it can hold it (None:
+    never); kept on the view, as a pass asks it of every node for every gang job."""
+    cache = view.gang_ways
+    known = cache.get(need)
+    if known is not None or need in cache:
+        return known
+    sized = per_node(need, view)
+    found = cache[need] = None if sized is None else (sized, kinds(need, sized, view))
+    return found
+
+
 def _quiet(node: FreeNode) -> bool:
     """Nothing runs on the node (an --exclusive job's condition), started jobs included."""
     return not node.releases and not any(node.shares.values())
@@ -122,8 +135,11 @@ def place(
     for name, node in nodes.items():
         if (only is not None and name not in only) or not node.view.up:
             continue
-        sized = per_node(need, node.view)
-        if sized is None or node.cpus < sized.cpus or node.mem < (sized.mem or 0):
+        part = ways(need, node.view)
+        if part is None:
+            continue
+        sized, options = part
+        if node.cpus < sized.cpus or node.mem < (sized.mem or 0):
             continue
         if need.exclusive and not _quiet(node):
             continue
@@ -131,7 +147,7 @@ def place(
         if any(not r.leaves_room(sized) for r in overlapping):
             continue
         blocked = {u for r in overlapping for u in r.units}
-        for key, each in kinds(need, sized, node.view):
+        for key, each in options:
             usable = node.usable(each, blocked, user)
             if len(usable) >= each.gpus:
                 rank = (len(usable), node.cpus, node.mem, name)
@@ -175,10 +191,10 @@ def soonest(
     for name, node in nodes.items():
         if only is not None and name not in only:
             continue
-        sized = per_node(need, node.view)
-        if sized is None:
+        options = ways(need, node.view)
+        if options is None:
             continue
-        for key, each in kinds(need, sized, node.view):
+        for key, each in options[1]:
             found = earliest(node, each, now, reserved, user)
             if found is not None:
                 groups.setdefault(key, []).append((found[0], name, *found[1:]))
@@ -209,10 +225,10 @@ def victims_across(
     for name, node in nodes.items():
         if (only is not None and name not in only) or not node.view.up:
             continue
-        sized = per_node(need, node.view)
-        if sized is None or (need.exclusive and any(node.shares.values())):
+        part = ways(need, node.view)
+        if part is None or (need.exclusive and any(node.shares.values())):
             continue
-        for key, each in kinds(need, sized, node.view):
+        for key, each in part[1]:
             free = node.usable(each, reserved, user)
             if (
                 len(free) >= each.gpus
@@ -266,10 +282,10 @@ def capable(
     for view in views:
         if allowed(view, placement) is not None:
             continue
-        sized = per_node(need, view)
-        if sized is None:
+        options = ways(need, view)
+        if options is None:
             continue
-        for key, each in kinds(need, sized, view):
+        for key, each in options[1]:
             if not never_fits(view, each):
                 groups.setdefault(key, []).append(view)
     if not groups:
@@ -321,9 +337,9 @@ def waiting_reason(
         node = nodes.get(view.name)
         if node is None or not view.up:
             continue
-        sized = per_node(need, view)
-        assert sized is not None
-        each = dict(kinds(need, sized, view)).get(key, sized)
+        options = ways(need, view)
+        assert options is not None
+        each = dict(options[1]).get(key, options[0])
         usable = len(node.usable(each, frozenset(), user))
         short = [
             what

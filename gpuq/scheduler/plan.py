@@ -15,7 +15,6 @@ are placed, reserved and preempt the gang way (gpuq.scheduler.gang): all nodes o
 
 from __future__ import annotations
 
-import datetime as dt
 import math
 from collections import Counter
 from collections.abc import Iterable, Mapping
@@ -33,11 +32,6 @@ from gpuq.scheduler.fitting import (
     choose_units,
     in_partition,
     kind_of,
-    misfit,
-    never_fits,
-    never_fits_reason,
-    placement_reason,
-    shortage,
 )
 from gpuq.scheduler.preempt import victims_on
 from gpuq.scheduler.reserve import (
@@ -57,8 +51,8 @@ from gpuq.scheduler.snapshot import (
     Start,
     WaitingJobs,
 )
+from gpuq.scheduler.waiting_reasons import KindReasons, free_view
 
-NEVER_ON_UP = "no node that is up can ever run it"
 QUIET_JOBS = 64  # jobs in a row that changed nothing: then look closer at what is left
 
 
@@ -133,6 +127,10 @@ class _Pass:
     reasons: bool = True  # say why each job waits (not in an early-stopping pass)
     reserved_jobs: set[int] = field(default_factory=set)  # jobs that hold a reservation
     open_blocked: int = 0  # jobs in blocked_order that hold none
+    # starts, reservations and preemptions so far: what a kind's reason depends on changes
+    # only with them
+    epoch: int = 0
+    kind_reasons: KindReasons = field(init=False)
 
     def __post_init__(self) -> None:
         # a unit that is not ok (unhealthy, dirty, drained) is not free for this pass
@@ -163,22 +161,20 @@ class _Pass:
             self.running_on.setdefault(job.node, []).append(job)
             self.parts_of.setdefault(job.job_id, []).append(job)
         self.targets = Counter(r.qos for r in self.running if r.job_id not in self.victims)
+        self.touched.update(dict.fromkeys(self.nodes, 0))  # every node: no __missing__ calls
+        self.kind_reasons = KindReasons(self.views, self.nodes, self.running_on, self.touched)
 
     def run(self, queue: Iterable[PendingJob]) -> Decisions:
         early = self.shapes is not None and not self.explain
         self.reasons = not early
         self.remaining = {k: n for k, n in (self.shapes or {}).items() if n > 0} if early else {}
         self.unsettled = set(self.remaining)
-        settled, unfit, remaining, unsettled = (
-            self.settled,
-            self.unfit,
-            self.remaining,
-            self.unsettled,
-        )
+        settled, unfit = self.settled, self.unfit
+        remaining, unsettled = self.remaining, self.unsettled
         cancel = self.policy.settings.cancel_unsatisfiable
         tiers = self.policy.tiers
         limit = self.policy.settings.explain_limit
-        whys = self.whys
+        whys, explain, wait = self.whys, self.explain, self.waiting.wait
         ahead = 0  # jobs of higher priority that wait for resources
         quiet = 0  # jobs looked at since resources last changed
         for job in queue:
@@ -189,13 +185,14 @@ class _Pass:
                 # only a dependency never met matters
                 if job.dependencies and cancel and (impossible := never_met(job)) is not None:
                     self.cancellations.append(Cancellation(job.job_id, impossible))
-            elif why is not None and self.explain and unrestricted(job, tiers.get(job.qos)):
+            elif why is not None and explain and unrestricted(job, tiers.get(job.qos)):
                 # as _consider would find: it waits for what its kind waits for, and its turn
                 if self.open_blocked < limit:
                     self._wait(job, why, ahead)
                 else:  # as _wait, of a job the estimates do not reach
-                    self.waiting.wait(job.job_id, why, ahead)
-                    self.measured = self.measured or job.expected_run is not None
+                    wait(job.job_id, why, ahead)
+                    if job.expected_run is not None:
+                        self.measured = True
                 ahead += 1
             else:
                 if self._consider(job, key, ahead):
@@ -334,16 +331,13 @@ class _Pass:
         (first, units, _), more = parts[0], tuple((n, u) for n, u, _ in parts[1:])
         self.starts.append(Start(job.job_id, first, units, shared=share is not None, more=more))
         self.changed = True
+        self.epoch += 1
 
     def _why_not(self, job: PendingJob, key: FitKey) -> str:
         """Why a job of kind `key` cannot start now: found once per kind and pass."""
         known = self.unfit.get(key)
         if known is None:
-            only = self._allowed(job.placement)
-            if gang.is_gang(job.need):
-                why = _gang_reason(self.views, self.nodes, self.top, only, job, self.running_on)
-            else:
-                why = _reason(self.views, self.nodes, self.top, only, job)
+            why = self.kind_reasons.why(job, self._allowed(job.placement), self.top, self.epoch)
             known = self.unfit[key] = in_partition(job.placement, why)
         return known
 
@@ -352,9 +346,13 @@ class _Pass:
         `fit_keys.hopeless` finds after every change, and with a `closer` look those
         `fit_keys.blocked` finds (taken once the queue has gone quiet for a while)."""
         targets = [qos for qos, count in self.targets.items() if count > 0]
+        answers: dict[str, bool] = {}  # by tier: asked for every kind left
 
         def may_preempt(qos: str) -> bool:
-            return any(self.policy.can_preempt(qos, t) for t in targets)
+            known = answers.get(qos)
+            if known is None:
+                known = answers[qos] = any(self.policy.can_preempt(qos, t) for t in targets)
+            return known
 
         if closer:
             found = fit_keys.blocked(
@@ -397,6 +395,7 @@ class _Pass:
 
     def _reserve(self, reservation: Reservation) -> None:
         self.touched[reservation.node] += 1
+        self.epoch += 1
         self.reservations.append(reservation)
         self.reserved_on.setdefault(reservation.node, []).append(reservation)
         self.reserved_jobs.add(reservation.job_id)
@@ -483,6 +482,7 @@ class _Pass:
         self._reserve(Reservation(job.job_id, name, grace, frozenset(units), 0, 0))
         self.claimed.add(job.job_id)
         self.changed = True
+        self.epoch += 1
         for victim in chosen:
             if victim.job_id in self.victims:
                 continue
@@ -501,12 +501,17 @@ class _Pass:
             return self._preempt_gang(job, reserved)
         options = []
         only = self._allowed(job.placement)
+        qos, gpus = job.qos, job.need.gpus
+        touched, kept = self.touched, self.candidates
         for name, node in self.nodes.items():
             if not node.view.up or (only is not None and name not in only):
                 continue
-            candidates, youngest, held = self._candidates(name, job.qos, reserved)
-            if candidates and len(node.units) + held >= job.need.gpus:
-                options.append((youngest, name))
+            known = kept.get((name, qos))  # (_candidates, inlined: every node, every time)
+            if known is None or known[0] != touched[name]:
+                self._candidates(name, qos, reserved)
+                known = kept[(name, qos)]
+            if known[1] and len(node.units) + known[3] >= gpus:
+                options.append((known[2], name))
         best: tuple[float, int, str, list[RunningJob]] | None = None
         # nodes by the least work a victim there could lose: stop once no node can beat the best
         for youngest, name in sorted(options):
@@ -570,77 +575,9 @@ class _Pass:
                 self.waiting.estimate(job_id, moment)
 
 
-def _reason(
-    views: list[NodeView],
-    nodes: Mapping[str, FreeNode],
-    top: Reservation | None,
-    only: frozenset[str] | None,
-    job: PendingJob,
-) -> str:
-    """Why a one-node job cannot start now, on the nodes `only` (None: all) allows."""
-    ruled_out = placement_reason(views, job.placement) if views else None
-    if ruled_out is not None:
-        return ruled_out
-    allowed = [v for v in views if only is None or v.name in only]
-    if not any(n.up and not never_fits(n, job.need) for n in allowed):
-        # name the nodes that could run it but take no work now (down, drained)
-        down = [
-            f"node {n.name} {n.down_reason}"
-            for n in allowed
-            if not n.up and not never_fits(n, job.need)
-        ]
-        up = [n for n in allowed if n.up]
-        if down:
-            return "; ".join(down[:3])
-        if up:
-            return f"{NEVER_ON_UP} ({never_fits_reason(up, job.need, job.placement)})"
-        return "no node is up"
-    free_now = [_free_view(n) for n in nodes.values() if only is None or n.view.name in only]
-    if top is not None and any(misfit(v, job.need, job.user) is None for v in free_now):
-        return f"resources reserved for job {top.job_id} (it starts by {_clock(top.start)})"
-    return shortage(free_now, job.need, job.user)
-
-
-def _gang_reason(
-    views: list[NodeView],
-    nodes: Mapping[str, FreeNode],
-    top: Reservation | None,
-    only: frozenset[str] | None,
-    job: PendingJob,
-    running_on: Mapping[str, list[RunningJob]],
-) -> str:
-    """Why a job of several nodes, or of whole nodes, cannot start now."""
-    ruled_out = placement_reason(views, job.placement) if views else None
-    if ruled_out is not None:
-        return ruled_out
-    found = gang.capable(views, job.need, job.placement)
-    never = gang.never_reason(job.need, job.placement, found)
-    if never is not None:
-        return never
-    if top is not None and gang.place(nodes, {}, only, job.need, 0, job.user) is not None:
-        return f"resources reserved for job {top.job_id} (it starts by {_clock(top.start)})"
-    return gang.waiting_reason(nodes, job.need, job.user, running_on, found)
-
-
-def _free_view(node: FreeNode) -> NodeView:
-    return replace(
-        node.view,
-        free_units=frozenset(node.units),
-        cpus_free=node.cpus,
-        mem_free=node.mem,
-        shares={unit: tuple(uses) for unit, uses in node.shares.items()},
-    )
-
-
 def _restricted(node: FreeNode, usable: list[str]) -> NodeView:
-    return replace(_free_view(node), free_units=frozenset(usable))
+    return replace(free_view(node), free_units=frozenset(usable))
 
 
 def _ordered(node: FreeNode, units: set[str]) -> list[str]:
     return [u.uuid for u in node.view.units if u.uuid in units]
-
-
-def _clock(moment: float) -> str:
-    if math.isinf(moment):
-        return "an unknown time"
-    return dt.datetime.fromtimestamp(moment).isoformat(sep=" ", timespec="seconds")

@@ -8,6 +8,7 @@ none of the reserved units and leaves the reservation enough CPUs and memory.
 from __future__ import annotations
 
 import math
+from bisect import bisect_left, insort
 from collections import Counter
 from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field
@@ -191,34 +192,25 @@ def estimate_starts(
                     times[unit] = until
         free_at[node.view.name] = times
     estimates: dict[int, float] = {}
-    # a node's answer for a kind of need only changes when a job is put on that node: keep
-    # it (with the node's count of jobs put on it then) and ask again only after a change
-    changes = dict.fromkeys(free_at, 0)
-    answers: dict[tuple[KindKey, bool, int], dict[str, tuple[int, Found | None]]] = {}
     up = [n for n in nodes if n.view.up]
+    position = {n.view.name: i for i, n in enumerate(up)}
+    changed: list[int] = []  # the nodes (positions in `up`) jobs were put on, in turn
+    ranked: dict[tuple[KindKey, bool, int], _Ranked] = {}
     for job_id, need, limit, only in jobs:
         if need.gpus == 0:
             continue
-        known = answers.setdefault((kind_of(need), need.exclusive, need.gpus), {})
-        found: list[Found] = []
-        for node in up:
-            name = node.view.name
-            if only is not None and name not in only:
-                continue
-            answer = known.get(name)
-            if answer is None or answer[0] != changes[name]:
-                answer = (changes[name], _soonest_units(node, need, free_at[name]))
-                known[name] = answer
-            if answer[1] is not None:
-                found.append(answer[1])
-        if len(found) < need.nodes:
-            continue
-        chosen = sorted(found, key=lambda f: f[0])[: need.nodes]  # stable: node order on ties
-        if math.isinf(chosen[-1][0]):
+        key = (kind_of(need), need.exclusive, need.gpus)
+        kind = ranked.get(key)
+        if kind is None:
+            kind = ranked[key] = _Ranked(up, need, free_at, len(changed))
+        else:
+            kind.refresh(up, need, free_at, changed)
+        chosen = kind.first(need.nodes, only)
+        if chosen is None or math.isinf(chosen[-1][0]):
             continue
         estimates[job_id] = max(chosen[-1][0], now)
         for _, name, taken in chosen:
-            changes[name] += 1
+            changed.append(position[name])
             for unit in taken:
                 free_at[name][unit] = math.inf if limit is None else estimates[job_id] + limit
     return estimates
@@ -236,3 +228,53 @@ def _soonest_units(node: FreeNode, need: Resources, times: Mapping[str, float]) 
     if len(eligible) < need.gpus or count == 0:
         return None
     return eligible[count - 1][0], node.view.name, [u for _, u in eligible[:count]]
+
+
+class _Ranked:
+    """Every node's answer (`_soonest_units`) for one kind of need (kind_of, --exclusive,
+    GPUs), in the order a job takes them (soonest first, then node order), brought up to
+    date for just the nodes jobs were put on since it last looked: a job of the kind then
+    reads the first N instead of asking every node and sorting them all."""
+
+    __slots__ = ("answers", "order", "seen")
+
+    def __init__(
+        self,
+        up: list[FreeNode],
+        need: Resources,
+        free_at: Mapping[str, dict[str, float]],
+        seen: int,
+    ) -> None:
+        self.answers = [_soonest_units(n, need, free_at[n.view.name]) for n in up]
+        self.order = sorted((a[0], i) for i, a in enumerate(self.answers) if a is not None)
+        self.seen = seen  # how much of the changed nodes' list it has taken in
+
+    def refresh(
+        self,
+        up: list[FreeNode],
+        need: Resources,
+        free_at: Mapping[str, dict[str, float]],
+        changed: list[int],
+    ) -> None:
+        """Ask again of the nodes changed since it last looked."""
+        if self.seen == len(changed):
+            return
+        for i in set(changed[self.seen :]):
+            old = self.answers[i]
+            if old is not None:
+                del self.order[bisect_left(self.order, (old[0], i))]
+            new = self.answers[i] = _soonest_units(up[i], need, free_at[up[i].view.name])
+            if new is not None:
+                insort(self.order, (new[0], i))
+        self.seen = len(changed)
+
+    def first(self, count: int, only: frozenset[str] | None) -> list[Found] | None:
+        """The `count` soonest answers of the nodes `only` allows (None: all); None if fewer."""
+        chosen: list[Found] = []
+        for _, i in self.order:
+            answer = self.answers[i]
+            if answer is not None and (only is None or answer[1] in only):
+                chosen.append(answer)
+                if len(chosen) == count:
+                    return chosen
+        return None

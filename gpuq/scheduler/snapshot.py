@@ -169,9 +169,10 @@ class WaitingJobs(Mapping[int, Waiting]):
         self._reasons[job_id] = reasons
         if ahead:
             self._ahead[job_id] = ahead
-        else:
+        elif self._ahead:
             self._ahead.pop(job_id, None)
-        self._starts.pop(job_id, None)
+        if self._starts:  # (none while a pass explains: it estimates at its end)
+            self._starts.pop(job_id, None)
 
     def estimate(self, job_id: int, start: float) -> None:
         """The job (waiting already) may start at `start`."""

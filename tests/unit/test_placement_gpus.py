@@ -29,8 +29,9 @@ from gpuq.scheduler.fitting import (
     never_fits_reason,
     shortage,
 )
-from gpuq.scheduler.plan import NEVER_ON_UP, plan
+from gpuq.scheduler.plan import plan
 from gpuq.scheduler.snapshot import PendingJob
+from gpuq.scheduler.waiting_reasons import NEVER_ON_UP
 
 MiB = 1 << 20
 GiB = 1 << 30

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from collections import Counter
 from dataclasses import replace
+from unittest.mock import patch
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -16,18 +17,23 @@ from scheduling import POLICY, draw_running, views
 
 from gpuq.domain.dependencies import DependencyKind
 from gpuq.domain.model import Resources
+from gpuq.domain.node_constraints import Placement
 from gpuq.domain.states import JobState
+from gpuq.scheduler import gang, reserve
 from gpuq.scheduler import plan as plan_module
 from gpuq.scheduler.fit_keys import fit_key
-from gpuq.scheduler.fitting import NodeView
+from gpuq.scheduler.fitting import NodeView, Ways
 from gpuq.scheduler.plan import plan
 from gpuq.scheduler.priority import fairshare_factors, rank
+from gpuq.scheduler.reserve import Found, FreeNode, Reservation, _soonest_units
 from gpuq.scheduler.snapshot import Dependency, PendingJob, Policy, RunningJob
+from gpuq.scheduler.waiting_reasons import KindReasons, free_view
 
 TIERS = ["high", "normal", "low"]
 NOW = 1000.0
 
 Cluster = tuple[list[NodeView], list[RunningJob], list[PendingJob], Policy]
+FreeAt = dict[str, dict[str, float]]
 
 
 @st.composite
@@ -114,3 +120,73 @@ def test_ranking_is_priority_then_job_id(cluster: Cluster) -> None:
 
     expected = sorted(queue, key=lambda j: (-priority(j), j.job_id))
     assert rank(shuffled, usage, policy.tiers, s, NOW) == expected
+
+
+class _PlainRanked:
+    """reserve._Ranked without its kept order: every node asked, all sorted, for each job."""
+
+    def __init__(self, up: list[FreeNode], need: Resources, free_at: FreeAt, _: int) -> None:
+        self.up, self.need, self.free_at = up, need, free_at
+
+    def refresh(self, *_: object) -> None:
+        pass
+
+    def first(self, count: int, only: frozenset[str] | None) -> list[Found] | None:
+        found = [
+            answer
+            for node in self.up
+            if (answer := _soonest_units(node, self.need, self.free_at[node.view.name])) is not None
+            and (only is None or answer[1] in only)
+        ]
+        return sorted(found, key=lambda f: f[0])[:count] if len(found) >= count else None
+
+
+def _fresh_why(
+    self: KindReasons, job: PendingJob, only: frozenset[str] | None, top: Reservation | None, _: int
+) -> str:
+    return self.fresh(job, only, top)
+
+
+def _plain_ways(need: Resources, view: NodeView) -> Ways:
+    sized = gang.per_node(need, view)
+    return None if sized is None else (sized, gang.kinds(need, sized, view))
+
+
+@st.composite
+def placed(draw: st.DrawFn) -> Cluster:
+    """A cluster whose jobs may name nodes (--nodelist): each step looks at those only."""
+    nodes, running, queue, policy = draw(clusters())
+    names = [n.name for n in nodes]
+    lists = [Placement(nodelist=tuple(draw(st.sets(st.sampled_from(names), min_size=1))))]
+    queue = [replace(j, placement=draw(st.sampled_from([Placement(), *lists]))) for j in queue]
+    return nodes, running, queue, policy
+
+
+@settings(max_examples=300, deadline=None)
+@given(placed())
+def test_kept_answers_are_the_plain_ones(cluster: Cluster) -> None:
+    """What a pass keeps to answer again (a kind's reason while nothing changed, a node's free
+    view until it changes, a gang need's parts per node, the estimates' order of nodes per
+    kind) gives exactly what asking afresh gives: decisions, reasons, estimated starts."""
+    nodes, running, queue, policy = cluster
+
+    def passes() -> list[tuple[object, ...]]:
+        fresh = [replace(n) for n in nodes]  # no answers kept on the views from before
+        found: list[tuple[object, ...]] = []
+        for how in ({}, {"explain": True}, {"shapes": keys(queue)}):
+            d = plan(fresh, running, queue, policy, NOW, **how)
+            waiting = sorted((i, w.reasons, w.estimated_start) for i, w in d.waiting.items())
+            found.append((d.starts, d.preemptions, d.cancellations, waiting))
+        return found
+
+    kept = passes()
+    with (
+        patch.object(
+            KindReasons, "why", lambda self, job, only, top, _: self.fresh(job, only, top)
+        ),
+        patch.object(KindReasons, "free_view", lambda _, node: free_view(node)),
+        patch.object(gang, "ways", _plain_ways),
+        patch.object(reserve, "_Ranked", _PlainRanked),
+    ):
+        plain = passes()
+    assert kept == plain
