@@ -104,6 +104,20 @@ def recorded(path: Path) -> list[float]:
     return [float(x) for x in path.read_text().split()] if path.exists() else []
 
 
+def diagnosis(cluster: Cluster, cut_at: float, ended_a: float) -> str:
+    """What a late or early fence needs to be understood (CI saw the job end 9.8 s after the
+    cut once, not reproduced in 7 runs here): the times, the job's own result and the agent's
+    and coordinator's last log lines."""
+    lines = [f"cut at {cut_at:.3f}, run a ended at {ended_a:.3f} (+{ended_a - cut_at:.2f} s)"]
+    for result in cluster.root.rglob("result.json"):
+        lines.append(f"{result}: {result.read_text(errors='replace')[:400]}")
+    for name in ("agent-a", "coordinator"):
+        log = cluster.root / f"{name}.log"
+        tail = log.read_text(errors="replace").splitlines()[-40:] if log.exists() else []
+        lines += [f"--- {name}.log (last {len(tail)} lines)", *tail]
+    return "\n".join(lines)
+
+
 def test_a_silently_cut_agent_fences_its_job_before_the_node_is_given_up(tmp_path: Path) -> None:
     cluster = Cluster(tmp_path, fence_time=FENCE_TIME, node_timeout=NODE_TIMEOUT)
     proxy: BlackholeProxy | None = None
@@ -146,7 +160,9 @@ def test_a_silently_cut_agent_fences_its_job_before_the_node_is_given_up(tmp_pat
         )[0]
         # fence_time after the last heartbeat the coordinator confirmed (one every 0.3 s):
         # not at once, and well before the node timeout
-        assert cut_at + FENCE_TIME - 0.5 < ended_a < cut_at + FENCE_TIME + 1.5, (cut_at, ended_a)
+        assert cut_at + FENCE_TIME - 0.5 < ended_a < cut_at + FENCE_TIME + 1.5, diagnosis(
+            cluster, cut_at, ended_a
+        )
         last_beat_a = recorded(root / "run-a.beats")[-1]
         assert last_beat_a <= ended_a
         # the coordinator has not given the node up yet
