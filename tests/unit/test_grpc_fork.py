@@ -34,17 +34,23 @@ print(os.read(read, 16).decode())
 """
 
 
-def _child_threads(setup: str) -> int:
+HUNG = -1  # the process never finished: stuck in gRPC's fork handlers (its default's hazard)
+
+
+def _child_threads(setup: str, timeout: float = 60) -> int:
     env = {k: v for k, v in os.environ.items() if k != "GRPC_ENABLE_FORK_SUPPORT"}
     env["GRPC_VERBOSITY"] = "ERROR"
-    result = subprocess.run(
-        [sys.executable, "-c", CHILD_THREADS.format(setup=setup)],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=True,
-    )
+    try:
+        result = subprocess.run(
+            [sys.executable, "-c", CHILD_THREADS.format(setup=setup)],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            check=True,
+        )
+    except subprocess.TimeoutExpired:
+        return HUNG
     return int(result.stdout.strip())
 
 
@@ -53,8 +59,11 @@ def test_a_forked_child_of_a_gpuq_process_runs_no_grpc_thread() -> None:
 
 
 def test_without_gpuq_grpc_would_start_threads_in_the_child() -> None:
-    """The control: the check above sees what it claims to (gRPC's default does restart)."""
-    assert _child_threads("") > 1
+    """The control: the check above sees what it claims to (gRPC's default acts in a fork: it
+    restarts its pollers in the child, or now and then hangs in its fork handlers, as CI saw
+    once; a child that runs one thread and ends is what would fail it)."""
+    threads = _child_threads("", timeout=20)
+    assert threads > 1 or threads == HUNG
 
 
 def test_a_caller_keeps_its_own_setting() -> None:
