@@ -19,6 +19,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import functools
 import logging
 import os
 import threading
@@ -49,6 +50,10 @@ log = logging.getLogger(__name__)
 # wakes this often on an idle node, and a stopping agent waits at most this long for it
 EVENT_WAIT = 1.0
 RESCAN_CHECK = 1.0  # seconds between two looks at whether the inventory must be read again
+
+
+# the same mounts text (MountTable hands out one string until the mounts change) has one kind
+_device_kind = functools.lru_cache(maxsize=1)(device_cgroup_kind)
 
 
 class NodeGpus:
@@ -92,7 +97,6 @@ class NodeGpus:
         self.device_loads = DeviceLoads()
         self._cgroup_problem = cgroup_problem
         self._mounts = MountTable()
-        self._device_kind: tuple[str | None, str] = (None, "")  # (mounts text, its kind)
         self._shared_warned: set[str] = set()  # [agent] shared_gpus entries that name no GPU
         self._set_inventory(backend.inventory())
 
@@ -131,11 +135,7 @@ class NodeGpus:
         )
         if missing:
             return f"advisory: no device nodes found for GPU {', '.join(map(str, missing))}"
-        mounts = self._mounts.text()
-        if self._device_kind[0] is not mounts:  # worked out again only when the mounts changed
-            self._device_kind = (mounts, device_cgroup_kind(mounts))
-        kind = self._device_kind[1]
-        claim = self.device_loads.claim(kind)
+        claim = self.device_loads.claim(_device_kind(self._mounts.text()))
         problem = self._cgroup_problem()
         if problem and not claim.startswith("advisory"):
             # device programs still hold (they need no controller), so the claim stays; what
