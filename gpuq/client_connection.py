@@ -124,3 +124,29 @@ class Connection:
                 self.current = index
             return reply
         raise AssertionError("unreachable")  # pragma: no cover
+
+    def call_together(self, calls: list[tuple[str, Any]], timeout: float | None) -> list[Any]:
+        """The replies to `calls` (method, request), sent at once to the address that answered
+        last: a glance of four listings waits about one round trip instead of four (issue
+        27). Where that address does not answer, one after another through `call`, which
+        tries the others."""
+        index = self.current
+        try:
+            metadata, stub = self.metadata(index), self.stub_at(index)
+        except ServerUnavailable:
+            if len(self.addresses) == 1:
+                raise
+            return [self.call(method, request, timeout) for method, request in calls]
+        futures = [
+            getattr(stub, method).future(request, metadata=metadata, timeout=timeout)
+            for method, request in calls
+        ]
+        try:
+            return [future.result() for future in futures]
+        except grpc.RpcError as error:
+            for future in futures:
+                future.cancel()
+            if len(self.addresses) > 1 and unreachable(error):
+                self.unreachable_at(index)
+                return [self.call(method, request, timeout) for method, request in calls]
+            raise self.translate(error) from None

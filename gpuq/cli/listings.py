@@ -533,12 +533,15 @@ def status(obj: Any, /, colour_mode: str, as_json: bool) -> int:
     that ended in the last hour (the last few); lines fit the terminal (cut with an
     ellipsis). Others' job names show as the coordinator's privacy rule allows
     ([coordinator] private_data)."""
+    from gpuq.client import listing_request
+
     client = obj.client()
-    found = client.nodes()
     me = getpass.getuser()
-    jobs = client.list_raw(user=me)
-    running = client.list_raw(states=["running"])
-    ended = client.list_raw(user=me, finished=True, since=time.time() - RECENT, limit=RECENT_MAX)
+    found, (jobs, running, ended) = client.nodes_and_listings(
+        listing_request(user=me),
+        listing_request(states=["running"]),
+        listing_request(user=me, finished=True, since=time.time() - RECENT, limit=RECENT_MAX),
+    )
     if as_json:
         data = {
             "nodes": [node_dict(n) for n in found],

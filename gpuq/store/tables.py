@@ -92,6 +92,8 @@ jobs = Table(
 # "top N pending by priority" is an index range scan, not a sort of the queue
 Index("ix_jobs_pending_order", jobs.c.state, jobs.c.priority.desc(), jobs.c.id)
 Index("ix_jobs_user_state", jobs.c.user, jobs.c.state)
+# "my jobs that ended since T" (gpuq status, history --since) reads the user's last hour only
+Index("ix_jobs_user_end_time", jobs.c.user, jobs.c.end_time)
 Index("ix_jobs_array_job_id", jobs.c.array_job_id)
 
 job_events = Table(

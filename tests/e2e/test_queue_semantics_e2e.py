@@ -14,7 +14,13 @@ import stat
 import subprocess
 import sys
 
+import pytest
 from e2e_cluster import Cluster
+
+from gpuq.client import listing_request
+from gpuq.domain.limits import MAX_JOB_ID
+from gpuq.errors import InvalidInput
+from gpuq.v1 import queue_pb2
 
 
 def test_array_task_ids_mean_the_task_everywhere(cluster: Cluster) -> None:
@@ -53,6 +59,25 @@ def test_a_held_array_is_one_line_and_listings_take_state_codes(lone_coordinator
         result = cluster.gpuq(*args)
         assert result.returncode == 2, result
         assert "Traceback" not in result.stderr and len(result.stderr.splitlines()) == 1
+
+
+def test_status_asks_its_listings_together_and_reads_every_page(
+    lone_coordinator: Cluster,
+) -> None:
+    """`gpuq status` sends its four calls at once (Client.nodes_and_listings): a listing
+    longer than a page still comes whole, and a refused call is the one error it raises."""
+    cluster = lone_coordinator
+    held = [cluster.submit("true", hold=True) for _ in range(3)]
+    client = cluster.client()
+    nodes, (mine, by_two) = client.nodes_and_listings(
+        listing_request(user="root", page_size=1),
+        listing_request(states=["held"], page_size=2),
+    )
+    assert nodes == [] and [j.id for j in mine] == held and [j.id for j in by_two] == held
+    with pytest.raises(InvalidInput, match="job ids go from 1"):
+        client.nodes_and_listings(queue_pb2.ListJobsRequest(job_ids=[MAX_JOB_ID + 1]))
+    status = cluster.gpuq("status")
+    assert status.returncode == 0 and "My jobs (root): 3 held" in status.stdout, status
 
 
 def test_a_stored_job_that_breaks_scheduling_is_listed(lone_coordinator: Cluster) -> None:

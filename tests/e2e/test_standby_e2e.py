@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 from e2e_cluster import Cluster, free_port, wait_for
 
-from gpuq.client import Client
+from gpuq.client import Client, listing_request
 from gpuq.config.loading import load_settings
 from gpuq.errors import ServerUnavailable
 
@@ -224,6 +224,14 @@ def test_clients_and_agents_skip_an_unreachable_address(tmp_path: Path) -> None:
             address=both, settings=load_settings(home=cluster.home), timeout=10, token=token
         )
         assert client.addresses == [dead, cluster.tcp_address]
+        # `gpuq status`'s calls sent together skip the dead address too
+        glance = Client(
+            address=both, settings=load_settings(home=cluster.home), timeout=10, token=token
+        )
+        with glance:
+            nodes, (listed,) = glance.nodes_and_listings(listing_request(user="root"))
+            assert [n.name for n in nodes] == ["n1"] and listed == []
+            assert glance.address == cluster.tcp_address
         assert client.nodes()
         assert client.address == cluster.tcp_address
         job = client.submit(wrap="true", gpus=1, environ=cluster.env, chdir=str(tmp_path))
@@ -238,6 +246,13 @@ def test_clients_and_agents_skip_an_unreachable_address(tmp_path: Path) -> None:
             pytest.raises(ServerUnavailable, match=dead),
         ):
             nobody.nodes()
+        with (
+            Client(
+                address=nowhere, settings=load_settings(home=cluster.home), token=token
+            ) as nobody,
+            pytest.raises(ServerUnavailable, match=dead),
+        ):
+            nobody.nodes_and_listings(listing_request())
     finally:
         if client is not None:
             client.close()
