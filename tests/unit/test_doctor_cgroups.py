@@ -143,8 +143,17 @@ def test_nothing_mounted(tmp_path: Path) -> None:
     assert checks["device control"].status == "fail"
 
 
-def moves(tmp_path: Path, mounts: str, release: str = "6.1.0-18-amd64", cmdline: str = "") -> Check:
+def moves(
+    tmp_path: Path,
+    mounts: str,
+    release: str = "6.1.0-18-amd64",
+    cmdline: str = "",
+    expedited: str | None = None,
+) -> Check:
     ctx = context(tmp_path, mounts)
+    if expedited is not None:
+        (ctx.sys / "kernel").mkdir(parents=True, exist_ok=True)
+        (ctx.sys / "kernel" / "rcu_expedited").write_text(expedited + "\n")
     (ctx.proc / "sys" / "kernel").mkdir(parents=True, exist_ok=True)
     (ctx.proc / "sys" / "kernel" / "osrelease").write_text(release + "\n")
     (ctx.proc / "cmdline").write_text(f"BOOT_IMAGE=/vmlinuz ro quiet {cmdline}\n")
@@ -166,6 +175,10 @@ def test_moves_into_v1_groups_on_linux_6_wait_unless_favordynmods(tmp_path: Path
     off = "cgroup_favordynmods=true cgroup_favordynmods=0"  # the last one counts
     assert moves(tmp_path / "f", V1, cmdline=off).status == "warn"
     assert moves(tmp_path / "g", V2).status == "ok"  # born in its group: nothing moves
+    # expedited RCU at run time: a move waits well under 1 ms (and the fix names it)
+    assert "rcu_expedited" in slow.fix
+    assert moves(tmp_path / "i", V1, expedited="1").status == "ok"
+    assert moves(tmp_path / "j", V1, expedited="0").status == "warn"
     assert moves(tmp_path / "h", "").status == "skip"
 
 
