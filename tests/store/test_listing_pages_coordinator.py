@@ -81,6 +81,30 @@ def test_live_jobs_come_once_each_in_pages_of_at_most_the_largest(store: Store) 
     run(store, body, SMALL)
 
 
+def test_a_full_last_page_says_it_is_the_last(store: Store) -> None:
+    """A listing of exactly two pages is two replies, not two and an empty third: the page
+    that fills up says whether any job follows (live ones from memory, ended ones from the
+    store), so `gpuq queue` of 500 jobs in pages of 250 makes two calls."""
+
+    async def body(co: Coordinator) -> None:
+        held = [(await submit(co, make_spec(hold=True), "alice"))[0] for _ in range(2 * PAGE)]
+        live = await pages(co, queue_pb2.ListJobsRequest())
+        assert ids(live) == held and [len(r.jobs) for r in live] == [PAGE, PAGE]
+        one_more = await pages(co, queue_pb2.ListJobsRequest(page_size=PAGE - 1))
+        assert ids(one_more) == held and [len(r.jobs) for r in one_more] == [2, 2, 2]
+        await cancel(co, [str(i) for i in held], "alice")
+        ended = await pages(co, queue_pb2.ListJobsRequest(finished=True))
+        assert ids(ended) == held[::-1] and [len(r.jobs) for r in ended] == [PAGE, PAGE]
+        by_two = await pages(co, queue_pb2.ListJobsRequest(finished=True, page_size=PAGE - 1))
+        assert ids(by_two) == held[::-1] and [len(r.jobs) for r in by_two] == [2, 2, 2]
+        [old] = await submit(co, make_spec(hold=True), "alice")
+        await cancel(co, [str(old)], "alice")
+        ended = await pages(co, queue_pb2.ListJobsRequest(finished=True))
+        assert [len(r.jobs) for r in ended] == [PAGE, PAGE, 1]
+
+    run(store, body, SMALL)
+
+
 def test_a_listing_asked_again_shows_what_changed_since(store: Store) -> None:
     async def body(co: Coordinator) -> None:
         first, second = [(await submit(co, make_spec(gpus=1), "alice"))[0] for _ in range(2)]

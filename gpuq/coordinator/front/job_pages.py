@@ -278,6 +278,7 @@ class JobPages:
         where its first one is, as squeue shows them."""
         entries: list[Entry] = []
         groups: dict[tuple[int, JobState], list[Job]] = {}
+        last = after
         while ids := self.jobs.ids_after(after, SCAN):
             for job_id in ids:  # memory changes only between turns: each id is a live job
                 after = job_id
@@ -287,11 +288,12 @@ class JobPages:
                 entry = self._collapsed(job, wanted, groups) if collapse else (job, None)
                 if entry is None:
                     continue
+                if len(entries) == size:  # one more follows: a next page is worth asking
+                    return Page(entries, (last,))
                 entries.append(entry)
-                if len(entries) == size:
-                    return Page(entries, (after,))
+                last = job_id
             await asyncio.sleep(0)
-        return Page(entries, None)
+        return Page(entries, None)  # the listing's end: no empty page after a full one
 
     def _collapsed(
         self,
@@ -314,10 +316,11 @@ class JobPages:
     async def _stored(self, query: JobQuery, cursor: Cursor, size: int) -> Page:
         """A page of the store's rows after the cursor, in the query's order."""
         after = cursor.after if cursor.given else None
-        paged = _paged(query, after, size)
+        paged = _paged(query, after, size + 1)  # one more: whether a next page has any
         jobs = await self.writer.read(lambda s: s.list_jobs(paged))
-        if len(jobs) < size:
+        if len(jobs) <= size:
             return Page([(j, None) for j in jobs], None)
+        del jobs[size:]
         return Page([(j, None) for j in jobs], sort_key(jobs[-1], query))
 
     def _kept_entry(self, job: Job, hidden: bool) -> Kept:
