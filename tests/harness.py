@@ -73,7 +73,11 @@ def run(
     """Assemble and start a coordinator over `store`, run `body`, close it."""
 
     async def main() -> None:
-        co = assemble(store, settings or CoordinatorSettings(), *([clock] if clock else []))
+        settings_ = settings or CoordinatorSettings()
+        # a clock moved by hand moves silences too (the steady clock, which they are measured by)
+        co = (
+            assemble(store, settings_, clock, steady=clock) if clock else assemble(store, settings_)
+        )
         await co.start()
         try:
             await body(co)
@@ -125,7 +129,9 @@ async def connect(co: Coordinator, node: Node) -> AgentSession:
     what the coordinator does with nodes (drains, scheduling), not of the agent protocol."""
     await save_node(co, node)
     session = AgentSession(node.name)
-    co.nodes.nodes[node.name] = NodeEntry(node, co.clock(), session, heard=True)
+    co.nodes.nodes[node.name] = NodeEntry(
+        node, co.clock(), session, heard=True, heard_at=co.steady()
+    )
     return session
 
 

@@ -74,6 +74,7 @@ class Coordinator:
     settings: CoordinatorSettings
     store: Store
     clock: Callable[[], float]
+    steady: Callable[[], float]
     bus: EventBus
     writer: StoreWriter
     jobs: LiveJobs
@@ -162,16 +163,20 @@ def assemble(
     settings: CoordinatorSettings,
     clock: Callable[[], float] = time.time,
     chores: AsyncIOScheduler | None = None,
+    steady: Callable[[], float] = time.monotonic,
 ) -> Coordinator:
     """Make every part and wire them (see the module docstring). `chores`: the scheduler that
-    runs periodic chores and cron entries (gpuq.coordinator.serving starts it)."""
+    runs periodic chores and cron entries (gpuq.coordinator.serving starts it). `clock` says
+    when things happen (wall time, recorded and shown); `steady` measures how long a node has
+    been silent (monotonic: NTP may step the wall clock, and a node's supervisors count their
+    fence on their host's monotonic clock)."""
     chores = chores if chores is not None else AsyncIOScheduler()
     bus = EventBus()
     writer = StoreWriter(store, bus.committed, settings.store_write_timeout)
     inputs = SchedulerInputs(settings)
     jobs = LiveJobs(inputs.key, lambda job: inputs.priority(job, inputs.ranked_at))
     nodes = NodeTable(settings.partitions)
-    loader = MemoryLoader(writer, jobs, nodes, inputs, clock)
+    loader = MemoryLoader(writer, jobs, nodes, inputs, clock, steady)
     requests = PassRequests()
     wake = requests.wake
     agents = AgentCommands(
@@ -195,10 +200,10 @@ def assemble(
     watchers = Watchers(jobs.is_live)
     scheduling = SchedulingPass(settings, jobs, nodes, inputs, arrays, changes, wake)
     loop = SchedulingLoop(requests, scheduling, jobs, inputs, loader, bus)
-    node_admin = NodeAdmin(settings, writer, jobs, nodes, endings, wake, clock)
+    node_admin = NodeAdmin(settings, writer, jobs, nodes, endings, wake, clock, steady)
     tokens = UserTokens(writer, clock)
     link = AgentLink(
-        settings, writer, jobs, nodes, endings, samples, terminals, agents, wake, clock
+        settings, writer, jobs, nodes, endings, samples, terminals, agents, wake, clock, steady
     )
     cron = CronService(writer, submissions, chores, clock)
     messages = JobMessages(
@@ -245,6 +250,7 @@ def assemble(
         settings=settings,
         store=store,
         clock=clock,
+        steady=steady,
         bus=bus,
         writer=writer,
         jobs=jobs,

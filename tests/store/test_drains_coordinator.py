@@ -38,7 +38,9 @@ def run(store: Store, body: Callable[[Coordinator], Awaitable[None]]) -> None:
             node = Node("a", UNITS, 16, 64 * GiB, NodeState.UP, isolation="advisory: not root")
             if "a" not in co.nodes.nodes:
                 await save_node(co, node)
-            co.nodes.nodes["a"] = NodeEntry(node, co.clock(), AgentSession("a"), heard=True)
+            co.nodes.nodes["a"] = NodeEntry(
+                node, co.clock(), AgentSession("a"), heard=True, heard_at=co.steady()
+            )
             await body(co)
         finally:
             await co.close()

@@ -38,13 +38,19 @@ Body = Callable[[Coordinator, AgentLink, AgentSession], Awaitable[None]]
 
 
 def run(
-    store: Store, clock: Clock, settings: CoordinatorSettings, body: Body, fence_time: float = 0
+    store: Store,
+    clock: Clock,
+    settings: CoordinatorSettings,
+    body: Body,
+    fence_time: float = 0,
+    steady: Clock | None = None,
 ) -> None:
     """A coordinator on `clock` with node n1 (one GPU) registered and heard from at its start;
-    `fence_time`: its agent's, as it registers (0: an agent that does not say)."""
+    `fence_time`: its agent's, as it registers (0: an agent that does not say); `steady`: the
+    clock silences are measured by (None: `clock` itself, as if the wall clock never steps)."""
 
     async def main() -> None:
-        co = assemble(store, settings, clock)
+        co = assemble(store, settings, clock, steady=steady or clock)
         link = co.link
         await co.start()
         try:
@@ -141,6 +147,41 @@ def test_a_silent_nodes_jobs_are_given_up_only_once_its_fence_has_stopped_them(
     assert store.get_job(ids[0]).reason.startswith("requeued after node_fail")
 
 
+@pytest.mark.parametrize("step", [3600.0, -3600.0])
+def test_a_step_of_the_wall_clock_neither_hastens_nor_holds_a_silent_nodes_give_up(
+    store: Store, step: float
+) -> None:
+    """NTP (or an admin's `date`) may step the coordinator's wall clock either way, while the
+    node's supervisors count their fence on their own host's monotonic clock. So a silence is
+    measured on the coordinator's steady clock: a step forward must not requeue a node's jobs
+    while they may still run there (one job on two nodes), nor a step back keep them from
+    being requeued once they are fenced."""
+    wall, steady = Clock(T0), Clock(5_000.0)
+    allowed = 20.0  # the timeout: it leaves room for the fence (8 + 5 + 1)
+    ids: list[int] = []
+
+    async def body(co: Coordinator, link: AgentLink, session: AgentSession) -> None:
+        ids.append(await started(co, requeue=True))
+        link.heartbeat("n1", apb.Heartbeat(), session)
+        heard = steady.now
+        wall.advance(step)  # the wall clock steps; no time passes
+        assert co.node_admin.out_of_touch(["n1"]) == []  # just heard from
+        steady.now = heard + allowed
+        wall.advance(allowed)
+        await co.node_admin.check_heartbeats()
+        assert co.nodes.nodes["n1"].node.state is NodeState.UP
+        assert co.jobs.jobs[ids[0]].state is JobState.RUNNING and not session.closed
+        steady.now = heard + allowed + 0.5
+        wall.advance(0.5)
+        await co.node_admin.check_heartbeats()
+        assert co.nodes.nodes["n1"].node.state is NodeState.DOWN
+        assert co.jobs.jobs[ids[0]].state is JobState.PENDING  # requeued once fenced
+
+    settings = CoordinatorSettings(heartbeat_timeout=allowed, kill_grace=5.0)
+    run(store, wall, settings, body, fence_time=8.0, steady=steady)
+    assert store.get_job(ids[0]).reason.startswith("requeued after node_fail")
+
+
 def test_a_nodes_fence_time_outlives_a_coordinator_restart(store: Store) -> None:
     """The coordinator keeps each node's fence_time: restarted, it still waits for the fence
     of a node that has not registered again (from its own start, the node's last sign of life
@@ -156,7 +197,7 @@ def test_a_nodes_fence_time_outlives_a_coordinator_restart(store: Store) -> None
 
     async def main() -> None:
         clock.now = T0 + 50  # the coordinator restarts; n1 never comes back
-        co = assemble(store, settings, clock)
+        co = assemble(store, settings, clock, steady=clock)
         await co.start()
         try:
             [ids[:]] = [[j.id for j in co.jobs.running_on("n1")]]
@@ -187,7 +228,7 @@ def test_the_coordinator_echoes_what_counts_as_a_sign_of_life(store: Store) -> N
                 return message.seen
 
     async def main() -> None:
-        co = assemble(store, CoordinatorSettings(), clock)
+        co = assemble(store, CoordinatorSettings(), clock, steady=clock)
         await co.start()
         try:
             session = AgentSession("n1")
@@ -349,7 +390,7 @@ def test_a_request_key_holds_for_a_day_and_is_forgotten_after(store: Store) -> N
     clock = Clock(T0)
 
     async def main() -> None:
-        co = assemble(store, CoordinatorSettings(), clock)
+        co = assemble(store, CoordinatorSettings(), clock, steady=clock)
         await co.start()
         try:
             first = await submit(co, make_spec(hold=True), "alice", "k")

@@ -64,7 +64,7 @@ def test_counters_histograms_and_gauges_follow_the_coordinator(store: Store) -> 
         try:
             node = Node("a", UNITS, 16, 64 * GiB, NodeState.UP)
             await save_node(co, node)
-            entry = NodeEntry(node, clock(), AgentSession("a"), heard=True)
+            entry = NodeEntry(node, clock(), AgentSession("a"), heard=True, heard_at=co.steady())
             entry.usage = (
                 pb.GpuUsage(uuid="GPU-a-0", memory_used=10 * GiB, utilization=50),
                 pb.GpuUsage(uuid="GPU-a-1", memory_used=2 * GiB, health="dirty"),
@@ -186,7 +186,7 @@ def exported_names(store: Store) -> set[str]:
     async def main() -> set[str]:
         co = assemble(store, CoordinatorSettings())
         node = Node("a", UNITS[:1], 16, 64 * GiB, NodeState.UP)
-        entry = NodeEntry(node, co.clock(), AgentSession("a"), heard=True)
+        entry = NodeEntry(node, co.clock(), AgentSession("a"), heard=True, heard_at=co.steady())
         entry.usage = (pb.GpuUsage(uuid="GPU-a-0", memory_used=GiB, utilization=5),)
         co.nodes.nodes["a"] = entry
         co.inputs.usage = {"alice": (10.0, co.clock())}

@@ -203,7 +203,11 @@ def test_writes_whose_commit_landed_but_answer_was_lost(store: BlinkingStore) ->
         store.lose_answers = 1  # the pass's start
         await co.start()
         co.nodes.nodes["a"] = NodeEntry(
-            node, last_seen=time.time(), session=AgentSession("a"), heard=True
+            node,
+            last_seen=time.time(),
+            heard_at=co.steady(),
+            session=AgentSession("a"),
+            heard=True,
         )
         co.wake()
         await _until(lambda: started == [job_id])

@@ -32,12 +32,14 @@ class MemoryLoader:
         nodes: NodeTable,
         inputs: SchedulerInputs,
         clock: Callable[[], float],
+        steady: Callable[[], float],
     ) -> None:
         self.writer = writer
         self.jobs = jobs
         self.nodes = nodes
         self.inputs = inputs
         self.clock = clock
+        self.steady = steady  # what nodes' silences are measured by (NodeEntry.heard_at)
 
     async def load(self) -> list[Job]:
         """Everything memory holds, at start; nodes get a full heartbeat timeout to
@@ -50,7 +52,7 @@ class MemoryLoader:
         self.jobs.reset(jobs)
         await self.load_outcomes({j.array_job_id for j in jobs} - {None})
         for node in nodes:
-            self.nodes.nodes[node.name] = NodeEntry(node, last_seen=now)
+            self.nodes.nodes[node.name] = NodeEntry(node, last_seen=now, heard_at=self.steady())
         drains = await self.writer.read(lambda s: s.drains())
         self.nodes.drains = {(d.node, d.unit): d for d in drains}
         log.info("coordinator started: %d live jobs, %d known nodes", len(jobs), len(nodes))

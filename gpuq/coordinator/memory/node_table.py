@@ -21,7 +21,11 @@ from gpuq.v1 import types_pb2 as pb
 @dataclass(slots=True)
 class NodeEntry:
     node: Node
-    last_seen: float
+    last_seen: float  # wall clock: when the node last gave a sign of life, as listings show it
+    # the same moment on the coordinator's steady clock (monotonic), which its silence is
+    # measured by: a wall clock stepped forward (NTP, an admin's `date`) must not give a node
+    # up before its supervisors, counting on their host's monotonic clock, have fenced its jobs
+    heard_at: float = field(kw_only=True)
     session: AgentSession | None = None
     usage: tuple[pb.GpuUsage, ...] = ()
     distances: dict[tuple[str, str], int] = field(default_factory=dict)

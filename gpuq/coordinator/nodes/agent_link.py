@@ -67,6 +67,7 @@ class AgentLink:
         agents: AgentCommands,
         wake: Callable[[], None],
         clock: Callable[[], float],
+        steady: Callable[[], float],
     ) -> None:
         self.settings = settings
         self.writer = writer
@@ -78,6 +79,7 @@ class AgentLink:
         self.agents = agents
         self.wake = wake
         self.clock = clock
+        self.steady = steady  # what a node's silence is measured by (NodeEntry.heard_at)
         self._background = Background("handling agent reports")
         self._foreign_logged: dict[str, float] = {}  # node -> when its last was logged
 
@@ -89,7 +91,7 @@ class AgentLink:
         entry = self.nodes.get(name)
         if entry is not None and entry.session is not None and not entry.session.closed:
             raise Conflict(f"node {name} is already connected to another agent")
-        now = self.clock()
+        now, heard_at = self.clock(), self.steady()
         node = node_from_registration(message, now)
         # what it runs that the coordinator does not (found before the node is offered again)
         strays = [r.job_id for r in self._strays(name, message.jobs)]
@@ -98,7 +100,13 @@ class AgentLink:
         session.registered(self.settings.heartbeat_interval, self.settings.heartbeat_timeout)
         address = message.address or session.peer_address or LOOPBACK
         self.nodes.nodes[name] = NodeEntry(
-            node, last_seen=now, session=session, held=held, registered=True, address=address
+            node,
+            last_seen=now,
+            heard_at=heard_at,
+            session=session,
+            held=held,
+            registered=True,
+            address=address,
         )
         if _is_mark(message.sent):
             session.seen(message.sent)
@@ -155,9 +163,9 @@ class AgentLink:
         entry = self.nodes.get(node)
         if entry is None:
             return
-        entry.last_seen = self.clock()
+        self._heard(entry)
         if session is not None and entry.session is session and _is_mark(message.sent):
-            session.seen(message.sent)  # after last_seen: the echo never runs ahead of it
+            session.seen(message.sent)  # after _heard: the echo never runs ahead of it
         first = not entry.heard
         entry.heard = True
         # applied before the reports of the same message (the servicer's order): a unit its
@@ -211,7 +219,7 @@ class AgentLink:
         """Handle reports without holding up the stream: ends commit in the writer's batches."""
         entry = self.nodes.get(node)
         if entry is not None:
-            entry.last_seen = self.clock()
+            self._heard(entry)
         ends = [r for r in reports if r.kind in _OVER and sane_report(r)]
         if ends:
             if entry is not None and entry.held:
@@ -220,6 +228,12 @@ class AgentLink:
                     log.info("node %s: stopped jobs %s are gone; their GPUs are free", node, gone)
                     self.wake()
             self._background.spawn(self._record_ends(node, ends))
+
+    def _heard(self, entry: NodeEntry) -> None:
+        """A sign of life from the node now: its silence starts over (on the steady clock,
+        which gpuq.coordinator.nodes.node_admin measures it by; the wall clock's for show)."""
+        entry.last_seen = self.clock()
+        entry.heard_at = self.steady()
 
     def pty(self, node: str, entries: Sequence[apb.PtyOutput]) -> None:
         """Interactive jobs' terminal output (gpuq.coordinator.terminal_relay), taken before

@@ -33,6 +33,7 @@ class NodeAdmin:
         endings: JobEndings,
         wake: Callable[[], None],
         clock: Callable[[], float],
+        steady: Callable[[], float],
     ) -> None:
         self.settings = settings
         self.writer = writer
@@ -41,6 +42,9 @@ class NodeAdmin:
         self.endings = endings
         self.wake = wake
         self.clock = clock
+        # silences are measured on this monotonic clock (NodeEntry.heard_at), never the wall
+        # clock: a step of that must neither give a node up before its fence nor hold it forever
+        self.steady = steady
 
     def drain_targets(self, node: str, gpu: str) -> tuple[NodeEntry, list[GpuUnit]]:
         """The node and the units `gpu` names there: an index as `gpuq nodes` shows it (every
@@ -150,13 +154,13 @@ class NodeAdmin:
         """A chore: a node silent for the heartbeat timeout is given up (its jobs node_fail,
         requeued as their QOS allows), and never before its agent's fence has certainly
         stopped them (fence_wait): a job must not run on two nodes at once."""
-        now = self.clock()
+        now = self.steady()
         settings = self.settings
         for name, entry in list(self.nodes.nodes.items()):
             timeout = silence_allowed(
                 settings.heartbeat_timeout, entry.node.fence_time, settings.kill_grace
             )
-            if entry.node.state is NodeState.DOWN or now - entry.last_seen <= timeout:
+            if entry.node.state is NodeState.DOWN or now - entry.heard_at <= timeout:
                 continue
             if entry.session is not None:
                 entry.session.close()
@@ -167,14 +171,14 @@ class NodeAdmin:
         """Those of `names` whose jobs their own supervisors may be fencing now: down, or
         silent for about their agent's fence_time (a part of a multi-node job that failed
         there failed because of that, not by itself)."""
-        now = self.clock()
+        now = self.steady()
         lost = []
         for name in names:
             entry = self.nodes.get(name)
             if entry is None:
                 continue
             fence = entry.node.fence_time
-            silent = bool(fence) and now - entry.last_seen >= fence - FENCE_MARGIN
+            silent = bool(fence) and now - entry.heard_at >= fence - FENCE_MARGIN
             if silent or entry.node.state is NodeState.DOWN:
                 lost.append(name)
         return lost
