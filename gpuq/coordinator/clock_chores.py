@@ -1,13 +1,20 @@
-"""The coordinator's frequent clock chores on one timer.
+"""The coordinator's periodic chores on one timer of its own, on the steady clock.
 
 Each APScheduler interval job is a wake of the event loop of its own: the heartbeat check, the
 time-limit check and the periodic pass, every 2 s each, and the terminal sweep every 5 s woke
 an idle coordinator about 1.7 times a second (issue 27: idle CPU). On one timer they share one
 wake per tick; each still runs at its own interval (to within half a tick), and one that fails
-is logged without keeping the others from running."""
+is logged without keeping the others from running.
+
+The timer is the event loop's (asyncio.sleep: the monotonic clock), not APScheduler's, which
+counts intervals on the wall clock: after the wall clock stepped back an hour (NTP on a fresh
+VM, an admin's `date`), every interval job waited that hour out, so no silent node was given
+up, no time limit enforced, and a standby's lost store lock went unnoticed. Cron entries,
+whose times are wall-clock times, stay with APScheduler (gpuq.coordinator.cron_service)."""
 
 from __future__ import annotations
 
+import asyncio
 import inspect
 import logging
 import time
@@ -22,27 +29,62 @@ class ClockChore:
     run: Callable[[], Awaitable[None] | None]
     every: float  # seconds between two runs, at least the timer's tick
     next_at: float = 0.0  # time.monotonic() of the next run (0: at the first tick)
+    # a coroutine chore still running: its next turn is skipped (one at a time, and a slow
+    # one, a store read while PostgreSQL restarts, holds up no other chore)
+    running: asyncio.Task[None] | None = None
 
 
 class ClockChores:
-    """`run` every `tick` seconds (max_instances=1), on the event loop: the chores that are
-    due run in order (plain functions too, on the loop, as the coordinator's memory needs)."""
+    """Every `tick` seconds, on the event loop, the chores that are due: plain functions are
+    called there (the coordinator's memory belongs to the loop), coroutines become tasks."""
 
     def __init__(self, tick: float, chores: list[ClockChore]) -> None:
         self.tick = tick
         self.chores = chores
+        self._timer: asyncio.Task[None] | None = None
 
-    async def run(self) -> None:
-        """A coroutine function, so that APScheduler's AsyncIOExecutor awaits it on the loop
-        (a plain callable, an object with an async __call__ included, goes to a thread)."""
+    def start(self) -> None:
+        """The first tick now, then one every `tick` seconds until stop()."""
+        self._timer = asyncio.get_running_loop().create_task(self._ticks())
+
+    async def stop(self) -> None:
+        """No more ticks; chores still running are cancelled."""
+        tasks = [self._timer, *(c.running for c in self.chores)]
+        for task in tasks:
+            if task is not None:
+                task.cancel()
+        await asyncio.gather(*(t for t in tasks if t is not None), return_exceptions=True)
+        self._timer = None
+
+    async def _ticks(self) -> None:
+        while True:
+            self.run_due()
+            await asyncio.sleep(self.tick)
+
+    def run_due(self) -> None:
+        """One tick: each chore due now (to within half a tick) and not still running."""
         now = time.monotonic()
         for chore in self.chores:
             if now + self.tick / 2 < chore.next_at:
                 continue
+            if chore.running is not None and not chore.running.done():
+                continue
             chore.next_at = now + chore.every
             try:
                 done = chore.run()
-                if inspect.isawaitable(done):
-                    await done
             except Exception:
-                log.exception("chore %s failed", getattr(chore.run, "__qualname__", chore.run))
+                _failed(chore)
+                continue
+            if inspect.isawaitable(done):
+                chore.running = asyncio.ensure_future(_awaited(chore, done))
+
+
+async def _awaited(chore: ClockChore, done: Awaitable[None]) -> None:
+    try:
+        await done
+    except Exception:
+        _failed(chore)
+
+
+def _failed(chore: ClockChore) -> None:
+    log.exception("chore %s failed", getattr(chore.run, "__qualname__", chore.run))

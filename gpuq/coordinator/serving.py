@@ -20,10 +20,10 @@ import logging
 import os
 import sys
 import threading
-from collections.abc import Callable, Coroutine
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import grpc
 from sqlalchemy.exc import DBAPIError
@@ -75,9 +75,12 @@ class RunningCoordinator:
     handshake: asyncio.AbstractServer | None = None
     # the HTTP endpoints ([coordinator] metrics_listen, web_listen), closed first on stop
     http: list[HttpEndpoint] = field(default_factory=list)  # imported only when one is on
+    clock: ClockChores | None = None  # the periodic chores, once started
 
     async def stop(self, grace: float = 1.0) -> None:
         self.coordinator.chores.shutdown(wait=False)
+        if self.clock is not None:
+            await self.clock.stop()
         if self.handshake is not None:
             self.handshake.close()
         for endpoint in self.http:
@@ -184,6 +187,8 @@ async def _start(
         with contextlib.suppress(Exception):
             if chores.running:
                 chores.shutdown(wait=False)
+        if running.clock is not None:
+            await running.clock.stop()
         for endpoint in running.http:
             with contextlib.suppress(Exception):
                 await endpoint.close()
@@ -258,41 +263,27 @@ async def _serve(
             }
         )
     )
-    tick = max(0.2, min(cfg.heartbeat_timeout / 4, 2.0))
-    clock = ClockChores(
-        tick,
-        [
-            ClockChore(coordinator.node_admin.check_heartbeats, tick),
-            ClockChore(coordinator.endings.check_time_limits, max(tick, 1.0)),
-            # begin times arrive, priorities age: a pass now and then while jobs wait
-            ClockChore(coordinator.periodic_wake, PERIODIC_PASS),
-            # interactive jobs nobody attached to within the grace are cancelled
-            ClockChore(coordinator.terminals.sweep, TERMINAL_SWEEP),
-        ],
-    )
-    chores.add_job(clock.run, "interval", seconds=tick, max_instances=1, coalesce=True)
-    # priorities move with age and fair share; begin times arrive: rank and schedule again
-    chores.add_job(
-        on_the_loop(coordinator.loop.rerank),
-        "interval",
-        seconds=cfg.scheduler.priority_interval,
-        max_instances=1,
-        coalesce=True,
-    )
-    # per-GPU history past [coordinator] gpu_history_days goes
-    chores.add_job(
-        coordinator.history.prune, "interval", seconds=HISTORY_PRUNE, max_instances=1, coalesce=True
-    )
-    if running.locks is not None and isinstance(running.locks.store, PgLock):
-        chores.add_job(
-            watch_lock,
-            "interval",
-            seconds=LOCK_CHECK,
-            args=(running.locks, settings, on_fatal),
-            max_instances=1,
-            coalesce=True,
-        )
-    chores.start()
+    # one tick for all: the heartbeat check's (a quarter of the timeout, at most 2 s), or the
+    # priority interval where an admin set it shorter
+    tick = max(0.1, min(cfg.heartbeat_timeout / 4, 2.0, cfg.scheduler.priority_interval))
+    periodic = [
+        ClockChore(coordinator.node_admin.check_heartbeats, tick),
+        ClockChore(coordinator.endings.check_time_limits, max(tick, 1.0)),
+        # begin times arrive, priorities age: a pass now and then while jobs wait
+        ClockChore(coordinator.periodic_wake, PERIODIC_PASS),
+        # interactive jobs nobody attached to within the grace are cancelled
+        ClockChore(coordinator.terminals.sweep, TERMINAL_SWEEP),
+        # priorities move with age and fair share; begin times arrive: rank and schedule again
+        ClockChore(coordinator.loop.rerank, cfg.scheduler.priority_interval),
+        # per-GPU history past [coordinator] gpu_history_days goes
+        ClockChore(coordinator.history.prune, HISTORY_PRUNE),
+    ]
+    locks = running.locks
+    if locks is not None and isinstance(locks.store, PgLock):
+        periodic.append(ClockChore(lambda: watch_lock(locks, settings, on_fatal), LOCK_CHECK))
+    running.clock = ClockChores(tick, periodic)
+    running.clock.start()
+    chores.start()  # cron entries (gpuq.coordinator.cron_service): wall-clock times
     await coordinator.cron.start()
     log.info(
         "coordinator listening on %s%s%s",
@@ -339,19 +330,6 @@ async def _start_http(
             "(or a token from `gpuq admin token USER`)",
             dashboard.base_url(),
         )
-
-
-def on_the_loop(function: Callable[[], None]) -> Callable[[], Coroutine[Any, Any, None]]:
-    """A chore that runs on the event loop. APScheduler's AsyncIOExecutor runs a plain
-    function on a worker thread, but the coordinator's memory and asyncio objects belong to
-    the loop: a rerank there raced the listings (a job gone mid-page, "dictionary changed size
-    during iteration") and a wake raced asyncio.Event ("deque mutated during iteration")."""
-
-    async def chore() -> None:
-        function()
-
-    chore.__qualname__ = getattr(function, "__qualname__", "chore")
-    return chore
 
 
 def attach_metrics(co: Coordinator) -> Metrics:
