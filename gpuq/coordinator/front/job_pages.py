@@ -260,22 +260,31 @@ class JobPages:
             size = min(size, max(0, request.limit - cursor.given))
         if size == 0:
             return Page([], None), ""
+        # whether a full page should look for one entry more (is a next page worth asking?):
+        # not when the listing's limit ends it anyway
+        ahead = not 0 < request.limit <= cursor.given + size
         if isinstance(wanted, JobQuery):  # a store's read waits off the loop, not in the lane
-            page = await self._stored(wanted, cursor, size)
+            page = await self._stored(wanted, cursor, size, ahead)
         else:
             async with self._lane:
                 collapse = not request.expand_arrays
-                page = await self._live(wanted, cursor.after[0], size, collapse)
+                page = await self._live(wanted, cursor.after[0], size, collapse, ahead)
         given = cursor.given + len(page.entries)
         if page.last is None or 0 < request.limit <= given:
             return page, ""
         return page, encode(Cursor(page.last, given), listing)
 
     async def _live(
-        self, wanted: Callable[[Job], bool] | None, after: int, size: int, collapse: bool
+        self,
+        wanted: Callable[[Job], bool] | None,
+        after: int,
+        size: int,
+        collapse: bool,
+        ahead: bool,
     ) -> Page:
         """Live jobs by id from `after`: an array's waiting tasks as one entry (collapse)
-        where its first one is, as squeue shows them."""
+        where its first one is, as squeue shows them. `ahead`: a full page says whether any
+        entry follows (else that it may)."""
         entries: list[Entry] = []
         groups: dict[tuple[int, JobState], list[Job]] = {}
         last = after
@@ -292,6 +301,8 @@ class JobPages:
                     return Page(entries, (last,))
                 entries.append(entry)
                 last = job_id
+                if len(entries) == size and not ahead:
+                    return Page(entries, (last,))
             await asyncio.sleep(0)
         return Page(entries, None)  # the listing's end: no empty page after a full one
 
@@ -313,12 +324,13 @@ class JobPages:
             groups[(array, job.state)] = group
         return collapse_arrays(group)[0] if group[0] is job else None
 
-    async def _stored(self, query: JobQuery, cursor: Cursor, size: int) -> Page:
-        """A page of the store's rows after the cursor, in the query's order."""
+    async def _stored(self, query: JobQuery, cursor: Cursor, size: int, ahead: bool) -> Page:
+        """A page of the store's rows after the cursor, in the query's order (`ahead`: and
+        one row more, to know whether a next page has any)."""
         after = cursor.after if cursor.given else None
-        paged = _paged(query, after, size + 1)  # one more: whether a next page has any
+        paged = _paged(query, after, size + ahead)
         jobs = await self.writer.read(lambda s: s.list_jobs(paged))
-        if len(jobs) <= size:
+        if len(jobs) < size or (ahead and len(jobs) == size):
             return Page([(j, None) for j in jobs], None)
         del jobs[size:]
         return Page([(j, None) for j in jobs], sort_key(jobs[-1], query))
