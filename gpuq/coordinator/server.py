@@ -195,10 +195,11 @@ def assemble(
     samples = JobSamples(
         settings, jobs, idle, telemetry, history, progress, actions, changes, clock
     )
-    terminals = Terminals(writer, jobs, nodes, actions, clock)
+    # the grace of an unattached interactive job is a duration: on the steady clock
+    terminals = Terminals(writer, jobs, nodes, actions, steady)
     notifier = Notifier(settings, writer, jobs, nodes, inputs, clock)
     watchers = Watchers(jobs.is_live)
-    scheduling = SchedulingPass(settings, jobs, nodes, inputs, arrays, changes, wake)
+    scheduling = SchedulingPass(settings, jobs, nodes, inputs, arrays, changes, wake, steady)
     loop = SchedulingLoop(requests, scheduling, jobs, inputs, loader, bus)
     node_admin = NodeAdmin(settings, writer, jobs, nodes, endings, wake, clock, steady)
     tokens = UserTokens(writer, clock)

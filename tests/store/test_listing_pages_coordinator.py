@@ -10,11 +10,11 @@ import asyncio
 import time
 
 import pytest
-from harness import cancel, passes_ran, run, submit
+from harness import Clock, cancel, eventually, passes_ran, run, submit
 from helpers import make_spec
 
 from gpuq.config.settings import CoordinatorSettings
-from gpuq.coordinator.server import Coordinator
+from gpuq.coordinator.server import Coordinator, assemble
 from gpuq.domain.array_specs import ArraySpec
 from gpuq.errors import InvalidInput
 from gpuq.identity import Caller
@@ -145,6 +145,41 @@ def test_a_job_submitted_just_after_a_listing_shows_its_own_reason(store: Store)
         assert any("begin time" in r for r in entry.pending.reasons), entry.pending.reasons
 
     run(store, body, SMALL)
+
+
+def test_a_long_queues_explanation_is_made_again_after_the_wall_clock_stepped_back(
+    store: Store,
+) -> None:
+    """How often a long queue is explained (at most once per EXPLAIN_SHARE times what it
+    takes) is counted on the steady clock: after the wall clock stepped back an hour, why a
+    job waits was still given as it stood before the step, for that hour."""
+    wall, steady = Clock(1_800_000_000.0), Clock(5_000.0)
+
+    async def main() -> None:
+        co = assemble(store, SMALL, wall, steady=steady)
+        await co.start()
+        try:
+            [first] = await submit(co, make_spec(gpus=1), "alice")
+            await passes_ran(co)
+            explaining = co.scheduling
+            assert first in explaining.explained()
+            # as a queue of tens of thousands takes to explain: in the background, and at
+            # most once per EXPLAIN_SHARE times that
+            explaining._explain_took = 0.06
+            wall.advance(-3600.0)
+            [second] = await submit(co, make_spec(gpus=1), "alice")
+            await passes_ran(co)
+            steady.advance(2.0)
+            wall.advance(2.0)
+
+            async def explained_second() -> bool | None:
+                return second in explaining.explained() or None
+
+            await eventually(explained_second, timeout=5.0)
+        finally:
+            await co.close()
+
+    asyncio.run(main())
 
 
 def test_ended_jobs_and_ids_come_in_pages_from_the_store(store: Store) -> None:

@@ -29,9 +29,14 @@ def interactive(**kwargs: object) -> object:
     return replace(make_spec(gpus=1, **kwargs), terminal=Terminal())
 
 
-def run(store: Store, body: Callable[[Coordinator], Awaitable[None]]) -> None:
+def run(
+    store: Store, body: Callable[[Coordinator], Awaitable[None]], wall: Clock | None = None
+) -> None:
+    """`wall`: a wall clock of its own (else the one clock, moved by hand, is both)."""
+
     async def main() -> None:
-        co = assemble(store, CoordinatorSettings(), Clock(1_800_000_000.0))
+        steady = Clock(1_800_000_000.0)
+        co = assemble(store, CoordinatorSettings(), wall or steady, steady=steady)
         co.terminals.grace = GRACE
         await co.start()
         try:
@@ -50,6 +55,23 @@ async def ended(co: Coordinator, job_id: int) -> None:
     raise AssertionError(f"job {job_id} did not end")
 
 
+def test_the_grace_is_counted_on_the_steady_clock(store: Store) -> None:
+    """The wall clock stepped back an hour (NTP, `date`): a job nobody attached to is still
+    cancelled when the grace is over, not an hour later, holding its GPUs meanwhile."""
+    wall = Clock(1_800_000_000.0)
+
+    async def body(co: Coordinator) -> None:
+        [lonely] = await submit(co, interactive(), "alice")  # type: ignore[arg-type]
+        await co.terminals.sweep()
+        wall.advance(-3600.0)
+        co.terminals.clock.advance(GRACE + 1)  # type: ignore[attr-defined]
+        wall.advance(GRACE + 1)
+        await co.terminals.sweep()
+        await ended(co, lonely)
+
+    run(store, body, wall)
+
+
 def test_the_grace_cancels_a_job_nobody_attached_to(store: Store) -> None:
     kept: list[int] = []
 
@@ -63,7 +85,7 @@ def test_the_grace_cancels_a_job_nobody_attached_to(store: Store) -> None:
         kept.append(restarted)
         await co.terminals.sweep()
         assert lonely in co.jobs.jobs  # within the grace
-        co.clock.advance(GRACE + 1)  # type: ignore[attr-defined]
+        co.terminals.clock.advance(GRACE + 1)  # type: ignore[attr-defined]
         await co.terminals.sweep()
         await ended(co, lonely)
         job = await co.writer.read(lambda s: s.get_job(lonely))
@@ -79,7 +101,7 @@ def test_the_grace_cancels_a_job_nobody_attached_to(store: Store) -> None:
         assert co.jobs.jobs[job_id].state is JobState.PENDING
         await co.terminals.sweep()  # detached since now: a full grace
         assert job_id in co.jobs.jobs
-        co.clock.advance(GRACE + 1)  # type: ignore[attr-defined]
+        co.terminals.clock.advance(GRACE + 1)  # type: ignore[attr-defined]
         await co.terminals.sweep()
         await ended(co, job_id)
 

@@ -68,6 +68,7 @@ class SchedulingPass:
         arrays: ArrayTasks,
         changes: JobChanges,
         wake: Callable[[], None],
+        steady: Callable[[], float] = time.monotonic,
     ) -> None:
         self.settings = settings
         self.wake = wake  # ask for a pass
@@ -77,8 +78,11 @@ class SchedulingPass:
         self.arrays = arrays
         self.changes = changes
         self.clock = changes.clock
+        # how often the queue is explained is counted on this (monotonic) clock: after the
+        # wall clock stepped back, the last explanation would stand until it caught up
+        self.steady = steady
         self._explained: Mapping[int, Waiting] = {}
-        self._explained_at = -1.0
+        self._explained_at = -1.0  # self.steady() of the last explanation (-1: none, or forgot)
         # what the explanation was made from: memory's version and the policy (checked when
         # asked), the nodes as the scheduler saw them (checked by each pass, which sees them),
         # and until when the clock changes nothing in it (a begin time, an expected end)
@@ -313,8 +317,10 @@ class SchedulingPass:
         EXPLAIN_INLINE (tens of thousands of jobs: seconds) is explained in the background,
         its snapshot taken in slices and the pure plan run on a thread, so that no other
         call waits for it; meanwhile the last explanation stands."""
-        now = self.clock()
-        if now - self._explained_at <= max(EXPLAIN_EVERY, EXPLAIN_SHARE * self._explain_took):
+        now, tick = self.clock(), self.steady()
+        if self._explained_at >= 0 and tick - self._explained_at <= max(
+            EXPLAIN_EVERY, EXPLAIN_SHARE * self._explain_took
+        ):
             return self._explained
         if (
             self._explained_at >= 0
@@ -324,7 +330,7 @@ class SchedulingPass:
             return self._explained  # nothing it was made from changed
         if self._explain_took > EXPLAIN_INLINE:
             if not self._explaining.tasks:
-                self._explained_at = now  # asked for once
+                self._explained_at = tick  # asked for once
                 self._explaining.spawn(self._explain_in_background())
             return self._explained
         started = time.perf_counter()
@@ -339,7 +345,7 @@ class SchedulingPass:
             self._explained = {}
             self._explained_until = -1.0
             self.wake()  # the pass sets the failing job aside
-        self._explained_at = now
+        self._explained_at = tick
         self._explain_took = time.perf_counter() - started
         return self._explained
 
@@ -387,7 +393,7 @@ class SchedulingPass:
             log.exception("explaining the queue failed")
             self.wake()
         finally:
-            self._explained_at = self.clock()
+            self._explained_at = self.steady()
             self._explain_took = time.perf_counter() - started
 
     async def close(self) -> None:
