@@ -182,11 +182,13 @@ def copy_to_pg(source: Engine, target: Engine) -> None:
                     for i in flags:
                         values[i] = bool(values[i])
                     copy.write_row(values)
+            with raw.cursor() as cursor:  # else the next table's foreign key checks plan for
+                cursor.execute(f"ANALYZE {table.name}")  # an empty one: a scan per row
             if "id" in table.c and table.c.id.autoincrement is True:
                 with raw.cursor() as cursor:
                     sequence = f"pg_get_serial_sequence('{table.name}', 'id')"
-                    top = f"coalesce(max(id), 1) FROM {table.name}"
-                    cursor.execute(f"SELECT setval({sequence}, {top})")
+                    top = "coalesce(max(id), 1)"
+                    cursor.execute(f"SELECT setval({sequence}, {top}) FROM {table.name}")
         raw.commit()
     with target.connect().execution_options(isolation_level="AUTOCOMMIT") as conn:
         conn.exec_driver_sql("ANALYZE")
