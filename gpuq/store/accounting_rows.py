@@ -13,6 +13,7 @@ from sqlalchemy.engine import Connection
 
 from gpuq.domain.model import JobTelemetry, SeriesPoint, UsageRow
 from gpuq.domain.states import JobState
+from gpuq.store.history_terms import ENDED, ended, ended_since
 from gpuq.store.tables import job_series, job_telemetry, jobs, upsert, usage
 
 
@@ -57,7 +58,7 @@ class AccountingReads:
             .select_from(jobs.outerjoin(job_telemetry, _TELEMETRY_OF_CURRENT_START))
             .where(
                 and_(
-                    jobs.c.state.in_([s.value for s in JobState if not s.is_live]),
+                    ended(ENDED, by_user=user is not None),
                     jobs.c.start_time.is_not(None),
                     jobs.c.end_time.is_not(None),
                 )
@@ -68,7 +69,7 @@ class AccountingReads:
         if user is not None:
             stmt = stmt.where(jobs.c.user == user)
         if since is not None:
-            stmt = stmt.where(jobs.c.end_time >= since)
+            stmt = stmt.where(ended_since(since, self.engine.dialect.name))
         with self.engine.connect() as conn:
             rows = conn.execute(stmt).all()
         return [

@@ -12,7 +12,7 @@ from sqlalchemy import Engine, and_, case, delete, func, select, tuple_, update
 from sqlalchemy.engine import Connection
 
 from gpuq.domain.gpu_history import Frame, UnitUse
-from gpuq.domain.states import JobState
+from gpuq.store.history_terms import ENDED, ended, ended_since
 from gpuq.store.tables import gpu_usage, jobs
 
 
@@ -67,9 +67,9 @@ class GpuHistoryReads:
         stmt = (
             select(jobs.c.user, func.sum(jobs.c.gpus * (jobs.c.end_time - start)))
             .where(
-                jobs.c.state.in_([s.value for s in JobState if not s.is_live]),
+                ended(ENDED, by_user=False),
                 jobs.c.start_time.is_not(None),
-                jobs.c.end_time >= since,
+                ended_since(since, self.engine.dialect.name),
                 jobs.c.gpus > 0,
             )
             .group_by(jobs.c.user)

@@ -29,6 +29,7 @@ from gpuq.domain.codec import spec_from_dict
 from gpuq.domain.model import Job, JobEvent, JobSpec, JobTelemetry, UnitTelemetry
 from gpuq.domain.states import JobState
 from gpuq.errors import NotFound
+from gpuq.store.history_terms import ended, ended_since
 from gpuq.store.records import JobQuery
 from gpuq.store.row_mapping import job_from_row
 from gpuq.store.tables import allocations, job_events, job_telemetry, jobs, submission_keys
@@ -48,7 +49,8 @@ class JobReads:
     def list_jobs(self, query: JobQuery) -> list[Job]:
         stmt = select(jobs)
         if query.states is not None:
-            stmt = stmt.where(jobs.c.state.in_(sorted(query.states)))
+            by_user = query.user is not None or query.users is not None
+            stmt = stmt.where(ended(query.states, by_user))
         if query.user is not None:
             stmt = stmt.where(jobs.c.user == query.user)
         if query.job_ids is not None:
@@ -91,7 +93,9 @@ class JobReads:
         if query.nodes is not None:
             stmt = stmt.where(ran_on(sorted(set(query.nodes))))
         when = jobs.c.end_time if query.by_end else jobs.c.submit_time
-        if query.since is not None:
+        if query.since is not None and query.by_end:
+            stmt = stmt.where(ended_since(query.since, self.engine.dialect.name))
+        elif query.since is not None:
             stmt = stmt.where(when >= query.since)
         if query.until is not None:
             stmt = stmt.where(when < query.until)

@@ -94,6 +94,10 @@ Index("ix_jobs_pending_order", jobs.c.state, jobs.c.priority.desc(), jobs.c.id)
 Index("ix_jobs_user_state", jobs.c.user, jobs.c.state)
 # "my jobs that ended since T" (gpuq status, history --since) reads the user's last hour only
 Index("ix_jobs_user_end_time", jobs.c.user, jobs.c.end_time)
+# everyone's jobs that ended since T (the dashboard's GPU history, sacct -a, report --since,
+# history --since): the window's rows, not every ended job (0018; SQLite is steered to it by
+# gpuq.store.history_terms)
+Index("ix_jobs_end_time", jobs.c.end_time)
 Index("ix_jobs_array_job_id", jobs.c.array_job_id)
 
 job_events = Table(
@@ -133,6 +137,10 @@ Index(
     postgresql_where=text("live AND NOT shared"),
 )
 Index("ix_allocations_job_id", allocations.c.job_id)
+# "is any of these units live?" at every start (node_rows.check_units_free): the units' live
+# rows, not every allocation ever made (the partial unique index above serves no read: its
+# predicate is not what a query says)
+Index("ix_allocations_unit_live", allocations.c.unit, allocations.c.live)
 
 nodes = Table(
     "nodes",

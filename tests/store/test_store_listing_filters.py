@@ -5,13 +5,18 @@ SQLite (names by GLOB) and PostgreSQL (names by a POSIX regex): both select what
 from __future__ import annotations
 
 import fnmatch
+from collections.abc import Callable
+from typing import Any
 
 import pytest
 from helpers import make_spec
+from sqlalchemy import event
 
 from gpuq.domain.model import JobResult
 from gpuq.domain.states import JobState
+from gpuq.errors import DoubleBooking
 from gpuq.store.api import Store
+from gpuq.store.node_rows import check_units_free
 from gpuq.store.records import JobQuery, JobStart, NewJob, StateChange
 
 ENDED = frozenset(s for s in JobState if not s.is_live)
@@ -106,29 +111,103 @@ def test_the_database_filters_and_limits(history: Store) -> None:
     assert "GLOB" in select_jobs or "~" in select_jobs
 
 
+def sqlite_plans(store: Store, call: Callable[[], object], table: str) -> list[str]:
+    """How SQLite plans each statement on `table` that `call` runs (its steps joined by
+    " | "); skips on PostgreSQL, which plans by its statistics."""
+    if store.engine.dialect.name != "sqlite":
+        pytest.skip("the plan asserted is SQLite's (PostgreSQL plans by its statistics)")
+    seen: list[tuple[str, Any]] = []
+
+    def record(*args: Any) -> None:
+        statement, parameters = args[2:4]
+        seen.append((str(statement), parameters))
+
+    event.listen(store.engine, "before_cursor_execute", record)
+    try:
+        call()
+    finally:
+        event.remove(store.engine, "before_cursor_execute", record)
+    plans = []
+    with store.engine.connect() as conn:
+        for statement, parameters in seen:
+            if f"FROM {table}" in statement:
+                plan = conn.exec_driver_sql(f"EXPLAIN QUERY PLAN {statement}", parameters).all()
+                plans.append(" | ".join(str(row[-1]) for row in plan))
+    assert plans, f"no statement on {table}"
+    return plans
+
+
 def test_a_users_recent_ends_are_an_index_range_not_their_whole_history(
     history: Store,
 ) -> None:
     """`gpuq status` asks for my jobs that ended in the last hour on every call: the store
     reads that hour's rows by the (user, end_time) index, not every ended job of mine (130 ms
     for a user with 200,000 of them, each call). Planned as SQLite plans it."""
-    from sqlalchemy import event
-
-    if history.engine.dialect.name != "sqlite":
-        pytest.skip("the plan asserted is SQLite's (PostgreSQL plans by its statistics)")
-    seen: list[tuple[str, object]] = []
-
-    def record(*args: object) -> None:
-        statement, parameters = args[2:4]
-        seen.append((str(statement), parameters))
-
-    event.listen(history.engine, "before_cursor_execute", record)
-    try:
-        assert ended(history, user="alice", since=1700.0, limit=5) == ["Sweep-1", "a,b"]
-    finally:
-        event.remove(history.engine, "before_cursor_execute", record)
-    [(statement, parameters)] = [s for s in seen if "FROM jobs" in s[0] and "LIMIT" in s[0]]
-    with history.engine.connect() as conn:
-        plan = conn.exec_driver_sql(f"EXPLAIN QUERY PLAN {statement}", parameters).all()  # type: ignore[arg-type]
-    steps = " | ".join(str(row[-1]) for row in plan)
+    found: list[list[str]] = []
+    [steps, *_] = sqlite_plans(
+        history, lambda: found.append(ended(history, user="alice", since=1700.0, limit=5)), "jobs"
+    )
+    assert found == [["Sweep-1", "a,b"]]
     assert "ix_jobs_user_end_time (user=? AND end_time>?)" in steps, steps
+
+
+def test_everyones_ends_in_a_window_are_an_index_range_not_the_whole_history(
+    history: Store,
+) -> None:
+    """The dashboard's GPU history (held_seconds, on every view), sacct -a, report --since and
+    history --since ask for everyone's jobs that ended since T: a range of the end_time index,
+    not every ended job (SQLite took `state IN (every ended state)` for narrow: ~105 ms each at
+    200,000 ended jobs; bench/store_plans_bench.py)."""
+    with history.transaction() as tx:  # 2 GPUs for 5 s: held_seconds counts GPU jobs only
+        [[job_id]] = tx.add_jobs([NewJob(make_spec("gpu", gpus=2), "bob", "normal", 0)], 1990.0)
+        tx.start_jobs([JobStart(job_id, "n0", ("GPU-1", "GPU-2"))], now=1995.0)
+        tx.transition([StateChange(job_id, JobState.COMPLETED, "ended")], now=2000.0)
+    results: list[object] = []
+    calls: list[Callable[[], object]] = [
+        lambda: results.append(history.held_seconds(1700.0)),
+        lambda: results.append(history.usage_report(None, 1700.0)),
+        lambda: results.append(ended(history, since=1700.0)),
+        lambda: results.append(ended(history, since=1100.0, until=1300.0, limit=1)),
+    ]
+    for call in calls:
+        [steps] = sqlite_plans(history, call, "jobs")
+        assert "ix_jobs_end_time (end_time>?" in steps, steps
+        assert "TEMP B-TREE FOR ORDER BY" not in steps or "LIMIT" not in steps
+    held, report, recent, window = results
+    assert held == {"bob": 10.0}
+    assert [(r.user, r.jobs) for r in report] == [("alice", 2), ("bob", 1)]  # type: ignore[attr-defined]
+    assert recent == ["gpu", "Sweep-1", "a,b"]
+    assert window == ["sweep-a"]
+
+
+def test_everyones_newest_ends_are_read_from_the_top_not_sorted_whole(history: Store) -> None:
+    """`gpuq history` (everyone's, newest first: also the dashboard's finished jobs, and with
+    -w or --name) reads the newest ids first and stops at the page, rather than every ended
+    job sorted by id (ix_jobs_pending_order holds them by priority: 45 ms at 200,000)."""
+    found: list[list[str]] = []
+    for filters in ({}, {"nodes": ("n1",)}, {"names": ("sweep*",)}):
+        [steps] = sqlite_plans(
+            history, lambda f=filters: found.append(ended(history, limit=2, **f)), "jobs"
+        )
+        assert "TEMP B-TREE" not in steps and "pending_order" not in steps, steps
+    assert found == [["Sweep-1", "a,b"], ["a,b", "a.b"], ["sweep-a", "sweep-12"]]
+
+
+def test_a_start_finds_live_units_by_index_not_every_allocation(history: Store) -> None:
+    """Every start asks whether its units are live, inside the write transaction: a look-up
+    of those units' live rows (ix_allocations_unit_live), not a read of every allocation ever
+    made (21 ms at 200,000 on SQLite); the answer is the same."""
+    with history.transaction() as tx:
+        [[job_id]] = tx.add_jobs([NewJob(make_spec("live"), "alice", "normal", 0)], 3000.0)
+        tx.start_jobs([JobStart(job_id, "n0", ("GPU-1",))], now=3001.0)
+
+    def check(units: list[str], shared: list[str]) -> None:
+        with history.engine.connect() as conn:
+            check_units_free(conn, units, shared)
+
+    for steps in sqlite_plans(history, lambda: check(["GPU-2"], ["GPU-3"]), "allocations"):
+        assert "ix_allocations_unit_live (unit=? AND live=?)" in steps, steps
+    with pytest.raises(DoubleBooking, match="GPU-1 is already allocated to job"):
+        check(["GPU-1"], [])
+    with pytest.raises(DoubleBooking, match="GPU-1 is held whole"):
+        check([], ["GPU-1"])
