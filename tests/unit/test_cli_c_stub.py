@@ -339,3 +339,16 @@ def test_a_helper_gone_mid_call_leaves_the_status_unknown(
     said = b"gpuq: error: the CLI helper ended before the command; its status is unknown\n"
     assert stderr == said
     assert time.monotonic() - began >= 0.3
+
+
+def test_only_a_right_guess_of_utf8_mode_is_linked(tmp_path: Path) -> None:
+    """The C stub's guess of UTF-8 mode decides the streams it sends: a link made for a wrong
+    guess would hand its calls to a helper whose interpreter disagrees."""
+    path = str(tmp_path / "cli-0123456789abcdef.sock")
+    wrong = 1 - sys.flags.utf8_mode
+    protocol.link_stub(path, f"00000000000000aa:{wrong}:/bin/gpuq")
+    protocol.link_stub(path, f"not-hex-at-all!!:{sys.flags.utf8_mode}:/bin/gpuq")
+    protocol.link_stub(path, f"../../etc/passwd:{sys.flags.utf8_mode}:/bin/gpuq")
+    assert list(tmp_path.iterdir()) == []
+    protocol.link_stub(path, f"00000000000000aa:{sys.flags.utf8_mode}:/bin/gpuq")
+    assert os.readlink(tmp_path / "stub-00000000000000aa.sock") == "cli-0123456789abcdef.sock"
