@@ -10,7 +10,8 @@ machine weighs on every figure alike, each as a new process with its output on a
   - `python3 -c pass` (the venv's python): the baseline;
   - `gpuq status`, `queue`, `submit --wrap true --hold`, `show ID`, `cancel ID`, `logs ID`,
     through a warm CLI helper (gpuq.cli.fast), as users run them;
-  - the gpuq script's own cost before main() (the interpreter and the stub's imports);
+  - the Python stub's own cost before main() (the interpreter and the stub's imports), and
+    `gpuq status` through it (`gpuq-py`, where `gpuq` is the C stub: gpuq/cli/fast/stub.c);
   - `for i in $(seq 200); do gpuq submit --hold --wrap true; done` in bash (--loop): per call,
     and submissions per second (target, issue 27: >= 100/s);
   - the cold call: `gpuq queue` with no helper (it runs in-process and starts one), --cold
@@ -144,9 +145,14 @@ def main() -> None:
             "gpuq show ID": lambda i: [*gpuq, "show", done],
             "gpuq cancel ID": lambda i: [*gpuq, "cancel", held[i]],
             "gpuq logs ID": lambda i: [*gpuq, "logs", done],
-            # what scripts/gpuq costs before main(): the interpreter and the stub's imports
+            # what scripts/gpuq-py costs before main(): the interpreter and the stub's imports
             "(the gpuq script's imports only)": lambda i: [python, "-c", STUB_IMPORTS],
         }
+        if (bin_dir / "gpuq-py").exists():  # `gpuq` is the C stub: the Python one beside it
+            commands["gpuq status, the Python stub (gpuq-py)"] = lambda i: [
+                str(bin_dir / "gpuq-py"),
+                "status",
+            ]
         times: dict[str, list[float]] = {name: [] for name in commands}
         for i in range(options.runs):
             for name, argv in commands.items():

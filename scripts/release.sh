@@ -7,7 +7,8 @@
 # for the SPDX license field) does not matter.
 #
 # Why the last part prints where a compiler is needed: gpuq has one C extension
-# (gpuq.agent._supervise), so a wheel fits exactly one CPython version and platform. Everywhere
+# (gpuq.agent._supervise), and the `gpuq` command is a C program (gpuq/cli/fast/stub.c), so a
+# wheel fits exactly one CPython version and platform. Everywhere
 # else pip builds from the sdist, which takes gcc and the Python headers.
 set -euo pipefail
 
@@ -34,7 +35,7 @@ echo "$SDIST"
 # the C sources must travel in the sdist, or every machine without a wheel fails to build
 LISTING=$(tar -tzf "$SDIST")
 for needed in setup.py gpuq/agent/native/supervisor.c gpuq/agent/native/supervise.h \
-    gpuq/migrations/env.py scripts/gpuq; do
+    gpuq/migrations/env.py scripts/gpuq-py gpuq/cli/fast/stub.c; do
     if ! grep -qx "[^/]*/$needed" <<<"$LISTING"; then
         echo "release: $SDIST lacks $needed" >&2
         exit 1
@@ -47,6 +48,13 @@ if ! "$PYTHON" -m zipfile -l "$WHEEL" | grep "gpuq/agent/_supervise\..*\.so" >/d
     echo "release: $WHEEL lacks the C extension gpuq/agent/_supervise" >&2
     exit 1
 fi
+# the `gpuq` command is a C program (gpuq/cli/fast/stub.c), the Python stub beside it
+for script in gpuq gpuq-py; do
+    if ! "$PYTHON" -m zipfile -l "$WHEEL" | grep "\.data/scripts/$script " >/dev/null; then
+        echo "release: $WHEEL lacks the script $script" >&2
+        exit 1
+    fi
+done
 
 echo "== auditwheel"
 if command -v auditwheel >/dev/null; then

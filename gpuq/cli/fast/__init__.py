@@ -3,8 +3,11 @@ helper) instead of a Python start-up plus the imports of click, grpc, the protob
 and the verbs. Fenced here: no verb knows of it, and it knows no verb (gpuq.cli.verbs is the
 one table of verbs; gpuq.cli.group.run is the one implementation of a call, here and in-process).
 
-    stub.py            the `gpuq` process (scripts/gpuq calls main()): hands the call to a
-                       helper and forwards signals, or runs it in-process and starts a helper
+    stub.c             the installed `gpuq` command: the stub's fast path in C, no Python
+                       started; runs stub.py (installed as gpuq-py) for everything else
+    stub.py            the Python stub (scripts/gpuq-py calls main()): hands the call to a
+                       helper and forwards signals, or runs it in-process and starts a helper;
+                       links the helper's socket for stub.c
     protocol.py        where a helper listens, and every message of the fast path
     helper_control.py  starting a helper (after a call that found none) and stopping helpers
     helper_process.py  the helper: loads the CLI, forks a spare ahead of each call, tracks the
@@ -15,26 +18,32 @@ one table of verbs; gpuq.cli.group.run is the one implementation of a call, here
                        locale, streams, signals) and running gpuq.cli.group.run
     warm_client.py     the client the spare connected ahead of the call
 
-The latency budget, measured with bench/cli_bench.py (a wheel in a fresh venv, `gpuq serve`
-with 4 fake GPUs, medians of 21 runs, on 2 CPUs shared with other work: read the ratios):
+The latency budget, measured with bench/cli_bench.py (a wheel in a fresh venv, so `gpuq` is
+the C stub; `gpuq serve` with 4 fake GPUs, medians of 21 runs, on 2 CPUs shared with other
+work, load average 0.5-1.5: read the ratios). Before: the Python stub was `gpuq` (issue 27).
 
-                                                          quiet machine     loaded (load 8-11)
-    python3 -c pass (the floor: any Python command)      16-19 ms  1.00x   27-52 ms  1.00x
-    the stub's imports before main()                     19-20 ms  1.1x    0.7-1.0x
-    status, queue, submit, show, cancel, logs (helper)   30-38 ms  1.9-2.1x   1.2-2.1x
-    gpuq submit in a loop, back to back                  50-62 ms  3.2x    2.2-3.9x
-    gpuq queue, cold (no helper yet: runs in-process)   150-240 ms 10-13x  10-20x
-    gpuq queue, GPUQ_CLI_HELPER=off (in-process)         190-260 ms 12-14x  12-26x
+                                                       Python stub (before)   C stub (now)
+    python3 -c pass (the floor: any Python command)     11.5 ms  1.00x       11.7 ms  1.00x
+    the Python stub's imports before main()             12.4 ms  1.07x       12.5 ms  1.07x
+    status                                              26.2 ms  2.27x       16.3 ms  1.40x
+    queue                                               20.1 ms  1.74x       11.4 ms  0.97x
+    submit --wrap true --hold                           23.3 ms  2.02x       14.3 ms  1.22x
+    show, cancel, logs                                  21-26 ms 1.8-2.3x    12-16 ms 1.0-1.4x
+    status through the Python stub (gpuq-py)               -                 25.7 ms  2.20x
+    gpuq submit in a shell loop, back to back           22.8 ms  44/s        18.5 ms  54/s
+    gpuq queue, cold (no helper yet: runs in-process)   131 ms  11x          128 ms  11x
+    gpuq queue, GPUQ_CLI_HELPER=off (in-process)        135 ms  12x          128 ms  11x
 
-So the fast path saves about 150-230 ms of each call here (the difference of the last row
-and the helper's), about 85 % of it; the target (issue 13) is every command within 2x the
-floor. The stub's imports cost 1-2 ms over the floor: in a paired A/B of 200 starts each,
-16.5 ms against 14.5 ms for `python3 -c pass`, of which +0.7 ms is the fenced layout's (three
-more small modules: this package, the protocol, the verb table) over the single stub module
-it replaced. What keeps it there:
+So a call through the helper costs the C stub's exec and one request (no interpreter: `gpuq
+queue` is as fast as `python3 -c pass`) plus the helper's side; the target (issue 13) of every
+command within 2x the floor is met. The shell loop (issue 27: 100/s) is not: back to back, a
+call also waits for the spare the helper forks after the previous one (fork, gRPC's start, the
+client's connection: not timed apart yet), which the stub does not change. What keeps the
+Python stub's imports at the floor (it still runs the first call, and every call where the C
+stub falls back):
 - the stub loads nothing but the interpreter's own modules and six small ones of gpuq's (the
   packages gpuq, gpuq.cli and this one, the stub, the protocol and gpuq.cli.verbs: checked by
-  tests/unit/test_cli_fast_path.py), and scripts/gpuq is a plain script, not pip's launcher
+  tests/unit/test_cli_fast_path.py), and scripts/gpuq-py is a plain script, not pip's launcher
   (which imports `re`: 5-7 ms);
 - the fork, gRPC's start-up, the connection to the coordinator, the credential handshake,
   click's parser and the copy-on-write faults of the loaded modules all happen in a spare

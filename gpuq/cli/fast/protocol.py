@@ -6,7 +6,10 @@ Where: a Unix socket $XDG_RUNTIME_DIR/gpuq/cli-KEY.sock when that runtime folder
 0700 (made so when missing; someone else's is refused, never repaired). KEY (installation_key)
 names the environment, interpreter, gpuq package and version and PYTHONPATH, so two virtual
 environments or checkouts never share a helper. Beside the socket, cli-KEY.lock: the helper
-holds a POSIX lock on it for life and writes its pid there.
+holds a POSIX lock on it for life and writes its pid there. And stub-HASH.sock, links to
+cli-KEY.sock for the installed C `gpuq` (gpuq/cli/fast/stub.c), which cannot compute KEY: HASH
+names that program and what of its environment KEY could depend on; the Python stub, run by
+it, makes the link (link_stub).
 
 The stub's request, on a fresh connection (send_request / read_request):
 
@@ -22,7 +25,8 @@ Answers to the stub, 5 bytes each, a letter and a big-endian int (answer / read_
     X status  the call ended: its wait status (from the child itself as soon as it closed the
               caller's fds, and again from the helper when the child was reaped)
     S 0       stale: the helper's code changed; the stub runs the call itself (the helper leaves)
-    D 0       declined (other groups, other GRPC_* settings); the stub runs the call itself
+    D 0       declined (other groups, other GRPC_* settings, an unknown stream encoding, a
+              verb that must own its process: the C stub cannot tell); the stub runs it itself
 
 A connection from another uid is closed without a word. Inside the helper, a spare (the child
 forked ahead of the next call) tells the helper process on a socket pair (send_took /
@@ -57,6 +61,11 @@ FORWARDED = (1, 2, 3, 10, 12, 15, 18, 28)  # HUP INT QUIT USR1 USR2 TERM CONT WI
 SIGTSTP, SIGSTOP = 20, 19
 _FIXED_FIELDS = 8  # MAGIC .. argc
 _S_IFMT, _S_IFDIR = 0o170000, 0o040000
+# set by the C stub for the Python stub it runs: "HASH:UTF8:ARGV0" (see link_stub)
+STUB_VAR = "GPUQ_CLI_STUB"
+# the group's options that take a value (gpuq.cli.group.cli), skipped to find the verb
+GROUP_OPTIONS_WITH_VALUE = ("--home", "--config")
+_HEX = frozenset("0123456789abcdef")
 
 
 # ---- where the helper's socket lives --------------------------------------------------------
@@ -95,6 +104,49 @@ def private_folder(folder: str, uid: int, create: bool = False) -> bool:
     except OSError:
         return False
     return st.st_mode & _S_IFMT == _S_IFDIR and st.st_uid == uid and st.st_mode & 0o7777 == 0o700
+
+
+def link_stub(path: str, stub: str) -> None:
+    """Link stub-HASH.sock to the socket `path` for the C stub that ran this process (`stub`:
+    STUB_VAR's value). HASH names that program and the variables a Python start-up reads that
+    KEY depends on, with its guess of UTF-8 mode: only a guess that matches this interpreter's
+    is linked (a wrong one then never finds a helper, so it never reaches one started with
+    other streams). Never fails the caller."""
+    digest, _, rest = stub.partition(":")
+    utf8_mode = rest.partition(":")[0]
+    if len(digest) != 16 or not _HEX.issuperset(digest) or utf8_mode != str(sys.flags.utf8_mode):
+        return
+    folder, name = os.path.split(path)
+    link = f"{folder}/stub-{digest}.sock"
+    try:
+        if os.readlink(link) == name:
+            return
+    except OSError:
+        pass
+    temporary = f"{link}.{os.getpid()}.tmp"
+    try:
+        os.symlink(name, temporary)
+        os.rename(temporary, link)
+    except OSError:
+        try:  # noqa: SIM105 - contextlib is an import the stub does without
+            os.unlink(temporary)
+        except OSError:
+            pass
+
+
+def command_of(args: list[str]) -> str | None:
+    """The command named in `args`, past the group's own options (`--home X serve`)."""
+    skip = False
+    for arg in args:
+        if skip:
+            skip = False
+        elif arg in GROUP_OPTIONS_WITH_VALUE:
+            skip = True
+        elif arg == "--":
+            return None
+        elif not arg.startswith("-"):
+            return arg
+    return None
 
 
 def installation_key() -> str:

@@ -7,7 +7,9 @@ Forking ahead takes the fork, and gRPC's start-up (its threads), off the call's 
 starts here with the helper's GRPC_* variables (the first caller's) and GRPC_VERBOSITY=ERROR
 unless set, as gpuq.cli.group.run does; a caller whose GRPC_* variables differ (gRPC reads
 them once, when it starts) is declined, and the stub runs the call itself. The helper parent
-never starts gRPC: it only forks.
+never starts gRPC: it only forks. A call from the C stub (gpuq/cli/fast/stub.c) is also
+declined when it names a verb that must own its process, or an encoding Python does not know:
+the C stub then runs the Python stub, which does what it always did.
 """
 
 from __future__ import annotations
@@ -28,10 +30,12 @@ from gpuq.cli.fast.protocol import (
     STALE,
     Request,
     answer,
+    command_of,
     read_request,
     send_took,
 )
 from gpuq.cli.fast.warm_client import warm_client
+from gpuq.cli.verbs import OWN_PROCESS
 
 REQUEST_TIMEOUT = 5.0
 BUSY_WAIT = 2.0  # seconds a new spare leaves the call before it alone, at most
@@ -161,6 +165,25 @@ def _own_pages() -> None:
     gc.freeze()
 
 
+def _codec_names(request: Request) -> bool:
+    """The streams' encodings as Python names them (codecs.lookup, as the interpreter does at
+    start-up: the C stub sends PYTHONIOENCODING's or the locale's name as it found it, e.g.
+    ANSI_X3.4-1968 for ascii); False when one is unknown."""
+    import codecs
+
+    named = []
+    for spec in request.encodings:
+        encoding, colon, errors = spec.partition(":")
+        if encoding:
+            try:
+                encoding = codecs.lookup(encoding).name
+            except LookupError:
+                return False
+        named.append(encoding + colon + errors)
+    request.encodings = named
+    return True
+
+
 def _grpc_settings(environ: Iterable[tuple[bytes, bytes]]) -> dict[bytes, bytes]:
     """The GRPC_* variables, GRPC_VERBOSITY=ERROR unless set (gpuq.cli.group.run's)."""
     found = {key: value for key, value in environ if key.startswith(b"GRPC_")}
@@ -191,6 +214,10 @@ def _take(
         refusal = DECLINED  # `sg`, `newgrp`: run it as called
     elif _grpc_settings(request.environ) != _GRPC_SETTINGS:
         refusal = DECLINED  # gRPC started here with other settings
+    elif command_of(request.argv[1:]) in OWN_PROCESS:
+        refusal = DECLINED  # from the C stub, which cannot tell: a daemon owns its process
+    elif not _codec_names(request):
+        refusal = DECLINED  # an encoding Python would not start with: let it say so
     if not refusal:
         return request
     for fd in request.fds:

@@ -1,5 +1,11 @@
-"""The `gpuq` command's entry point (scripts/gpuq calls main()): a lean stub in front of a
-persistent per-user CLI helper.
+"""The `gpuq` command's Python entry point (scripts/gpuq-py calls main()): a lean stub in front
+of a persistent per-user CLI helper.
+
+Installed, `gpuq` is a C program (gpuq/cli/fast/stub.c) that does this module's fast path
+without starting Python, and runs this stub (`gpuq-py`, beside it) for everything else: the
+first call, a stale or declining helper, GPUQ_CLI_HELPER=off. It passes STUB_VAR, which this
+stub takes out of the environment: with it, it links the helper's socket for the C program
+(protocol.link_stub) and takes the C program's path as sys.argv[0].
 
 Importing click, grpc and the protobuf descriptors costs several times what starting Python
 does, and a person types `gpuq status` dozens of times a day. So `main()` imports nothing but
@@ -11,9 +17,10 @@ to that child. Without a helper (the first call, `GPUQ_CLI_HELPER=off`, a verb t
 its process (gpuq.cli.verbs.OWN_PROCESS), a folder that is not safely ours) the command runs
 here, the slow way, and a helper is started for next time. The exit codes are gpuq.cli.group's.
 
-Rules kept here: no import beyond the builtins on the fast path (`python -X importtime`), the
-socket folder is trusted only when it is a real directory, ours, mode 0700, and anything that
-goes wrong before the helper said it runs the command falls back to the slow path in silence.
+Rules kept here (and in stub.c): no import beyond the builtins on the fast path (`python -X
+importtime`), the socket folder is trusted only when it is a real directory, ours, mode 0700,
+and anything that goes wrong before the helper said it runs the command falls back to the slow
+path in silence.
 """
 
 from __future__ import annotations
@@ -27,6 +34,9 @@ from gpuq.cli.fast.protocol import (
     PID,
     SIGSTOP,
     SIGTSTP,
+    STUB_VAR,
+    command_of,
+    link_stub,
     read_answer,
     send_request,
     socket_path,
@@ -39,40 +49,28 @@ if TYPE_CHECKING:
 
 HELPER_VAR = "GPUQ_CLI_HELPER"  # off: never use or start a helper; debug: say which path ran
 OFF_VALUES = frozenset({"off", "0", "no", "false"})
-# the group's options that take a value (gpuq.cli.group.cli), skipped to find the verb
-GROUP_OPTIONS_WITH_VALUE = ("--home", "--config")
 
 
 def main(argv: list[str] | None = None) -> NoReturn:
     """Entry point: through the helper when one answers, else here; then leave at once (a
     client command has nothing to clean up, and tearing grpc down costs a visible 30 ms)."""
     args = sys.argv[1:] if argv is None else list(argv)
+    stub = os.environ.pop(STUB_VAR, None)  # the C `gpuq` ran this (gpuq/cli/fast/stub.c)
+    if stub is not None and sys.argv:
+        sys.argv[0] = stub.split(":", 2)[-1] or sys.argv[0]  # the path it was run as
     mode = os.environ.get(HELPER_VAR, "").lower()
     path = None
     if mode not in OFF_VALUES and command_of(args) not in OWN_PROCESS:
         path = socket_path()
         if path is not None:
+            if stub is not None:
+                link_stub(path, stub)
             code = _through_helper(path, args, debug=mode == "debug")
             if code is not None:
                 os._exit(code)
             if mode == "debug":
                 os.write(2, b"gpuq: cli helper: none answered; the slow path, and one starts\n")
     _slow_path(args, path)
-
-
-def command_of(args: list[str]) -> str | None:
-    """The command named in `args`, past the group's own options (`--home X serve`)."""
-    skip = False
-    for arg in args:
-        if skip:
-            skip = False
-        elif arg in GROUP_OPTIONS_WITH_VALUE:
-            skip = True
-        elif arg == "--":
-            return None
-        elif not arg.startswith("-"):
-            return arg
-    return None
 
 
 # ---- the fast path -------------------------------------------------------------------------
