@@ -11,6 +11,8 @@ from browser import quit_driver, require_browser, start_chromium
 from e2e_cluster import Cluster
 from netns import NetnsCluster, TestNetwork, require_netns, start_netns_cluster
 
+from gpuq.cli.fast.helper_control import stop_helpers
+
 
 @pytest.fixture
 def cluster(tmp_path: Path) -> Iterator[Cluster]:
@@ -74,3 +76,15 @@ def driver(tmp_path: Path) -> Iterator[Any]:
         yield chromium
     finally:
         quit_driver(chromium, profile)
+
+
+@pytest.fixture
+def runtime(tmp_path: Path) -> Iterator[Path]:
+    """A private XDG_RUNTIME_DIR for CLI helpers; the helpers started there are stopped."""
+    folder = tmp_path / "run"
+    folder.mkdir(mode=0o700)
+    try:
+        yield folder
+    finally:
+        if (folder / "gpuq").exists():
+            stop_helpers(folder / "gpuq")

@@ -13,12 +13,12 @@ import os
 import shutil
 import signal
 import subprocess
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 import unix_users
 from c_stub import build_c_stub, python_stub_runs
+from cli_calls import call
 from e2e_cluster import Cluster, pid_alive, wait_for
 from unix_users import UnixUser
 
@@ -35,17 +35,6 @@ def c_gpuq(tmp_path: Path) -> Path:
     return build_c_stub(tmp_path / "bin", count=True)
 
 
-@pytest.fixture
-def runtime(tmp_path: Path) -> Iterator[Path]:
-    folder = tmp_path / "run"
-    folder.mkdir(mode=0o700)
-    try:
-        yield folder
-    finally:
-        if (folder / "gpuq").exists():
-            stop_helpers(folder / "gpuq")
-
-
 def gpuq(
     c_gpuq: Path,
     cluster: Cluster,
@@ -56,15 +45,8 @@ def gpuq(
     extra: dict[str, str] | None = None,
     stdin: str | None = None,
 ) -> subprocess.CompletedProcess[str]:
-    env = {**cluster.env, "XDG_RUNTIME_DIR": str(runtime), "GPUQ_CLI_HELPER": mode}
-    return subprocess.run(
-        [str(c_gpuq), *args],
-        cwd=cwd or cluster.root,
-        env={**env, **(extra or {})},
-        input=stdin,
-        capture_output=True,
-        text=True,
-        timeout=30,
+    return call(
+        [str(c_gpuq)], cluster, runtime, *args, mode=mode, cwd=cwd, extra=extra, stdin=stdin
     )
 
 

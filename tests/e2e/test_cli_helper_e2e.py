@@ -14,11 +14,11 @@ import socket
 import subprocess
 import sys
 import tempfile
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 import unix_users
+from cli_calls import call
 from e2e_cluster import Cluster, pid_alive, wait_for
 from unix_users import UnixUser, run_as
 
@@ -30,17 +30,6 @@ THROUGH = "gpuq: cli helper: child "
 NONE_ANSWERED = "gpuq: cli helper: none answered"
 
 
-@pytest.fixture
-def runtime(tmp_path: Path) -> Iterator[Path]:
-    folder = tmp_path / "run"
-    folder.mkdir(mode=0o700)
-    try:
-        yield folder
-    finally:
-        if (folder / "gpuq").exists():
-            stop_helpers(folder / "gpuq")
-
-
 def gpuq(
     cluster: Cluster,
     runtime: Path,
@@ -50,15 +39,15 @@ def gpuq(
     extra: dict[str, str] | None = None,
     stdin: str | None = None,
 ) -> subprocess.CompletedProcess[str]:
-    env = {**cluster.env, "XDG_RUNTIME_DIR": str(runtime), "GPUQ_CLI_HELPER": mode}
-    return subprocess.run(
-        [sys.executable, "-m", "gpuq.cli.main", *args],
-        cwd=cwd or cluster.root,
-        env={**env, **(extra or {})},
-        input=stdin,
-        capture_output=True,
-        text=True,
-        timeout=30,
+    return call(
+        [sys.executable, "-m", "gpuq.cli.main"],
+        cluster,
+        runtime,
+        *args,
+        mode=mode,
+        cwd=cwd,
+        extra=extra,
+        stdin=stdin,
     )
 
 
