@@ -13,7 +13,7 @@ from sqlalchemy.engine import Connection
 
 from gpuq.domain.model import JobTelemetry, SeriesPoint, UsageRow
 from gpuq.domain.states import JobState
-from gpuq.store.history_terms import ENDED, ended, ended_since
+from gpuq.store.history_terms import ENDED, ended_since, states_term
 from gpuq.store.tables import job_series, job_telemetry, jobs, upsert, usage
 
 
@@ -58,7 +58,7 @@ class AccountingReads:
             .select_from(jobs.outerjoin(job_telemetry, _TELEMETRY_OF_CURRENT_START))
             .where(
                 and_(
-                    ended(ENDED, by_user=user is not None),
+                    states_term(ENDED, by_user=user is not None),
                     jobs.c.start_time.is_not(None),
                     jobs.c.end_time.is_not(None),
                 )

@@ -12,7 +12,7 @@ from sqlalchemy import Engine, and_, case, delete, func, select, tuple_, update
 from sqlalchemy.engine import Connection
 
 from gpuq.domain.gpu_history import Frame, UnitUse
-from gpuq.store.history_terms import ENDED, ended, ended_since
+from gpuq.store.history_terms import ENDED, ended_since, states_term
 from gpuq.store.tables import gpu_usage, jobs
 
 
@@ -67,7 +67,7 @@ class GpuHistoryReads:
         stmt = (
             select(jobs.c.user, func.sum(jobs.c.gpus * (jobs.c.end_time - start)))
             .where(
-                ended(ENDED, by_user=False),
+                states_term(ENDED, by_user=False),
                 jobs.c.start_time.is_not(None),
                 ended_since(since, self.engine.dialect.name),
                 jobs.c.gpus > 0,

@@ -9,9 +9,9 @@ quarter of the table, never worth an index. Measured at 200,000 ended jobs: `gpu
 45 ms, the dashboard's GPU history (held_seconds) 110 ms, sacct -a 105 ms; each a read of
 every ended job.
 
-- `ended`: asked without a user, "every ended state" is written `state NOT IN (live)`, the
-  same rows, which no index takes as narrow: newest first is then a walk of the primary key
-  from the top, a window a range of ix_jobs_end_time. With a user it stays as it was:
+- `states_term`: asked without a user, "every ended state" is written `state NOT IN (live)`,
+  the same rows, which no index takes as narrow: newest first is then a walk of the primary
+  key from the top, a window a range of ix_jobs_end_time. With a user it stays as it was:
   ix_jobs_user_state serves each state's rows in id order (SQLite merges them, reading a
   page's worth of each).
 - `ended_since`: on SQLite an end-time lower bound says (likelihood()) that it is a small part
@@ -35,7 +35,7 @@ LIVE = sorted(s.value for s in JobState if s.is_live)
 WINDOW_LIKELIHOOD: ColumnElement[float] = literal_column("0.01")
 
 
-def ended(states: frozenset[JobState], by_user: bool) -> ColumnElement[bool]:
+def states_term(states: frozenset[JobState], by_user: bool) -> ColumnElement[bool]:
     """The state term of a read of jobs in `states`, asked for one user (or a few) or not."""
     if states == ENDED and not by_user:
         return jobs.c.state.not_in(LIVE)

@@ -29,7 +29,7 @@ from gpuq.domain.codec import spec_from_dict
 from gpuq.domain.model import Job, JobEvent, JobSpec, JobTelemetry, UnitTelemetry
 from gpuq.domain.states import JobState
 from gpuq.errors import NotFound
-from gpuq.store.history_terms import ended, ended_since
+from gpuq.store.history_terms import ended_since, states_term
 from gpuq.store.records import JobQuery
 from gpuq.store.row_mapping import job_from_row
 from gpuq.store.tables import allocations, job_events, job_telemetry, jobs, submission_keys
@@ -50,7 +50,7 @@ class JobReads:
         stmt = select(jobs)
         if query.states is not None:
             by_user = query.user is not None or query.users is not None
-            stmt = stmt.where(ended(query.states, by_user))
+            stmt = stmt.where(states_term(query.states, by_user))
         if query.user is not None:
             stmt = stmt.where(jobs.c.user == query.user)
         if query.job_ids is not None:

@@ -328,7 +328,7 @@ class JobPages:
         """A page of the store's rows after the cursor, in the query's order (`ahead`: and
         one row more, to know whether a next page has any)."""
         after = cursor.after if cursor.given else None
-        paged = _paged(query, after, size + ahead)
+        paged = _paged(query, after, size + 1 if ahead else size)
         jobs = await self.writer.read(lambda s: s.list_jobs(paged))
         if len(jobs) < size or (ahead and len(jobs) == size):
             return Page([(j, None) for j in jobs], None)
