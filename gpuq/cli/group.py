@@ -47,11 +47,15 @@ class Context:
         self.home = home
         self.config = config
         self._client: Any = None
+        self._settings: Any = None
 
     def settings(self) -> Any:
-        from gpuq.config.loading import load_settings
+        """Read once per command: a command and its client see one reading of the file."""
+        if self._settings is None:
+            from gpuq.config.loading import load_settings
 
-        return load_settings(self.config, self.home)
+            self._settings = load_settings(self.config, self.home)
+        return self._settings
 
     def client(self) -> Any:
         if self._client is None:

@@ -10,10 +10,12 @@ one table of verbs; gpuq.cli.group.run is the one implementation of a call, here
                        links the helper's socket for stub.c
     protocol.py        where a helper listens, and every message of the fast path
     helper_control.py  starting a helper (after a call that found none) and stopping helpers
-    helper_process.py  the helper: loads the CLI, forks a spare ahead of each call, tracks the
+    helper_process.py  the helper: loads the CLI, keeps two spares forked ahead, tracks the
                        calls, leaves when idle or when its code changed
-    spare.py           the child forked ahead of the next call: warms gRPC and a client,
-                       accepts the call and checks it (uid, code, groups, gRPC settings)
+    code_check.py      whether the loaded code is still what is on disk (a fingerprint, and
+                       an inotify watch that spares taking it on every call)
+    spare.py           a child forked ahead of a call: warms gRPC and a client, accepts the
+                       call and checks it (uid, code, groups, gRPC settings)
     become_caller.py   the spare turning into the caller (fds, folder, umask, environment,
                        locale, streams, signals) and running gpuq.cli.group.run
     warm_client.py     the client the spare connected ahead of the call

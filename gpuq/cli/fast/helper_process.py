@@ -3,21 +3,22 @@ grpc, the protobuf descriptors, the command modules) loaded, so that a `gpuq` ca
 fork instead of a 100+ ms import (see gpuq.cli.fast.stub for the stub on the other end, and
 gpuq.cli.fast.protocol for what the two say).
 
-Per call it forks a child that becomes the caller (gpuq.cli.fast.become_caller: its fds 0-2,
-working folder, umask, environment, stdio encodings, argv) and runs the one CLI entry,
-gpuq.cli.group.run. The child says its pid at once (the stub forwards signals to it) and its
-exit code once it closed the caller's fds; the parent sends the wait status when the child ends
-(what counts when the child was killed). A stub that goes away first (killed) gets its child
-SIGHUP then SIGTERM, and SIGKILL if it lingers.
+It keeps two spares forked ahead (gpuq.cli.fast.spare); per call, one of them becomes the
+caller (gpuq.cli.fast.become_caller: its fds 0-2, working folder, umask, environment, stdio
+encodings, argv) and runs the one CLI entry, gpuq.cli.group.run. The child says its pid at
+once (the stub forwards signals to it) and its exit code once it closed the caller's fds; the
+parent sends the wait status when the child ends (what counts when the child was killed). A
+stub that goes away first (killed) gets its child SIGHUP then SIGTERM, and SIGKILL if it
+lingers.
 
 Rules it keeps:
 - No grpc channel (nor any thread) in the parent: only children talk to the coordinator, so
   fork never copies gRPC's state.
 - Only its own uid may call (SO_PEERCRED on every connection); a request can only run the gpuq
   CLI, with the caller's own fds, folder and environment.
-- It never runs old code: a fingerprint of its code (mtime and size of every module of the gpuq
-  package, and of the folders its dependencies live in) is checked before each call; when it
-  changed, the helper answers "stale" (the stub runs the call itself) and leaves.
+- It never runs old code: before each call a spare checks that the code on disk is the code as
+  loaded (gpuq.cli.fast.code_check); when it changed, the helper answers "stale" (the stub
+  runs the call itself) and leaves.
 - One helper per socket: a POSIX lock held for life; a new one binds a temporary name and renames
   it over the socket, so a dead one's socket is replaced. It leaves after GPUQ_CLI_HELPER_IDLE
   seconds (600) without calls, and on SIGTERM, removing its socket.
@@ -33,12 +34,11 @@ import os
 import selectors
 import signal
 import socket
-import sys
 import time
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
+from gpuq.cli.fast.code_check import CodeCheck, code_fingerprint
 from gpuq.cli.fast.protocol import (
     EXIT,
     LEFT,
@@ -56,6 +56,9 @@ DEFAULT_IDLE = 600.0
 HANGUP_GRACE = 10.0  # seconds from SIGHUP+SIGTERM to SIGKILL for an abandoned child
 STOP_GRACE = 5.0  # the same when the helper itself is told to stop
 CHECK_EVERY = 5.0  # seconds between checks that the socket is still there and ours
+# spares kept forked ahead: with two, calls back to back (a shell loop) find one warm while
+# the other warms up after the call before (issue 27: 42 -> N submissions/s on 2 CPUs)
+SPARES = 2
 # loaded before the first call (each only if it imports), with every verb's module and what
 # the verbs import when they run (gpuq.cli.verbs.CALL_TIME_IMPORTS): what a call needs beyond
 PRELOAD = (
@@ -74,32 +77,7 @@ PRELOAD = (
 )
 
 
-# ---- the code's fingerprint ----------------------------------------------------------------
-
-
-def code_fingerprint(package: Path | None = None) -> tuple[tuple[str, int, int], ...]:
-    """(name, mtime_ns, size) of every module and extension of the gpuq package, and of the
-    folders that hold the CLI's dependencies (pip changes them when it installs): ~0.5 ms."""
-    root = str(package or Path(__file__).resolve().parents[2])  # gpuq/
-    found = []
-    folders = [root]
-    while folders:
-        with os.scandir(folders.pop()) as entries:
-            for entry in entries:
-                if entry.is_dir(follow_symlinks=False):
-                    if entry.name != "__pycache__":
-                        folders.append(entry.path)
-                elif entry.name.endswith((".py", ".so")):
-                    st = entry.stat()
-                    found.append((entry.path, st.st_mtime_ns, st.st_size))
-    for name in ("click", "grpc", "google.protobuf"):
-        module = sys.modules.get(name)
-        where = getattr(module, "__file__", None)
-        if where:
-            site = os.path.dirname(os.path.dirname(where))
-            with contextlib.suppress(OSError):
-                found.append((site, os.stat(site).st_mtime_ns, 0))
-    return tuple(found)
+# ---- loading
 
 
 def preload() -> None:
@@ -130,7 +108,7 @@ class Session:
 
 @dataclass
 class Spare:
-    """The child forked ahead of the next call, waiting in accept (gpuq.cli.fast.spare)."""
+    """A child forked ahead of a call, waiting in accept (gpuq.cli.fast.spare)."""
 
     pid: int
     pidfd: int
@@ -141,11 +119,11 @@ class Spare:
 class Helper:
     path: str
     lock: int
-    fingerprint: tuple[tuple[str, int, int], ...]
+    code: CodeCheck
     idle: float
     sessions: dict[int, Session] = field(default_factory=dict)
     listener: socket.socket | None = None
-    spare: Spare | None = None
+    spares: dict[int, Spare] = field(default_factory=dict)  # by pid
     stopping: bool = False
     last_call: float = field(default_factory=time.monotonic)
     selector: selectors.BaseSelector = field(default_factory=selectors.DefaultSelector)
@@ -172,7 +150,7 @@ class Helper:
         self.selector.register(wake_read, selectors.EVENT_READ, self._drain)
         for number in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
             signal.signal(number, self._stop)
-        self._fork_spare()
+        self._replenish()
 
     def loop(self) -> None:
         while self.listener is not None or self.sessions:
@@ -205,7 +183,9 @@ class Helper:
         start at once). Calls under way run to their end."""
         if self.listener is None:
             return
-        self._drop_spare()
+        for spare_ in list(self.spares.values()):
+            self._drop_spare(spare_)
+        self.code.watch.close()
         if self._still_ours():
             with contextlib.suppress(OSError):
                 os.unlink(self.path)
@@ -226,9 +206,21 @@ class Helper:
 
     # ---- spares
 
-    def _fork_spare(self, busy: int | None = None) -> None:
-        """`busy`: the pidfd of the call just taken; the new spare warms up once it ended
-        (a warm-up beside the call would take CPU from it: ~5 ms of a 2-CPU machine)."""
+    def _replenish(self, busy: int | None = None) -> None:
+        """Fork spares until SPARES wait. `busy`: the pidfd of the call just taken; a new
+        spare warms up once it ended (a warm-up beside the call would take CPU from it: ~5 ms
+        of a 2-CPU machine); the other spare, warm already, takes the next call meanwhile."""
+        renewed = self.code.renewed()
+        if renewed is None:
+            self.retire()  # the code changed: the next call finds no helper, and starts one
+            return
+        if renewed is not self.code:
+            self.code.watch.close()
+            self.code = renewed
+        while self.listener is not None and len(self.spares) < SPARES:
+            self._fork_spare(busy)
+
+    def _fork_spare(self, busy: int | None) -> None:
         assert self.listener is not None
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
         helper = os.getpid()
@@ -236,49 +228,45 @@ class Helper:
         if pid == 0:
             ours.close()
             warm = (self.last_environ, busy)
-            spare(self.listener, theirs, code_fingerprint, self.fingerprint, warm, helper)
+            spare(self.listener, theirs, self.code, warm, helper)
         theirs.close()
-        self.spare = Spare(pid, os.pidfd_open(pid), ours)
-        self.selector.register(ours, selectors.EVENT_READ, self._spare_says)
-        self.selector.register(self.spare.pidfd, selectors.EVENT_READ, self._spare_ended)
+        spare_ = Spare(pid, os.pidfd_open(pid), ours)
+        self.spares[pid] = spare_
+        self.selector.register(ours, selectors.EVENT_READ, lambda _: self._spare_says(spare_))
+        self.selector.register(spare_.pidfd, selectors.EVENT_READ, lambda _: self._ended(spare_))
 
-    def _spare_says(self, control: Any) -> None:
+    def _spare_says(self, spare_: Spare) -> None:
         """The spare took a call (its connection comes along), or found the code changed."""
-        spare_ = self.spare
-        assert spare_ is not None
-        message, fds = read_spare_message(control)
+        message, fds = read_spare_message(spare_.control)
         if message[:1] == TOOK and fds:
             self.last_call = time.monotonic()
             self.last_environ = message[1:]
-            self.selector.unregister(control)
-            control.close()
-            self.spare = None
+            self.selector.unregister(spare_.control)
+            spare_.control.close()
+            del self.spares[spare_.pid]
             self._track(spare_.pid, spare_.pidfd, socket.socket(fileno=fds[0]))
-            self._fork_spare(busy=spare_.pidfd)
+            self._replenish(busy=spare_.pidfd)
             return
         for fd in fds:
             os.close(fd)
         if message == LEFT:
             self.retire()
         elif not message:
-            self.selector.unregister(control)  # it died: _spare_ended follows
+            self.selector.unregister(spare_.control)  # it died: _ended follows
 
-    def _spare_ended(self, pidfd: Any) -> None:
-        spare_ = self.spare
-        if spare_ is None or os.waitpid(spare_.pid, os.WNOHANG)[0] == 0:
+    def _ended(self, spare_: Spare) -> None:
+        if spare_.pid not in self.spares or os.waitpid(spare_.pid, os.WNOHANG)[0] == 0:
             return
         self._close_spare(spare_)
         if self.listener is not None:
-            self._fork_spare()  # a spare that failed: the next; SIGKILLed ones are not kept
+            self._replenish()  # a spare that failed: the next; SIGKILLed ones are not kept
 
-    def _drop_spare(self) -> None:
-        spare_ = self.spare
-        if spare_ is not None:
-            with contextlib.suppress(OSError):
-                signal.pidfd_send_signal(spare_.pidfd, signal.SIGKILL)
-            with contextlib.suppress(ChildProcessError):
-                os.waitpid(spare_.pid, 0)
-            self._close_spare(spare_)
+    def _drop_spare(self, spare_: Spare) -> None:
+        with contextlib.suppress(OSError):
+            signal.pidfd_send_signal(spare_.pidfd, signal.SIGKILL)
+        with contextlib.suppress(ChildProcessError):
+            os.waitpid(spare_.pid, 0)
+        self._close_spare(spare_)
 
     def _close_spare(self, spare_: Spare) -> None:
         for thing in (spare_.control, spare_.pidfd):
@@ -286,7 +274,7 @@ class Helper:
                 self.selector.unregister(thing)
         spare_.control.close()
         os.close(spare_.pidfd)
-        self.spare = None
+        self.spares.pop(spare_.pid, None)
 
     # ---- calls
 
@@ -362,15 +350,13 @@ def serve(path: str) -> None:
     os.pwrite(lock, str(os.getpid()).encode(), 0)
     before = code_fingerprint()  # before loading: a change while loading is seen
     preload()
-    fingerprint = code_fingerprint()  # now with the dependencies' folders, listed last
-    if fingerprint[: len(before)] != before:
-        fingerprint = ()  # changed under us: the first call finds it stale
+    code = CodeCheck.taken(loaded_before=before)  # now with the dependencies' folders
     if not private_folder(os.path.dirname(path), os.getuid()):
         os._exit(0)  # removed while loading (a test session ended)
     import gc
 
     gc.freeze()  # children then leave the loaded objects' pages shared
-    helper = Helper(path, lock, fingerprint, _idle())
+    helper = Helper(path, lock, code, _idle())
     helper.listen()
     helper.loop()
     os._exit(0)

@@ -19,10 +19,11 @@ import os
 import signal
 import socket
 import struct
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from typing import Any, NoReturn
 
 from gpuq.cli.fast.become_caller import run_as_caller
+from gpuq.cli.fast.code_check import CodeCheck
 from gpuq.cli.fast.protocol import (
     DECLINED,
     LEFT,
@@ -49,19 +50,21 @@ _GRPC_SETTINGS: dict[bytes, bytes] = {}  # the GRPC_* variables gRPC started wit
 def spare(
     listener: socket.socket,
     control: socket.socket,
-    fingerprint: Callable[[], object],
-    known: object,
+    code: CodeCheck,
     warm: tuple[bytes, int | None] = (b"", None),
     parent: int = 0,
 ) -> NoReturn:
     """Wait for a call on `listener`, tell the helper on `control`, run it; never returns.
+    `code`: what the code was when loaded (checked before each call).
     `warm`: the last caller's settings variables, and the pidfd of its call (see _warm_up).
     `parent`: the helper's pid as it forked (a spare forked just as the helper was killed
     must not take init, its new parent, for the helper, and outlive it)."""
     try:
         _die_with(parent or os.getppid())
         environ, busy = warm
-        kept = (listener.fileno(), control.fileno(), *(() if busy is None else (busy,)))
+        watch = (code.watch.fd,) if code.watch.fd >= 0 else ()
+        helpers = (listener.fileno(), control.fileno(), *watch)
+        kept = (*helpers, *(() if busy is None else (busy,)))
         _keep_only(*kept)  # before gRPC makes fds of its own
         signal.set_wakeup_fd(-1)
         for number in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
@@ -73,11 +76,11 @@ def spare(
             _own_pages()
         while True:
             conn, _ = listener.accept()
-            request = _take(conn, control, fingerprint, known)
+            request = _take(conn, control, code)
             if request is not None:
                 send_took(control, conn.fileno(), settings_environ(request.environ))
                 _die_with(None)  # a command outlives a killed helper (its stub waits for it)
-                run_as_caller(request, conn.fileno(), (listener.fileno(), control.fileno()))
+                run_as_caller(request, conn.fileno(), helpers)
     finally:
         os._exit(0)
 
@@ -94,9 +97,9 @@ def _die_with(parent: int | None) -> None:
 
 
 def _keep_only(*fds: int) -> None:
-    """Close every fd from 3 up but `fds` (the helper's sockets, pidfds, its lock's fd)."""
+    """Close every fd from 3 up but `fds` (the helper's sockets and code watch, a pidfd)."""
     low = 3
-    for fd in sorted(fds):
+    for fd in sorted(fd for fd in fds if fd >= low):  # -1: no watch
         os.closerange(low, fd)
         low = fd + 1
     os.closerange(low, 1 << 20)
@@ -191,9 +194,7 @@ def _grpc_settings(environ: Iterable[tuple[bytes, bytes]]) -> dict[bytes, bytes]
     return found
 
 
-def _take(
-    conn: socket.socket, control: socket.socket, fingerprint: Callable[[], object], known: object
-) -> Request | None:
+def _take(conn: socket.socket, control: socket.socket, code: CodeCheck) -> Request | None:
     """The call on `conn` when this spare may run it; else it is answered (or, from another
     uid, closed without a word) and None."""
     try:
@@ -208,7 +209,7 @@ def _take(
         conn.close()
         return None
     refusal = b""
-    if fingerprint() != known:
+    if not code.unchanged():
         refusal = STALE
     elif gid != os.getgid() or sorted(request.groups) != sorted(os.getgroups()):
         refusal = DECLINED  # `sg`, `newgrp`: run it as called
