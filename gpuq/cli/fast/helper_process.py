@@ -218,19 +218,36 @@ class Helper:
             self.code.watch.close()
             self.code = renewed
         while self.listener is not None and len(self.spares) < SPARES:
-            self._fork_spare(busy)
+            try:
+                self._fork_spare(busy)
+            except OSError:  # out of processes (RLIMIT_NPROC) or memory: serve with fewer
+                if not self.spares:
+                    self.retire()  # none to take a call: callers run it themselves
+                return
 
     def _fork_spare(self, busy: int | None) -> None:
         assert self.listener is not None
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
         helper = os.getpid()
-        pid = os.fork()
+        try:
+            pid = os.fork()
+        except OSError:
+            ours.close()
+            theirs.close()
+            raise
         if pid == 0:
             ours.close()
             warm = (self.last_environ, busy)
             spare(self.listener, theirs, self.code, warm, helper)
         theirs.close()
-        spare_ = Spare(pid, os.pidfd_open(pid), ours)
+        try:
+            pidfd = os.pidfd_open(pid)
+        except OSError:  # out of fds: a spare it cannot watch must not take calls
+            os.kill(pid, signal.SIGKILL)
+            os.waitpid(pid, 0)
+            ours.close()
+            raise
+        spare_ = Spare(pid, pidfd, ours)
         self.spares[pid] = spare_
         self.selector.register(ours, selectors.EVENT_READ, lambda _: self._spare_says(spare_))
         self.selector.register(spare_.pidfd, selectors.EVENT_READ, lambda _: self._ended(spare_))
