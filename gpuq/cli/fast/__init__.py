@@ -33,14 +33,25 @@ work, load average 0.5-1.5: read the ratios). Before: the Python stub was `gpuq`
     show, cancel, logs                                  21-26 ms 1.8-2.3x    12-16 ms 1.0-1.4x
     status through the Python stub (gpuq-py)               -                 25.7 ms  2.20x
     gpuq submit in a shell loop, back to back           22.8 ms  44/s        18.5 ms  54/s
+      (two spares, the watch: another day, slower)                           17.0 ms  59/s
     gpuq queue, cold (no helper yet: runs in-process)   131 ms  11x          128 ms  11x
     gpuq queue, GPUQ_CLI_HELPER=off (in-process)        135 ms  12x          128 ms  11x
 
 So a call through the helper costs the C stub's exec and one request (no interpreter: `gpuq
 queue` is as fast as `python3 -c pass`) plus the helper's side; the target (issue 13) of every
-command within 2x the floor is met. The shell loop (issue 27: 100/s) is not: back to back, a
-call also waits for the spare the helper forks after the previous one (fork, gRPC's start, the
-client's connection: not timed apart yet), which the stub does not change. What keeps the
+command within 2x the floor is met.
+
+The shell loop (issue 27: 100/s) is not. With one spare, a call back to back waited for the
+spare forked after the previous call to warm up (8-9.5 ms: gRPC's start 1.9 ms, the settings
+and client 2.5, the connection, click's parser 1.8), then spent 2-3 ms in the code check (300
+stats) before running. Now two spares wait, so the next call finds one warm while the other
+warms up beside it, and the check is a poll of an inotify watch (code_check.py); the same
+bench, same machine, one session: 41.7/s -> 58.8/s (52/s with the check alone). What is left
+is CPU: a call back to back costs ~33 ms of CPU on 2 CPUs (the spare ~19 ms, of which 2,300
+copy-on-write page faults ~5 ms, gRPC's threads and connection, the command ~6 ms; the
+coordinator ~4 ms; the helper's fork ~2 ms; bash and the stub), so 100/s would need a third
+of that: no per-call gRPC start and connection (a process that outlives calls) and a cheaper
+submission on the coordinator's side. What keeps the
 Python stub's imports at the floor (it still runs the first call, and every call where the C
 stub falls back):
 - the stub loads nothing but the interpreter's own modules and six small ones of gpuq's (the

@@ -57,7 +57,7 @@ HANGUP_GRACE = 10.0  # seconds from SIGHUP+SIGTERM to SIGKILL for an abandoned c
 STOP_GRACE = 5.0  # the same when the helper itself is told to stop
 CHECK_EVERY = 5.0  # seconds between checks that the socket is still there and ours
 # spares kept forked ahead: with two, calls back to back (a shell loop) find one warm while
-# the other warms up after the call before (issue 27: 42 -> N submissions/s on 2 CPUs)
+# the other warms up after the call before (issue 27: 52 -> 59-64 submissions/s on 2 CPUs)
 SPARES = 2
 # loaded before the first call (each only if it imports), with every verb's module and what
 # the verbs import when they run (gpuq.cli.verbs.CALL_TIME_IMPORTS): what a call needs beyond
