@@ -82,6 +82,32 @@ def test_first_call_starts_a_helper_and_the_next_goes_through_it(
     assert (runtime / "gpuq").stat().st_mode & 0o777 == 0o700
 
 
+def test_a_first_call_into_a_closed_pipe_starts_a_helper_too(
+    cluster: Cluster, runtime: Path
+) -> None:
+    """`gpuq queue | head -1` as the first call: its output meets a closed pipe, which ends the
+    command early; the next calls are still fast."""
+    read_end, write_end = os.pipe()
+    os.close(read_end)
+    env = {**cluster.env, "XDG_RUNTIME_DIR": str(runtime), "GPUQ_CLI_HELPER": "debug"}
+    try:
+        first = subprocess.run(
+            [sys.executable, "-m", "gpuq.cli.main", "queue"],
+            cwd=cluster.root,
+            env=env,
+            stdout=write_end,
+            stderr=subprocess.PIPE,
+            text=True,
+            timeout=30,
+        )
+    finally:
+        os.close(write_end)
+    assert first.stderr.startswith(NONE_ANSWERED), first.stderr
+    wait_for(lambda: sockets(runtime), timeout=30, what="the helper's socket")
+    second = gpuq(cluster, runtime, "queue", mode="debug")
+    assert second.returncode == 0 and second.stderr.startswith(THROUGH), second.stderr
+
+
 def children(pid: int) -> list[int]:
     found = []
     for entry in Path("/proc").iterdir():

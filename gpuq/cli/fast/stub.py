@@ -158,11 +158,13 @@ def _slow_path(args: list[str], path: str | None) -> NoReturn:
     time (after the command, so that the two do not compete for the CPU)."""
     from gpuq.cli.group import run
 
-    code = run(args)
-    sys.stdout.flush()
-    sys.stderr.flush()
-    if path is not None:
-        from gpuq.cli.fast.helper_control import start_helper
+    try:
+        code = run(args)
+        sys.stdout.flush()
+        sys.stderr.flush()
+    finally:  # also after a closed pipe (`gpuq queue | head`: click's exit 1, or EPIPE here)
+        if path is not None:
+            from gpuq.cli.fast.helper_control import start_helper
 
-        start_helper(path)
+            start_helper(path)
     os._exit(code)
