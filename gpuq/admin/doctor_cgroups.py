@@ -47,7 +47,6 @@ class Layout:
 
     v2: Path | None  # the cgroup2 mount, read under ctx.sys
     v1: dict[str, Path]  # v1 controller -> its hierarchy's mount
-    favordynmods: bool = False  # a cgroup mount says favordynmods
 
     @property
     def version(self) -> str:
@@ -66,14 +65,12 @@ def cgroup_checks(ctx: DoctorContext) -> list[Check]:
         delegation_check(ctx, layout),
         controllers_check(ctx, layout),
         device_check(ctx, layout),
-        move_check(ctx, layout),
     ]
 
 
 def read_layout(ctx: DoctorContext) -> Layout:
     v2: Path | None = None
     v1: dict[str, Path] = {}
-    favors = False  # any cgroup mount with favordynmods
     try:
         mounts = (ctx.proc / "self" / "mounts").read_text(errors="replace")
     except OSError:
@@ -83,15 +80,13 @@ def read_layout(ctx: DoctorContext) -> Layout:
         if len(fields) < 4:
             continue
         point = _under(ctx, fields[1])
-        if fields[2] in ("cgroup", "cgroup2") and "favordynmods" in fields[3].split(","):
-            favors = True
         if fields[2] == "cgroup2" and v2 is None:
             v2 = point
         elif fields[2] == "cgroup":
             for option in fields[3].split(","):
                 if option in V1_CONTROLLERS:
                     v1.setdefault(option, point)
-    return Layout(v2, v1, favors)
+    return Layout(v2, v1)
 
 
 def _under(ctx: DoctorContext, point: str) -> Path:
@@ -247,66 +242,3 @@ def _probe(ctx: DoctorContext) -> str | None:
     from gpuq.agent import _supervise  # the compiled part: imported only when it is needed
 
     return _supervise.probe_device_program()
-
-
-# how a job's process gets into its cgroups on each layout (supervisor.c: born there by
-# clone3(CLONE_INTO_CGROUP) on cgroup v2; written into each v1 hierarchy's cgroup.procs)
-MOVE_FIX = (
-    "boot with cgroup_favordynmods=true (Linux 6.7 and later; v1 and v2), or on cgroup v2 "
-    "remount with favordynmods (mount -o remount,favordynmods /sys/fs/cgroup); or, at run time "
-    "and undone by writing 0, echo 1 > /sys/kernel/rcu_expedited (every RCU grace period on "
-    "the machine then interrupts all CPUs)"
-)
-
-
-def move_check(ctx: DoctorContext, layout: Layout) -> Check:
-    """Whether moving a job's process into its v1 groups waits an RCU grace period. Linux 6.0
-    made cgroup moves cheap for forks and dear for movers: each move after a quiet spell waits
-    10-20 ms (measured on 6.18: 13 ms a move, 0.3 ms with favordynmods), which was most of a
-    job's start on an idle queue. A v2 job is born in its group and never moves. Expedited
-    RCU (/sys/kernel/rcu_expedited) shortens that wait too (7.4 -> 0.5 ms on 6.18)."""
-    name = "cgroup moves"
-    if layout.version == "none":
-        return Check(name, "skip", "no cgroup hierarchy")
-    if layout.version == "pure v2":
-        return Check(name, "ok", "jobs are born in their cgroup v2 group (clone3): no move")
-    release = _kernel(ctx)
-    if release is not None and release < (6, 0):
-        return Check(name, "ok", "Linux before 6.0: a move into a cgroup waits for nothing")
-    if layout.favordynmods or _boot_favors(ctx):
-        return Check(name, "ok", "favordynmods is on: a move into a cgroup waits for nothing")
-    if _expedited(ctx):
-        return Check(name, "ok", "RCU is expedited: a move into a cgroup waits well under 1 ms")
-    return Check(
-        name,
-        "warn",
-        f"{layout.version} cgroups without favordynmods: each job's start waits about 10-20 ms "
-        "in the kernel to move the job into its v1 groups (an RCU grace period per move)",
-        MOVE_FIX,
-    )
-
-
-def _kernel(ctx: DoctorContext) -> tuple[int, int] | None:
-    try:
-        release = (ctx.proc / "sys" / "kernel" / "osrelease").read_text()
-        major, minor = release.split(".")[:2]
-        return int(major), int("".join(c for c in minor if c.isdigit()) or 0)
-    except (OSError, ValueError):
-        return None
-
-
-def _expedited(ctx: DoctorContext) -> bool:
-    """/sys/kernel/rcu_expedited is 1 (set at run time, or by rcupdate.rcu_expedited=1)."""
-    try:
-        return (ctx.sys / "kernel" / "rcu_expedited").read_text().strip() not in ("", "0")
-    except OSError:
-        return False
-
-
-def _boot_favors(ctx: DoctorContext) -> bool:
-    try:
-        words = (ctx.proc / "cmdline").read_text().split()
-    except OSError:
-        return False
-    values = [w.split("=", 1)[1] for w in words if w.startswith("cgroup_favordynmods=")]
-    return bool(values) and values[-1].lower() in ("1", "y", "yes", "true", "on")

@@ -9,12 +9,15 @@ import asyncio
 import atexit
 import contextlib
 import os
+import shutil
 import signal
 import sys
 import time
 from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
 from typing import Any
+
+from helpers import skip_or_fail
 
 from gpuq.agent.jobs import process_tree
 from gpuq.agent.jobs.launch_spec import LaunchSpec
@@ -163,3 +166,26 @@ def cleanup(state: Path, *pid_files: Path) -> Iterator[None]:
             with contextlib.suppress(OSError, ValueError):
                 os.kill(int(pid_file.read_text().split()[0]), signal.SIGKILL)
         kill_supervisors(state)
+
+
+@contextlib.asynccontextmanager
+async def traced(hub: Supervisors, out: Path) -> AsyncIterator[None]:
+    """strace on the hub's fork server and what it forks from now on (supervisors, jobs): their
+    clone3 calls and writes, each fd named by its path (-y), into `out`."""
+    if shutil.which("strace") is None:
+        skip_or_fail("strace is not installed")
+    assert hub.forks.fork_server is not None
+    pid = hub.forks.fork_server.process.pid
+    trace = "trace=clone3,write"
+    tracer = await asyncio.create_subprocess_exec(
+        *("strace", "-f", "-y", "-e", trace, "-e", "signal=none", "-o", str(out), "-p", str(pid)),
+        stderr=asyncio.subprocess.PIPE,
+    )
+    assert tracer.stderr is not None
+    try:
+        attached = await asyncio.wait_for(tracer.stderr.readline(), 10)
+        assert b"attached" in attached, attached
+        yield
+    finally:
+        tracer.terminate()
+        await tracer.wait()

@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+import re
 import signal
 from collections.abc import Iterator
 from pathlib import Path
@@ -26,6 +27,7 @@ from supervisor_helpers import (
     make_spec,
     remove_cgroup_parent,
     running_hub,
+    traced,
 )
 
 pytestmark = pytest.mark.timeout(60)
@@ -131,6 +133,42 @@ def test_job_without_mem_leaves_nothing_after_its_main_process_exits(
     for group in expected_groups(root, parent, "job_1")[1:]:  # v1: one line per controller
         assert f"{group.parent.parent.name}:/{parent}/job_1" in joined
     assert leftovers(parent, "job_1") == []
+
+
+def test_a_job_joins_its_v1_groups_through_their_tasks_files(
+    tmp_path: Path, group_parent: tuple[Path, str]
+) -> None:
+    """The job's process (single-threaded: vfork's child) writes "0" into each v1 group's
+    tasks file, which moves its one thread: the kernel then skips the global lock that a write
+    into cgroup.procs takes, whose every taking waits out an RCU grace period (7.3 ms a start
+    on Linux 6.18, issue 27). Its children are still born in every group."""
+    root, parent = group_parent
+    groups = expected_groups(root, parent, "job_1")
+    if controller_mount("memory") != root:
+        skip_or_fail("the memory controller is on cgroup v2 here: the job is born in its group")
+    state, out = tmp_path / "state", tmp_path / "strace.out"
+    spec = make_spec(
+        tmp_path, 1, "sh -c 'cat /proc/self/cgroup' > cgroup.txt\n", cgroup_parent=parent
+    )
+
+    async def scenario() -> None:
+        async with running_hub(state) as (hub, reports):
+            async with traced(hub, out):
+                await hub.launch(spec)
+                end = await reports.wait(1, "ended", timeout=20)
+            assert end.end_state == "completed", end
+            await hub.ack(1)
+
+    with cleanup(state):
+        asyncio.run(scenario())
+    trace = out.read_text()
+    for group in groups:
+        assert re.search(rf'write\(\d+<{re.escape(str(group))}/tasks>, "0", 1\) = 1$', trace, re.M)
+        assert f"{group}/cgroup.procs>" not in trace
+    joined = (tmp_path / "cgroup.txt").read_text()  # a child of the job's
+    for group in groups[1:]:
+        assert f"{group.parent.parent.name}:/{parent}/job_1" in joined
+    assert f"memory:/{parent}/job_1" in joined
 
 
 def test_cancelled_job_without_mem_leaves_nothing(

@@ -18,18 +18,16 @@ import contextlib
 import os
 import re
 import resource
-import shutil
 import subprocess
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 from helpers import skip_or_fail
-from supervisor_helpers import TEST_CGROUP_PARENT, cleanup, make_spec, running_hub
+from supervisor_helpers import TEST_CGROUP_PARENT, cleanup, make_spec, running_hub, traced
 
 from gpuq.agent.jobs.isolation import DeviceLoads
 from gpuq.agent.jobs.job_cgroups import needs_prepare, prepare
-from gpuq.agent.jobs.supervisors import Supervisors
 
 pytestmark = pytest.mark.timeout(60)
 UNIT = "jobs.service"  # R = <v2 mount>/<TEST_CGROUP_PARENT>/jobs.service
@@ -274,29 +272,6 @@ def test_a_failed_load_makes_the_nodes_claim_advisory_until_one_works(
         monkeypatch.delenv("GPUQ_TEST_DEVICE_PROGRAM_FAIL")
         asyncio.run(run_job(tmp_path / "b", 2))
     assert claims[1:] == [DEVICE_PROGRAM]
-
-
-@contextlib.asynccontextmanager
-async def traced(hub: Supervisors, out: Path) -> AsyncIterator[None]:
-    """strace on the hub's fork server and what it forks from now on (supervisors, jobs): their
-    clone3 calls and writes, each fd named by its path (-y), into `out`."""
-    if shutil.which("strace") is None:
-        skip_or_fail("strace is not installed")
-    assert hub.forks.fork_server is not None
-    pid = hub.forks.fork_server.process.pid
-    trace = "trace=clone3,write"
-    tracer = await asyncio.create_subprocess_exec(
-        *("strace", "-f", "-y", "-e", trace, "-e", "signal=none", "-o", str(out), "-p", str(pid)),
-        stderr=asyncio.subprocess.PIPE,
-    )
-    assert tracer.stderr is not None
-    try:
-        attached = await asyncio.wait_for(tracer.stderr.readline(), 10)
-        assert b"attached" in attached, attached
-        yield
-    finally:
-        tracer.terminate()
-        await tracer.wait()
 
 
 def start_trace(tmp_path: Path, job_id: int) -> tuple[str, str]:

@@ -143,45 +143,6 @@ def test_nothing_mounted(tmp_path: Path) -> None:
     assert checks["device control"].status == "fail"
 
 
-def moves(
-    tmp_path: Path,
-    mounts: str,
-    release: str = "6.1.0-18-amd64",
-    cmdline: str = "",
-    expedited: str | None = None,
-) -> Check:
-    ctx = context(tmp_path, mounts)
-    if expedited is not None:
-        (ctx.sys / "kernel").mkdir(parents=True, exist_ok=True)
-        (ctx.sys / "kernel" / "rcu_expedited").write_text(expedited + "\n")
-    (ctx.proc / "sys" / "kernel").mkdir(parents=True, exist_ok=True)
-    (ctx.proc / "sys" / "kernel" / "osrelease").write_text(release + "\n")
-    (ctx.proc / "cmdline").write_text(f"BOOT_IMAGE=/vmlinuz ro quiet {cmdline}\n")
-    return by_name(cgroup_checks(ctx))["cgroup moves"]
-
-
-def test_moves_into_v1_groups_on_linux_6_wait_unless_favordynmods(tmp_path: Path) -> None:
-    """Linux 6.0 made each move into a cgroup wait an RCU grace period (10-20 ms of every
-    job's start on v1 and hybrid hosts); favordynmods, by mount or boot option, undoes it."""
-    hybrid = V1 + "cgroup2 /sys/fs/cgroup/unified cgroup2 rw 0 0\n"
-    slow = moves(tmp_path / "a", hybrid)
-    assert slow.status == "warn" and "10-20 ms" in slow.detail
-    assert "cgroup_favordynmods=true" in slow.fix
-    assert moves(tmp_path / "b", V1, release="6.8.0-45-generic").status == "warn"
-    assert moves(tmp_path / "c", V1, release="5.15.0-91-generic").status == "ok"  # before 6.0
-    mounted = hybrid.replace("cgroup2 rw 0", "cgroup2 rw,favordynmods 0")
-    assert moves(tmp_path / "d", mounted).status == "ok"
-    assert moves(tmp_path / "e", V1, cmdline="cgroup_favordynmods=true").status == "ok"
-    off = "cgroup_favordynmods=true cgroup_favordynmods=0"  # the last one counts
-    assert moves(tmp_path / "f", V1, cmdline=off).status == "warn"
-    assert moves(tmp_path / "g", V2).status == "ok"  # born in its group: nothing moves
-    # expedited RCU at run time: a move waits well under 1 ms (and the fix names it)
-    assert "rcu_expedited" in slow.fix
-    assert moves(tmp_path / "i", V1, expedited="1").status == "ok"
-    assert moves(tmp_path / "j", V1, expedited="0").status == "warn"
-    assert moves(tmp_path / "h", "").status == "skip"
-
-
 def test_this_machines_device_program_loads_as_root(monkeypatch: pytest.MonkeyPatch) -> None:
     """The real probe (the C extension): on this machine's /proc, as root, a program loads."""
     if os.geteuid() != 0:

@@ -465,6 +465,18 @@ int cgroup_open_procs(const char *folder) {
     return open(path, O_WRONLY | O_CLOEXEC | (fake_v2 ? O_CREAT : 0), 0644);
 }
 
+int cgroup_open_join(const char *folder) {
+    /* A v1 group's tasks file, where "0" moves the writing thread alone: the kernel (6.0 and
+     * later) then skips the global threadgroup lock whose every write-locking waits out an RCU
+     * grace period (7.3 -> 0.15 ms for a job's three v1 groups here, issue 27). The child that
+     * writes is single-threaded (of vfork or clone3), so its thread is the whole process.
+     * cgroup.procs where there is no tasks file: v2, or a plain folder standing in for one. */
+    char path[4200];
+    snprintf(path, sizeof path, "%s/tasks", folder);
+    int fd = fake_v2 ? -1 : open(path, O_WRONLY | O_CLOEXEC);
+    return fd >= 0 ? fd : cgroup_open_procs(folder);
+}
+
 int cgroup_open_v2(const cgroup *group, const char **folder) {
     /* one v2 mount: the roles that are v2 share one group */
     *folder = group->version == 2 ? group->path : group->devices_version == 2 ? group->devices

@@ -110,6 +110,9 @@ int device_program_probe(char *why, size_t size);
 /* The distinct folders of the job's groups, memory first; how many (at most CG_ROLES). */
 int cgroup_folders(const cgroup *group, const char *out[CG_ROLES]);
 int cgroup_open_procs(const char *folder);
+/* Where the job's child writes "0" to join the group in `folder` (O_WRONLY): a v1 group's
+ * tasks file, else cgroup.procs. */
+int cgroup_open_join(const char *folder);
 /* The job's v2 group, for the child to be born in (clone3's CLONE_INTO_CGROUP): its folder in
  * *folder and open (O_DIRECTORY); -1 where it has none (*folder NULL) or the open failed. */
 int cgroup_open_v2(const cgroup *group, const char **folder);

@@ -567,7 +567,7 @@ static void __attribute__((noreturn)) output_refused(int fd, int step, int refus
 typedef struct {
     const launch_spec *spec;
     const char *script;
-    int cgroup_fds[CG_ROLES], cgroup_required[CG_ROLES], ncgroups; /* cgroup.procs of each group */
+    int cgroup_fds[CG_ROLES], cgroup_required[CG_ROLES], ncgroups; /* where it joins each group */
     /* the job's v2 group, where the child is born (clone3, CLONE_INTO_CGROUP) rather than
      * moved: its index in cgroup_fds (whose fd is opened only if that fails), its folder, and
      * the folder open for clone3; -1, NULL, -1: none */
@@ -1323,7 +1323,7 @@ static void write_isolation(supervisor *s) {
     if (n > 0 && n < (int)sizeof text) (void)write_file(path, text, (size_t)n, 0600, 0, 0, 0);
 }
 
-/* The cgroup.procs of each of the job's groups, for the child to join, and which it must join;
+/* Where the child joins each of the job's groups (cgroup_open_join), and which it must join;
  * the v2 group's folder instead, for the child to be born in (its cgroup.procs is opened only
  * if that fails: make_child). */
 static void open_joins(supervisor *s, child_args *joins, int devices_required, int cpus_required) {
@@ -1333,7 +1333,7 @@ static void open_joins(supervisor *s, child_args *joins, int devices_required, i
     joins->v2_index = -1;
     for (int i = 0; i < joins->ncgroups; i++) {
         if (joins->v2_folder != NULL && strcmp(folders[i], joins->v2_folder) == 0) joins->v2_index = i;
-        joins->cgroup_fds[i] = i == joins->v2_index ? -1 : cgroup_open_procs(folders[i]);
+        joins->cgroup_fds[i] = i == joins->v2_index ? -1 : cgroup_open_join(folders[i]);
         joins->cgroup_required[i] = (s->group_limited && strcmp(folders[i], s->group.path) == 0)
                                     || (devices_required && strcmp(folders[i], s->group.devices) == 0)
                                     || (cpus_required && strcmp(folders[i], s->group.cpuset) == 0);
