@@ -77,10 +77,14 @@ class CoordinatorSettings:
     # (a job may send 6 MiB of them; without this, 200,000 such jobs would be 1.2 TB)
     max_queued_bytes_per_user: int = 2 << 30
     # the most jobs one ListJobs reply (a page) carries; callers page on for the rest (the
-    # CLI and gpuq.Client do, to the end), so that no listing holds the coordinator long (a
-    # page is serialized in one piece: 1,000 doubled the p95 of others' calls under four
-    # listers of 200,000 jobs, bench/listing_bench.py)
-    list_page_size: int = 250
+    # CLI and gpuq.Client do, to the end), so that no listing holds the coordinator long.
+    # Each reply costs the coordinator ~0.7 ms of gRPC on 2 CPUs whatever its size, so a
+    # `gpuq queue` of 500 jobs costs 2.1 ms in pages of 250, 0.7 ms in one page of 1,000
+    # (bench/queue_cpu_bench.py, issue 27). Others' calls under four listers of 50,000 jobs
+    # (bench/listing_bench.py --nice 19): ListNodes median / p95 2.45 / 4.58 ms with 250,
+    # 2.15 / 3.83 ms with 1,000, while the listers listed 57 % more; without --nice the
+    # listers' extra work takes the CPU from everything on a 2-CPU machine (p95 4.6 -> 5.9 ms)
+    list_page_size: int = 1000
     default_qos: str = "normal"
     # PostgreSQL only: wait while another coordinator holds the store, and take over when it
     # goes (instead of exiting with code 3)

@@ -274,11 +274,12 @@ function finishedRow(job) {
 }
 
 async function clusterView() {
-  // the queue is a page (the first [coordinator] list_page_size entries): the GPUs' holders
-  // come from the running jobs' own listing, the summary from counts of every live job
+  // the queue is a page (its first 250 entries, at most [coordinator] list_page_size): the
+  // GPUs' holders come from the running jobs' own listing, the summary from counts of every
+  // live job
   const [nodes, live, running, finished] = await Promise.all([
     api("/api/nodes"),
-    api("/api/jobs"),
+    api("/api/jobs?page_size=250"),
     api("/api/jobs?state=running"),
     api("/api/jobs?finished=1&limit=20"),
   ]);
