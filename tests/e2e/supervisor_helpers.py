@@ -17,8 +17,6 @@ from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-from helpers import skip_or_fail
-
 from gpuq.agent.jobs import process_tree
 from gpuq.agent.jobs.launch_spec import LaunchSpec
 from gpuq.agent.jobs.supervisor_reports import SupervisorReport
@@ -173,6 +171,8 @@ async def traced(hub: Supervisors, out: Path) -> AsyncIterator[None]:
     """strace on the hub's fork server and what it forks from now on (supervisors, jobs): their
     clone3 calls and writes, each fd named by its path (-y), into `out`."""
     if shutil.which("strace") is None:
+        from helpers import skip_or_fail  # tests/: the benchmarks import this module without it
+
         skip_or_fail("strace is not installed")
     assert hub.forks.fork_server is not None
     pid = hub.forks.fork_server.process.pid
