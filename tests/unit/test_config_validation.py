@@ -4,6 +4,7 @@ reach an agent's registration and leave a phantom session behind)."""
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -350,7 +351,9 @@ def test_cli_says_one_line_and_exits_2(tmp_path: Path, text: str) -> None:
             capture_output=True,
             text=True,
             timeout=60,
-            env={"PATH": "/usr/bin:/bin"},
+            # the session's runtime folder: the helper this first call starts is stopped at
+            # the end (conftest), not left in /tmp/gpuq-cli-UID
+            env={"PATH": "/usr/bin:/bin", "XDG_RUNTIME_DIR": os.environ["XDG_RUNTIME_DIR"]},
         )
         assert result.returncode == 2, result
         lines = result.stderr.strip().splitlines()
