@@ -50,7 +50,10 @@ setup(
     ext_modules=[
         Extension(
             "gpuq.agent._supervise",
-            sources=[f"{NATIVE}/{name}.c" for name in ("forkserver", "supervisor", "proc", "json")],
+            sources=[
+                f"{NATIVE}/{name}.c"
+                for name in ("forkserver", "supervisor", "proc", "cgroups", "json")
+            ],
             depends=[f"{NATIVE}/supervise.h"],
             extra_compile_args=CFLAGS,
         )

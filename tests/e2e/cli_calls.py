@@ -18,15 +18,18 @@ def call(
     cwd: Path | None = None,
     extra: dict[str, str] | None = None,
     stdin: str | None = None,
+    stdout: int = subprocess.PIPE,
 ) -> subprocess.CompletedProcess[str]:
-    """`command` (the C stub, or the Python entry) with `args`, GPUQ_CLI_HELPER=`mode`."""
+    """`command` (the C stub, or the Python entry) with `args`, GPUQ_CLI_HELPER=`mode`;
+    `stdout`: where its output goes (captured unless an fd is given)."""
     env = {**cluster.env, "XDG_RUNTIME_DIR": str(runtime), "GPUQ_CLI_HELPER": mode}
     return subprocess.run(
         [*command, *args],
         cwd=cwd or cluster.root,
         env={**env, **(extra or {})},
         input=stdin,
-        capture_output=True,
+        stdout=stdout,
+        stderr=subprocess.PIPE,
         text=True,
         timeout=30,
     )

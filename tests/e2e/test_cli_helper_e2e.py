@@ -38,6 +38,7 @@ def gpuq(
     cwd: Path | None = None,
     extra: dict[str, str] | None = None,
     stdin: str | None = None,
+    stdout: int = subprocess.PIPE,
 ) -> subprocess.CompletedProcess[str]:
     return call(
         [sys.executable, "-m", "gpuq.cli.main"],
@@ -48,6 +49,7 @@ def gpuq(
         cwd=cwd,
         extra=extra,
         stdin=stdin,
+        stdout=stdout,
     )
 
 
@@ -89,17 +91,8 @@ def test_a_first_call_into_a_closed_pipe_starts_a_helper_too(
     command early; the next calls are still fast."""
     read_end, write_end = os.pipe()
     os.close(read_end)
-    env = {**cluster.env, "XDG_RUNTIME_DIR": str(runtime), "GPUQ_CLI_HELPER": "debug"}
     try:
-        first = subprocess.run(
-            [sys.executable, "-m", "gpuq.cli.main", "queue"],
-            cwd=cluster.root,
-            env=env,
-            stdout=write_end,
-            stderr=subprocess.PIPE,
-            text=True,
-            timeout=30,
-        )
+        first = gpuq(cluster, runtime, "queue", mode="debug", stdout=write_end)
     finally:
         os.close(write_end)
     assert first.stderr.startswith(NONE_ANSWERED), first.stderr

@@ -139,7 +139,7 @@ def choose_cpus(
 
 def device_cgroup_kind(mounts: str, prefer: str | None = None) -> str:
     """How the supervisor will enforce device rules on this machine, chosen as it chooses
-    (gpuq/agent/native/proc.c): the v1 devices controller, else a v2 device program; on a
+    (gpuq/agent/native/cgroups.c): the v1 devices controller, else a v2 device program; on a
     machine with both, GPUQ_DEVICE_CGROUP=v2 picks the program."""
     prefer = os.environ.get("GPUQ_DEVICE_CGROUP") if prefer is None else prefer
     v1 = v2 = False

@@ -50,7 +50,7 @@ void buf_addf(buf *b, const char *format, ...) __attribute__((format(printf, 2, 
 void buf_str(buf *b, const char *text); /* a JSON string literal; invalid UTF-8 -> U+FFFD */
 void buf_consume(buf *b, size_t count); /* drop the first `count` bytes */
 
-/* ---- proc.c: the job's processes and its cgroup ---- */
+/* ---- proc.c: the job's processes ---- */
 
 typedef struct {
     pid_t *pids;
@@ -61,6 +61,7 @@ void pids_add(pidlist *list, pid_t pid);
 int pids_has(const pidlist *list, pid_t pid);
 void pids_clear(pidlist *list);
 int read_file(const char *path, buf *out); /* 0, or -1 with errno */
+void parse_pids(const char *text, pidlist *out); /* pids, one per word, added */
 void descendants(pid_t root, pidlist *out);
 int has_exited(pid_t pid);
 long long start_time(pid_t pid);
@@ -68,6 +69,8 @@ int group_alive(pid_t pgid);
 void signal_tree(pid_t root, pid_t pgid, int sig, const pidlist *extra);
 long long tree_rss(const pidlist *pids);
 void signal_name(int sig, char *out, size_t size);
+
+/* ---- cgroups.c: the job's cgroups, its CPUs and its device rules ---- */
 
 /* The job's groups: one per cgroup hierarchy gpuq uses, at the same relative path in each.
  * On cgroup v2 the roles share one group; on v1 each controller has its own hierarchy. */
