@@ -22,7 +22,7 @@ from gpuq.agent.fake.gpu_state import claim_fake_vram
 from gpuq.agent.gpu.node_gpus import NodeGpus
 from gpuq.agent.jobs.launch_spec import LaunchOrder, NodePolicy, build_launch
 from gpuq.agent.jobs.mps_daemons import MpsDaemons, MpsError, folder_name
-from gpuq.agent.jobs.mps_node_scan import node_wide_mps
+from gpuq.agent.jobs.mps_node_scan import MPS_RESCAN_EVERY, NodeWideMpsScan, node_wide_mps
 from gpuq.agent.jobs.mps_share import MpsShare, shared_units
 from gpuq.config.settings import AgentSettings
 from gpuq.convert import unit_to_proto
@@ -246,6 +246,45 @@ def test_a_node_wide_daemon_is_found_and_clears_when_it_goes(tmp_path: Path) -> 
         listener.bind(str(default_pipe / "control"))
         found = node_wide_mps(lambda pid: False, default_pipe=default_pipe)
         assert found is not None and "control exists" in found
+
+
+def test_the_agents_look_reads_new_processes_and_every_one_now_and_then(tmp_path: Path) -> None:
+    """The heartbeat's look reads the comm of new processes only (a node runs thousands), yet
+    a daemon in a new process is found at the next look, and one a known process execs in
+    place at the next full reading."""
+    proc, now = tmp_path / "proc", [0.0]
+
+    def process(pid: int, comm: str) -> None:
+        (proc / str(pid)).mkdir(parents=True, exist_ok=True)
+        (proc / str(pid) / "comm").write_text(comm + "\n")
+
+    for pid in range(100, 150):
+        process(pid, "bash")
+    scan = NodeWideMpsScan(
+        lambda pid: pid == 170, clock=lambda: now[0], proc=proc, default_pipe=tmp_path / "mps"
+    )
+
+    def look(after: float) -> str | None:
+        now[0] += after
+        scan.scan()
+        return scan.problem
+
+    assert look(0) is None and look(5) is None  # every process read twice: known
+    process(160, "nvidia-cuda-mps-control")  # `nvidia-cuda-mps-control -d` forks its daemon
+    assert "pid 160" in (look(5) or "")
+    assert look(0.5) is not None  # looks stay MPS_SCAN_EVERY apart
+    (proc / "160" / "comm").unlink()
+    (proc / "160").rmdir()
+    process(170, "nvidia-cuda-mps-server")  # the agent's own
+    process(180, "python3")  # caught between its fork and its exec...
+    assert look(5) is None
+    process(180, "nvidia-cuda-mps-control")  # ...is read again at the next look
+    assert "pid 180" in (look(5) or "")
+    process(180, "sleep")
+    assert look(5) is None
+    (proc / "130" / "comm").write_text("nvidia-cuda-mps-control\n")  # exec in place
+    assert look(5) is None
+    assert "pid 130" in (look(MPS_RESCAN_EVERY) or "")
 
 
 # ---- enforcement by measure ---------------------------------------------------------------------
