@@ -339,7 +339,7 @@ class Client:
         seconds, qos, nice, hold, name, gpus, cpus, mem and gpu_mem in bytes, ...);
         `dependencies=[...]` (Dependency messages or dicts) replaces them, [] clears them;
         `begin_time=None` clears it; `nodelist`/`exclude` lists replace them."""
-        request = queue_pb2.UpdateRequest(job_ids=[str(j) for j in job_ids])
+        request = queue_pb2.UpdateRequest(job_ids=checked_ids(job_ids))
         for key, value in changes.items():
             if key in ("dependencies", "begin_time", "nodelist", "exclude"):
                 setattr(request, f"set_{key}", True)
@@ -374,7 +374,7 @@ class Client:
         missing_ok: bool = False,
     ) -> builtins.list[queue_pb2.ActionOutcome]:
         request = queue_pb2.JobSelection(
-            job_ids=[str(j) for j in job_ids],
+            job_ids=checked_ids(job_ids),
             reason=reason,
             user=user,
             states=list(states),
@@ -566,3 +566,16 @@ def split_target(target: str) -> tuple[str, str]:
     if not node or (":" in str(target) and not gpu):
         raise InvalidInput("NODE[:GPU]", target, "expected a node, or NODE:GPU (index or UUID)")
     return node, gpu
+
+
+def checked_ids(job_ids: Iterable[object]) -> builtins.list[str]:
+    """The ids an action names, as the request carries them; a malformed one raises
+    InvalidInput before anything is sent (as the CLI does), so that no job is acted on: the
+    coordinator would refuse it alone and act on the others."""
+    checked = []
+    for job_id in job_ids:
+        if isinstance(job_id, bool) or not isinstance(job_id, (int, str)):
+            raise InvalidInput("job id", job_id, "expected 42 or '42_3' (name several as *ids)")
+        parse_job_ref(str(job_id))
+        checked.append(str(job_id))
+    return checked

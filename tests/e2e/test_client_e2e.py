@@ -104,6 +104,22 @@ def test_a_thread_that_ends_takes_its_submission_stream_along(cluster: Cluster) 
     client.cancel(*(str(j.id) for j in client.list(states=[JobState.HELD])))
 
 
+def test_a_malformed_job_id_raises_invalid_input_and_no_job_is_acted_on(
+    lone_coordinator: Cluster,
+) -> None:
+    """As the CLI refuses it before connecting: the coordinator alone would act on the others
+    and answer the bad one with an outcome a caller may never look at."""
+    client = lone_coordinator.client()
+    held = lone_coordinator.submit("true", hold=True)
+    for bad in ([held], "abc", -1, "0", " 1", None, True, 1.0):
+        with pytest.raises(gpuq.InvalidInput, match=r"^invalid job id "):
+            client.release(held, bad)  # type: ignore[arg-type]
+    with pytest.raises(gpuq.InvalidInput, match=r"^invalid job id '4x'"):
+        client.update(held, "4x", nice=7)
+    job = client.get(held)
+    assert job.state == JobState.HELD and job.spec.nice != 7
+
+
 def test_every_verb_raises_not_found_for_a_job_that_does_not_exist(
     lone_coordinator: Cluster,
 ) -> None:
