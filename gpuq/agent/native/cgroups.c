@@ -337,20 +337,6 @@ void cgroup_pids(const cgroup *group, pidlist *out) {
     if (read_file(path, &text) == 0) parse_pids(text.data, out);
 }
 
-long long cgroup_oom_kills(const cgroup *group) {
-    buf text = {0};
-    char path[4200];
-    long long kills = 0;
-    if (group->version == 0) return 0;
-    snprintf(path, sizeof path, "%s/%s", group->path, group->version == 2 ? "memory.events" : "memory.oom_control");
-    if (read_file(path, &text) == 0) {
-        for (char *save, *line = strtok_r(text.data, "\n", &save); line; line = strtok_r(NULL, "\n", &save))
-            if (strncmp(line, "oom_kill ", 9) == 0) kills = strtoll(line + 9, NULL, 10);
-    }
-    free(text.data);
-    return kills;
-}
-
 /* the number after `key ` on a line of <folder>/<name> (memory.events, pids.events); 0 */
 static long long event_count(const char *folder, const char *name, const char *key) {
     buf text = {0};
@@ -364,6 +350,11 @@ static long long event_count(const char *folder, const char *name, const char *k
     }
     free(text.data);
     return count;
+}
+
+long long cgroup_oom_kills(const cgroup *group) {
+    if (group->version == 0) return 0;
+    return event_count(group->path, group->version == 2 ? "memory.events" : "memory.oom_control", "oom_kill");
 }
 
 long long cgroup_pids_refused(const cgroup *group) {
