@@ -172,6 +172,7 @@ class Session:
         self.saved: list[Any] | None = None  # stdin's terminal mode while it is raw
         self.left: int | None = None  # the exit code, when this command ended the stream
         self.last_interrupt = 0.0
+        self.sent_size = window_size()  # the size the job's terminal was last given
         self._lock = threading.Lock()
 
     def run(self) -> int:
@@ -297,6 +298,8 @@ class Session:
                 else:
                     self.attachment.eof()
                 return
+            if self.stdin_tty:
+                self._send_size()  # a resize just before these keys reaches the job first
             self.attachment.send(data)
 
     # ---- signals ---------------------------------------------------------------------------
@@ -315,7 +318,7 @@ class Session:
 
     def _on_signal(self, number: int, frame: FrameType | None) -> None:
         if number == signal.SIGWINCH:
-            self.attachment.resize(*window_size())
+            self._send_size()
             return
         forward = self.running.is_set() and (not self.stdin_tty or number == signal.SIGINT)
         if number == signal.SIGINT and forward and not self.stdin_tty:
@@ -326,6 +329,16 @@ class Session:
             self.attachment.signal(number)
         else:
             self._leave(128 + number)
+
+    def _send_size(self) -> None:
+        """The window's size to the job, if it changed since it was last sent. Called on
+        SIGWINCH, whose handler runs only when the main thread is back in Python (it may wait
+        on the next reply), and before each input: keys typed after a resize find the job's
+        terminal resized. Both may send the same size: the job's terminal takes it twice."""
+        size = window_size()
+        if size != self.sent_size:
+            self.sent_size = size
+            self.attachment.resize(*size)
 
     def _leave(self, code: int) -> None:
         """End the stream (the coordinator cancels the job), from another thread: a signal

@@ -85,11 +85,12 @@ class Terminal:
                 raise AssertionError(f"no {pattern!r} in the terminal's output: {text!r}")
         return found
 
-    def resize(self, rows: int, cols: int) -> None:
+    def resize(self, rows: int, cols: int, *, signalled: bool = True) -> None:
         """As a terminal window does: the new size, then SIGWINCH (to the process itself:
-        it has no controlling terminal here)."""
+        it has no controlling terminal here); `signalled=False`: a SIGWINCH not handled yet."""
         fcntl.ioctl(self.master, termios.TIOCSWINSZ, struct.pack("HHHH", rows, cols, 0, 0))
-        self.process.send_signal(signal.SIGWINCH)
+        if signalled:
+            self.process.send_signal(signal.SIGWINCH)
 
     def type(self, data: bytes) -> None:
         os.write(self.master, data)
@@ -164,6 +165,10 @@ def test_alloc_gives_a_shell_with_the_allocation(cluster: Cluster) -> None:
     term.resize(40, 120)  # the window changes: the shell's terminal follows
     term.type(b"stty size\n")
     term.expect(r"[^0-9]40 120\r\n")
+    # keys typed before the SIGWINCH is handled still find the job's terminal resized
+    term.resize(45, 130, signalled=False)
+    term.type(b"stty size\n")
+    term.expect(r"[^0-9]45 130\r\n")
     term.type(b"exit 5\n")
     assert term.wait() == 5
     assert cluster.job(job).state.value == "failed"
