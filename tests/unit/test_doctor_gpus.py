@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -64,13 +65,24 @@ def test_a_fabric_manager_that_is_not_running_fails_with_how_to_start_it(tmp_pat
     assert no_switch.status == "skip"
 
 
+def start_daemon(program: Path, env: dict[str, str] | None = None) -> subprocess.Popen[bytes]:
+    """`program` (a link to python named as MPS's daemon) sleeping, once it runs: forked but
+    not yet exec'd, it would still bear its parent's name."""
+    daemon = subprocess.Popen([str(program), "-c", "import time; time.sleep(60)"], env=env)
+    comm, deadline = Path(f"/proc/{daemon.pid}/comm"), time.monotonic() + 10
+    while not comm.read_text().startswith("nvidia-cuda-mps"):
+        assert time.monotonic() < deadline, "the daemon's program never ran"
+        time.sleep(0.01)
+    return daemon
+
+
 @pytest.fixture
 def mps_daemon(tmp_path: Path) -> Iterator[int]:
     """A process named nvidia-cuda-mps-control that gpuq did not start (a node-wide one)."""
     program = tmp_path / "bin" / "nvidia-cuda-mps-control"
     program.parent.mkdir(parents=True)
     program.symlink_to(sys.executable)
-    daemon = subprocess.Popen([str(program), "-c", "import time; time.sleep(60)"])
+    daemon = start_daemon(program)
     try:
         yield daemon.pid
     finally:
@@ -143,7 +155,7 @@ def test_the_agents_own_mps_daemons_are_not_node_wide(tmp_path: Path) -> None:
     program.symlink_to(sys.executable)
     pipe = tmp_path / "spool" / "n1" / "mps" / "GPU-1" / "pipe"
     env = {**os.environ, "CUDA_MPS_PIPE_DIRECTORY": str(pipe)}
-    daemon = subprocess.Popen([str(program), "-c", "import time; time.sleep(60)"], env=env)
+    daemon = start_daemon(program, env)
     try:
         ctx = context(tmp_path, run_dir=str(tmp_path / "spool"))
         ctx = DoctorContext(ctx.settings, proc=Path("/proc"), extra=ctx.extra)
