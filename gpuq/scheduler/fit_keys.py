@@ -68,14 +68,18 @@ def fit_key(
     )
 
 
-def hopeless(
-    keys: Iterable[FitKey], nodes: Iterable[FreeNode], may_preempt: Callable[[str], bool]
-) -> list[FitKey]:
-    """The kinds that no node has room for now (more GPUs or CPUs than any node has free)
-    and that have nobody to preempt (`may_preempt(qos)`)."""
+def most_room(nodes: Iterable[FreeNode]) -> tuple[int, int]:
+    """The most free units, and the most free CPUs, of any node that is up."""
     up = [n for n in nodes if n.view.up]
-    block = max((len(n.units) for n in up), default=0)
-    cpus = max((n.cpus for n in up), default=0)
+    return max((len(n.units) for n in up), default=0), max((n.cpus for n in up), default=0)
+
+
+def hopeless(
+    keys: Iterable[FitKey], room: tuple[int, int], may_preempt: Callable[[str], bool]
+) -> list[FitKey]:
+    """The kinds that no node has room for now (more GPUs or CPUs than any node has free:
+    `room` is `most_room`) and that have nobody to preempt (`may_preempt(qos)`)."""
+    block, cpus = room
     found = []
     for key in keys:
         gpus, _, need_cpus, _, _, qos, _, share, *_ = key

@@ -16,6 +16,7 @@ are placed, reserved and preempt the gang way (gpuq.scheduler.gang): all nodes o
 from __future__ import annotations
 
 import math
+from bisect import bisect_left, insort
 from collections import Counter
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, replace
@@ -90,6 +91,8 @@ class _Pass:
     targets: Counter[str] = field(init=False)  # running jobs (parts) by tier, victims aside
     # what preempting found on a node, with the node's count of changes then (`touched`)
     touched: Counter[str] = field(default_factory=Counter)
+    touch_log: list[str] = field(default_factory=list)  # each change's node, in order
+    by_loss: dict[str, _NodesByLoss] = field(default_factory=dict)  # by preemptor's tier
     candidates: dict[tuple[str, str], tuple[int, list[RunningJob], float, int]] = field(
         default_factory=dict
     )
@@ -110,6 +113,8 @@ class _Pass:
     remaining: dict[FitKey, int] = field(default_factory=dict)  # queued, not yet seen
     reserved_units: set[str] = field(default_factory=set)  # of every reservation
     changed: bool = True  # resources or victims changed since _settle last ran
+    room: tuple[int, int] | None = None  # fit_keys.most_room now (None: a start since)
+    hopeless_at: tuple[object, ...] | None = None  # (room, tiers with targets) _settle last saw
     preemptible: dict[tuple[str, str], list[RunningJob]] = field(default_factory=dict)
     unsettled: set[FitKey] = field(default_factory=set)  # in `remaining`, not in `settled`
     looked_ahead: bool = False  # the first blocked job has had its reservation decided
@@ -289,6 +294,10 @@ class _Pass:
                 or not node.view.up
             ):
                 continue
+            # a node ranks no better than if every unit it needs were usable: skip the units'
+            # look when even that would not beat the best so far
+            if best is not None and (need.gpus, node.cpus, node.mem, name) >= best[0]:
+                continue
             overlapping = [r for r in self.reserved_on.get(name, ()) if end > r.start]
             if any(not r.leaves_room(need) for r in overlapping):
                 continue
@@ -310,7 +319,7 @@ class _Pass:
         end = self.now + job.time_limit if job.time_limit else math.inf
         share = job.need.gpu_share
         for name, units, need in parts:
-            self.touched[name] += 1
+            self._touch(name)
             node = self.nodes[name]
             node.units.difference_update(units)
             node.cpus -= need.cpus
@@ -331,6 +340,7 @@ class _Pass:
         (first, units, _), more = parts[0], tuple((n, u) for n, u, _ in parts[1:])
         self.starts.append(Start(job.job_id, first, units, shared=share is not None, more=more))
         self.changed = True
+        self.room = None
         self.epoch += 1
 
     def _why_not(self, job: PendingJob, key: FitKey) -> str:
@@ -365,7 +375,15 @@ class _Pass:
             )
         else:
             self.changed = False
-            found = fit_keys.hopeless(self.unsettled, self.nodes.values(), may_preempt)
+            if self.room is None:
+                self.room = fit_keys.most_room(self.nodes.values())
+            # what hopeless answers depends on these only: the same, it finds nothing new
+            # (what it found before is settled already, and unsettled kinds only go)
+            looked_at = (self.room, tuple(targets))
+            if looked_at == self.hopeless_at:
+                return
+            self.hopeless_at = looked_at
+            found = fit_keys.hopeless(self.unsettled, self.room, may_preempt)
         self.unsettled.difference_update(found)
         self.settled.update(found)
 
@@ -394,7 +412,7 @@ class _Pass:
                     self._reserve(part)
 
     def _reserve(self, reservation: Reservation) -> None:
-        self.touched[reservation.node] += 1
+        self._touch(reservation.node)
         self.epoch += 1
         self.reservations.append(reservation)
         self.reserved_on.setdefault(reservation.node, []).append(reservation)
@@ -489,7 +507,8 @@ class _Pass:
             self.victims.add(victim.job_id)
             parts = self.parts_of.get(victim.job_id, [victim])
             self.targets.subtract(part.qos for part in parts)
-            self.touched.update(part.node for part in parts)
+            for part in parts:
+                self._touch(part.node)
             self.preemptions.append(Preemption(victim.job_id, job.job_id, parts[0].node))
             if len(parts) > 1:  # its other nodes free up when it stops, too
                 for part in parts:
@@ -499,24 +518,20 @@ class _Pass:
     def _preempt_for(self, job: PendingJob, reserved: frozenset[str]) -> bool:
         if gang.is_gang(job.need):
             return self._preempt_gang(job, reserved)
-        options = []
         only = self._allowed(job.placement)
-        qos, gpus = job.qos, job.need.gpus
-        touched, kept = self.touched, self.candidates
-        for name, node in self.nodes.items():
-            if not node.view.up or (only is not None and name not in only):
-                continue
-            known = kept.get((name, qos))  # (_candidates, inlined: every node, every time)
-            if known is None or known[0] != touched[name]:
-                self._candidates(name, qos, reserved)
-                known = kept[(name, qos)]
-            if known[1] and len(node.units) + known[3] >= gpus:
-                options.append((known[2], name))
+        gpus, nodes = job.need.gpus, self.nodes
         best: tuple[float, int, str, list[RunningJob]] | None = None
         # nodes by the least work a victim there could lose: stop once no node can beat the best
-        for youngest, name in sorted(options):
+        for youngest, name, units in self._nodes_by_loss(job.qos, reserved):
             if best is not None and youngest > best[0]:
                 break
+            node = nodes[name]
+            if (
+                not node.view.up
+                or (only is not None and name not in only)
+                or len(node.units) + units < gpus
+            ):
+                continue
             found = self._victims(name, job.qos, job.need, reserved, job.user)
             if found is not None and (best is None or (found[0], len(found[1])) < best[:2]):
                 best = (found[0], len(found[1]), name, found[1])
@@ -525,6 +540,27 @@ class _Pass:
         _, _, name, chosen = best
         self._claim(job, name, job.need, chosen, reserved)
         return True
+
+    def _touch(self, name: str) -> None:
+        """Node `name` changed: what was kept of it is stale."""
+        self.touched[name] += 1
+        self.touch_log.append(name)
+
+    def _nodes_by_loss(self, qos: str, reserved: frozenset[str]) -> list[tuple[float, str, int]]:
+        """(least run time, name, units) of `_candidates` for a job of `qos` on each node
+        with any, in that order: kept per tier and brought up to date with the nodes changed
+        since (a preempting job looked at every node each time: most of a busy pass)."""
+        kept = self.by_loss.get(qos)
+        if kept is None:
+            kept = self.by_loss[qos] = _NodesByLoss(len(self.touch_log))
+            changed: Iterable[str] = self.nodes
+        else:
+            changed = {n for n in self.touch_log[kept.seen :] if n in self.nodes}
+            kept.seen = len(self.touch_log)
+        for name in changed:
+            found, youngest, units = self._candidates(name, qos, reserved)
+            kept.update(name, (youngest, name, units) if found else None)
+        return kept.order
 
     # ---- explaining ----------------------------------------------------------------------------
 
@@ -573,6 +609,23 @@ class _Pass:
         for job_id, moment in found.items():
             if job_id in self.waiting:
                 self.waiting.estimate(job_id, moment)
+
+
+@dataclass(slots=True)
+class _NodesByLoss:
+    """One tier's `_nodes_by_loss`, and how much of the pass's log of changes it reflects."""
+
+    seen: int
+    order: list[tuple[float, str, int]] = field(default_factory=list)
+    entries: dict[str, tuple[float, str, int]] = field(default_factory=dict)
+
+    def update(self, name: str, entry: tuple[float, str, int] | None) -> None:
+        old = self.entries.pop(name, None)
+        if old is not None:
+            del self.order[bisect_left(self.order, old)]
+        if entry is not None:
+            self.entries[name] = entry
+            insort(self.order, entry)
 
 
 def _restricted(node: FreeNode, usable: list[str]) -> NodeView:

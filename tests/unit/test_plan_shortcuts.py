@@ -141,6 +141,14 @@ class _PlainRanked:
         return sorted(found, key=lambda f: f[0])[:count] if len(found) >= count else None
 
 
+def _plain_nodes_by_loss(
+    self: plan_module._Pass, qos: str, reserved: frozenset[str]
+) -> list[tuple[float, str, int]]:
+    """_Pass._nodes_by_loss without its kept order: every node asked, all sorted, each time."""
+    found = [(name, self._candidates(name, qos, reserved)) for name in self.nodes]
+    return sorted((youngest, name, units) for name, (jobs, youngest, units) in found if jobs)
+
+
 def _fresh_why(
     self: KindReasons, job: PendingJob, only: frozenset[str] | None, top: Reservation | None, _: int
 ) -> str:
@@ -167,7 +175,8 @@ def placed(draw: st.DrawFn) -> Cluster:
 def test_kept_answers_are_the_plain_ones(cluster: Cluster) -> None:
     """What a pass keeps to answer again (a kind's reason while nothing changed, a node's free
     view until it changes, a gang need's parts per node, the estimates' order of nodes per
-    kind) gives exactly what asking afresh gives: decisions, reasons, estimated starts."""
+    kind, the nodes by least work lost per preempting tier) gives exactly what asking afresh
+    gives: decisions, reasons, estimated starts."""
     nodes, running, queue, policy = cluster
 
     def passes() -> list[tuple[object, ...]]:
@@ -187,6 +196,7 @@ def test_kept_answers_are_the_plain_ones(cluster: Cluster) -> None:
         patch.object(KindReasons, "free_view", lambda _, node: free_view(node)),
         patch.object(gang, "ways", _plain_ways),
         patch.object(reserve, "_Ranked", _PlainRanked),
+        patch.object(plan_module._Pass, "_nodes_by_loss", _plain_nodes_by_loss),
     ):
         plain = passes()
     assert kept == plain
