@@ -92,7 +92,7 @@ class Cluster:
     pythonpath: str | None
     gpus: int
     web: bool
-    root: Path = field(init=False)
+    root: Path | None = None  # set by start (a cluster that never started has none)
     processes: list[subprocess.Popen[bytes]] = field(default_factory=list)
 
     def start(self) -> None:
@@ -150,7 +150,8 @@ class Cluster:
                 process.wait(10)
             except subprocess.TimeoutExpired:
                 process.kill()
-        shutil.rmtree(self.root, ignore_errors=True)
+        if self.root is not None:
+            shutil.rmtree(self.root, ignore_errors=True)
 
 
 def snapshot(pids: dict[str, int]) -> dict[str, tuple[float, float, int]]:

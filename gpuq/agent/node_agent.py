@@ -240,6 +240,10 @@ class Agent:
             ("grpc.http2.ping_timeout_ms", int(timeout * 1000)),
             ("grpc.keepalive_permit_without_calls", 1),
             ("grpc.http2.max_pings_without_data", 0),
+            # no bandwidth probe after each message received (with the coordinator's, it
+            # was most of an idle node's gRPC wakeups): the window stays gRPC's default, ample
+            # for the largest launch on a lab's network
+            ("grpc.http2.bdp_probe", 0),
         ]
 
     async def _session(self) -> None:

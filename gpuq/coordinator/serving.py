@@ -170,6 +170,11 @@ async def _start(
             # never share a TCP port with another coordinator (grpc's default would, and the
             # kernel would then spread connections over both)
             ("grpc.so_reuseport", 0),
+            # no bandwidth probe (a ping after data received): on an idle cluster every
+            # heartbeat drew one, and its answer woke both daemons' gRPC threads again
+            # (bench/idle_bench.py: 47 -> 30 wakeups/s). What clients and agents send here
+            # is small; what they read is sized by their own windows
+            ("grpc.http2.bdp_probe", 0),
         ],
     )
     chores = coordinator.chores
