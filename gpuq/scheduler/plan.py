@@ -16,7 +16,6 @@ are placed, reserved and preempt the gang way (gpuq.scheduler.gang): all nodes o
 from __future__ import annotations
 
 import math
-from bisect import bisect_left, insort
 from collections import Counter
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, replace
@@ -32,9 +31,8 @@ from gpuq.scheduler.fitting import (
     allowed,
     choose_units,
     in_partition,
-    kind_of,
 )
-from gpuq.scheduler.preempt import victims_on
+from gpuq.scheduler.preempt import VictimSearch
 from gpuq.scheduler.reserve import (
     Blocked,
     FreeNode,
@@ -92,13 +90,7 @@ class _Pass:
     # what preempting found on a node, with the node's count of changes then (`touched`)
     touched: Counter[str] = field(default_factory=Counter)
     touch_log: list[str] = field(default_factory=list)  # each change's node, in order
-    by_loss: dict[str, _NodesByLoss] = field(default_factory=dict)  # by preemptor's tier
-    candidates: dict[tuple[str, str], tuple[int, list[RunningJob], float, int]] = field(
-        default_factory=dict
-    )
-    victims_found: dict[tuple[object, ...], tuple[int, tuple[float, list[RunningJob]] | None]] = (
-        field(default_factory=dict)
-    )
+    search: VictimSearch = field(init=False)  # what preempting may take, kept per node
     reservations: list[Reservation] = field(default_factory=list)
     reserved_on: dict[str, list[Reservation]] = field(default_factory=dict)  # by node
     top: Reservation | None = None
@@ -115,7 +107,6 @@ class _Pass:
     changed: bool = True  # resources or victims changed since _settle last ran
     room: tuple[int, int] | None = None  # fit_keys.most_room now (None: a start since)
     hopeless_at: tuple[object, ...] | None = None  # (room, tiers with targets) _settle last saw
-    preemptible: dict[tuple[str, str], list[RunningJob]] = field(default_factory=dict)
     unsettled: set[FitKey] = field(default_factory=set)  # in `remaining`, not in `settled`
     looked_ahead: bool = False  # the first blocked job has had its reservation decided
     victims: set[int] = field(default_factory=set)
@@ -168,6 +159,15 @@ class _Pass:
         self.targets = Counter(r.qos for r in self.running if r.job_id not in self.victims)
         self.touched.update(dict.fromkeys(self.nodes, 0))  # every node: no __missing__ calls
         self.kind_reasons = KindReasons(self.views, self.nodes, self.running_on, self.touched)
+        self.search = VictimSearch(
+            self.nodes,
+            self.running_on,
+            self.victims,
+            self.policy.can_preempt,
+            self.now,
+            self.touched,
+            self.touch_log,
+        )
 
     def run(self, queue: Iterable[PendingJob]) -> Decisions:
         early = self.shapes is not None and not self.explain
@@ -437,49 +437,13 @@ class _Pass:
             self.now,
             reserved,
             job.user,
-            lambda name, need: self._victims(name, job.qos, need, reserved, job.user),
+            lambda name, need: self.search.on(name, job.qos, need, reserved, job.user),
         )
         if found is None:
             return False
         for name, need, chosen in found:
             self._claim(job, name, need, chosen, reserved)
         return True
-
-    def _candidates(
-        self, name: str, qos: str, reserved: frozenset[str]
-    ) -> tuple[list[RunningJob], float, int]:
-        """The jobs on `name` that a job of `qos` may preempt now (not victims, no reserved
-        unit), the least run time among them and their units: kept until the node changes."""
-        version = self.touched[name]
-        known = self.candidates.get((name, qos))
-        if known is None or known[0] != version:
-            if (name, qos) not in self.preemptible:  # victims or not
-                self.preemptible[(name, qos)] = [
-                    r for r in self.running_on.get(name, ()) if self.policy.can_preempt(qos, r.qos)
-                ]
-            found = [
-                r
-                for r in self.preemptible[(name, qos)]
-                if r.job_id not in self.victims and not reserved.intersection(r.gpus)
-            ]
-            youngest = min((self.now - r.start_time for r in found), default=math.inf)
-            known = (version, found, youngest, sum(len(r.gpus) for r in found))
-            self.candidates[(name, qos)] = known
-        return known[1], known[2], known[3]
-
-    def _victims(
-        self, name: str, qos: str, need: Resources, reserved: frozenset[str], user: str
-    ) -> tuple[float, list[RunningJob]] | None:
-        """preempt.victims_on for a job of `qos` on `name`: kept until the node changes."""
-        share = need.gpu_share
-        key = (name, qos, kind_of(need), need.gpus, need.cpus, need.mem, share, share and user)
-        version = self.touched[name]
-        known = self.victims_found.get(key)
-        if known is None or known[0] != version:
-            candidates = self._candidates(name, qos, reserved)[0]
-            found = victims_on(self.nodes[name], need, candidates, self.now, reserved, user)
-            known = self.victims_found[key] = (version, found)
-        return known[1]
 
     def _claim(
         self,
@@ -522,7 +486,7 @@ class _Pass:
         gpus, nodes = job.need.gpus, self.nodes
         best: tuple[float, int, str, list[RunningJob]] | None = None
         # nodes by the least work a victim there could lose: stop once no node can beat the best
-        for youngest, name, units in self._nodes_by_loss(job.qos, reserved):
+        for youngest, name, units in self.search.by_loss(job.qos, reserved):
             if best is not None and youngest > best[0]:
                 break
             node = nodes[name]
@@ -532,7 +496,7 @@ class _Pass:
                 or len(node.units) + units < gpus
             ):
                 continue
-            found = self._victims(name, job.qos, job.need, reserved, job.user)
+            found = self.search.on(name, job.qos, job.need, reserved, job.user)
             if found is not None and (best is None or (found[0], len(found[1])) < best[:2]):
                 best = (found[0], len(found[1]), name, found[1])
         if best is None:
@@ -545,22 +509,6 @@ class _Pass:
         """Node `name` changed: what was kept of it is stale."""
         self.touched[name] += 1
         self.touch_log.append(name)
-
-    def _nodes_by_loss(self, qos: str, reserved: frozenset[str]) -> list[tuple[float, str, int]]:
-        """(least run time, name, units) of `_candidates` for a job of `qos` on each node
-        with any, in that order: kept per tier and brought up to date with the nodes changed
-        since (a preempting job looked at every node each time: most of a busy pass)."""
-        kept = self.by_loss.get(qos)
-        if kept is None:
-            kept = self.by_loss[qos] = _NodesByLoss(len(self.touch_log))
-            changed: Iterable[str] = self.nodes
-        else:
-            changed = {n for n in self.touch_log[kept.seen :] if n in self.nodes}
-            kept.seen = len(self.touch_log)
-        for name in changed:
-            found, youngest, units = self._candidates(name, qos, reserved)
-            kept.update(name, (youngest, name, units) if found else None)
-        return kept.order
 
     # ---- explaining ----------------------------------------------------------------------------
 
@@ -609,23 +557,6 @@ class _Pass:
         for job_id, moment in found.items():
             if job_id in self.waiting:
                 self.waiting.estimate(job_id, moment)
-
-
-@dataclass(slots=True)
-class _NodesByLoss:
-    """One tier's `_nodes_by_loss`, and how much of the pass's log of changes it reflects."""
-
-    seen: int
-    order: list[tuple[float, str, int]] = field(default_factory=list)
-    entries: dict[str, tuple[float, str, int]] = field(default_factory=dict)
-
-    def update(self, name: str, entry: tuple[float, str, int] | None) -> None:
-        old = self.entries.pop(name, None)
-        if old is not None:
-            del self.order[bisect_left(self.order, old)]
-        if entry is not None:
-            self.entries[name] = entry
-            insort(self.order, entry)
 
 
 def _restricted(node: FreeNode, usable: list[str]) -> NodeView:

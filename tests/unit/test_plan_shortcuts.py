@@ -24,6 +24,7 @@ from gpuq.scheduler import plan as plan_module
 from gpuq.scheduler.fit_keys import fit_key
 from gpuq.scheduler.fitting import NodeView, Ways
 from gpuq.scheduler.plan import plan
+from gpuq.scheduler.preempt import VictimSearch
 from gpuq.scheduler.priority import fairshare_factors, rank
 from gpuq.scheduler.reserve import Found, FreeNode, Reservation, _soonest_units
 from gpuq.scheduler.snapshot import Dependency, PendingJob, Policy, RunningJob
@@ -141,11 +142,11 @@ class _PlainRanked:
         return sorted(found, key=lambda f: f[0])[:count] if len(found) >= count else None
 
 
-def _plain_nodes_by_loss(
-    self: plan_module._Pass, qos: str, reserved: frozenset[str]
+def _plain_by_loss(
+    self: VictimSearch, qos: str, reserved: frozenset[str]
 ) -> list[tuple[float, str, int]]:
-    """_Pass._nodes_by_loss without its kept order: every node asked, all sorted, each time."""
-    found = [(name, self._candidates(name, qos, reserved)) for name in self.nodes]
+    """VictimSearch.by_loss without its kept order: every node asked, all sorted, each time."""
+    found = [(name, self.candidates(name, qos, reserved)) for name in self.nodes]
     return sorted((youngest, name, units) for name, (jobs, youngest, units) in found if jobs)
 
 
@@ -196,7 +197,7 @@ def test_kept_answers_are_the_plain_ones(cluster: Cluster) -> None:
         patch.object(KindReasons, "free_view", lambda _, node: free_view(node)),
         patch.object(gang, "ways", _plain_ways),
         patch.object(reserve, "_Ranked", _PlainRanked),
-        patch.object(plan_module._Pass, "_nodes_by_loss", _plain_nodes_by_loss),
+        patch.object(VictimSearch, "by_loss", _plain_by_loss),
     ):
         plain = passes()
     assert kept == plain
