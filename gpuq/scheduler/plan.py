@@ -87,7 +87,8 @@ class _Pass:
     running_on: dict[str, list[RunningJob]] = field(init=False)
     parts_of: dict[int, list[RunningJob]] = field(init=False)  # a running job's nodes, first first
     targets: Counter[str] = field(init=False)  # running jobs (parts) by tier, victims aside
-    # what preempting found on a node, with the node's count of changes then (`touched`)
+    # each node's count of changes this pass (`_touch`): what is kept of a node (its free
+    # view, its candidates and victims) is good while the count stays
     touched: Counter[str] = field(default_factory=Counter)
     touch_log: list[str] = field(default_factory=list)  # each change's node, in order
     search: VictimSearch = field(init=False)  # what preempting may take, kept per node
