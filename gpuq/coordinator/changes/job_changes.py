@@ -105,14 +105,18 @@ class JobChanges:
         events += [(started_event(job, now), job) for job in launched]
         self._stops(effects)
         events += self._followed(effects, now)
-        for event, version in events:  # each carries the change's cause
-            self.bus.job_event(replace(event, cause=cause.text), version)
-        if launched:
-            self.agents.send_starts(launched)
-        if effects.stops:
-            self.agents.send_stops(effects.stops)
-        if left:
-            self.agents.stop_left_behind(left, skip=cause.node)
+        try:
+            # agents first: their messages then leave before the watchers' (each stream's
+            # writer runs in the order told), a start ~0.5 ms sooner per watcher
+            if launched:
+                self.agents.send_starts(launched)
+            if effects.stops:
+                self.agents.send_stops(effects.stops)
+            if left:
+                self.agents.stop_left_behind(left, skip=cause.node)
+        finally:
+            for event, version in events:  # each carries the change's cause
+                self.bus.job_event(replace(event, cause=cause.text), version)
 
     def _left_running(self, effects: Effects) -> list[tuple[Job, StopOrder]]:
         """Jobs this change takes out of running (as memory has them now, with every node
