@@ -60,14 +60,10 @@ class Context:
     def client(self) -> Any:
         if self._client is None:
             settings = self.settings()
-            # a client a CLI helper's spare connected while it waited (None outside the helper)
-            from gpuq.cli.fast.warm_client import take_warm_client
+            # a client a CLI helper's spare connected while it waited, if any
+            from gpuq.cli.fast.warm_client import client_for
 
-            self._client = take_warm_client(settings)
-            if self._client is None:
-                from gpuq.client import Client
-
-                self._client = Client(settings=settings)
+            self._client = client_for(settings)
         return self._client
 
 

@@ -20,6 +20,8 @@ Only a verb whose process must not be a fork of the long-lived helper is also na
 OWN_PROCESS: a daemon (it owns sockets, threads, logging and children for hours), or a verb
 that needs the controlling terminal itself (job control, a local interactive shell). Such a
 verb always runs in the `gpuq` process itself, and its module is not loaded by the helper.
+A verb named in PROCESS_REUSABLE (a few requests and their output, nothing left running) may
+run in a helper's child that served a call before it, and will serve another after it.
 
 This module is imported by the `gpuq` stub before main(): plain data, no imports.
 """
@@ -54,6 +56,25 @@ VERBS = {
     "agent": "gpuq.cli.daemon_verbs",
 }
 OWN_PROCESS = frozenset({"serve", "coordinator", "agent"})
+# verbs whose call leaves nothing behind in its process (requests to the coordinator and
+# output: no thread, signal handler, terminal mode or child of its own): the helper's child
+# that ran one may stay and serve the next call of the same user instead of a fresh fork
+# (gpuq.cli.fast.serve_again). A verb not named here always gets a child of its own.
+PROCESS_REUSABLE = frozenset(
+    {
+        "submit",
+        "status",
+        "queue",
+        "show",
+        "cancel",
+        "hold",
+        "release",
+        "history",
+        "nodes",
+        "update",
+        "requeue",
+    }
+)
 # what the verbs import inside their functions, loaded by the CLI helper before the first call
 CALL_TIME_IMPORTS = (
     "gpuq.submission",

@@ -117,12 +117,13 @@ def children(pid: int) -> list[int]:
 def test_calls_back_to_back_each_find_a_spare_waiting(cluster: Cluster, runtime: Path) -> None:
     """The helper keeps two spares forked ahead, so that a call that follows another at once
     (a shell loop) finds one warm while the other warms up; every call goes through it, each
-    in a child of its own."""
+    in a child of its own (for a call after which a child may serve again, see
+    test_cli_serve_again_e2e)."""
     warm(cluster, runtime)
     (lock,) = (runtime / "gpuq").glob("cli-*.lock")
     helper_pid = int(lock.read_text())
     wait_for(lambda: len(children(helper_pid)) == 2, what="two spares waiting")
-    calls = [gpuq(cluster, runtime, "queue", mode="debug") for _ in range(6)]
+    calls = [gpuq(cluster, runtime, "--version", mode="debug") for _ in range(6)]
     assert [c.returncode for c in calls] == [0] * 6, [c.stderr for c in calls]
     ran_in = [int(c.stderr.split(THROUGH, 1)[1].split()[0]) for c in calls if THROUGH in c.stderr]
     assert len(set(ran_in)) == 6, [c.stderr for c in calls]

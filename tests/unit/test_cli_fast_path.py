@@ -11,10 +11,12 @@ import os
 import socket
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 from gpuq.cli.fast import protocol
-from gpuq.cli.verbs import OWN_PROCESS, VERBS
+from gpuq.cli.fast.serve_again import SERVE_CALLS, SERVE_FOR, may_return
+from gpuq.cli.verbs import OWN_PROCESS, PROCESS_REUSABLE, VERBS
 
 FAST = Path(protocol.__file__).parent
 
@@ -61,6 +63,7 @@ def test_no_module_of_the_fast_path_imports_a_verb() -> None:
 
 def test_every_verb_has_its_module_and_the_own_process_verbs_are_verbs() -> None:
     assert OWN_PROCESS.issubset(VERBS)
+    assert PROCESS_REUSABLE.issubset(VERBS) and not PROCESS_REUSABLE & OWN_PROCESS
     root = FAST.parents[2]
     for module in set(VERBS.values()):
         assert (root / (module.replace(".", "/") + ".py")).is_file(), module
@@ -99,3 +102,12 @@ def test_answers_are_a_letter_and_a_big_endian_int() -> None:
     with ours, theirs:
         theirs.sendall(protocol.answer(protocol.PID, 4242))
         assert protocol.read_answer(ours) == (protocol.PID, 4242)
+
+
+def test_a_child_serves_again_a_bounded_number_of_calls_for_a_bounded_time() -> None:
+    """So a credential or token it read is read again by a fresh child, and what a call
+    leaves in memory cannot pile up."""
+    now = time.monotonic()
+    assert may_return(0, now) and may_return(SERVE_CALLS - 1, now - SERVE_FOR + 5)
+    assert not may_return(SERVE_CALLS, now)
+    assert not may_return(0, now - SERVE_FOR)

@@ -18,6 +18,8 @@ one table of verbs; gpuq.cli.group.run is the one implementation of a call, here
                        call and checks it (uid, code, groups, gRPC settings)
     become_caller.py   the spare turning into the caller (fds, folder, umask, environment,
                        locale, streams, signals) and running gpuq.cli.group.run
+    serve_again.py     after a call that leaves nothing running, the child putting all that
+                       back and serving the next call instead of leaving
     warm_client.py     the client the spare connected ahead of the call
 
 The latency budget, measured with bench/cli_bench.py (a wheel in a fresh venv, so `gpuq` is
@@ -41,19 +43,21 @@ So a call through the helper costs the C stub's exec and one request (no interpr
 queue` is as fast as `python3 -c pass`) plus the helper's side; the target (issue 13) of every
 command within 2x the floor is met.
 
-The shell loop (issue 27: 100/s) is not. With one spare, a call back to back waited for the
-spare forked after the previous call to warm up (8-9.5 ms: gRPC's start 1.9 ms, the settings
-and client 2.5, the connection, click's parser 1.8), then spent 2-3 ms in the code check (300
-stats) before running. Now two spares wait, so the next call finds one warm while the other
-warms up beside it, and the check is a poll of an inotify watch (code_check.py); the same
-bench, same machine, one session: 41.7/s -> 58.8/s (52/s with the check alone). What is left
-is CPU: a call back to back costs ~33 ms of CPU on 2 CPUs (the spare ~19 ms, of which 2,300
-copy-on-write page faults ~5 ms, gRPC's threads and connection, the command ~6 ms; the
-coordinator ~4 ms; the helper's fork ~2 ms; bash and the stub), so 100/s would need a third
-of that: no per-call gRPC start and connection (a process that outlives calls) and a cheaper
-submission on the coordinator's side. What keeps the
-Python stub's imports at the floor (it still runs the first call, and every call where the C
-stub falls back):
+The shell loop (issue 27: 100/s). With one spare, a call back to back waited for the spare
+forked after the previous call to warm up (8-9.5 ms: gRPC's start 1.9 ms, the settings and
+client 2.5, the connection, click's parser 1.8), then spent 2-3 ms in the code check (300
+stats) before running. Two spares and an inotify watch for the check (code_check.py) took it
+from 41.7/s to 58.8/s. What was left was CPU: a call back to back cost ~33 ms of CPU on 2
+CPUs, the fresh child ~19 ms of it (2,300 copy-on-write page faults ~5 ms, gRPC's threads and
+connection, the command ~6 ms), the coordinator ~4 ms, the helper's fork ~2 ms. So a child
+whose verb leaves nothing running now serves the next call too (serve_again.py), with its
+gRPC, its connected client and Submit stream, and the pages it owns already: no fork, start,
+connection or fault per call. bench/cli_bench.py, two interleaved runs against the commit
+before (de7095b), same session: 64.6/s and 64.4/s -> 160.2/s and 174.9/s (15.5 -> 5.7-6.2 ms
+a call); single calls unchanged (submit 21.4/18.6 -> 19.1/19.6 ms).
+
+What keeps the Python stub's imports at the floor (it still runs the first call, and every
+call where the C stub falls back):
 - the stub loads nothing but the interpreter's own modules and six small ones of gpuq's (the
   packages gpuq, gpuq.cli and this one, the stub, the protocol and gpuq.cli.verbs: checked by
   tests/unit/test_cli_fast_path.py), and scripts/gpuq-py is a plain script, not pip's launcher

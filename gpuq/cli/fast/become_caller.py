@@ -22,6 +22,8 @@ from typing import Any, NoReturn
 from gpuq.cli.fast.protocol import EXIT, FORWARDED, PID, SIGTSTP, Request, answer
 
 EXIT_INTERNAL = 4
+# the signals become_caller sets as the caller has them
+SIGNALS_SET = (*FORWARDED, SIGTSTP, signal.SIGCHLD)
 
 
 def run_as_caller(request: Request, report: int, close: tuple[int, ...] = ()) -> NoReturn:
@@ -34,6 +36,20 @@ def run_as_caller(request: Request, report: int, close: tuple[int, ...] = ()) ->
         # the pid first, from here: the helper writes only after this process ended
         os.write(report, answer(PID, os.getpid()))
         become_caller(request, close)
+        code = run_call(request)
+    except BaseException:
+        say_failed()
+    finally:
+        with contextlib.suppress(BaseException):
+            for fd in (0, 1, 2):
+                os.close(fd)
+            os.write(report, answer(EXIT, (code & 0xFF) << 8))
+        os._exit(code)
+
+
+def run_call(request: Request) -> int:
+    """Run the call (the process is the caller already); its exit code."""
+    try:
         from gpuq.cli.group import run
 
         code = run(request.argv[1:])
@@ -41,14 +57,11 @@ def run_as_caller(request: Request, report: int, close: tuple[int, ...] = ()) ->
         sys.stderr.flush()
     except SystemExit as exc:  # what a bare interpreter would make of it
         code = _exit_code(exc)
-    except BaseException:
-        _say("gpuq: internal error: the CLI helper's child failed (GPUQ_CLI_HELPER=off avoids it)")
-    finally:
-        with contextlib.suppress(BaseException):
-            for fd in (0, 1, 2):
-                os.close(fd)
-            os.write(report, answer(EXIT, (code & 0xFF) << 8))
-        os._exit(code)
+    return code
+
+
+def say_failed() -> None:
+    _say("gpuq: internal error: the CLI helper's child failed (GPUQ_CLI_HELPER=off avoids it)")
 
 
 def become_caller(request: Request, close: tuple[int, ...]) -> None:
@@ -75,7 +88,7 @@ def _signals(ignored: int) -> None:
     """As a new interpreter has them: SIGINT raises KeyboardInterrupt, the rest default,
     except what the caller ignores (`nohup` ignores SIGHUP)."""
     signal.set_wakeup_fd(-1)
-    for number in (*FORWARDED, SIGTSTP, signal.SIGCHLD):
+    for number in SIGNALS_SET:
         if ignored & (1 << number):
             signal.signal(number, signal.SIG_IGN)
         elif number == signal.SIGINT:

@@ -31,6 +31,7 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import os
+import select
 import selectors
 import signal
 import socket
@@ -40,9 +41,13 @@ from typing import Any
 
 from gpuq.cli.fast.code_check import CodeCheck, code_fingerprint
 from gpuq.cli.fast.protocol import (
+    ENDED,
     EXIT,
+    LEAVE,
     LEFT,
+    SERVE_AGAIN,
     TOOK,
+    TOOK_TO_RETURN,
     answer,
     lock_path,
     private_folder,
@@ -98,12 +103,15 @@ def preload() -> None:
 
 @dataclass
 class Session:
-    """One call: the stub's connection (None once it went away) and the child running it."""
+    """One call: the stub's connection (None once it went away, or once the call ended in a
+    child that serves again) and the child running it; `control`: that child's socket, when
+    it may serve again (gpuq.cli.fast.serve_again)."""
 
     pid: int
     pidfd: int
     conn: socket.socket | None
     kill_at: float | None = None
+    control: socket.socket | None = None
 
 
 @dataclass
@@ -255,14 +263,19 @@ class Helper:
     def _spare_says(self, spare_: Spare) -> None:
         """The spare took a call (its connection comes along), or found the code changed."""
         message, fds = read_spare_message(spare_.control)
-        if message[:1] == TOOK and fds:
+        if message[:1] in (TOOK, TOOK_TO_RETURN) and fds:
             self.last_call = time.monotonic()
             self.last_environ = message[1:]
-            self.selector.unregister(spare_.control)
-            spare_.control.close()
             del self.spares[spare_.pid]
-            self._track(spare_.pid, spare_.pidfd, socket.socket(fileno=fds[0]))
-            self._replenish(busy=spare_.pidfd)
+            conn = socket.socket(fileno=fds[0])
+            if message[:1] == TOOK:
+                self.selector.unregister(spare_.control)
+                spare_.control.close()
+                self._track(spare_.pid, spare_.pidfd, conn)
+            else:
+                self._track(spare_.pid, spare_.pidfd, conn, spare_.control)
+            if message[:1] == TOOK or not self.spares:  # else it comes back, another waits
+                self._replenish(busy=spare_.pidfd)
             return
         for fd in fds:
             os.close(fd)
@@ -295,20 +308,61 @@ class Helper:
 
     # ---- calls
 
-    def _track(self, pid: int, pidfd: int, conn: socket.socket) -> None:
-        session = Session(pid, pidfd, conn)
+    def _track(
+        self, pid: int, pidfd: int, conn: socket.socket, control: socket.socket | None = None
+    ) -> None:
+        session = Session(pid, pidfd, conn, control=control)
         self.sessions[pid] = session
         self.selector.modify(pidfd, selectors.EVENT_READ, lambda _: self._reap(session))
         self.selector.register(conn, selectors.EVENT_READ, lambda _: self._check(session))
+        if control is not None:
+            self.selector.modify(control, selectors.EVENT_READ, lambda _: self._returns(session))
+
+    def _returns(self, session: Session) -> None:
+        """A child that may serve again says its call ended cleanly (it tells the stub the
+        exit code itself): it is a spare again while fewer than SPARES wait, else it leaves."""
+        if session.control is None or self.sessions.get(session.pid) is not session:
+            return  # an event of the same round, handled already
+        message, fds = read_spare_message(session.control)
+        for fd in fds:
+            os.close(fd)
+        if message != ENDED:  # it died: _reap follows
+            self.selector.unregister(session.control)
+            session.control.close()
+            session.control = None
+            return
+        if session.conn is not None:
+            self.selector.unregister(session.conn)
+            session.conn.close()
+            session.conn = None
+        told_to_end = session.kill_at is not None  # its stub went away during the call
+        if self.listener is None or len(self.spares) >= SPARES or told_to_end:
+            with contextlib.suppress(OSError):
+                session.control.sendall(LEAVE)
+            return  # it leaves, and _reap closes the rest
+        del self.sessions[session.pid]
+        spare_ = Spare(session.pid, session.pidfd, session.control)
+        self.spares[spare_.pid] = spare_
+        self.selector.modify(
+            spare_.control, selectors.EVENT_READ, lambda _: self._spare_says(spare_)
+        )
+        self.selector.modify(spare_.pidfd, selectors.EVENT_READ, lambda _: self._ended(spare_))
+        self.last_call = time.monotonic()
+        with contextlib.suppress(OSError):
+            spare_.control.sendall(SERVE_AGAIN)
 
     def _check(self, session: Session) -> None:
-        """The stub's connection is readable: it went away (killed) unless it sent bytes."""
-        assert session.conn is not None
+        """The stub's connection is readable: it went away (killed) unless it sent bytes; or
+        the call ended in a child that serves again, which the helper has not read yet."""
+        if session.conn is None:
+            return  # an event of the same round, handled already (_returns, _reap)
         try:
             gone = not session.conn.recv(64)
         except OSError:
             gone = True
-        if gone:
+        if gone and session.control is not None and _readable(session.control):
+            self._returns(session)
+        if gone and session.conn is not None:
             self._hangup(session)
 
     def _hangup(self, session: Session) -> None:
@@ -335,6 +389,8 @@ class Helper:
                 session.kill_at = now + HANGUP_GRACE
 
     def _reap(self, session: Session) -> None:
+        if self.sessions.get(session.pid) is not session:
+            return  # an event of the same round: the child is a spare again (_returns)
         pid, status = os.waitpid(session.pid, os.WNOHANG)
         if pid == 0:
             return
@@ -347,6 +403,12 @@ class Helper:
                 session.conn.sendall(answer(EXIT, status))
             session.conn.close()
         self.last_call = time.monotonic()
+        if session.control is not None:  # a child that might have come back, and did not
+            self.selector.unregister(session.control)
+            session.control.close()
+            session.control = None
+        if self.listener is not None:
+            self._replenish()
 
 
 # ---- the helper process --------------------------------------------------------------------
@@ -377,6 +439,10 @@ def serve(path: str) -> None:
     helper.listen()
     helper.loop()
     os._exit(0)
+
+
+def _readable(sock: socket.socket) -> bool:
+    return bool(select.select([sock], [], [], 0)[0])
 
 
 def _idle() -> float:

@@ -31,7 +31,11 @@ Answers to the stub, 5 bytes each, a letter and a big-endian int (answer / read_
 A connection from another uid is closed without a word. Inside the helper, a spare (the child
 forked ahead of the next call) tells the helper process on a socket pair (send_took /
 read_spare_message): TOOK + the caller's settings variables (NUL-separated KEY=VALUE) with the
-call's connection as SCM_RIGHTS, or LEFT when it found the code changed.
+call's connection as SCM_RIGHTS, or LEFT when it found the code changed. TOOK_TO_RETURN in
+place of TOOK: a call of a verb in gpuq.cli.verbs.PROCESS_REUSABLE, after which the child may
+serve again; it says ENDED once that call ended cleanly, before it tells the stub the exit
+code, and the helper answers SERVE_AGAIN (it counts as a spare again) or LEAVE (enough spares
+wait, or the helper retired).
 
 The stub imports this module before main(), so it imports nothing at module level beyond what
 the interpreter has loaded already (os, sys, and the builtin _socket, _struct, _signal inside
@@ -54,6 +58,11 @@ MAGIC = b"GPUQCLI1"
 PID, EXIT, STALE, DECLINED = b"P", b"X", b"S", b"D"
 # spare -> helper process: took a call (its connection comes along); code changed, leaving
 TOOK, LEFT = b"T", b"S"
+# spare -> helper process: took a call and may serve again after it (its connection comes
+# along); that call ended cleanly (gpuq.cli.fast.serve_again)
+TOOK_TO_RETURN, ENDED = b"R", b"E"
+# helper process -> a child whose call ended cleanly: be a spare again; leave
+SERVE_AGAIN, LEAVE = b"A", b"L"
 MAX_REQUEST = 16 << 20  # bytes of a request's fields
 MAX_ENVIRON = 64 << 10  # bytes of the settings variables a spare passes on with TOOK
 # the signals a terminal or a caller sends to `gpuq`, passed on to the child that runs it
@@ -319,14 +328,16 @@ def read_answer(sock: Any) -> tuple[bytes, int]:
 # ---- inside the helper: a spare to the helper process --------------------------------------
 
 
-def send_took(control: Any, conn_fd: int, settings: bytes) -> None:
+def send_took(control: Any, conn_fd: int, settings: bytes, returns: bool = False) -> None:
     """Tell the helper process that this spare took the call on `conn_fd` (the fd goes
-    along); `settings`: the caller's settings variables, for the next spare's warm client."""
+    along); `settings`: the caller's settings variables, for the next spare's warm client;
+    `returns`: it may serve again after this call (TOOK_TO_RETURN)."""
     import _socket
     import _struct
 
     fd = _struct.pack("i", conn_fd)
-    control.sendmsg([TOOK + settings], [(_socket.SOL_SOCKET, _socket.SCM_RIGHTS, fd)])
+    kind = TOOK_TO_RETURN if returns else TOOK
+    control.sendmsg([kind + settings], [(_socket.SOL_SOCKET, _socket.SCM_RIGHTS, fd)])
 
 
 def read_spare_message(control: Any) -> tuple[bytes, list[int]]:

@@ -1,7 +1,8 @@
 """A CLI helper's spare: the child forked ahead of the next call (gpuq.cli.fast.helper_process),
 which accepts it, checks it (who calls, whether the code changed, whether it can be run here)
 and hands the connection to the helper before it becomes the caller
-(gpuq.cli.fast.become_caller).
+(gpuq.cli.fast.become_caller); after a call of a verb that leaves nothing behind, it may be
+the spare again (gpuq.cli.fast.serve_again).
 
 Forking ahead takes the fork, and gRPC's start-up (its threads), off the call's path. gRPC
 starts here with the helper's GRPC_* variables (the first caller's) and GRPC_VERBOSITY=ERROR
@@ -19,6 +20,7 @@ import os
 import signal
 import socket
 import struct
+import time
 from collections.abc import Iterable
 from typing import Any, NoReturn
 
@@ -35,8 +37,9 @@ from gpuq.cli.fast.protocol import (
     read_request,
     send_took,
 )
+from gpuq.cli.fast.serve_again import may_return, run_and_return
 from gpuq.cli.fast.warm_client import warm_client
-from gpuq.cli.verbs import OWN_PROCESS
+from gpuq.cli.verbs import OWN_PROCESS, PROCESS_REUSABLE
 
 REQUEST_TIMEOUT = 5.0
 BUSY_WAIT = 2.0  # seconds a new spare leaves the call before it alone, at most
@@ -60,7 +63,9 @@ def spare(
     `parent`: the helper's pid as it forked (a spare forked just as the helper was killed
     must not take init, its new parent, for the helper, and outlive it)."""
     try:
-        _die_with(parent or os.getppid())
+        forked_at, served = time.monotonic(), 0
+        parent = parent or os.getppid()
+        _die_with(parent)
         environ, busy = warm
         watch = (code.watch.fd,) if code.watch.fd >= 0 else ()
         helpers = (listener.fileno(), control.fileno(), *watch)
@@ -77,10 +82,17 @@ def spare(
         while True:
             conn, _ = listener.accept()
             request = _take(conn, control, code)
-            if request is not None:
-                send_took(control, conn.fileno(), settings_environ(request.environ))
-                _die_with(None)  # a command outlives a killed helper (its stub waits for it)
+            if request is None:
+                continue
+            returns = command_of(request.argv[1:]) in PROCESS_REUSABLE
+            returns = returns and may_return(served, forked_at)
+            send_took(control, conn.fileno(), settings_environ(request.environ), returns)
+            _die_with(None)  # a command outlives a killed helper (its stub waits for it)
+            if not returns:
                 run_as_caller(request, conn.fileno(), helpers)
+            run_and_return(request, conn, control)  # or it ends the process
+            served += 1
+            _die_with(parent)
     finally:
         os._exit(0)
 
