@@ -97,8 +97,8 @@ class SpareState:
 
 def may_return(served: int, forked_at: float) -> bool:
     """Whether a child that served `served` calls since its fork at `forked_at` (monotonic)
-    may take one it would serve again after."""
-    return served < SERVE_CALLS and time.monotonic() - forked_at < SERVE_FOR
+    may take one it would serve again after (else it takes it as its last)."""
+    return served + 1 < SERVE_CALLS and time.monotonic() - forked_at < SERVE_FOR
 
 
 def run_and_return(request: Request, conn: socket.socket, control: socket.socket) -> bool:
