@@ -118,7 +118,7 @@ def run_and_return(request: Request, conn: socket.socket, control: socket.socket
     except BaseException:
         say_failed()
     try:
-        _release_caller_fds()
+        clean = _release_caller_fds() and clean
         # before the stub can leave, or the helper would take its leaving for a hang-up
         clean = clean and _tell(control, ENDED)
         os.write(conn.fileno(), answer(EXIT, (code & 0xFF) << 8))
@@ -156,14 +156,20 @@ def _tell(control: socket.socket, message: bytes) -> bool:
     return True
 
 
-def _release_caller_fds() -> None:
-    """fds 0-2 on /dev/null: the caller's are closed here, and their numbers stay taken."""
-    sys.stdout.flush()
-    sys.stderr.flush()
+def _release_caller_fds() -> bool:
+    """fds 0-2 on /dev/null: the caller's are closed here, and their numbers stay taken.
+    Whether what the call wrote reached them (a failed flush: the child does not stay)."""
+    flushed = True
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except Exception:
+            flushed = False
     null = os.open(os.devnull, os.O_RDWR)
     for fd in (0, 1, 2):
         os.dup2(null, fd)
     os.close(null)
+    return flushed
 
 
 def _caller_left(conn: socket.socket) -> bool:
