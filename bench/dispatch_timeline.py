@@ -36,6 +36,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -91,51 +92,37 @@ def threads(pid: int) -> set[int]:
     return {int(t) for t in os.listdir(f"/proc/{pid}/task")}
 
 
-def first(calls: list[Call], after: float, test: object) -> Call | None:
-    return next((c for c in calls if c.at >= after and test(c)), None)  # type: ignore[operator]
+class Missing(Exception):
+    """A step of a job's timeline is not in the trace."""
+
+
+def first(calls: list[Call], after: float, test: Callable[[Call], bool]) -> Call:
+    found = next((c for c in calls if c.at >= after and test(c)), None)
+    if found is None:
+        raise Missing
+    return found
+
+
+def spec_message(calls: list[Call], after: float, name: str, tids: set[int]) -> Call:
+    """The first `name` (sendmsg, recvmsg) by one of `tids` of a message with a job spec."""
+    return first(calls, after, lambda c: c.name == name and c.tid in tids and c.result > BIG)
 
 
 def timeline(calls: list[Call], n: int, who: dict[str, set[int]]) -> list[float] | None:
     """One job's stage durations (ms), or None when a step is missing from the trace."""
-    mark = first(calls, 0, lambda c: c.name == "getpgid" and c.args == f"pid: {MARK + n}")
-    if mark is None:
-        return None
-    client, coordinator, agent = who["client"], who["coordinator"], who["agent"]
-    sent = first(
-        calls, mark.at, lambda c: c.name == "sendmsg" and c.tid in client and c.result > BIG
-    )
-    if sent is None:
-        return None
-    read = first(
-        calls,
-        sent.at,
-        lambda c: c.name == "recvmsg" and c.tid in coordinator and c.result > BIG,
-    )
-    if read is None:
-        return None
-    answers = [c for c in calls if c.at >= read.at and c.name == "sendmsg" and c.tid in coordinator]
-    reply = next((c for c in answers if c.fd() == read.fd()), None)
-    launch = next((c for c in answers if c.fd() != read.fd()), None)
-    if reply is None or launch is None:
-        return None
-    got = first(
-        calls,
-        launch.at,
-        lambda c: c.name == "recvmsg" and c.tid in agent and c.result > BIG,
-    )
-    if got is None:
-        return None
-    spawn = first(calls, got.at, lambda c: c.name == "sendto" and c.tid in agent)
-    if spawn is None:
-        return None
-    job = first(calls, spawn.at, lambda c: c.name == "execve" and c.result == 0)
-    if job is None:
-        return None
-    stamp = first(calls, job.at + 0.001, lambda c: c.name == "execve" and c.result == 0)
-    if stamp is None:
-        return None
-    line = first(calls, stamp.at, lambda c: c.name == "write" and c.tid == stamp.tid)
-    if line is None:
+    try:
+        mark = first(calls, 0, lambda c: c.name == "getpgid" and c.args == f"pid: {MARK + n}")
+        sent = spec_message(calls, mark.at, "sendmsg", who["client"])
+        read = spec_message(calls, sent.at, "recvmsg", who["coordinator"])
+        sends = [c for c in calls if c.name == "sendmsg" and c.tid in who["coordinator"]]
+        reply = first(sends, read.at, lambda c: c.fd() == read.fd())  # on the client's connection
+        launch = first(sends, read.at, lambda c: c.fd() != read.fd())  # on the agent's
+        got = spec_message(calls, launch.at, "recvmsg", who["agent"])
+        spawn = first(calls, got.at, lambda c: c.name == "sendto" and c.tid in who["agent"])
+        job = first(calls, spawn.at, lambda c: c.name == "execve" and c.result == 0)
+        stamp = first(calls, job.at + 0.001, lambda c: c.name == "execve" and c.result == 0)
+        line = first(calls, stamp.at, lambda c: c.name == "write" and c.tid == stamp.tid)
+    except Missing:
         return None
     return [
         sent.at - mark.at,
