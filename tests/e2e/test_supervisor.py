@@ -23,6 +23,7 @@ from supervisor_helpers import (
     read_pid,
     remove_cgroup_parent,
     running_hub,
+    wait_until,
 )
 
 from gpuq.agent.jobs.fork_server import ForkServer
@@ -94,6 +95,31 @@ def test_exit_codes_and_folder_life(tmp_path: Path) -> None:
             while any(p.exists() for p in await_gone) and time.monotonic() < deadline:
                 await asyncio.sleep(0.01)
             assert not any(p.exists() for p in await_gone)
+
+    with cleanup(state):
+        asyncio.run(scenario())
+
+
+def test_a_supervisor_is_named_for_its_job(tmp_path: Path) -> None:
+    """`ps -e`, `top` and `pgrep gpuq-job` show each supervisor with its job's id (comm, at
+    most 15 bytes: a long id gets a shorter prefix, never a cut id); its command line stays
+    the fork server's, and the job's own processes have their own names."""
+    state = tmp_path / "state"
+
+    async def scenario() -> None:
+        async with running_hub(state) as (hub, reports):
+            names = {12: "gpuq-job 12", 1234567: "gpuq 1234567", 1234567890: "gpuq 1234567890"}
+            for job_id in names:
+                await hub.launch(make_spec(tmp_path, job_id, "sleep 30\n"))
+            for job_id, name in names.items():
+                pid = read_pid(state / "jobs" / str(job_id) / "supervisor.pid")
+                comm = Path(f"/proc/{pid}/comm")
+                wait_until(lambda c=comm, n=name: c.read_text() == n + "\n", what=name)
+                assert b"_supervise" in Path(f"/proc/{pid}/cmdline").read_bytes()
+                job = read_pid(state / "jobs" / str(job_id) / "job.pid")
+                assert Path(f"/proc/{job}/comm").read_text() != name + "\n"
+                await hub.stop(job_id)
+                await reports.wait(job_id, "ended")
 
     with cleanup(state):
         asyncio.run(scenario())

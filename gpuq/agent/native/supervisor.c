@@ -1550,6 +1550,16 @@ static void crash_result(supervisor *s, const char *problem) {
     fprintf(stderr, "gpuq supervisor %s: %s\n", s->job_dir, reason);
 }
 
+/* `ps -e`, `top` and `pgrep` show the supervisor as "gpuq-job N" (its comm: 15 bytes at most,
+ * so "gpuq N" for a longer id, never an id cut short); its command line stays the fork
+ * server's, which is how the agent finds its supervisors again */
+static void name_process(long long job_id) {
+    char name[32];
+    snprintf(name, sizeof name, "gpuq-job %lld", job_id);
+    if (strlen(name) > 15) snprintf(name, sizeof name, "gpuq %lld", job_id);
+    if (strlen(name) <= 15) prctl(PR_SET_NAME, name, 0, 0, 0);
+}
+
 int supervise(const char *job_dir, double ack_wait) {
     static supervisor s;
     static char script[4200];
@@ -1567,6 +1577,7 @@ int supervise(const char *job_dir, double ack_wait) {
         crash_result(&s, problem);
         return 1;
     }
+    name_process(s.spec.job_id);
     run(&s, script);
     if (s.acked) remove_job_dir(job_dir);
     return 0;
