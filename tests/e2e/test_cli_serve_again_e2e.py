@@ -48,7 +48,8 @@ def test_calls_back_to_back_are_served_by_children_that_stay(
         for _ in range(4)
     ]
     assert Counter(served).most_common(1)[0][1] >= 3, served
-    assert all(pid_alive(pid) for pid in set(served) & set(children(helper)))
+    # the children that served them wait for the next call (a one-shot child would be gone)
+    assert set(served) & set(children(helper)), (served, children(helper))
     done = cluster.submit("echo done")
     cluster.wait_state(done, "completed")
     own = [child_of(gpuq(cluster, runtime, "logs", str(done), mode="debug")) for _ in range(3)]

@@ -407,8 +407,8 @@ class Helper:
             self.selector.unregister(session.control)
             session.control.close()
             session.control = None
-        if self.listener is not None:
-            self._replenish()
+        if self.listener is not None and len(self.spares) < SPARES:
+            self._replenish()  # one that might have come back did not
 
 
 # ---- the helper process --------------------------------------------------------------------
