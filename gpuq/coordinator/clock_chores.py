@@ -15,6 +15,7 @@ whose times are wall-clock times, stay with APScheduler (gpuq.coordinator.cron_s
 from __future__ import annotations
 
 import asyncio
+import functools
 import inspect
 import logging
 import time
@@ -76,15 +77,17 @@ class ClockChores:
                 _failed(chore)
                 continue
             if inspect.isawaitable(done):
-                chore.running = asyncio.ensure_future(_awaited(chore, done))
+                # the chore's own coroutine is the task: one cancelled before it ran (stop()
+                # right after a tick) is closed by asyncio, never left "never awaited"
+                chore.running = asyncio.ensure_future(done)
+                chore.running.add_done_callback(functools.partial(_ended, chore))
 
 
-async def _awaited(chore: ClockChore, done: Awaitable[None]) -> None:
-    try:
-        await done
-    except Exception:
-        _failed(chore)
+def _ended(chore: ClockChore, task: asyncio.Future[None]) -> None:
+    if not task.cancelled() and task.exception() is not None:
+        _failed(chore, task.exception())
 
 
-def _failed(chore: ClockChore) -> None:
-    log.exception("chore %s failed", getattr(chore.run, "__qualname__", chore.run))
+def _failed(chore: ClockChore, error: BaseException | None = None) -> None:
+    name = getattr(chore.run, "__qualname__", chore.run)
+    log.error("chore %s failed", name, exc_info=error or True)

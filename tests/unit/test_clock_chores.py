@@ -4,7 +4,9 @@ own interval, plain functions on the event loop's thread, and one that fails sto
 from __future__ import annotations
 
 import asyncio
+import gc
 import threading
+import warnings
 from unittest import mock
 
 import pytest
@@ -46,3 +48,29 @@ def test_each_chore_runs_at_its_own_interval_on_the_loop(caplog: pytest.LogCaptu
     assert ran.count("plain") == 3
     assert threads == {loop_thread}
     assert len([r for r in caplog.records if "broken failed" in r.getMessage()]) == 6
+
+
+def test_a_failing_coroutine_chore_is_logged_and_a_stop_right_after_a_tick_leaves_no_warning(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    async def failing() -> None:
+        raise RuntimeError("boom")
+
+    async def later() -> None:
+        await asyncio.sleep(0)
+
+    async def scenario() -> None:
+        clock = ClockChores(60.0, [ClockChore(failing, 60.0)])
+        clock.run_due()
+        await asyncio.sleep(0)  # its task runs, and fails
+        await asyncio.sleep(0)
+        stopped = ClockChores(60.0, [ClockChore(later, 60.0)])
+        stopped.run_due()
+        await stopped.stop()  # its task is cancelled before it ever ran
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        asyncio.run(scenario())
+        gc.collect()
+    assert len([r for r in caplog.records if "failing failed" in r.getMessage()]) == 1
+    assert not [w for w in caught if "never awaited" in str(w.message)], caught
