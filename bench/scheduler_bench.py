@@ -73,18 +73,31 @@ def busy_cluster(rng: random.Random, fraction: float, tiers: list[str]) -> list[
     return running
 
 
+def queued(jobs: list[PendingJob]) -> list[PendingJob]:
+    """The jobs as the coordinator hands them to a pass: each with the fit key made when it
+    was queued (gpuq.coordinator.memory.live_jobs), not by every pass."""
+    return [replace(j, fit=fit_key(j.need, j.time_limit, j.qos, j.user, j.placement)) for j in jobs]
+
+
+def shapes_of(jobs: list[PendingJob]) -> Counter[FitKey]:
+    """How many jobs of each fit key are queued (LiveJobs.shapes)."""
+    return Counter(j.fit for j in jobs if j.fit is not None)
+
+
 def queue(rng: random.Random, count: int) -> list[PendingJob]:
-    return [
-        PendingJob(
-            10_000 + i,
-            f"user{rng.randrange(20)}",
-            rng.choice(["high", "normal", "normal", "low"]),
-            Resources(gpus=rng.choice([1, 1, 1, 2, 4, 8])),
-            NOW - rng.uniform(0, 86400),
-            time_limit=rng.choice([3600.0, 14400.0, 86400.0]),
-        )
-        for i in range(count)
-    ]
+    return queued(
+        [
+            PendingJob(
+                10_000 + i,
+                f"user{rng.randrange(20)}",
+                rng.choice(["high", "normal", "normal", "low"]),
+                Resources(gpus=rng.choice([1, 1, 1, 2, 4, 8])),
+                NOW - rng.uniform(0, 86400),
+                time_limit=rng.choice([3600.0, 14400.0, 86400.0]),
+            )
+            for i in range(count)
+        ]
+    )
 
 
 def gang_queue(rng: random.Random, count: int) -> list[PendingJob]:
@@ -105,7 +118,7 @@ def gang_queue(rng: random.Random, count: int) -> list[PendingJob]:
                 time_limit=rng.choice([3600.0, 14400.0, 86400.0]),
             )
         )
-    return jobs
+    return queued(jobs)
 
 
 def timed(fn: Callable[[], object], repeat: int = 5) -> tuple[float, object]:
@@ -139,7 +152,7 @@ def issue_rows() -> None:
     for count, target in ((10_000, 50.0), (100_000, 250.0)):
         pending = gang_queue(rng, count)
         ordered = rank(pending, usage, POLICY.tiers, POLICY.settings, NOW)
-        shapes = Counter(fit_key(j.need, j.time_limit, j.qos) for j in ordered)
+        shapes = shapes_of(ordered)
         figures = cpu_timed(
             lambda o=ordered, s=shapes: plan(nodes, mixed, o, POLICY, NOW, shapes=s)
         )
@@ -209,7 +222,7 @@ def scenario(
     started = {s.job_id for s in decided.starts}
     rest = [j for j in ordered if j.job_id not in started]
     after = applied(running, decided, ordered)
-    rest_shapes = Counter(fit_key(j.need, j.time_limit, j.qos) for j in rest)
+    rest_shapes = shapes_of(rest)
     again_ms, _ = timed(
         lambda: plan(views(NODES, after), after, rest, POLICY, NOW, shapes=rest_shapes)
     )
@@ -234,7 +247,7 @@ def main() -> None:
             lambda p=pending: rank(p, usage, POLICY.tiers, POLICY.settings, NOW), repeat=3
         )
         ordered: list[PendingJob] = ranked  # type: ignore[assignment]
-        shapes = Counter(fit_key(j.need, j.time_limit, j.qos) for j in ordered)
+        shapes = shapes_of(ordered)
         explain_ms, _ = timed(
             lambda o=ordered: plan(views(NODES, mixed), mixed, o, POLICY, NOW, explain=True),
             repeat=3,
@@ -245,7 +258,7 @@ def main() -> None:
     print("mixed one-node and multi-node queue (80% 1 node x 1-8 GPUs, 20% 2-4 nodes x 8 GPUs)")
     for count in (10_000, 100_000):
         ordered = rank(gang_queue(rng, count), usage, POLICY.tiers, POLICY.settings, NOW)
-        shapes = Counter(fit_key(j.need, j.time_limit, j.qos) for j in ordered)
+        shapes = shapes_of(ordered)
         explain_ms, _ = timed(
             lambda o=ordered: plan(views(NODES, mixed), mixed, o, POLICY, NOW, explain=True),
             repeat=3,

@@ -184,7 +184,7 @@ class _Pass:
         ahead = 0  # jobs of higher priority that wait for resources
         quiet = 0  # jobs looked at since resources last changed
         for job in queue:
-            key = fit_key(job.need, job.time_limit, job.qos, job.user, job.placement)
+            key = job.fit or fit_key(job.need, job.time_limit, job.qos, job.user, job.placement)
             # (the reasons of a kind that can neither start nor preempt any more)
             why = whys.get(key)
             if why is not None and early:

@@ -14,6 +14,7 @@ from gpuq.domain.model import Resources
 from gpuq.domain.node_constraints import Placement
 from gpuq.domain.policy import QosTier, SchedulerSettings
 from gpuq.domain.states import JobState
+from gpuq.scheduler.fit_keys import FitKey
 
 
 @dataclass(frozen=True, slots=True)
@@ -97,6 +98,10 @@ class PendingJob:
     # how long it is expected to run: the measured run time of its user's jobs of its name,
     # for a job without --time (never over time_limit); None: time_limit. As expected_end
     expected_run: float | None = None
+    # its fit_key, made once per queued job by whoever keeps the queue (the coordinator's
+    # LiveJobs), where a pass would make it again for every job it looks at; None: the pass
+    # makes it
+    fit: FitKey | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -88,7 +88,11 @@ class SchedulerInputs:
         return self.factors(job, now).total
 
     def pending(self, job: Job, jobs: LiveJobs) -> PendingJob:
+        """The job as a pass sees it, with the fit key it was queued with: none for an
+        array's record (never queued) or a version of the job memory no longer holds (a
+        snapshot taken in slices); a pass makes those."""
         spec = job.spec
+        queued = jobs.jobs.get(job.id) is job
         return PendingJob(
             job_id=job.id,
             user=job.user,
@@ -108,6 +112,7 @@ class SchedulerInputs:
             singleton=spec.singleton,
             placement=spec.placement,
             expected_run=self.expected_run(job),
+            fit=jobs.keys.get(job.id) if queued else None,
         )
 
     def running(
