@@ -148,6 +148,8 @@ def place(
             continue
         blocked = {u for r in overlapping for u in r.units}
         for key, each in options:
+            if not node.may_hold(each):
+                continue
             usable = node.usable(each, blocked, user)
             if len(usable) >= each.gpus:
                 rank = (len(usable), node.cpus, node.mem, name)
@@ -229,9 +231,9 @@ def victims_across(
         if part is None or (need.exclusive and any(node.shares.values())):
             continue
         for key, each in part[1]:
-            free = node.usable(each, reserved, user)
             if (
-                len(free) >= each.gpus
+                node.may_hold(each)
+                and len(node.usable(each, reserved, user)) >= each.gpus
                 and node.cpus >= each.cpus
                 and node.mem >= (each.mem or 0)
                 and (not need.exclusive or _quiet(node))

@@ -48,6 +48,11 @@ class FreeNode:
             if u.uuid in self.units and u.uuid not in excluded
         ]
 
+    def may_hold(self, need: Resources) -> bool:
+        """Whether enough units are free for `need`, before `usable` looks at which (a
+        share may use units that other shares hold): most nodes of a busy pass fail this."""
+        return need.gpu_share is not None or len(self.units) >= need.gpus
+
     def release_early(self, units: tuple[str, ...], end: float, moment: float) -> None:
         """The running job on `units` that was to end at `end` ends by `moment` (a victim
         stopped for a preemption elsewhere: its part here frees up too)."""
