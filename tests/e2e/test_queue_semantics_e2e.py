@@ -24,10 +24,14 @@ from gpuq.v1 import queue_pb2
 
 
 def test_array_task_ids_mean_the_task_everywhere(cluster: Cluster) -> None:
-    array = cluster.submit("echo task $GPUQ_ARRAY_TASK_ID", array="0-11", output="t-%A_%a.out")
+    # and as a script written for SLURM reads it
+    slurm = "$SLURM_ARRAY_TASK_ID of $SLURM_ARRAY_JOB_ID: $SLURM_ARRAY_TASK_COUNT tasks"
+    array = cluster.submit(
+        f"echo task $GPUQ_ARRAY_TASK_ID, {slurm}", array="0-11", output="t-%A_%a.out"
+    )
     cluster.client().wait(array, timeout=60)
     result = cluster.gpuq("logs", f"{array}_10")
-    assert (result.returncode, result.stdout) == (0, "task 10\n"), result
+    assert (result.returncode, result.stdout) == (0, f"task 10, 10 of {array}: 12 tasks\n")
     shown = cluster.gpuq("show", f"{array}_10")
     assert shown.returncode == 0, shown
     assert f"Job: {array}_10 (wrap)" in shown.stdout

@@ -10,6 +10,8 @@ from __future__ import annotations
 import hashlib
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from functools import lru_cache
+from itertools import pairwise
 from typing import Any, Literal
 
 from gpuq.agent.jobs.gang_environment import (
@@ -22,6 +24,7 @@ from gpuq.agent.jobs.isolation import DeviceNumber, device_rules, format_cpulist
 from gpuq.agent.jobs.job_account import Account
 from gpuq.agent.jobs.mps_share import MpsShare, mps_environment
 from gpuq.config.settings import ALLOCATOR_NAMES
+from gpuq.domain.array_specs import ArraySpec
 from gpuq.domain.interactive_jobs import Terminal
 from gpuq.domain.model import GpuUnit, JobSpec, output_paths
 
@@ -310,8 +313,7 @@ def job_environment(
         }
     )
     if order.array_job_id is not None:
-        env["GPUQ_ARRAY_JOB_ID"] = str(order.array_job_id)
-        env["GPUQ_ARRAY_TASK_ID"] = str(order.array_task_id)
+        env.update(array_environment(order.array_job_id, order.array_task_id, spec.array))
     if order.gang is not None:
         env.update(gang_environment(order.job_id, spec, len(order.gpus), order.gang, policy.python))
         if policy.coordinator:
@@ -323,6 +325,40 @@ def job_environment(
     if spec.terminal is not None and spec.terminal.term:
         env["TERM"] = spec.terminal.term  # the submitter's terminal type, not the agent's
     return env
+
+
+def array_environment(
+    array_job_id: int, task_id: int | None, array: ArraySpec | None
+) -> dict[str, str]:
+    """An array task's variables, gpuq's and sbatch's (a script written for SLURM reads
+    SLURM_ARRAY_TASK_ID): the array's id, the task's index and, from the array's indices,
+    how many there are, the lowest, the highest and their step (1 where they are not evenly
+    spaced: there is none then, and 1 is what scripts assume when it is unset)."""
+    task = "" if task_id is None else str(task_id)
+    env = {
+        "GPUQ_ARRAY_JOB_ID": str(array_job_id),
+        "GPUQ_ARRAY_TASK_ID": task,
+        "SLURM_ARRAY_JOB_ID": str(array_job_id),
+        "SLURM_ARRAY_TASK_ID": task,
+    }
+    if array is not None:
+        count, low, high, step = _array_shape(array.indices)
+        env.update(
+            SLURM_ARRAY_TASK_COUNT=str(count),
+            SLURM_ARRAY_TASK_MIN=str(low),
+            SLURM_ARRAY_TASK_MAX=str(high),
+            SLURM_ARRAY_TASK_STEP=str(step),
+        )
+    return env
+
+
+@lru_cache(maxsize=32)
+def _array_shape(indices: tuple[int, ...]) -> tuple[int, int, int, int]:
+    """(count, lowest, highest, step) of an array's indices: worked out once per array, as
+    each of its up to 100,000 tasks' launches carries them all."""
+    ordered = sorted(indices)
+    steps = {b - a for a, b in pairwise(ordered)}
+    return len(ordered), ordered[0], ordered[-1], steps.pop() if len(steps) == 1 else 1
 
 
 def _allocator_settings(env: dict[str, str], defaults: Mapping[str, str]) -> None:
