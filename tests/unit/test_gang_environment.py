@@ -81,6 +81,17 @@ def test_tasks_asked_for_set_slurm_ntasks() -> None:
     assert env["SLURM_NTASKS_PER_NODE"] == "4" and env["SLURM_CPUS_PER_TASK"] == "2"
 
 
+def test_who_how_much_memory_and_which_restart_are_slurms_too() -> None:
+    """Scripts that resume from a checkpoint after a requeue read SLURM_RESTART_COUNT; a
+    job without --mem has no SLURM_MEM_PER_NODE, as under sbatch."""
+    requeued = replace(order(0, mem=40 << 30), requeue_count=2)
+    env = build_launch(requeued, policy("gpu01")).env
+    assert env["SLURM_RESTART_COUNT"] == env["GPUQ_RESTART_COUNT"] == "2"
+    assert env["SLURM_JOB_USER"] == "alice" and env["SLURM_MEM_PER_NODE"] == "40960"
+    first = build_launch(order(0), policy("gpu01")).env
+    assert first["SLURM_RESTART_COUNT"] == "0" and "SLURM_MEM_PER_NODE" not in first
+
+
 def test_another_node_runs_a_step_worker_and_writes_no_output_file() -> None:
     spec = build_launch(order(1), policy("gpu02"))
     assert spec.script == "#!/bin/sh\nexec /usr/bin/python3 -m gpuq.steps.step_worker\n"

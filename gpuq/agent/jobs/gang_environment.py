@@ -107,6 +107,8 @@ def gang_environment(
         env["SLURM_GPUS_PER_TASK"] = str(res.gpus_per_task)
     if gpus_on_node:
         env["SLURM_GPUS_PER_NODE"] = str(gpus_on_node)
+    if res.mem:
+        env["SLURM_MEM_PER_NODE"] = str(res.mem >> 20)  # sbatch's unit: MiB
     return env
 
 

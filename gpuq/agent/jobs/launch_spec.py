@@ -309,6 +309,8 @@ def job_environment(
             "GPUQ_CPUS": str(spec.resources.cpus),
             "GPUQ_SUBMIT_DIR": spec.workdir,
             "GPUQ_RESTART_COUNT": str(order.requeue_count),
+            "SLURM_RESTART_COUNT": str(order.requeue_count),
+            "SLURM_JOB_USER": order.user,
             "OMP_NUM_THREADS": str(spec.resources.cpus),
         }
     )
