@@ -289,7 +289,7 @@ class _Pass:
             if only is not None and name not in only:
                 continue
             if (
-                (len(node.units) < need.gpus and need.gpu_share is None)
+                not node.may_hold(need)
                 or node.cpus < need.cpus
                 or node.mem < (need.mem or 0)
                 or not node.view.up

@@ -10,8 +10,6 @@ from __future__ import annotations
 import hashlib
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from functools import lru_cache
-from itertools import pairwise
 from typing import Any, Literal
 
 from gpuq.agent.jobs.gang_environment import (
@@ -354,13 +352,15 @@ def array_environment(
     return env
 
 
-@lru_cache(maxsize=32)
 def _array_shape(indices: tuple[int, ...]) -> tuple[int, int, int, int]:
-    """(count, lowest, highest, step) of an array's indices: worked out once per array, as
-    each of its up to 100,000 tasks' launches carries them all."""
-    ordered = sorted(indices)
-    steps = {b - a for a, b in pairwise(ordered)}
-    return len(ordered), ordered[0], ordered[-1], steps.pop() if len(steps) == 1 else 1
+    """(count, lowest, highest, step) of an array's indices, which are distinct (ArraySpec):
+    `count` of them spanning (count - 1) steps are the whole progression when each is on it,
+    and a step of 1 needs no look at each (an array's launch may carry 100,000 indices)."""
+    count, low, high = len(indices), min(indices), max(indices)
+    step, rest = divmod(high - low, count - 1) if count > 1 else (1, 0)
+    if rest or (step > 1 and any((index - low) % step for index in indices)):
+        return count, low, high, 1
+    return count, low, high, step
 
 
 def _allocator_settings(env: dict[str, str], defaults: Mapping[str, str]) -> None:
