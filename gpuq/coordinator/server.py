@@ -184,7 +184,10 @@ def assemble(
     )
     changes = JobChanges(writer, jobs, nodes, inputs, bus, agents, clock)
     arrays = ArrayTasks(writer, jobs, inputs, changes, loader)
-    submissions = Submissions(settings, writer, jobs, nodes, arrays, changes, wake, clock)
+    scheduling = SchedulingPass(settings, jobs, nodes, inputs, arrays, changes, wake, steady)
+    submissions = Submissions(
+        settings, writer, jobs, nodes, arrays, changes, scheduling, wake, clock
+    )
     selections = SelectionResolver(writer, jobs, arrays)
     actions = JobActions(settings, jobs, nodes, arrays, selections, changes, wake)
     telemetry = RunningTelemetry(writer, jobs, clock)
@@ -199,7 +202,6 @@ def assemble(
     terminals = Terminals(writer, jobs, nodes, actions, steady)
     notifier = Notifier(settings, writer, jobs, nodes, inputs, clock)
     watchers = Watchers(jobs.is_live)
-    scheduling = SchedulingPass(settings, jobs, nodes, inputs, arrays, changes, wake, steady)
     loop = SchedulingLoop(requests, scheduling, jobs, inputs, loader, bus)
     node_admin = NodeAdmin(settings, writer, jobs, nodes, endings, wake, clock, steady)
     tokens = UserTokens(writer, clock)

@@ -54,7 +54,11 @@ def test_history_and_watchers_say_what_caused_each_change(store: Store) -> None:
     ran, waits = ids
     history = [(e.to_state, e.cause) for e in store.events(ran)]
     assert history[0] == (JobState.PENDING, "test")  # the harness's own submissions
-    assert history[1][0] is JobState.RUNNING and re.fullmatch(r"scheduling pass \d+", history[1][1])
+    assert history[1][0] is JobState.RUNNING
+    if store.engine.dialect.name == "sqlite":  # it started with its submission, on an idle node
+        assert history[1][1] == "test"
+    else:  # PostgreSQL's commits run in a thread: a pass started it
+        assert re.fullmatch(r"scheduling pass \d+", history[1][1])
     assert history[2] == (JobState.COMPLETED, "report from node n1")
     final = store.events(waits)[-1]
     assert (final.to_state, final.cause) == (JobState.CANCELLED, "Cancel by alice")

@@ -124,8 +124,9 @@ class Effects:
     moves: list[Move] = field(default_factory=list)
     requeues: list[Requeue] = field(default_factory=list)
     starts: list[JobStart] = field(default_factory=list)
-    # starts an earlier try of the same write committed although its answer was lost: memory
-    # and the agents follow, the store has them
+    # starts the store already has: written by the decider itself (a submission's own start,
+    # gpuq.coordinator.workload.submissions), or committed by an earlier try of the same
+    # write although its answer was lost; memory and the agents follow
     landed: list[JobStart] = field(default_factory=list)
     stops: list[StopOrder] = field(default_factory=list)
     # jobs memory still shows running that the store has ended meanwhile (a write whose commit

@@ -2,6 +2,11 @@
 decisions as effects (starts, preemptions, cancellations of jobs that can never start),
 committed in one transaction through the one applier. Also the explanation of why jobs wait,
 from a full pass that starts nothing.
+
+One starter at a time: a pass, or a submission to an idle queue that starts its job in its own
+transaction (`start_alone`, as SLURM tries a job at submission), each holding `starting` from
+its snapshot until memory took its starts. A plan counts on every unit free in memory being
+free in the store; two starters at once could give one unit twice.
 """
 
 from __future__ import annotations
@@ -11,7 +16,7 @@ import logging
 import signal
 import time
 from collections.abc import Callable, Iterator, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from gpuq.config.settings import CoordinatorSettings
 from gpuq.coordinator.background_tasks import Background
@@ -91,6 +96,8 @@ class SchedulingPass:
         self._explained_until = -1.0
         self._explain_took = 0.0  # seconds the last explanation took (the pass's clock)
         self._explaining = Background("explaining the queue")
+        # held by whoever may start jobs, from its snapshot until memory took its starts
+        self.starting = asyncio.Lock()
 
     def views(self) -> list[NodeView]:
         return self.nodes.views(self.jobs.in_state(JobState.RUNNING))
@@ -106,6 +113,10 @@ class SchedulingPass:
         return (self.inputs.pending(j, self.jobs) for j in self.jobs.queue())
 
     async def run(self, cause: Cause) -> None:
+        async with self.starting:
+            await self._run(cause)
+
+    async def _run(self, cause: Cause) -> None:
         await self._split_arrays(cause)
         if not self.jobs.shapes:
             return
@@ -126,6 +137,33 @@ class SchedulingPass:
             stopped = await self.changes.commit(lambda tx, now: self._decide(decided, tx), cause)
             if stopped:
                 log.info("preempting jobs %s", stopped)
+
+    def start_alone(self, job: Job) -> Start | None:
+        """The start a pass would give `job` (not yet in memory; its id a stand-in) were it
+        the only job waiting, for its submitter to write with the job itself. The caller
+        holds `starting` from this call until memory took the start. None when jobs or
+        arrays wait (they go first, in the queue's order) or the plan would not start the
+        job alone (it waits, can never run, or needs a preemption: a pass decides those)."""
+        if self.jobs.shapes or self._arrays_waiting():
+            return None
+        now = self.clock()
+        decided = plan(
+            self.views(),
+            self._running(),
+            [self.inputs.pending(job, self.jobs)],
+            self.inputs.policy,
+            now,
+        )
+        if decided.preemptions or decided.cancellations or len(decided.starts) != 1:
+            return None
+        return decided.starts[0]
+
+    def start_record(self, start: Start, job_id: int) -> JobStart:
+        """The store's record of a start from start_alone, for the job's real id."""
+        return self._start(replace(start, job_id=job_id), self._ports_by_node())
+
+    def _arrays_waiting(self) -> bool:
+        return any(r.state is JobState.PENDING for r in self.jobs.records.values())
 
     def _plan(self, now: float, views: list[NodeView]) -> Decisions:
         return plan(

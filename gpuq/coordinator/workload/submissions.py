@@ -1,9 +1,16 @@
 """Submissions: what is refused at the door (what can never run, what exceeds a user's share
 of the queue), request keys that make a retried submission idempotent, and the new job.
+
+A job submitted to an idle queue starts in the transaction that creates it, as SLURM tries a
+job at submission: one commit and one turn of the loop less between the submit and the job's
+first command (issue 27). Only where commits run on the event loop (SQLite): a PostgreSQL
+commit runs in the writer thread, and one that outlives its caller's timeout may land after
+the caller let go of `starting`, its start unknown to the next pass.
 """
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable
 from dataclasses import replace
 
@@ -14,15 +21,17 @@ from gpuq.coordinator.changes.job_changes import JobChanges
 from gpuq.coordinator.changes.store_writer import StoreWriter
 from gpuq.coordinator.memory.live_jobs import LiveJobs, spec_size
 from gpuq.coordinator.memory.node_table import NodeTable
+from gpuq.coordinator.scheduling.scheduling_pass import SchedulingPass
 from gpuq.coordinator.workload.array_tasks import ArrayTasks
 from gpuq.domain.model import Job, JobSpec
 from gpuq.domain.node_constraints import with_partitions
 from gpuq.domain.partitions import admit
 from gpuq.domain.states import JobState
 from gpuq.domain.units import format_duration, format_size
-from gpuq.errors import GpuqError, InvalidInput, Unsatisfiable
+from gpuq.errors import DoubleBooking, GpuqError, InvalidInput, Unsatisfiable
 from gpuq.scheduler.fitting import never_fits, never_fits_reason
 from gpuq.scheduler.gang import capable, is_gang, never_reason
+from gpuq.scheduler.snapshot import Start
 from gpuq.store.api import StoreTx
 from gpuq.store.records import NewJob
 
@@ -32,6 +41,7 @@ KEY_TTL = 24 * 3600.0
 KEY_PURGE_EVERY = 3600.0
 KEYS_REMEMBERED = 10_000
 MAX_REQUEST_KEY = 64
+log = logging.getLogger(__name__)
 
 
 class Submissions:
@@ -43,10 +53,12 @@ class Submissions:
         nodes: NodeTable,
         arrays: ArrayTasks,
         changes: JobChanges,
+        scheduling: SchedulingPass,
         wake: Callable[[], None],
         clock: Callable[[], float],
     ) -> None:
         self.settings = settings
+        self.scheduling = scheduling  # a job submitted to an idle queue starts with it
         self.writer = writer
         self.jobs = jobs
         self.nodes = nodes
@@ -172,25 +184,50 @@ class Submissions:
                     return found
             raise
         new = NewJob(spec, user, qos, priority, key, cause.text)
+        if self._may_start_alone(new) and not self.scheduling.starting.locked():
+            async with self.scheduling.starting:
+                alone = self.scheduling.start_alone(new_job(new, 0, self.clock()))
+                return await self._add(new, cause, fail_fast, alone)
+        return await self._add(new, cause, fail_fast, None)
+
+    def _may_start_alone(self, new: NewJob) -> bool:
+        """A job that may start in its own transaction: one job (not held, no array), with
+        commits on the loop (see the module docstring)."""
+        return self.writer.commits_on_loop and not new.spec.hold and new.spec.array is None
+
+    async def _add(
+        self, new: NewJob, cause: Cause, fail_fast: bool, alone: Start | None
+    ) -> list[int]:
+        """Create the job, started with `alone` when that is given (and its units are still
+        free in the store); its ids."""
         purge = self.clock() >= self._keys_purge_at
         if purge:
             self._keys_purge_at = self.clock() + KEY_PURGE_EVERY
 
-        def decide(tx: StoreTx, now: float) -> tuple[Effects, tuple[list[int], bool]]:
+        def decide(tx: StoreTx, now: float) -> tuple[Effects, tuple[list[int], bool, bool]]:
             if purge:
                 tx.purge_submission_keys(now - KEY_TTL)
             ids, created = tx.add_job(new, now)
             if not created:
-                return Effects(), (ids, created)
-            return Effects(created=[Created(new_job(new, ids[0], now), "submitted")]), (ids, True)
+                return Effects(), (ids, False, False)
+            effects = Effects(created=[Created(new_job(new, ids[0], now), "submitted")])
+            if alone is not None:
+                start = self.scheduling.start_record(alone, ids[0])
+                try:
+                    tx.start_jobs([start], now, cause=cause.text)
+                except DoubleBooking as error:  # memory and the store disagree: a pass sees
+                    log.warning("job %d waits for a pass: %s", ids[0], error)
+                else:
+                    effects.landed.append(start)  # written here: memory and the agent follow
+            return effects, (ids, True, bool(effects.landed))
 
-        ids, created = await self.changes.commit(decide, cause, fail_fast=fail_fast)
-        if key is not None:
-            self._remember(user, key, ids)
+        ids, created, started = await self.changes.commit(decide, cause, fail_fast=fail_fast)
+        if new.key is not None:
+            self._remember(new.user, new.key, ids)
         if not created:
             await self._load_first(ids[0], cause)
             return ids
-        if not spec.hold:  # a held job changes nothing a pass could act on
+        if not new.spec.hold and not started:  # a held job changes nothing a pass could act on
             self.wake()
         return ids
 
