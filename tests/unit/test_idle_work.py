@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from harness import run, submit
-from helpers import make_spec
+from helpers import make_spec, until
 
 from gpuq.agent.fake.gpu_backend import FakeGpuBackend
 from gpuq.agent.fake.gpu_spec import GIB
@@ -42,7 +42,9 @@ class Jobs:
         return {}
 
 
-def node(tmp_path: Path, stops: list[tuple[int, str, str]] | None = None) -> NodeGpus:
+def node(
+    tmp_path: Path, stops: list[tuple[int, str, str]] | None = None, rescan: float = 60.0
+) -> NodeGpus:
     backend = FakeGpuBackend("4xH100-80GB", "n1", state_dir=tmp_path / "fake-gpus")
 
     async def stop(job_id: int, state: str, reason: str, grace: float) -> None:
@@ -51,7 +53,7 @@ def node(tmp_path: Path, stops: list[tuple[int, str, str]] | None = None) -> Nod
 
     return NodeGpus(
         backend,
-        AgentSettings(node_name="n1"),
+        AgentSettings(node_name="n1", gpu_rescan=rescan),
         Jobs(),
         beat_now=lambda: None,
         units_changed=lambda: None,
@@ -131,6 +133,40 @@ def test_a_hardware_xid_reaches_the_agent_from_its_event_thread(tmp_path: Path) 
     asyncio.run(main())
     assert stops == [(7, JobState.NODE_FAIL, "GPU 0 failed: XID 48 (double-bit ECC error (DBE))")]
     gpus.backend.close()
+
+
+def test_a_read_that_wants_a_refresh_has_the_inventory_read_at_once(tmp_path: Path) -> None:
+    """The rescan loop looks at nothing between two [agent] gpu_rescan (an hour here): a read
+    of the units that met an error a refresh may cure (a reset GPU, stale handles) has the
+    inventory read again at once, from the reading thread."""
+    gpus = node(tmp_path, rescan=3600.0)
+    units = [u.uuid for u in gpus.inventory.units]
+    refreshed: list[bool] = []
+    refresh = gpus.backend.refresh
+
+    def counted() -> bool:
+        changed = refresh()
+        refreshed.append(changed)
+        return changed
+
+    gpus.backend.refresh = counted  # type: ignore[method-assign]
+
+    async def main() -> None:
+        duties = asyncio.create_task(gpus.run())
+        try:
+            await asyncio.to_thread(gpus.reads.usage)  # healthy: nothing wanted
+            (tmp_path / "fake-gpus" / "errors").write_text(
+                f"nvmlDeviceGetMemoryInfo_v2 Unknown {units[1]}\n"
+            )
+            await asyncio.to_thread(gpus.reads.usage)
+            await until(lambda: refreshed, what="a refresh")
+            assert not gpus.backend.needs_refresh  # type: ignore[attr-defined]
+        finally:
+            duties.cancel()
+            await asyncio.gather(duties, return_exceptions=True)
+
+    asyncio.run(main())
+    assert refreshed == [False]  # once, and the units stayed the same
 
 
 def test_the_periodic_pass_runs_only_while_jobs_wait(sqlite_url: str) -> None:

@@ -49,7 +49,6 @@ log = logging.getLogger(__name__)
 # seconds one NVML event wait blocks (one slice, gpu.nvml_events.WAIT_SLICE): the event thread
 # wakes this often on an idle node, and a stopping agent waits at most this long for it
 EVENT_WAIT = 1.0
-RESCAN_CHECK = 1.0  # seconds between two looks at whether the inventory must be read again
 
 
 # the same mounts text (MountTable hands out one string until the mounts change) has one kind
@@ -86,8 +85,18 @@ class NodeGpus:
         self.shares = ShareGuard(self.holders, stop_job, lambda: self.units)
         job_of = JobOfProcess(settings.cgroup_parent)
         self.reads = UnitReader(
-            backend, jobs, self.holders, watch, job_of, self.telemetry, self.shares, mps
+            backend,
+            jobs,
+            self.holders,
+            watch,
+            job_of,
+            self.telemetry,
+            self.shares,
+            mps,
+            refresh_wanted=self._refresh_wanted,
         )
+        self._rescan_due = asyncio.Event()  # read the inventory again now
+        self._loop: asyncio.AbstractEventLoop | None = None  # the agent's, once run() runs
         self.xids = XidEvents(
             lambda: self.units, self.holders, beat_now=beat_now, stop_job=stop_job
         )
@@ -161,7 +170,7 @@ class NodeGpus:
 
     async def run(self) -> None:
         """The event thread, the rescan timer and the sampler, until cancelled."""
-        self.shares.loop = asyncio.get_running_loop()
+        self.shares.loop = self._loop = asyncio.get_running_loop()
         tasks = [
             asyncio.create_task(self._events(), name="gpu-events"),
             asyncio.create_task(self._rescans(), name="gpu-rescans"),
@@ -203,13 +212,19 @@ class NodeGpus:
             stop.set()
 
     async def _rescans(self) -> None:
-        next_scan = time.monotonic() + self.settings.gpu_rescan
+        """Read the inventory again every gpu_rescan, and at once when a read of the units
+        met errors that a refresh may cure (`_refresh_wanted`): an idle node's loop wakes for
+        neither in between (a look every second was half its wakeups)."""
+        loop = asyncio.get_running_loop()
+        if getattr(self.backend, "needs_refresh", False):  # a read before the loop ran
+            self._rescan_due.set()
         while not self._closing:
-            await asyncio.sleep(RESCAN_CHECK)
-            due = time.monotonic() >= next_scan or getattr(self.backend, "needs_refresh", False)
-            if not due:
-                continue
-            next_scan = time.monotonic() + self.settings.gpu_rescan
+            timer = loop.call_later(self.settings.gpu_rescan, self._rescan_due.set)
+            try:
+                await self._rescan_due.wait()
+            finally:
+                timer.cancel()
+            self._rescan_due.clear()
             try:
                 changed = await asyncio.to_thread(self.backend.refresh)
             except Exception:
@@ -225,6 +240,15 @@ class NodeGpus:
                     len(self.inventory.units),
                 )
                 self._units_changed()
+
+    def _refresh_wanted(self) -> None:
+        """A read of the units (on a worker thread) left the backend wanting a refresh (stale
+        handles after a MIG change, a reset GPU, the library gone): rescan now. A refresh that
+        failed is tried again at the next read that still wants one."""
+        loop = self._loop
+        if loop is not None:
+            with contextlib.suppress(RuntimeError):  # the loop closed: the agent is stopping
+                loop.call_soon_threadsafe(self._rescan_due.set)
 
     async def _sampling(self) -> None:
         """Read the units every sample_interval while jobs run (a heartbeat's read counts)."""

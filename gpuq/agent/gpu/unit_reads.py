@@ -23,7 +23,7 @@ import os
 import signal
 import threading
 import time
-from collections.abc import Collection
+from collections.abc import Callable, Collection
 
 from gpuq.agent.gpu.backend import HEALTH_OK, GpuBackend, UnitUsage
 from gpuq.agent.gpu.handover_watch import ProcessFacts, UnitVerdict, UnitWatch
@@ -40,7 +40,9 @@ MAX_NOTES = 8  # notes kept per unit
 
 
 class UnitReader:
-    """`mps`: the agent's MPS daemons, whose processes are never foreign (None: none)."""
+    """`mps`: the agent's MPS daemons, whose processes are never foreign (None: none);
+    `refresh_wanted`: told after a read that left the backend wanting a refresh (its
+    needs_refresh), from the reading thread."""
 
     def __init__(
         self,
@@ -52,8 +54,11 @@ class UnitReader:
         telemetry: TelemetryBook,
         shares: ShareGuard,
         mps: MpsDaemons | None = None,
+        *,
+        refresh_wanted: Callable[[], None] = lambda: None,
     ) -> None:
         self.backend = backend
+        self.refresh_wanted = refresh_wanted
         self.jobs = jobs
         self.holders = holders
         self.watch = watch
@@ -91,6 +96,8 @@ class UnitReader:
         health only."""
         holders = self.holders.holders()
         samples = self.backend.usage(telemetry=holders.keys(), only=only)
+        if getattr(self.backend, "needs_refresh", False):
+            self.refresh_wanted()
         at = time.time()
         facts = self._facts(samples)
         self._record(samples, facts, at, only)
