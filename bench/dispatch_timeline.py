@@ -10,7 +10,8 @@ call, not strace's ptrace stops), and each job's timeline is read off them:
 
     client        the submit call begins (a marker: getpgid(900000+N)) -> its Submit message
                   leaves the client (sendmsg)
-    to reply      the coordinator reads it (recvmsg) -> it answers on that connection
+    to reply      the coordinator reads it (recvmsg) -> its first write on that connection (the
+                  answer, or the events of the client's watch stream, which shares it)
     to launch     the coordinator reads it -> the launch leaves on another (the agent's)
     agent         the agent reads the launch -> it asks its fork server for a supervisor
     supervisor    that request -> the job's exec (the fork server's clone, the supervisor's
