@@ -114,7 +114,9 @@ OPTIONS: tuple[Option, ...] = (
         "time limit, whole minutes (seconds round up): MM, MM:SS, HH:MM:SS, D-HH[:MM[:SS]]",
         "TIME",
     ),
-    Option("name", ("--name", "-J"), "job name (default: the script's file name)", "NAME"),
+    Option(
+        "name", ("--name", "-J", "--job-name"), "job name (default: the script's file name)", "NAME"
+    ),
     Option(
         "output",
         ("--output", "-o"),
@@ -125,7 +127,7 @@ OPTIONS: tuple[Option, ...] = (
     Option("qos", ("--qos", "-q"), "QOS tier, e.g. high, normal, low", "QOS"),
     Option(
         "after",
-        ("--after", "-d"),
+        ("--after", "-d", "--dependency"),
         "start after JOB[:ok|any|notok], or afterok:JOB[:JOB...] (repeatable)",
         "DEP",
         multiple=True,

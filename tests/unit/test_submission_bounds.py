@@ -759,6 +759,21 @@ def test_gpuq_lines_win_over_sbatch_and_flags_over_both(tmp_path: Path) -> None:
     assert (flagged.resources.gpus, flagged.name) == (4, "cli")
 
 
+def test_sbatchs_long_names_for_the_name_and_dependencies_work_everywhere(tmp_path: Path) -> None:
+    """`--job-name` and `--dependency`, as a SLURM user types them, on gpuq submit's command
+    line (as unambiguous prefixes too, as sbatch takes them) and in #GPUQ lines, beside gpuq's
+    own --name and --after."""
+    from gpuq.cli.job_verbs import submit
+
+    args = ["--job-name", "train", "--dependency=afterok:5", "--dep", "7", "--wrap", "true"]
+    context = submit.make_context("submit", args)
+    assert context.params["name"] == "train" and context.params["after"] == ("afterok:5", "7")
+    script = write(tmp_path, "#GPUQ --job-name gq --dependency afterany:6\necho hi\n")
+    built = spec(script=script)
+    assert built.name == "gq"
+    assert built.dependencies == (Dependency(6, DependencyKind.ANY),)
+
+
 def test_bad_values_in_directives_name_their_line(tmp_path: Path) -> None:
     # named as the line wrote it: -G, not --gpus; --dependency, not gpuq's --after
     error = refused("-G (#SBATCH line 2)", spec, script=write(tmp_path, "#SBATCH -G 2x\n"))
