@@ -144,7 +144,7 @@ class SchedulingPass:
         holds `starting` from this call until memory took the start. None when jobs or
         arrays wait (they go first, in the queue's order) or the plan would not start the
         job alone (it waits, can never run, or needs a preemption: a pass decides those)."""
-        if self.jobs.shapes or self._arrays_waiting():
+        if self.jobs.shapes or self._waiting_records():
             return None
         now = self.clock()
         decided = plan(
@@ -162,8 +162,9 @@ class SchedulingPass:
         """The store's record of a start from start_alone, for the job's real id."""
         return self._start(replace(start, job_id=job_id), self._ports_by_node())
 
-    def _arrays_waiting(self) -> bool:
-        return any(r.state is JobState.PENDING for r in self.jobs.records.values())
+    def _waiting_records(self) -> list[Job]:
+        """The arrays' records with tasks waiting (a held array's wait for its release)."""
+        return [r for r in self.jobs.records.values() if r.state is JobState.PENDING]
 
     def _plan(self, now: float, views: list[NodeView]) -> Decisions:
         return plan(
@@ -200,7 +201,7 @@ class SchedulingPass:
     async def _split_arrays(self, cause: Cause) -> None:
         """Split off waiting arrays' records as many tasks as can start (see
         gpuq.scheduler.arrays), one array at a time; one that fails is logged and skipped."""
-        records = [r for r in self.jobs.records.values() if r.state is JobState.PENDING]
+        records = self._waiting_records()
         if not records:
             return
         now = self.clock()
