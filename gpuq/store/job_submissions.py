@@ -14,12 +14,14 @@ from sqlalchemy.engine import Connection
 from gpuq.domain.array_specs import format_indices, parse_indices
 from gpuq.domain.states import JobState
 from gpuq.errors import NotFound
-from gpuq.store.job_transitions import INSERT_EVENT
+from gpuq.store.job_transitions import INSERT_EVENT, LOCKED_COLUMNS
 from gpuq.store.records import NewJob
 from gpuq.store.row_mapping import SUBMITTED, event_row, job_row
 from gpuq.store.tables import job_events, jobs, submission_keys
 
-_INSERT_JOB = insert(jobs).returning(jobs.c.id)
+# the new row as a later write in the same transaction would lock and read it (StoreTx._rows),
+# so that starting a job in the transaction that adds it reads nothing back
+_INSERT_JOB = insert(jobs).returning(*LOCKED_COLUMNS)
 
 
 class JobSubmissions:
@@ -49,6 +51,7 @@ class JobSubmissions:
         # a repeat (rare: the coordinator remembers recent keys): take this job back out
         self.conn.execute(delete(job_events).where(job_events.c.job_id == job_id))
         self.conn.execute(delete(jobs).where(jobs.c.id == job_id))
+        self._rows.pop(job_id, None)
         return [owner], False
 
     def purge_submission_keys(self, before: float) -> int:
@@ -63,8 +66,11 @@ class JobSubmissions:
         until tasks are split off to run (`split_tasks`), as SLURM keeps one record."""
         state = JobState.HELD if new.spec.hold else JobState.PENDING
         row = job_row(new, state, now)
-        job_id = self.conn.execute(_INSERT_JOB, row).scalar_one()
-        if new.spec.array is not None:
+        added = self.conn.execute(_INSERT_JOB, row).one()
+        job_id = int(added.id)
+        if new.spec.array is None:  # an array's record is rewritten below: read when wanted
+            self._rows[job_id] = dict(added._mapping)
+        else:
             tasks = new.spec.array.indices
             self.conn.execute(
                 update(jobs)

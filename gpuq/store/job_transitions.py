@@ -261,10 +261,10 @@ _MUTABLE = (
 )
 # statements built once: building them per call costs more than running them
 INSERT_EVENT = insert(job_events)  # the event rows of every write (job_submissions' too)
+# what a transaction keeps of each job it locked (StoreTx._rows)
+LOCKED_COLUMNS = (jobs.c.id, jobs.c.array_tasks, *(jobs.c[c] for c in _MUTABLE))
 _LOCK_JOBS = (
-    select(jobs.c.id, jobs.c.array_tasks, *(jobs.c[c] for c in _MUTABLE))
-    .where(jobs.c.id.in_(bindparam("ids", expanding=True)))
-    .with_for_update()
+    select(*LOCKED_COLUMNS).where(jobs.c.id.in_(bindparam("ids", expanding=True))).with_for_update()
 )
 _UPDATE_MUTABLE = (
     update(jobs)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 from helpers import make_spec
 
@@ -39,6 +41,28 @@ def test_submitted_job_reads_back_whole(store: Store) -> None:
     assert [(e.from_state, e.to_state, e.reason) for e in events] == [
         (None, JobState.PENDING, "submitted")
     ]
+
+
+def test_a_job_started_in_the_transaction_that_adds_it_is_stored_as_one_started_later(
+    store: Store,
+) -> None:
+    """A submission to an idle queue starts its job in the transaction that adds it (the store
+    keeps the row it inserted instead of reading it back): the row and its events are those of
+    a job added in one transaction and started in the next."""
+    rows = []
+    for unit in ("GPU-a", "GPU-b"):
+        with store.transaction() as tx:
+            [[job_id]] = tx.add_jobs([NewJob(make_spec(gpus=1), "alice", "normal", 3)], 10.0)
+            if unit == "GPU-a":
+                tx.start_jobs([JobStart(job_id, "n1", (unit,))], 10.0)
+        if unit == "GPU-b":
+            with store.transaction() as tx:
+                tx.start_jobs([JobStart(job_id, "n1", (unit,))], 10.0)
+        job = dataclasses.replace(store.get_job(job_id), id=0, gpus=())
+        events = [(e.from_state, e.to_state, e.reason, e.at) for e in store.events(job_id)]
+        rows.append((job, events))
+    assert rows[0] == rows[1]
+    assert rows[0][0].state is JobState.RUNNING and rows[0][0].start_count == 1
 
 
 def test_unknown_job_is_not_found(store: Store) -> None:
