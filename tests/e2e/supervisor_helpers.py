@@ -138,6 +138,17 @@ def alive(pid: int) -> bool:
     return stat[stat.rfind(b")") + 2 :][:1] not in (b"Z", b"")
 
 
+def spare_supervisors(fork_server: int) -> list[int]:
+    """The fork server's children that wait for a job (forked ahead, named "gpuq spare")."""
+    children = Path(f"/proc/{fork_server}/task/{fork_server}/children").read_text().split()
+    spares = []
+    for child in children:
+        with contextlib.suppress(OSError):
+            if Path(f"/proc/{child}/comm").read_text() == "gpuq spare\n":
+                spares.append(int(child))
+    return spares
+
+
 def read_pid(path: Path, timeout: float = 10.0) -> int:
     wait_until(lambda: path.exists() and path.read_text().strip() != "", timeout, str(path))
     return int(path.read_text().split()[0])
@@ -177,6 +188,10 @@ async def traced(hub: Supervisors, out: Path) -> AsyncIterator[None]:
     assert hub.forks.fork_server is not None
     pid = hub.forks.fork_server.process.pid
     trace = "trace=clone3,write"
+    # a supervisor forked ahead of its job (a spare) was forked before strace came: gone, a
+    # launch either forks one or takes the spare the server forks next, both under the trace
+    # (the spare is killed only once strace follows the server's forks)
+    spares_before = spare_supervisors(pid)
     tracer = await asyncio.create_subprocess_exec(
         *("strace", "-f", "-y", "-e", trace, "-e", "signal=none", "-o", str(out), "-p", str(pid)),
         stderr=asyncio.subprocess.PIPE,
@@ -185,6 +200,10 @@ async def traced(hub: Supervisors, out: Path) -> AsyncIterator[None]:
     try:
         attached = await asyncio.wait_for(tracer.stderr.readline(), 10)
         assert b"attached" in attached, attached
+        for spare in spares_before:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(spare, signal.SIGKILL)
+        await await_until(lambda: not any(map(alive, spares_before)), what="old spares gone")
         yield
     finally:
         tracer.terminate()

@@ -18,11 +18,13 @@ import pytest
 from helpers import skip_or_fail
 from supervisor_helpers import (
     alive,
+    await_until,
     cleanup,
     make_spec,
     read_pid,
     remove_cgroup_parent,
     running_hub,
+    spare_supervisors,
     wait_until,
 )
 
@@ -123,6 +125,43 @@ def test_a_supervisor_is_named_for_its_job(tmp_path: Path) -> None:
 
     with cleanup(state):
         asyncio.run(scenario())
+
+
+def test_an_idle_fork_server_forks_the_next_supervisor_ahead_of_its_job(tmp_path: Path) -> None:
+    """After a quiet moment the fork server holds one supervisor forked ahead ("gpuq spare"),
+    and the next launch hands it the job instead of forking: the fork is off the launch's
+    path. A spare killed before it has a job costs nothing (the next launch forks, the agent
+    hears of no supervisor's death), and when the agent goes the spare goes too."""
+    state = tmp_path / "state"
+    left: list[int] = []
+
+    async def scenario() -> None:
+        async with running_hub(state) as (hub, reports):
+            assert hub.forks.fork_server is not None
+            server = hub.forks.fork_server.process.pid
+            await await_until(lambda: len(spare_supervisors(server)) == 1, what="a spare")
+            [spare] = spare_supervisors(server)
+            await hub.launch(make_spec(tmp_path, 1, "echo one\n"))
+            assert (await reports.wait(1, "ended")).end_state == "completed"
+            assert read_pid(state / "jobs" / "1" / "supervisor.pid") == spare
+            assert (tmp_path / "1.out").read_text() == "one\n"
+
+            await await_until(lambda: len(spare_supervisors(server)) == 1, what="the next spare")
+            [killed] = spare_supervisors(server)
+            assert killed != spare
+            os.kill(killed, signal.SIGKILL)
+            await await_until(lambda: not alive(killed), what="the spare's death")
+            await hub.launch(make_spec(tmp_path, 2, "echo two\n"))
+            assert (await reports.wait(2, "ended")).end_state == "completed"
+            assert read_pid(state / "jobs" / "2" / "supervisor.pid") != killed
+            assert (tmp_path / "2.out").read_text() == "two\n"
+            assert killed not in hub.forks.exits  # no job's supervisor died
+            await await_until(lambda: len(spare_supervisors(server)) == 1, what="a spare again")
+            left.extend(spare_supervisors(server))
+
+    with cleanup(state):
+        asyncio.run(scenario())
+    wait_until(lambda: not any(map(alive, left)), what="the spare to leave with the agent")
 
 
 def test_output_files(tmp_path: Path) -> None:

@@ -10,6 +10,9 @@ of its own fork and exec.
 Protocol on the control socket (JSON lines): the agent sends `{"spawn": job_dir}`, the server
 answers `{"job_dir": job_dir, "pid": N}` or `{"job_dir": job_dir, "error": text}`, in order.
 At EOF (the agent is gone) the server exits; supervisors are in their own sessions and go on.
+After 20 ms without a request the server forks the next supervisor ahead of its job (a spare,
+`gpuq spare` in ps), and the next request hands it the folder instead of forking; the reply is
+the same (see forkserver.c).
 
 `ForkServer.start()` is the agent's side: call it before importing grpc.
 """

@@ -10,7 +10,14 @@
  * A supervisor that ends other than with exit code 0 (killed by a signal, say) is told, at any
  * time between replies: {"exited": pid, "status": N} (N as waitpid gives it), so that the agent
  * can say how a job's supervisor died.
- * At EOF (the agent is gone) serve() returns; supervisors are in their own sessions and go on. */
+ * At EOF (the agent is gone) serve() returns; supervisors are in their own sessions and go on.
+ *
+ * A spare: once the server has had no request for SPARE_AFTER_MS, it forks the next supervisor
+ * ahead of its job, and that process waits on a socket of its own for a job folder. A request
+ * then hands the spare its folder instead of forking: the fork, and the new process's wait for a
+ * CPU (on a busy 2-core machine, 0.7 ms before its first system call), are off the launch's
+ * path. Requests that come faster than that (a drain) fork as before, so a spare costs no more
+ * processes than jobs. A spare that finds its socket closed (the server is gone) exits 0. */
 #define PY_SSIZE_T_CLEAN
 #define _GNU_SOURCE
 #include <Python.h>
@@ -22,6 +29,7 @@
 #include <pwd.h>
 #include <signal.h>
 #include <string.h>
+#include <sys/prctl.h>
 #include <sys/socket.h>
 #include <sys/syscall.h>
 #include <sys/wait.h>
@@ -38,12 +46,18 @@ static volatile sig_atomic_t exits_head;
 static volatile sig_atomic_t exits_tail;
 static int exits_wake = -1;
 
+/* the spare waiting for a job folder: its pid and our end of its socket; 0 and -1 when none.
+ * A spare that dies unused is no job's supervisor: the agent is not told. */
+static volatile sig_atomic_t spare_pid;
+static int spare_sock = -1;
+static int spare_failed; /* socketpair or fork failed: none until the next request */
+
 static void reap_supervisors(int signum) {
     (void)signum;
     int saved = errno, status;
     pid_t pid;
     while ((pid = waitpid(-1, &status, WNOHANG)) > 0) {
-        if (status == 0 || exits_head - exits_tail >= EXITS_MAX) continue;
+        if (status == 0 || pid == spare_pid || exits_head - exits_tail >= EXITS_MAX) continue;
         exit_pids[exits_head % EXITS_MAX] = pid;
         exit_statuses[exits_head % EXITS_MAX] = status;
         exits_head = exits_head + 1;
@@ -68,22 +82,109 @@ static void close_from(int lowest) {
     for (long fd = lowest; fd < (most > 0 ? most : 65536); fd++) close((int)fd);
 }
 
+#define SPARE_AFTER_MS 20 /* quiet time before a spare is forked (see the top) */
+#define SPARE_FD 3           /* where a spare holds its socket */
+#define MAX_JOB_DIR 4096
+
+
+/* In a spare: the job folder, read from SPARE_FD up to its newline; NULL at EOF (no job will
+ * come: the server is gone) or on a malformed one. */
+static char *await_job_dir(void) {
+    static char dir[MAX_JOB_DIR + 1];
+    size_t len = 0;
+    for (;;) {
+        ssize_t n = read(SPARE_FD, dir + len, sizeof dir - 1 - len);
+        if (n < 0 && errno == EINTR) continue;
+        if (n <= 0) return NULL;
+        len += (size_t)n;
+        char *end = memchr(dir, '\n', len);
+        if (end != NULL) {
+            *end = '\0';
+            return dir[0] == '/' ? dir : NULL;
+        }
+        if (len == sizeof dir - 1) return NULL;
+    }
+}
+
+/* Fork a supervisor. With a job folder, it supervises that job now; without (a spare), it
+ * waits on `spare_end` for one. Either way it keeps none of the server's descriptors. */
+static pid_t fork_supervisor(int control, const char *job_dir, int spare_end, double ack_wait) {
+    pid_t pid = fork();
+    if (pid != 0) return pid;
+    signal(SIGCHLD, SIG_DFL); /* the supervisor installs its own */
+    close(control);
+    if (spare_end >= 0 && spare_end != SPARE_FD) {
+        dup2(spare_end, SPARE_FD); /* the copy is not close-on-exec: closed before the job */
+        close(spare_end);
+    }
+    close_from(spare_end >= 0 ? SPARE_FD + 1 : 3);
+    setsid();
+    if (spare_end >= 0) {
+        prctl(PR_SET_NAME, "gpuq spare", 0, 0, 0); /* in ps and top until it has a job */
+        job_dir = await_job_dir();
+        close(SPARE_FD);
+        if (job_dir == NULL) _exit(0);
+    }
+    _exit(supervise(job_dir, ack_wait));
+}
+
+static void drop_spare(void) {
+    if (spare_sock >= 0) close(spare_sock); /* a spare that still waits sees EOF and exits */
+    spare_sock = -1;
+    spare_pid = 0;
+}
+
+static void make_spare(int control, double ack_wait) {
+    int ends[2];
+    if (socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, ends) != 0) {
+        spare_failed = 1;
+        return;
+    }
+    pid_t pid = fork_supervisor(control, NULL, ends[1], ack_wait);
+    close(ends[1]);
+    if (pid < 0) {
+        close(ends[0]);
+        spare_failed = 1;
+        return;
+    }
+    spare_pid = pid;
+    spare_sock = ends[0];
+}
+
+/* The spare's pid once it has `job_dir`, or 0 when there is no spare or it could not take the
+ * folder (it died: the socket is closed), and the caller forks as before. */
+static pid_t hand_to_spare(const char *job_dir) {
+    if (spare_sock < 0 || strchr(job_dir, '\n') != NULL) return 0; /* a line is one folder */
+    size_t len = strlen(job_dir);
+    pid_t pid = spare_pid;
+    spare_pid = 0; /* from here on a job's supervisor: its end is the agent's to know */
+    buf line = {0};
+    buf_add(&line, job_dir, len);
+    buf_add(&line, "\n", 1);
+    size_t sent = 0;
+    while (sent < line.len) { /* a folder path fits the socket's buffer: this never waits */
+        ssize_t n = send(spare_sock, line.data + sent, line.len - sent, MSG_NOSIGNAL);
+        if (n < 0 && errno == EINTR) continue;
+        if (n <= 0) break;
+        sent += (size_t)n;
+    }
+    free(line.data);
+    drop_spare();
+    return sent == line.len ? pid : 0;
+}
+
 static void answer(int control, const char *line, size_t len, double ack_wait, buf *replies) {
     jval *request = json_parse(line, len);
     const char *job_dir;
-    if (!json_cstr(request, "spawn", &job_dir) || job_dir[0] != '/') {
+    if (!json_cstr(request, "spawn", &job_dir) || job_dir[0] != '/' ||
+        strlen(job_dir) > MAX_JOB_DIR) {
         buf_addf(replies, "{\"job_dir\":null,\"error\":\"malformed request\"}\n");
         json_free(request);
         return;
     }
-    pid_t pid = fork();
-    if (pid == 0) {
-        signal(SIGCHLD, SIG_DFL); /* the supervisor installs its own */
-        close(control);
-        close_from(3);
-        setsid();
-        _exit(supervise(job_dir, ack_wait));
-    }
+    spare_failed = 0;
+    pid_t pid = hand_to_spare(job_dir);
+    if (pid == 0) pid = fork_supervisor(control, job_dir, -1, ack_wait);
     buf_addf(replies, "{\"job_dir\":");
     buf_str(replies, job_dir);
     if (pid < 0) {
@@ -140,8 +241,16 @@ static PyObject *serve(PyObject *module, PyObject *args) {
     buf pending = {0}, replies = {0};
     char chunk[65536];
     for (;;) {
-        struct pollfd fds[2] = {{control, POLLIN, 0}, {wake[0], POLLIN, 0}};
-        if (poll(fds, wake[0] >= 0 ? 2 : 1, -1) < 0 && errno != EINTR) break;
+        /* the spare's socket turns readable only when the spare is gone (it never writes) */
+        struct pollfd fds[3] = {{control, POLLIN, 0}, {wake[0], POLLIN, 0}, {spare_sock, POLLIN, 0}};
+        int quiet = spare_sock < 0 && !spare_failed ? SPARE_AFTER_MS : -1;
+        int ready = poll(fds, 3, quiet);
+        if (ready < 0 && errno != EINTR) break;
+        if (ready == 0) {
+            make_spare(control, ack_wait);
+            continue;
+        }
+        if (fds[2].revents) drop_spare();
         replies.len = 0;
         if (wake[0] >= 0 && fds[1].revents) {
             while (read(wake[0], chunk, sizeof chunk) > 0) {
@@ -166,6 +275,7 @@ static PyObject *serve(PyObject *module, PyObject *args) {
         }
         if (replies.len && send_all(control, &replies) != 0) break;
     }
+    drop_spare();
     exits_wake = -1;
     if (wake[0] >= 0) {
         close(wake[0]);
