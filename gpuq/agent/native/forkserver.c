@@ -49,6 +49,8 @@ static int exits_wake = -1;
 /* the spare waiting for a job folder: its pid and our end of its socket; 0 and -1 when none.
  * A spare that dies unused is no job's supervisor: the agent is not told. */
 static volatile sig_atomic_t spare_pid;
+/* the last spare dropped because its socket closed: it may be reaped only after that */
+static volatile sig_atomic_t lost_spare;
 static int spare_sock = -1;
 static int spare_failed; /* socketpair or fork failed: none until the next request */
 
@@ -57,7 +59,7 @@ static void reap_supervisors(int signum) {
     int saved = errno, status;
     pid_t pid;
     while ((pid = waitpid(-1, &status, WNOHANG)) > 0) {
-        if (status == 0 || pid == spare_pid || exits_head - exits_tail >= EXITS_MAX) continue;
+        if (status == 0 || pid == spare_pid || pid == lost_spare || exits_head - exits_tail >= EXITS_MAX) continue;
         exit_pids[exits_head % EXITS_MAX] = pid;
         exit_statuses[exits_head % EXITS_MAX] = status;
         exits_head = exits_head + 1;
@@ -151,6 +153,17 @@ static void make_spare(int control, double ack_wait) {
     spare_sock = ends[0];
 }
 
+static int send_all(int fd, const buf *data) {
+    size_t sent = 0;
+    while (sent < data->len) {
+        ssize_t n = send(fd, data->data + sent, data->len - sent, MSG_NOSIGNAL);
+        if (n < 0 && errno == EINTR) continue;
+        if (n < 0) return -1;
+        sent += (size_t)n;
+    }
+    return 0;
+}
+
 /* The spare's pid once it has `job_dir`, or 0 when there is no spare or it could not take the
  * folder (it died: the socket is closed), and the caller forks as before. */
 static pid_t hand_to_spare(const char *job_dir) {
@@ -161,16 +174,10 @@ static pid_t hand_to_spare(const char *job_dir) {
     buf line = {0};
     buf_add(&line, job_dir, len);
     buf_add(&line, "\n", 1);
-    size_t sent = 0;
-    while (sent < line.len) { /* a folder path fits the socket's buffer: this never waits */
-        ssize_t n = send(spare_sock, line.data + sent, line.len - sent, MSG_NOSIGNAL);
-        if (n < 0 && errno == EINTR) continue;
-        if (n <= 0) break;
-        sent += (size_t)n;
-    }
+    int sent = send_all(spare_sock, &line) == 0; /* a path fits the socket's buffer: no wait */
     free(line.data);
     drop_spare();
-    return sent == line.len ? pid : 0;
+    return sent ? pid : 0;
 }
 
 static void answer(int control, const char *line, size_t len, double ack_wait, buf *replies) {
@@ -197,17 +204,6 @@ static void answer(int control, const char *line, size_t len, double ack_wait, b
         buf_addf(replies, ",\"pid\":%d}\n", pid);
     }
     json_free(request);
-}
-
-static int send_all(int fd, const buf *data) {
-    size_t sent = 0;
-    while (sent < data->len) {
-        ssize_t n = send(fd, data->data + sent, data->len - sent, MSG_NOSIGNAL);
-        if (n < 0 && errno == EINTR) continue;
-        if (n < 0) return -1;
-        sent += (size_t)n;
-    }
-    return 0;
 }
 
 /* Look a user and their groups up once, so that the name service's modules (libnss_systemd and
@@ -250,7 +246,10 @@ static PyObject *serve(PyObject *module, PyObject *args) {
             make_spare(control, ack_wait);
             continue;
         }
-        if (fds[2].revents) drop_spare();
+        if (fds[2].revents) {
+            lost_spare = spare_pid;
+            drop_spare();
+        }
         replies.len = 0;
         if (wake[0] >= 0 && fds[1].revents) {
             while (read(wake[0], chunk, sizeof chunk) > 0) {
